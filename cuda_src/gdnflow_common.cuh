@@ -1,0 +1,33 @@
+// Shared helpers for gdnflow kernels. The loader pastes this header into each
+// source in place of its #include (see gdnflow/backends/cuda/kernels.py), so
+// keep it small: it is compiled once per module.
+#pragma once
+
+// Grid-stride loop over [0, n): every elementwise kernel uses it, so a launch
+// may use fewer blocks than elements.
+#define GRID_STRIDE_LOOP(i, n)                                                \
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
+         i += gridDim.x * blockDim.x)
+
+// Sum of v over the 32 lanes of a warp; lane 0 holds the result.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Sum of v over the block; thread 0 holds the result. blockDim.x must be a
+// multiple of 32 and at most 1024. Ends with a barrier so that it can be
+// called again in the same kernel.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float warp_totals[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) warp_totals[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    v = (threadIdx.x < warps) ? warp_totals[threadIdx.x] : 0.0f;
+    if (warp == 0) v = warp_sum(v);
+    __syncthreads();
+    return v;
+}

@@ -1,0 +1,181 @@
+"""Operators and reverse-mode differentiation.
+
+An :class:`Operator` instance is one application of an operation. Calling it
+checks the inputs, runs ``forward_numpy`` or ``forward_cuda`` (chosen once,
+here, by the inputs' device) and, if any input requires a gradient, becomes
+the node of the graph that produced the output. A node keeps only what its
+backward needs: the producing nodes (or leaf tensors) of its inputs, their
+shapes, and the arrays the operator chose to save; it never holds its input
+tensors themselves, so activations no backward needs are freed at once.
+
+:func:`backward` sorts the graph iteratively (no recursion limit on deep
+networks), calls each node's ``backward`` once, in reverse topological order,
+adds gradients with ``+`` where a value feeds several operations, and frees
+each node's saved arrays as soon as it has been used.
+"""
+import contextlib
+
+import numpy as np
+
+from gdnflow.errors import DeviceMismatchError, DTypeError, GraphFreedError, ShapeError
+
+_grad_enabled = True
+
+
+def grad_enabled():
+    """True unless inside :func:`no_grad`."""
+    return _grad_enabled
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Context in which operations record nothing (inference, optimiser steps)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+class Operator:
+    """Base class of every operator, built-in or plugin.
+
+    Subclasses implement:
+
+    ``forward_numpy(*arrays)`` and ``forward_cuda(*arrays)``
+        compute the output array from the input arrays (NumPy arrays or
+        CudaArrays); store what the backward needs in ``self.saved``.
+    ``backward(grad_output)``
+        return one gradient :class:`~gdnflow.tensor.Tensor` (or None) per
+        input. Either write it with gdnflow operations (it then runs on both
+        backends) or call ``self.dispatch("backward", ...)``, which runs
+        ``backward_numpy`` / ``backward_cuda`` on arrays.
+    ``check(*inputs)`` (optional)
+        raise :class:`~gdnflow.errors.ShapeError` (or another error) naming
+        what was expected and what came; the device and dtype agreement of the
+        inputs is checked here, for every operator.
+
+    ``self.needs_grad`` (one bool per input) tells the backward which
+    gradients are asked for; ``self.input_shapes`` holds the inputs' shapes.
+    """
+
+    op_name = None      # set by gdnflow.registry.register
+    saved = ()
+
+    def __call__(self, *inputs):
+        from gdnflow.tensor import Tensor
+        self._check_common(inputs, Tensor)
+        self.check(*inputs)
+        device = self.device = inputs[0].device
+        self.input_shapes = tuple(t.shape for t in inputs)
+        record = _grad_enabled and any(t.requires_grad for t in inputs)
+        self.needs_grad = tuple(t.requires_grad for t in inputs)
+        out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
+        result = Tensor.wrap(out, device, requires_grad=record)
+        if record:
+            self.parents = tuple(
+                (t.creator if t.creator is not None else t) if t.requires_grad else None
+                for t in inputs)
+            result.creator = self
+        return result
+
+    @property
+    def label(self):
+        """The name used in error messages."""
+        return self.op_name or type(self).__name__
+
+    def _check_common(self, inputs, tensor_type):
+        if not inputs:
+            raise TypeError(f"{self.label}: expected at least one input tensor")
+        for i, t in enumerate(inputs):
+            if not isinstance(t, tensor_type):
+                raise TypeError(f"{self.label}: input {i} should be a gdnflow Tensor, "
+                                f"got {type(t).__name__}")
+        first = inputs[0]
+        for i, t in enumerate(inputs[1:], 1):
+            if t.device != first.device:
+                raise DeviceMismatchError(
+                    f"{self.label}: input 0 is on {first.device!r} but input {i} is on "
+                    f"{t.device!r}; move them to one device with .to(device)")
+            if t.dtype != first.dtype:
+                raise DTypeError(f"{self.label}: input 0 is {first.dtype} but input {i} is "
+                                 f"{t.dtype}; convert with .astype()")
+
+    def check(self, *inputs):
+        """Validate the inputs (shapes, parameters); the default accepts everything."""
+
+    def dispatch(self, stage, *args):
+        """Call ``<stage>_numpy`` or ``<stage>_cuda`` for this operator's device."""
+        return getattr(self, f"{stage}_{self.device}")(*args)
+
+    def wrap(self, array):
+        """A constant tensor (no gradient) around an array on this operator's device."""
+        from gdnflow.tensor import Tensor
+        return Tensor.wrap(array, self.device)
+
+    def backward(self, grad_output):
+        """Gradients with respect to the inputs; see the class docstring."""
+        raise NotImplementedError(f"{self.label} has no backward")
+
+    def release(self):
+        """Drop the saved arrays (after backward has used them)."""
+        self.saved = None
+
+
+def backward(root, grad, retain_graph=False):
+    """Accumulate d(root)/d(leaf) * grad into the ``.grad`` of every leaf that requires it."""
+    from gdnflow.tensor import Tensor
+    order = _topological_order(root.creator)
+    grads = {id(root.creator): grad}
+    with no_grad():
+        for node in reversed(order):
+            grad_output = grads.pop(id(node), None)
+            if grad_output is None:
+                continue        # no gradient reaches this node
+            if node.saved is None:
+                raise GraphFreedError(
+                    f"backward through {node.label}, whose saved arrays a previous "
+                    "backward() freed; call backward(retain_graph=True) the first time "
+                    "to go through a graph twice")
+            input_grads = node.backward(grad_output)
+            if not retain_graph:
+                node.release()
+            if len(input_grads) != len(node.parents):
+                raise RuntimeError(f"{node.label}.backward returned {len(input_grads)} "
+                                   f"gradients for {len(node.parents)} inputs")
+            for parent, g, shape in zip(node.parents, input_grads, node.input_shapes):
+                if parent is None or g is None:
+                    continue
+                if g.shape != shape:
+                    raise ShapeError(f"{node.label}.backward returned a gradient of shape "
+                                     f"{g.shape} for an input of shape {shape}")
+                if isinstance(parent, Tensor):      # a leaf
+                    parent.grad = g if parent.grad is None else parent.grad + g
+                else:
+                    key = id(parent)
+                    grads[key] = g if key not in grads else grads[key] + g
+
+
+def _topological_order(start):
+    """Nodes reachable from ``start``, each after every node it consumes (iterative DFS)."""
+    order, visited, stack = [], set(), [(start, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node.parents:
+            if isinstance(parent, Operator) and id(parent) not in visited:
+                stack.append((parent, False))
+    return order
+
+
+def ones_like_array(tensor):
+    """The implicit seed gradient of a one-element tensor."""
+    from gdnflow.backends import get_backend
+    return get_backend(tensor.device).full(tensor.shape, 1.0, np.dtype(tensor.dtype))

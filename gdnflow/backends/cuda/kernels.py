@@ -1,0 +1,113 @@
+"""Kernel loader: compile ``cuda_src/*.cu`` with PyCUDA, cache, launch.
+
+A kernel is named by its file, its ``extern "C"`` name, the types of its
+arguments (a ``struct`` format string such as ``"PPi"``: P pointer, i int32,
+f float32, q int64) and the compile-time ``-D`` defines it is built with.
+Modules are compiled once per (file, defines) in this process (there is one
+context per process) and kernels are launched through PyCUDA's prepared calls
+on the runtime's stream.
+
+``#include "gdnflow_common.cuh"`` is expanded here, in Python, rather than by
+nvcc: PyCUDA hashes a source that has includes by running the preprocessor
+first, an extra nvcc run per module even when the disk cache already holds it.
+"""
+import functools
+import os
+import re
+from pathlib import Path
+
+import pycuda.driver as drv
+from pycuda.compiler import SourceModule
+
+from gdnflow.errors import KernelCompileError
+from gdnflow.backends.cuda.runtime import get_runtime
+from gdnflow.backends.cuda.sources import COMMON_HEADER, source_dir
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"' + re.escape(COMMON_HEADER) + r'"\s*$', re.M)
+
+#: Threads per block unless a kernel asks for another size.
+DEFAULT_BLOCK = 256
+#: Blocks per SM a grid-stride launch is capped at: enough waves to hide the
+#: tail, few enough that huge tensors do not pay for scheduling millions of blocks.
+DEFAULT_BLOCKS_PER_SM = 16
+
+
+def read_source(file):
+    """The text of a CUDA file, with the common header expanded in place.
+
+    ``file`` is a name in ``cuda_src/`` (``"elementwise.cu"``) or a path.
+    """
+    path = Path(file)
+    if not path.is_absolute() and not path.exists():
+        path = source_dir() / file
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot read CUDA source {path}: {exc.strerror}") from exc
+    header = (source_dir() / COMMON_HEADER).read_text()
+    # A #line directive keeps nvcc's error line numbers those of the file itself.
+    return str(path), _INCLUDE.sub(lambda _: f'{header}\n#line 1 "{path.name}"', text, count=1)
+
+
+@functools.lru_cache(maxsize=None)
+def load_module(file, defines=()):
+    """Compile (or fetch from cache) the module for ``file`` with ``defines``.
+
+    ``defines`` is a tuple of (NAME, value) pairs, passed as ``-DNAME=value``.
+    """
+    path, source = read_source(file)
+    runtime = get_runtime()
+    options = ["-O3", "-std=c++17"] + [f"-D{name}={value}" for name, value in defines]
+    try:
+        return SourceModule(source, options=options, arch=runtime.arch, no_extern_c=True)
+    except drv.CompileError as exc:
+        raise KernelCompileError(
+            f"nvcc failed on {path} (defines {dict(defines)}):\n{exc.stderr or exc}") from None
+
+
+class Kernel:
+    """One compiled kernel, prepared for fast launches on gdnflow's stream."""
+
+    __slots__ = ("name", "function", "stream")
+
+    def __init__(self, file, name, arg_types, defines=()):
+        module = load_module(file, tuple(sorted(defines)))
+        try:
+            self.function = module.get_function(name)
+        except drv.LogicError:
+            raise KernelCompileError(f"{file} has no kernel named {name!r}") from None
+        self.function.prepare(arg_types)
+        self.name = name
+        self.stream = get_runtime().stream
+
+    def __call__(self, grid, block, *args, shared_bytes=0):
+        """Launch on ``grid`` x ``block`` threads with ``args`` (see ``arg_types``)."""
+        self.function.prepared_async_call(grid, block, self.stream, *args,
+                                          shared_size=shared_bytes)
+
+    def launch(self, threads, *args, block=DEFAULT_BLOCK, blocks_per_sm=DEFAULT_BLOCKS_PER_SM):
+        """Launch a grid-stride kernel meant to run ``threads`` threads in all."""
+        self(launch_grid(threads, block, blocks_per_sm), (block, 1, 1), *args)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(file, name, arg_types, defines=()):
+    """The cached :class:`Kernel` for these arguments (``defines`` as a tuple of pairs)."""
+    return Kernel(file, name, arg_types, defines)
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_grid(threads, block=DEFAULT_BLOCK, blocks_per_sm=DEFAULT_BLOCKS_PER_SM):
+    """The grid for a grid-stride kernel: every launch configuration is computed here.
+
+    One thread per work item up to ``blocks_per_sm`` blocks per SM; past that
+    the grid-stride loop gives each thread several items.
+    """
+    blocks = (threads + block - 1) // block
+    return (max(1, min(blocks, get_runtime().sm_count * blocks_per_sm)), 1, 1)
+
+
+def check_index_range(n, what):
+    """Kernels index with 32-bit ints; refuse arrays they cannot address."""
+    if n >= 2 ** 31:
+        raise ValueError(f"{what}: {n} elements exceed the 2^31 - 1 that gdnflow's kernels index")

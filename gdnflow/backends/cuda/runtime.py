@@ -1,0 +1,140 @@
+"""One CUDA context, one stream and one memory pool per process.
+
+Every kernel, copy and cuBLAS call goes to :attr:`Runtime.stream`, so work is
+ordered without explicit synchronisation, and a memory block returned to the
+pool may be handed out again at once: whatever used it before was queued
+earlier on the same stream. All device memory comes from PyCUDA's
+``DeviceMemoryPool``, so a steady-state training or inference loop never calls
+cudaMalloc/cudaFree (the first large loss measured in MobileNetV2 seed reports).
+
+The context is the device's primary context, the one the CUDA runtime (and so
+PyTorch) uses too, so benchmarks can run both in one process.
+"""
+import atexit
+import math
+
+import numpy as np
+import pycuda.driver as drv
+from pycuda.tools import DeviceMemoryPool
+
+_runtime = None
+
+
+def get_runtime():
+    """The process's :class:`Runtime`, created on first use."""
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime()
+    return _runtime
+
+
+class Runtime:
+    """The CUDA context, stream and memory pool of this process (device 0)."""
+
+    def __init__(self, device_index=0):
+        drv.init()
+        self.device = drv.Device(device_index)
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+        self.stream = drv.Stream()
+        self.pool = DeviceMemoryPool()
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.name = self.device.name()
+        atexit.register(self.close)
+
+    def empty(self, shape, dtype=np.float32):
+        """An uninitialised array of ``shape`` from the pool."""
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        size = math.prod(shape)
+        # The pool rejects zero-byte requests; an empty tensor still gets a
+        # (tiny) block so that every CudaArray has a valid pointer.
+        allocation = self.pool.allocate(max(size * dtype.itemsize, dtype.itemsize))
+        return CudaArray(shape, dtype, allocation)
+
+    def full(self, shape, value, dtype=np.float32):
+        """An array of ``shape`` filled with ``value`` (one memset on the stream)."""
+        array = self.empty(shape, dtype)
+        bits = np.array(value, dtype=array.dtype).view(np.uint32)
+        if array.size:
+            drv.memset_d32_async(array.ptr, int(bits), array.size, self.stream)
+        return array
+
+    def from_numpy(self, host):
+        """Copy a NumPy array to a new device array."""
+        host = np.ascontiguousarray(host)
+        array = self.empty(host.shape, host.dtype)
+        if array.size:
+            # From pageable memory the driver stages the data before returning,
+            # so ``host`` may be freed as soon as this call is back.
+            drv.memcpy_htod_async(array.ptr, host, self.stream)
+        return array
+
+    def to_numpy(self, array):
+        """Copy a device array into a new NumPy array, waiting for the stream."""
+        host = np.empty(array.shape, array.dtype)
+        if array.size:
+            drv.memcpy_dtoh_async(host, array.ptr, self.stream)
+        self.stream.synchronize()
+        return host
+
+    def copy(self, array):
+        """A new device array holding the same values."""
+        out = self.empty(array.shape, array.dtype)
+        if array.size:
+            drv.memcpy_dtod_async(out.ptr, array.ptr, array.nbytes, self.stream)
+        return out
+
+    def close(self):
+        """Release pooled memory and the context (runs at interpreter exit)."""
+        try:
+            self.stream.synchronize()
+            self.pool.stop_holding()
+            self.context.pop()
+        except drv.Error:
+            pass  # the context may already be gone at interpreter exit
+        from pycuda.tools import clear_context_caches
+        clear_context_caches()
+
+
+class CudaArray:
+    """A dense, C-contiguous array in GPU memory.
+
+    Deliberately smaller than PyCUDA's GPUArray: a launch from Python costs
+    about 9 µs, and the framework's per-call overhead must stay near that, so a
+    device array is just a shape, a dtype and a pooled allocation.
+    ``reshape`` returns a view sharing the allocation.
+    """
+
+    __slots__ = ("shape", "dtype", "size", "allocation", "ptr")
+
+    def __init__(self, shape, dtype, allocation, ptr=None):
+        self.shape = shape
+        self.dtype = dtype
+        self.size = math.prod(shape)
+        self.allocation = allocation
+        self.ptr = int(allocation) if ptr is None else ptr
+
+    @property
+    def ndim(self):
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def nbytes(self):
+        """Bytes the elements take."""
+        return self.size * self.dtype.itemsize
+
+    def reshape(self, shape):
+        """A view with another shape of the same size."""
+        shape = tuple(shape)
+        return CudaArray(shape, self.dtype, self.allocation, self.ptr)
+
+    def get(self):
+        """Copy to a new NumPy array."""
+        return get_runtime().to_numpy(self)
+
+    def __repr__(self):
+        return f"CudaArray(shape={self.shape}, dtype={self.dtype})"

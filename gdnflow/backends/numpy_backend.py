@@ -1,0 +1,38 @@
+"""The NumPy backend: arrays are plain ``numpy.ndarray``."""
+import numpy as np
+
+from gdnflow.errors import DTypeError
+
+
+class NumpyBackend:
+    """Reference backend. Supports float32 (default) and float64 (gradient checks)."""
+
+    name = "numpy"
+    dtypes = (np.dtype(np.float32), np.dtype(np.float64))
+    array_type = np.ndarray
+
+    def check_dtype(self, dtype):
+        """Return ``dtype`` as a numpy dtype, or raise DTypeError if unsupported."""
+        dtype = np.dtype(dtype)
+        if dtype not in self.dtypes:
+            raise DTypeError(f"numpy backend supports {[str(d) for d in self.dtypes]}, got {dtype}")
+        return dtype
+
+    def from_numpy(self, array):
+        """Adopt a NumPy array (no copy if it is already contiguous)."""
+        return np.ascontiguousarray(array)
+
+    def to_numpy(self, array):
+        """Return the array itself: it already is a NumPy array."""
+        return array
+
+    def empty(self, shape, dtype):
+        """An uninitialised array."""
+        return np.empty(shape, dtype)
+
+    def full(self, shape, value, dtype):
+        """An array filled with ``value``."""
+        return np.full(shape, value, dtype)
+
+    def synchronize(self):
+        """Nothing to wait for: NumPy is synchronous."""

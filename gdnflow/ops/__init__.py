@@ -1,0 +1,138 @@
+"""gdnflow's operators as functions of tensors.
+
+Each function builds one operator (see :mod:`gdnflow.registry`) and applies
+it. Arithmetic accepts Python numbers and NumPy arrays on either side: a
+number becomes the constant of an ``affine`` operator, an array a constant
+tensor on the other operand's device.
+"""
+import numbers
+
+import numpy as np
+
+from gdnflow.ops.elementwise import (Add, Affine, BroadcastTo, Clamp, Div, Exp, Log, Mul, Neg,
+                                     Pow, ReLU, ReLU6, Sigmoid, Sqrt, Sub, sum_to)
+from gdnflow.ops.reduction import Mean, Sum
+from gdnflow.ops.shape import Reshape, flatten
+
+__all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
+           "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
+           "sum_to"]
+
+
+def _as_tensor(value, like):
+    from gdnflow.tensor import Tensor
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return Tensor(value, device=like.device, dtype=like.dtype)
+    raise TypeError(f"expected a Tensor, a number or a NumPy array, got {type(value).__name__}")
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def add(a, b):
+    """a + b, broadcasting."""
+    if _is_number(b):
+        return Affine(1.0, b)(a)
+    if _is_number(a):
+        return Affine(1.0, a)(b)
+    return Add()(_as_tensor(a, b), _as_tensor(b, a))
+
+
+def sub(a, b):
+    """a - b, broadcasting."""
+    if _is_number(b):
+        return Affine(1.0, -b)(a)
+    if _is_number(a):
+        return Affine(-1.0, a)(b)
+    return Sub()(_as_tensor(a, b), _as_tensor(b, a))
+
+
+def mul(a, b):
+    """a * b, broadcasting."""
+    if _is_number(b):
+        return Affine(b, 0.0)(a)
+    if _is_number(a):
+        return Affine(a, 0.0)(b)
+    return Mul()(_as_tensor(a, b), _as_tensor(b, a))
+
+
+def div(a, b):
+    """a / b, broadcasting."""
+    if _is_number(b):
+        return Affine(1.0 / b, 0.0)(a)
+    if _is_number(a):
+        return Affine(a, 0.0)(Pow(-1.0)(b))
+    return Div()(_as_tensor(a, b), _as_tensor(b, a))
+
+
+def neg(x):
+    """-x."""
+    return Neg()(x)
+
+
+def exp(x):
+    """e^x, elementwise."""
+    return Exp()(x)
+
+
+def log(x):
+    """Natural logarithm, elementwise."""
+    return Log()(x)
+
+
+def sqrt(x):
+    """Square root, elementwise."""
+    return Sqrt()(x)
+
+
+def pow(x, exponent):
+    """x ** exponent for a constant exponent."""
+    return Pow(exponent)(x)
+
+
+def relu(x):
+    """max(x, 0)."""
+    return ReLU()(x)
+
+
+def relu6(x):
+    """min(max(x, 0), 6)."""
+    return ReLU6()(x)
+
+
+def sigmoid(x):
+    """1 / (1 + e^-x)."""
+    return Sigmoid()(x)
+
+
+def clamp(x, low, high):
+    """x limited to [low, high]."""
+    return Clamp(low, high)(x)
+
+
+def affine(x, scale, shift):
+    """scale * x + shift for constants scale, shift."""
+    return Affine(scale, shift)(x)
+
+
+def reshape(x, shape):
+    """The same elements in another shape (one -1 allowed)."""
+    return Reshape(shape)(x)
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)
+    """Sum over all elements or over ``axis``."""
+    return Sum(axis, keepdims)(x)
+
+
+def mean(x, axis=None, keepdims=False):
+    """Mean over all elements or over ``axis``."""
+    return Mean(axis, keepdims)(x)
+
+
+def broadcast_to(x, shape):
+    """x repeated along broadcast dimensions to ``shape``."""
+    return BroadcastTo(shape)(x)

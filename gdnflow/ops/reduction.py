@@ -1,0 +1,125 @@
+"""Sum and mean over all elements or given axes. CUDA kernels: ``cuda_src/reduction.cu``.
+
+On the GPU the reduced axes are merged into blocks of adjacent dimensions and
+summed one block at a time, innermost first, each pass seeing its input as
+[outer, r, inner]: the two-pass whole-tensor kernel when outer = inner = 1,
+one warp or block per row when inner = 1, one thread per output otherwise.
+"""
+import math
+
+import numpy as np
+
+from gdnflow.autograd import Operator
+from gdnflow.backends import cuda
+from gdnflow.errors import ShapeError
+from gdnflow.registry import register
+
+SOURCE = "reduction.cu"
+SUM_BLOCK = 256          # threads per block of sum_partial (its -DSUM_BLOCK)
+SUM_BLOCKS_PER_SM = 8    # one full wave of 256-thread blocks: 2048 threads per SM
+LONG_ROW = 2048          # rows at least this long get a block each, shorter ones a warp
+
+
+@register("sum")
+class Sum(Operator):
+    """Sum over ``axis`` (None: all; an int or a tuple of ints), optionally keeping dims."""
+
+    def __init__(self, axis=None, keepdims=False):
+        self.axis = axis
+        self.keepdims = bool(keepdims)
+
+    def check(self, x):
+        ndim = x.ndim
+        axes = range(ndim) if self.axis is None else (
+            (self.axis,) if isinstance(self.axis, int) else tuple(self.axis))
+        try:
+            self.axes = tuple(sorted({a + ndim if a < 0 else a for a in axes}))
+        except TypeError:
+            raise TypeError(f"{self.label}: axis must be None, an int or a tuple of ints, "
+                            f"got {self.axis!r}") from None
+        if any(not 0 <= a < ndim for a in self.axes):
+            raise ShapeError(f"{self.label}: axis {self.axis} out of range for shape {x.shape}")
+        self.kept_shape = tuple(1 if i in self.axes else s for i, s in enumerate(x.shape))
+        self.out_shape = self.kept_shape if self.keepdims else tuple(
+            s for i, s in enumerate(x.shape) if i not in self.axes)
+        self.scale = self.scale_for(math.prod(x.shape[a] for a in self.axes))
+
+    def scale_for(self, count):
+        """The factor the sum is multiplied by: 1 for a sum, 1/count for a mean."""
+        return 1.0
+
+    def forward_numpy(self, x):
+        y = np.sum(x, axis=self.axes, keepdims=True) * x.dtype.type(self.scale)
+        return np.asarray(y, dtype=x.dtype).reshape(self.out_shape)
+
+    def forward_cuda(self, x):
+        return sum_cuda(x, self.axes, self.scale).reshape(self.out_shape)
+
+    def backward(self, gy):
+        from gdnflow.ops.elementwise import Affine, BroadcastTo
+        from gdnflow.ops.shape import Reshape
+        g = Reshape(self.kept_shape)(gy)
+        if self.scale != 1.0:
+            g = Affine(self.scale, 0.0)(g)
+        return (BroadcastTo(self.input_shapes[0])(g),)
+
+
+@register("mean")
+class Mean(Sum):
+    """Mean over ``axis`` (None: all; an int or a tuple of ints), optionally keeping dims."""
+
+    def scale_for(self, count):
+        return 1.0 / count if count else float("nan")
+
+
+def sum_cuda(x, axes, scale):
+    """scale * (x summed over ``axes``), as a flat CudaArray of the kept elements."""
+    # Merge adjacent dimensions that are both reduced or both kept.
+    blocks = []
+    for i, size in enumerate(x.shape):
+        if size == 1:
+            continue
+        reduced = i in axes
+        if blocks and blocks[-1][1] == reduced:
+            blocks[-1][0] *= size
+        else:
+            blocks.append([size, reduced])
+    if not any(reduced for _, reduced in blocks):
+        from gdnflow.ops.elementwise import Affine
+        return Affine(scale, 0.0).forward_cuda(x)      # nothing to add up: a scaled copy
+    current = x
+    while any(reduced for _, reduced in blocks):
+        k = max(i for i, (_, reduced) in enumerate(blocks) if reduced)
+        outer = math.prod(size for size, _ in blocks[:k])
+        inner = math.prod(size for size, _ in blocks[k + 1:])
+        last = sum(reduced for _, reduced in blocks) == 1
+        current = _sum_pass(current, outer, blocks[k][0], inner, scale if last else 1.0)
+        del blocks[k]
+        if 0 < k < len(blocks) and not blocks[k - 1][1] and not blocks[k][1]:
+            blocks[k - 1][0] *= blocks.pop(k)[0]
+    return current
+
+
+def _sum_pass(x, outer, r, inner, scale):
+    """out[o, i] = scale * sum_j x[o, j, i] for x seen as [outer, r, inner]."""
+    out = cuda.empty((outer * inner,), x.dtype)
+    defines = (("SUM_BLOCK", SUM_BLOCK),)
+    if outer == 1 and inner == 1:
+        quads = r // 4
+        partial_kernel = cuda.kernel(SOURCE, "sum_partial", "PPi", defines)
+        from gdnflow.backends.cuda.kernels import launch_grid
+        grid = launch_grid(max(quads, 1), SUM_BLOCK, SUM_BLOCKS_PER_SM)
+        partial = cuda.empty((grid[0],), x.dtype)
+        partial_kernel(grid, (SUM_BLOCK, 1, 1), x.ptr, partial.ptr, r)
+        cuda.kernel(SOURCE, "sum_final", "PPif", defines)(
+            (1, 1, 1), (1024, 1, 1), partial.ptr, out.ptr, grid[0], scale)
+    elif inner == 1 and r >= LONG_ROW:
+        cuda.kernel(SOURCE, "sum_rows_block", "PPiif").launch(
+            outer * 256, x.ptr, out.ptr, outer, r, scale)
+    elif inner == 1:
+        cuda.kernel(SOURCE, "sum_rows_warp", "PPiif").launch(
+            outer * 32, x.ptr, out.ptr, outer, r, scale)
+    else:
+        cuda.kernel(SOURCE, "sum_middle", "PPiiif").launch(
+            outer * inner, x.ptr, out.ptr, outer, r, inner, scale)
+    return out

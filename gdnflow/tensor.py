@@ -1,0 +1,191 @@
+"""Tensor: a backend array, its gradient, and the operation that made it."""
+import numbers
+
+import numpy as np
+
+from gdnflow import autograd
+from gdnflow.backends import check_device, default_device, get_backend
+
+
+class Tensor:
+    """An n-dimensional array on a device, recording operations for autograd.
+
+    ``Tensor(data, device=None, dtype=None, requires_grad=False)`` copies
+    ``data`` (a NumPy array, nested lists, a number, or another Tensor) to
+    ``device`` (``"numpy"`` or ``"cuda"``; the default device if None) as
+    ``dtype`` (float32 unless given; float64 exists on NumPy, for gradient checks).
+
+    Attributes: ``data`` (the backend array), ``device``, ``requires_grad``,
+    ``grad`` (a Tensor after :meth:`backward`, else None) and ``creator`` (the
+    :class:`~gdnflow.autograd.Operator` node that produced it, None for leaves
+    and for results computed without gradient).
+    """
+
+    __slots__ = ("data", "device", "requires_grad", "grad", "creator", "__weakref__")
+    __array_priority__ = 1000   # make ndarray * Tensor call Tensor.__rmul__
+
+    def __init__(self, data, device=None, dtype=None, requires_grad=False):
+        device = check_device(device) if device is not None else default_device()
+        if isinstance(data, Tensor):
+            data = data.numpy()
+        host = np.asarray(data)
+        if dtype is None:
+            dtype = np.float32
+        backend = get_backend(device)
+        dtype = backend.check_dtype(dtype)
+        self.data = backend.from_numpy(host.astype(dtype, copy=False))
+        self.device = device
+        self.requires_grad = bool(requires_grad)
+        self.grad = None
+        self.creator = None
+
+    @classmethod
+    def wrap(cls, array, device, requires_grad=False):
+        """A tensor around an existing backend array (no copy, no checks)."""
+        t = object.__new__(cls)
+        t.data = array
+        t.device = device
+        t.requires_grad = requires_grad
+        t.grad = None
+        t.creator = None
+        return t
+
+    # ------------------------------------------------------------ describe --
+    @property
+    def shape(self):
+        """The shape, a tuple of ints."""
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        """The element type, a ``numpy.dtype``."""
+        return self.data.dtype
+
+    @property
+    def ndim(self):
+        """Number of dimensions."""
+        return len(self.data.shape)
+
+    @property
+    def size(self):
+        """Number of elements."""
+        return self.data.size
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device!r}{grad})")
+
+    # ------------------------------------------------------------- convert --
+    def numpy(self):
+        """The values as a NumPy array (on NumPy: the tensor's own array, not a copy)."""
+        return get_backend(self.device).to_numpy(self.data)
+
+    def item(self):
+        """The value of a one-element tensor as a Python float."""
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor of one element, got shape {self.shape}")
+        return float(self.numpy().reshape(()))
+
+    def to(self, device):
+        """This tensor on ``device`` (itself if already there); not differentiable."""
+        device = check_device(device)
+        if device == self.device:
+            return self
+        return Tensor(self.numpy(), device=device, requires_grad=self.requires_grad)
+
+    def astype(self, dtype):
+        """A copy with another dtype, cut from the graph."""
+        return Tensor(self.numpy(), device=self.device, dtype=dtype)
+
+    def detach(self):
+        """The same array, cut from the graph (no copy)."""
+        return Tensor.wrap(self.data, self.device)
+
+    # ------------------------------------------------------------ autograd --
+    def backward(self, grad=None, retain_graph=False):
+        """Add d(self)/d(leaf) to the ``grad`` of every leaf tensor that requires it.
+
+        ``grad`` (the gradient flowing into this tensor) may be omitted for a
+        one-element tensor. The graph's saved arrays are freed on the way
+        unless ``retain_graph`` is true.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad: no input "
+                               "of the computation had requires_grad=True (or it ran under no_grad)")
+        if grad is None:
+            if self.size != 1:
+                raise ValueError(f"backward() without a gradient needs a one-element tensor, "
+                                 f"got shape {self.shape}; pass grad=")
+            grad = Tensor.wrap(autograd.ones_like_array(self), self.device)
+        elif not isinstance(grad, Tensor):
+            grad = Tensor(grad, device=self.device, dtype=self.dtype)
+        if grad.shape != self.shape or grad.device != self.device:
+            raise ValueError(f"backward(): grad has shape {grad.shape} on {grad.device!r}, "
+                             f"expected shape {self.shape} on {self.device!r}")
+        if self.creator is None:        # a leaf: its gradient is grad itself
+            self.grad = grad if self.grad is None else self.grad + grad
+            return
+        autograd.backward(self, grad, retain_graph=retain_graph)
+
+    # ---------------------------------------------------------- operations --
+    def __add__(self, other): return ops.add(self, other)
+    def __radd__(self, other): return ops.add(other, self)
+    def __sub__(self, other): return ops.sub(self, other)
+    def __rsub__(self, other): return ops.sub(other, self)
+    def __mul__(self, other): return ops.mul(self, other)
+    def __rmul__(self, other): return ops.mul(other, self)
+    def __truediv__(self, other): return ops.div(self, other)
+    def __rtruediv__(self, other): return ops.div(other, self)
+    def __neg__(self): return ops.neg(self)
+
+    def __pow__(self, exponent):
+        if not isinstance(exponent, numbers.Real):
+            raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
+        return ops.pow(self, exponent)
+
+    def exp(self): return ops.exp(self)
+    def log(self): return ops.log(self)
+    def sqrt(self): return ops.sqrt(self)
+    def relu(self): return ops.relu(self)
+    def sigmoid(self): return ops.sigmoid(self)
+    def clamp(self, low, high): return ops.clamp(self, low, high)
+    def sum(self, axis=None, keepdims=False): return ops.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return ops.mean(self, axis, keepdims)
+
+    def reshape(self, *shape):
+        """Same values in another shape; accepts ``reshape(2, 3)`` or ``reshape((2, 3))``."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        return ops.reshape(self, shape)
+
+    def flatten(self, start_dim=1): return ops.flatten(self, start_dim)
+
+
+def tensor(data, device=None, dtype=None, requires_grad=False):
+    """Make a :class:`Tensor` from data; see the class for the arguments."""
+    return Tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def full(shape, value, device=None, dtype=np.float32, requires_grad=False):
+    """A tensor of ``shape`` filled with ``value``."""
+    device = check_device(device) if device is not None else default_device()
+    backend = get_backend(device)
+    t = Tensor.wrap(backend.full(tuple(shape), value, backend.check_dtype(dtype)), device)
+    t.requires_grad = requires_grad
+    return t
+
+
+def zeros(shape, device=None, dtype=np.float32, requires_grad=False):
+    """A tensor of zeros."""
+    return full(shape, 0.0, device, dtype, requires_grad)
+
+
+def ones(shape, device=None, dtype=np.float32, requires_grad=False):
+    """A tensor of ones."""
+    return full(shape, 1.0, device, dtype, requires_grad)
+
+
+from gdnflow import ops  # noqa: E402  (ops builds on Tensor, defined above)
