@@ -42,6 +42,9 @@ class Runtime:
         self.arch = f"sm_{major}{minor}"
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.name = self.device.name()
+        #: When true, every new array is filled with NaN, so a kernel that
+        #: leaves an output element unwritten shows in tests (gdnflow.testing).
+        self.poison = False
         atexit.register(self.close)
 
     def empty(self, shape, dtype=np.float32):
@@ -52,7 +55,10 @@ class Runtime:
         # The pool rejects zero-byte requests; an empty tensor still gets a
         # (tiny) block so that every CudaArray has a valid pointer.
         allocation = self.pool.allocate(max(size * dtype.itemsize, dtype.itemsize))
-        return CudaArray(shape, dtype, allocation)
+        array = CudaArray(shape, dtype, allocation)
+        if self.poison and size:
+            drv.memset_d8_async(array.ptr, 0xFF, array.nbytes, self.stream)   # all-ones bits: NaN
+        return array
 
     def full(self, shape, value, dtype=np.float32):
         """An array of ``shape`` filled with ``value`` (one memset on the stream)."""

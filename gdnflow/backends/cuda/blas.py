@@ -1,0 +1,65 @@
+"""Every cuBLAS call gdnflow makes, in one module.
+
+Through ``skcuda.cublas`` (the only part of scikit-cuda that works under
+NumPy 2). Its handle is created once per process, bound to the runtime's
+stream and kept in the default math mode (no TF32: gdnflow's float32 results
+must match the NumPy reference to 1e-4). scikit-cuda has no strided-batched
+GEMM and no math-mode setter; their prototypes are declared here from
+cublas_api.h on the library scikit-cuda loaded.
+
+The helpers take row-major (C-order) matrices, as gdnflow stores them, and
+translate to cuBLAS's column-major convention: a row-major C = A·B is the
+column-major C^T = B^T·A^T, so A and B swap places and nothing is transposed
+in memory.
+"""
+import ctypes
+import functools
+
+import skcuda.cublas as cublas
+
+from gdnflow.backends.cuda.runtime import get_runtime
+
+CUBLAS_DEFAULT_MATH = 0
+_OP = {False: 0, True: 1}       # CUBLAS_OP_N, CUBLAS_OP_T
+
+_lib = cublas._libcublas
+_lib.cublasSetMathMode.restype = int
+_lib.cublasSetMathMode.argtypes = [ctypes.c_void_p, ctypes.c_int]
+_lib.cublasSgemmStridedBatched.restype = int
+_lib.cublasSgemmStridedBatched.argtypes = [
+    ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+    ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+
+
+@functools.lru_cache(maxsize=None)
+def handle():
+    """The process's cuBLAS handle, on gdnflow's stream, default math mode."""
+    h = cublas.cublasCreate()
+    cublas.cublasSetStream(h, get_runtime().stream.handle)
+    cublas.cublasCheckStatus(_lib.cublasSetMathMode(h, CUBLAS_DEFAULT_MATH))
+    return h
+
+
+def matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+           batch=1, stride_a=0, stride_b=0, stride_c=0):
+    """C = alpha * op(A) @ op(B) + beta * C for row-major float32 matrices.
+
+    ``a``, ``b``, ``c`` are device pointers. op(A) is m x k (A is stored k x m
+    when ``trans_a``), op(B) is k x n (B stored n x k when ``trans_b``), C is
+    m x n. With ``batch`` > 1 the matrices repeat every ``stride_*`` elements
+    (a stride of 0 reuses one matrix for the whole batch).
+    """
+    lda = m if trans_a else k
+    ldb = k if trans_b else n
+    alpha_ = ctypes.c_float(alpha)
+    beta_ = ctypes.c_float(beta)
+    if batch == 1:
+        cublas.cublasSgemm(handle(), "t" if trans_b else "n", "t" if trans_a else "n",
+                           n, m, k, alpha, b, ldb, a, lda, beta, c, n)
+        return
+    status = _lib.cublasSgemmStridedBatched(
+        handle(), _OP[trans_b], _OP[trans_a], n, m, k, ctypes.byref(alpha_),
+        b, ldb, stride_b, a, lda, stride_a, ctypes.byref(beta_), c, n, stride_c, batch)
+    cublas.cublasCheckStatus(status)

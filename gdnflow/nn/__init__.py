@@ -1,0 +1,2 @@
+"""Layers: modules holding parameters, each calling one operator."""
+from gdnflow.nn.module import Module, Parameter
