@@ -1,7 +1,10 @@
 // Shared helpers for gdnflow kernels. The loader pastes this header into each
 // source in place of its #include (see gdnflow/backends/cuda/kernels.py), so
 // keep it small: it is compiled once per module.
-#pragma once
+// Include guards, not #pragma once: the loader pastes this text into the
+// main file, where #pragma once draws a warning.
+#ifndef GDNFLOW_COMMON_CUH
+#define GDNFLOW_COMMON_CUH
 
 // Grid-stride loop over [0, n): every elementwise kernel uses it, so a launch
 // may use fewer blocks than elements.
@@ -31,3 +34,5 @@ __device__ __forceinline__ float block_sum(float v) {
     __syncthreads();
     return v;
 }
+
+#endif  // GDNFLOW_COMMON_CUH

@@ -58,7 +58,7 @@ def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
             numeric = (loss_along(i, d, eps) - loss_along(i, d, -eps)) / (2 * eps)
             predicted = float(np.sum(analytic * d))
             if not abs(numeric - predicted) <= atol + rtol * max(abs(numeric), abs(predicted)):
-                where = (f"at element {np.unravel_index(int(np.argmax(d)), x.shape)}"
+                where = (f"at element {tuple(int(k) for k in np.unravel_index(int(np.argmax(d)), x.shape))}"
                          if np.count_nonzero(d) == 1 else "along a random direction")
                 raise AssertionError(
                     f"gradient of input {i} (shape {x.shape}) {where}: backward gives "

@@ -20,7 +20,7 @@ class NumpyBackend:
 
     def from_numpy(self, array):
         """Adopt a NumPy array (no copy if it is already contiguous)."""
-        return np.ascontiguousarray(array)
+        return contiguous(array)
 
     def to_numpy(self, array):
         """Return the array itself: it already is a NumPy array."""
@@ -36,3 +36,10 @@ class NumpyBackend:
 
     def synchronize(self):
         """Nothing to wait for: NumPy is synchronous."""
+
+
+def contiguous(array):
+    """``array`` in C order, copied only if needed; unlike np.ascontiguousarray
+    it keeps a 0-d array 0-d."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")

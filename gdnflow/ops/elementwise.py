@@ -11,6 +11,7 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
 from gdnflow.backends import cuda
+from gdnflow.backends.numpy_backend import contiguous
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
 from gdnflow.registry import register
 
@@ -268,7 +269,7 @@ class BroadcastTo(Operator):
             raise ShapeError(f"broadcast_to: cannot broadcast shape {x.shape} to {self.shape}")
 
     def forward_numpy(self, x):
-        return np.ascontiguousarray(np.broadcast_to(x, self.shape))
+        return contiguous(np.broadcast_to(x, self.shape))
 
     def forward_cuda(self, x):
         out = cuda.empty(self.shape, x.dtype)

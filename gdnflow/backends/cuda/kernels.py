@@ -6,24 +6,15 @@ f float32, q int64) and the compile-time ``-D`` defines it is built with.
 Modules are compiled once per (file, defines) in this process (there is one
 context per process) and kernels are launched through PyCUDA's prepared calls
 on the runtime's stream.
-
-``#include "gdnflow_common.cuh"`` is expanded here, in Python, rather than by
-nvcc: PyCUDA hashes a source that has includes by running the preprocessor
-first, an extra nvcc run per module even when the disk cache already holds it.
 """
 import functools
-import os
-import re
-from pathlib import Path
 
 import pycuda.driver as drv
 from pycuda.compiler import SourceModule
 
 from gdnflow.errors import KernelCompileError
 from gdnflow.backends.cuda.runtime import get_runtime
-from gdnflow.backends.cuda.sources import COMMON_HEADER, source_dir
-
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"' + re.escape(COMMON_HEADER) + r'"\s*$', re.M)
+from gdnflow.backends.cuda.sources import expand_source, resolve
 
 #: Threads per block unless a kernel asks for another size.
 DEFAULT_BLOCK = 256
@@ -32,30 +23,13 @@ DEFAULT_BLOCK = 256
 DEFAULT_BLOCKS_PER_SM = 16
 
 
-def read_source(file):
-    """The text of a CUDA file, with the common header expanded in place.
-
-    ``file`` is a name in ``cuda_src/`` (``"elementwise.cu"``) or a path.
-    """
-    path = Path(file)
-    if not path.is_absolute() and not path.exists():
-        path = source_dir() / file
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read CUDA source {path}: {exc.strerror}") from exc
-    header = (source_dir() / COMMON_HEADER).read_text()
-    # A #line directive keeps nvcc's error line numbers those of the file itself.
-    return str(path), _INCLUDE.sub(lambda _: f'{header}\n#line 1 "{path.name}"', text, count=1)
-
-
 @functools.lru_cache(maxsize=None)
 def load_module(file, defines=()):
     """Compile (or fetch from cache) the module for ``file`` with ``defines``.
 
     ``defines`` is a tuple of (NAME, value) pairs, passed as ``-DNAME=value``.
     """
-    path, source = read_source(file)
+    path, source = resolve(file), expand_source(file)
     runtime = get_runtime()
     options = ["-O3", "-std=c++17"] + [f"-D{name}={value}" for name, value in defines]
     try:

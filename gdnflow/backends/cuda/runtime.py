@@ -17,6 +17,8 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
+from gdnflow.backends.numpy_backend import contiguous
+
 _runtime = None
 
 
@@ -70,7 +72,7 @@ class Runtime:
 
     def from_numpy(self, host):
         """Copy a NumPy array to a new device array."""
-        host = np.ascontiguousarray(host)
+        host = contiguous(host)
         array = self.empty(host.shape, host.dtype)
         if array.size:
             # From pageable memory the driver stages the data before returning,
