@@ -1,8 +1,13 @@
 """Every CUDA source gdnflow ships compiles with nvcc (CI has nvcc, not a GPU)."""
+import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+import gdnflow
 
 from gdnflow.backends.cuda.sources import COMMON_HEADER, expand_source, source_dir, source_files
 
@@ -26,3 +31,12 @@ def test_compiles_for_sm90_without_warnings(path, tmp_path):
          "-c", str(expanded), "-o", str(tmp_path / "out.o")],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"nvcc failed on {path}:\n{result.stderr}"
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="only CI runs from a non-editable install")
+def test_ci_imports_the_installed_package():
+    # CI installs with `pip install .` (not editable): the sources must come
+    # from inside the installed package, not from the checkout beside it.
+    package = Path(gdnflow.__file__).resolve().parent
+    assert Path(sys.prefix).resolve() in package.parents, f"gdnflow imported from {package}"
+    assert source_dir() == package / "cuda_src"

@@ -1,0 +1,92 @@
+"""Timing helpers shared by gdnflow's benchmarks (GPU only).
+
+Both sides are timed with CUDA events around the region, after a warm-up,
+and reported as the median over many runs, in one process: gdnflow's events
+are recorded on gdnflow's stream, PyTorch's on its current stream. Inputs
+should not fit in L2 (50-60 MB on an H100/H200) unless the workload is small
+by nature.
+"""
+import datetime
+import platform
+import statistics
+
+
+def gdnflow_stream():
+    """The stream every gdnflow kernel runs on."""
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return get_runtime().stream
+
+
+def time_gdnflow(fn, warmup=10, repeats=50):
+    """Median milliseconds of ``fn()`` measured with events on gdnflow's stream."""
+    import pycuda.driver as drv
+    stream = gdnflow_stream()
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    times = []
+    start, end = drv.Event(), drv.Event()
+    for _ in range(repeats):
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(end.time_since(start))
+    return statistics.median(times)
+
+
+def time_torch(fn, warmup=10, repeats=50):
+    """Median milliseconds of ``fn()`` measured with events on PyTorch's current stream."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def torch_or_none():
+    """PyTorch with TF32 off and cuDNN in benchmark mode, or None if it cannot run here."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    return torch
+
+
+def gpu_name():
+    """The name of the GPU gdnflow runs on."""
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return get_runtime().name
+
+
+def markdown_table(title, headers, rows, notes=()):
+    """A markdown table headed by the title, GPU, date and host; rows are lists of cells."""
+    lines = [f"## {title}", "",
+             f"GPU: {gpu_name()}; date: {datetime.date.today().isoformat()}; "
+             f"host Python {platform.python_version()}", ""]
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "---|" * len(headers))
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def emit(table, out_path=None):
+    """Print the table and, if given, write it to ``out_path``."""
+    print(table)
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(table)
