@@ -75,6 +75,23 @@ def bench_axis_sums(torch, rows, repeats):
         del x
 
 
+def bench_rows_kernel_vs_cublas(rows, repeats):
+    """Row sums two ways: the sum_rows kernels, and cuBLAS (a GEMM against a ones vector)."""
+    from gdnflow.backends.cuda import blas
+    runtime = get_runtime()
+    rng = np.random.default_rng(2)
+    for shape in [(16384, 3136), (8192, 8192), (200704, 64)]:
+        x = gf.tensor(rng.standard_normal(shape, dtype=np.float32), device="cuda")
+        ones = gf.ones((shape[1], 1), device="cuda")
+        out = runtime.empty((shape[0], 1))
+        kernel_ms = harness.time_gdnflow(lambda: ops.sum(x, 1), repeats=repeats)
+        gemm_ms = harness.time_gdnflow(lambda: blas.matmul(x.data.ptr, ones.data.ptr, out.ptr,
+                                                           shape[0], 1, shape[1]), repeats=repeats)
+        rows.append([f"row sums {shape}: kernel vs cuBLAS ones-GEMM", f"{kernel_ms:.3f}",
+                     f"(cuBLAS {gemm_ms:.3f})", f"{4 * x.size / kernel_ms / 1e6:.0f} GB/s",
+                     f"{gemm_ms / kernel_ms:.3f}"])
+
+
 def per_call_us(fn, sync, calls=5000):
     """Wall-clock microseconds per call of ``fn`` in a tight Python loop (after warm-up)."""
     for _ in range(200):
@@ -117,6 +134,7 @@ def main():
     sweep_full_sum(x, notes)
     del x
     bench_axis_sums(torch, rows, args.repeats)
+    bench_rows_kernel_vs_cublas(rows, args.repeats)
     bench_call_overhead(torch, rows)
     notes.append("times are medians of CUDA-event timings (ms) after warm-up; ratio = torch / gdnflow "
                  "(above 1: gdnflow faster); call costs are wall-clock per call in a Python loop")

@@ -56,27 +56,38 @@ class Operator:
         what was expected and what came; the device and dtype agreement of the
         inputs is checked here, for every operator.
 
-    ``self.needs_grad`` (one bool per input) tells the backward which
-    gradients are asked for; ``self.input_shapes`` holds the inputs' shapes.
+    ``self.needs_grad`` (one bool per input, set when the graph is recorded)
+    tells the backward which gradients are asked for; ``self.input_shapes``
+    holds the inputs' shapes.
     """
 
     op_name = None      # set by gdnflow.registry.register
     saved = ()
 
     def __call__(self, *inputs):
-        from gdnflow.tensor import Tensor
-        self._check_common(inputs, Tensor)
+        # This runs once per operation, so it is written for speed: one pass
+        # over the inputs; the descriptive checks run only when it fails.
+        record = False
+        if not inputs:
+            self._explain_bad_inputs(inputs)
+        first = inputs[0]
+        for t in inputs:
+            if (not isinstance(t, Tensor) or t.device != first.device
+                    or t.data.dtype != first.data.dtype):
+                self._explain_bad_inputs(inputs)
+            if t.requires_grad:
+                record = True
         self.check(*inputs)
-        device = self.device = inputs[0].device
-        self.input_shapes = tuple(t.shape for t in inputs)
-        record = _grad_enabled and any(t.requires_grad for t in inputs)
-        self.needs_grad = tuple(t.requires_grad for t in inputs)
+        device = self.device = first.device
+        self.input_shapes = tuple([t.data.shape for t in inputs])
         out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
-        result = Tensor.wrap(out, device, requires_grad=record)
-        if record:
-            self.parents = tuple(
+        result = Tensor.wrap(out, device)
+        if record and _grad_enabled:
+            self.needs_grad = tuple([t.requires_grad for t in inputs])
+            self.parents = tuple([
                 (t.creator if t.creator is not None else t) if t.requires_grad else None
-                for t in inputs)
+                for t in inputs])
+            result.requires_grad = True
             result.creator = self
         return result
 
@@ -85,11 +96,12 @@ class Operator:
         """The name used in error messages."""
         return self.op_name or type(self).__name__
 
-    def _check_common(self, inputs, tensor_type):
+    def _explain_bad_inputs(self, inputs):
+        """Raise the error that says what is wrong with ``inputs``."""
         if not inputs:
             raise TypeError(f"{self.label}: expected at least one input tensor")
         for i, t in enumerate(inputs):
-            if not isinstance(t, tensor_type):
+            if not isinstance(t, Tensor):
                 raise TypeError(f"{self.label}: input {i} should be a gdnflow Tensor, "
                                 f"got {type(t).__name__}")
         first = inputs[0]
@@ -101,6 +113,7 @@ class Operator:
             if t.dtype != first.dtype:
                 raise DTypeError(f"{self.label}: input 0 is {first.dtype} but input {i} is "
                                  f"{t.dtype}; convert with .astype()")
+        raise AssertionError("unreachable: inputs were valid")
 
     def check(self, *inputs):
         """Validate the inputs (shapes, parameters); the default accepts everything."""
@@ -111,7 +124,6 @@ class Operator:
 
     def wrap(self, array):
         """A constant tensor (no gradient) around an array on this operator's device."""
-        from gdnflow.tensor import Tensor
         return Tensor.wrap(array, self.device)
 
     def backward(self, grad_output):
@@ -125,7 +137,6 @@ class Operator:
 
 def backward(root, grad, retain_graph=False):
     """Accumulate d(root)/d(leaf) * grad into the ``.grad`` of every leaf that requires it."""
-    from gdnflow.tensor import Tensor
     order = _topological_order(root.creator)
     grads = {id(root.creator): grad}
     with no_grad():
@@ -179,3 +190,7 @@ def ones_like_array(tensor):
     """The implicit seed gradient of a one-element tensor."""
     from gdnflow.backends import get_backend
     return get_backend(tensor.device).full(tensor.shape, 1.0, np.dtype(tensor.dtype))
+
+
+# The tensor module imports this one; Tensor is bound here once both exist.
+from gdnflow.tensor import Tensor  # noqa: E402

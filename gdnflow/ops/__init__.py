@@ -13,6 +13,7 @@ from gdnflow.ops.elementwise import (Add, Affine, BroadcastTo, Clamp, Div, Exp, 
                                      Pow, ReLU, ReLU6, Sigmoid, Sqrt, Sub, sum_to)
 from gdnflow.ops.reduction import Mean, Sum
 from gdnflow.ops.shape import Reshape, flatten
+from gdnflow.tensor import Tensor
 
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
            "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
@@ -20,7 +21,6 @@ __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu
 
 
 def _as_tensor(value, like):
-    from gdnflow.tensor import Tensor
     if isinstance(value, Tensor):
         return value
     if isinstance(value, np.ndarray):
@@ -34,6 +34,8 @@ def _is_number(value):
 
 def add(a, b):
     """a + b, broadcasting."""
+    if type(a) is type(b) is Tensor:
+        return Add()(a, b)
     if _is_number(b):
         return Affine(1.0, b)(a)
     if _is_number(a):
@@ -43,6 +45,8 @@ def add(a, b):
 
 def sub(a, b):
     """a - b, broadcasting."""
+    if type(a) is type(b) is Tensor:
+        return Sub()(a, b)
     if _is_number(b):
         return Affine(1.0, -b)(a)
     if _is_number(a):
@@ -52,6 +56,8 @@ def sub(a, b):
 
 def mul(a, b):
     """a * b, broadcasting."""
+    if type(a) is type(b) is Tensor:
+        return Mul()(a, b)
     if _is_number(b):
         return Affine(b, 0.0)(a)
     if _is_number(a):
@@ -61,6 +67,8 @@ def mul(a, b):
 
 def div(a, b):
     """a / b, broadcasting."""
+    if type(a) is type(b) is Tensor:
+        return Div()(a, b)
     if _is_number(b):
         return Affine(1.0 / b, 0.0)(a)
     if _is_number(a):

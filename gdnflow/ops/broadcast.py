@@ -7,6 +7,8 @@ KERNEL_DIMS = 4
 
 def broadcast_shape(op_name, *shapes):
     """The NumPy broadcast of ``shapes``, or a ShapeError naming the operator."""
+    if all(s == shapes[0] for s in shapes):
+        return tuple(shapes[0])
     ndim = max(len(s) for s in shapes)
     padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
     out = []

@@ -63,9 +63,9 @@ class UnaryOperator(Operator):
         return np.asarray(self.df(x, y, gy), dtype=gy.dtype)
 
     def backward_cuda(self, gy):
-        x, y = self.saved
-        x = x if x is not None else y       # the kernel does not read the one not saved
-        y = y if y is not None else x
+        # The kernel does not read what the operator did not save: any valid
+        # pointer can stand in for it.
+        x, y = (a if a is not None else gy for a in self.saved)
         gx = cuda.empty(gy.shape, gy.dtype)
         cuda.kernel(SOURCE, f"{self.kernel}_backward", "PPPPiff").launch(
             gy.size, x.ptr, y.ptr, gy.ptr, gx.ptr, gy.size, *self.params)

@@ -17,6 +17,8 @@ from gdnflow.registry import register
 SOURCE = "reduction.cu"
 SUM_BLOCK = 256          # threads per block of sum_partial (its -DSUM_BLOCK)
 SUM_BLOCKS_PER_SM = 8    # one full wave of 256-thread blocks: 2048 threads per SM
+# (an unroll of 8 float4 loads and 8 blocks per SM were the fastest of a
+# 3 x 3 sweep on an H200; see benchmarks/results/foundation.md)
 LONG_ROW = 2048          # rows at least this long get a block each, shorter ones a warp
 
 
@@ -105,12 +107,10 @@ def _sum_pass(x, outer, r, inner, scale):
     out = cuda.empty((outer * inner,), x.dtype)
     defines = (("SUM_BLOCK", SUM_BLOCK),)
     if outer == 1 and inner == 1:
-        quads = r // 4
-        partial_kernel = cuda.kernel(SOURCE, "sum_partial", "PPi", defines)
-        from gdnflow.backends.cuda.kernels import launch_grid
-        grid = launch_grid(max(quads, 1), SUM_BLOCK, SUM_BLOCKS_PER_SM)
+        grid = cuda.launch_grid(max(r // 4, 1), SUM_BLOCK, SUM_BLOCKS_PER_SM)
         partial = cuda.empty((grid[0],), x.dtype)
-        partial_kernel(grid, (SUM_BLOCK, 1, 1), x.ptr, partial.ptr, r)
+        cuda.kernel(SOURCE, "sum_partial", "PPi", defines)(
+            grid, (SUM_BLOCK, 1, 1), x.ptr, partial.ptr, r)
         cuda.kernel(SOURCE, "sum_final", "PPif", defines)(
             (1, 1, 1), (1024, 1, 1), partial.ptr, out.ptr, grid[0], scale)
     elif inner == 1 and r >= LONG_ROW:

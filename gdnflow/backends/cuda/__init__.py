@@ -75,15 +75,30 @@ class CudaBackend:
         self.runtime.stream.synchronize()
 
 
-# Operators call these two; they import PyCUDA only on first use, so that the
-# operator modules import on machines without it.
+# Operators call these on every launch. They import PyCUDA only on first
+# use, so that the operator modules import on machines without it.
+_kernels = None
+
+
 def kernel(file, name, arg_types, defines=()):
     """The compiled, prepared kernel ``name`` from ``file`` (see ``kernels.kernel``)."""
-    from gdnflow.backends.cuda.kernels import kernel as cached_kernel
-    return cached_kernel(file, name, arg_types, defines)
+    global _kernels
+    if _kernels is None:
+        from gdnflow.backends.cuda import kernels as _kernels
+    return _kernels.kernel(file, name, arg_types, defines)
 
 
 def empty(shape, dtype=np.float32):
     """An uninitialised device array from the process's memory pool."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().empty(shape, dtype)
+    global _kernels
+    if _kernels is None:
+        from gdnflow.backends.cuda import kernels as _kernels
+    return _kernels.get_runtime().empty(shape, dtype)
+
+
+def launch_grid(threads, block=256, blocks_per_sm=16):
+    """The grid a grid-stride kernel of ``threads`` threads is launched with."""
+    global _kernels
+    if _kernels is None:
+        from gdnflow.backends.cuda import kernels as _kernels
+    return _kernels.launch_grid(threads, block, blocks_per_sm)

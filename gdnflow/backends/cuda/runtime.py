@@ -50,8 +50,7 @@ class Runtime:
         atexit.register(self.close)
 
     def empty(self, shape, dtype=np.float32):
-        """An uninitialised array of ``shape`` from the pool."""
-        shape = tuple(int(s) for s in shape)
+        """An uninitialised array of ``shape`` (a tuple of ints) from the pool."""
         dtype = np.dtype(dtype)
         size = math.prod(shape)
         # The pool rejects zero-byte requests; an empty tensor still gets a
@@ -73,7 +72,7 @@ class Runtime:
     def from_numpy(self, host):
         """Copy a NumPy array to a new device array."""
         host = contiguous(host)
-        array = self.empty(host.shape, host.dtype)
+        array = self.empty(tuple(host.shape), host.dtype)
         if array.size:
             # From pageable memory the driver stages the data before returning,
             # so ``host`` may be freed as soon as this call is back.
