@@ -37,17 +37,27 @@ UNARY_OPERATOR(affine,  p0 * x + p1,                 p0 * gy)
 
 // --------------------------------------------------------------- binary ----
 // out = a OP b. NAME_same: a, b and out have one shape. NAME_broadcast: out
-// has (up to) four dimensions d0 x d1 x d2 x d3 (the host merges adjacent
-// dimensions to get there); an operand's element for out index (i0,i1,i2,i3)
-// is at i0*s0 + i1*s1 + i2*s2 + i3*s3, a stride being 0 along a broadcast
-// dimension.
-__device__ __forceinline__ int broadcast_offset(
-        int i, int d1, int d2, int d3, int s0, int s1, int s2, int s3) {
-    const int i3 = i % d3;  i /= d3;
-    const int i2 = i % d2;  i /= d2;
-    const int i1 = i % d1;
-    const int i0 = i / d1;
-    return i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3;
+// has (up to) six dimensions d0 x d1 x ... x d5 (the host merges adjacent
+// dimensions and pads with leading 1s); an operand's element for out index
+// (i0, ..., i5) is at sum_k ik * sk, a stride being 0 along a broadcast
+// dimension. Dimensions of size 1 are skipped (a uniform branch), so the
+// common merged layouts pay one or two divisions, not five.
+#define BROADCAST_DIMS int d1, int d2, int d3, int d4, int d5
+#define BROADCAST_STRIDES(s) int s##0, int s##1, int s##2, int s##3, int s##4, int s##5
+
+#define BROADCAST_STEP(D, SA, SB)                                             \
+    if (D > 1) { const int k = i % D; i /= D; oa += k * SA; ob += k * SB; }
+
+__device__ __forceinline__ void broadcast_offsets(
+        int i, BROADCAST_DIMS, BROADCAST_STRIDES(as), BROADCAST_STRIDES(bs),
+        int& oa, int& ob) {
+    oa = 0; ob = 0;
+    BROADCAST_STEP(d5, as5, bs5)
+    BROADCAST_STEP(d4, as4, bs4)
+    BROADCAST_STEP(d3, as3, bs3)
+    BROADCAST_STEP(d2, as2, bs2)
+    BROADCAST_STEP(d1, as1, bs1)
+    oa += i * as0; ob += i * bs0;
 }
 
 #define BINARY_OPERATOR(NAME, EXPR)                                           \
@@ -58,12 +68,13 @@ extern "C" __global__ void NAME##_same(                                       \
 }                                                                             \
 extern "C" __global__ void NAME##_broadcast(                                  \
         const float* __restrict__ a_, const float* __restrict__ b_,           \
-        float* __restrict__ out, int n, int d1, int d2, int d3,               \
-        int as0, int as1, int as2, int as3,                                   \
-        int bs0, int bs1, int bs2, int bs3) {                                 \
+        float* __restrict__ out, int n, BROADCAST_DIMS,                       \
+        BROADCAST_STRIDES(as), BROADCAST_STRIDES(bs)) {                       \
     GRID_STRIDE_LOOP(i, n) {                                                  \
-        const float a = a_[broadcast_offset(i, d1, d2, d3, as0, as1, as2, as3)]; \
-        const float b = b_[broadcast_offset(i, d1, d2, d3, bs0, bs1, bs2, bs3)]; \
+        int oa, ob;                                                           \
+        broadcast_offsets(i, d1, d2, d3, d4, d5, as0, as1, as2, as3, as4, as5, \
+                          bs0, bs1, bs2, bs3, bs4, bs5, oa, ob);              \
+        const float a = a_[oa], b = b_[ob];                                   \
         out[i] = (EXPR);                                                      \
     }                                                                         \
 }
@@ -76,6 +87,11 @@ BINARY_OPERATOR(div, a / b)
 // out = x broadcast to out's shape (the backward of a reduction).
 extern "C" __global__ void broadcast_copy(
         const float* __restrict__ x, float* __restrict__ out, int n,
-        int d1, int d2, int d3, int s0, int s1, int s2, int s3) {
-    GRID_STRIDE_LOOP(i, n) out[i] = x[broadcast_offset(i, d1, d2, d3, s0, s1, s2, s3)];
+        BROADCAST_DIMS, BROADCAST_STRIDES(s)) {
+    GRID_STRIDE_LOOP(i, n) {
+        int ox, unused;
+        broadcast_offsets(i, d1, d2, d3, d4, d5, s0, s1, s2, s3, s4, s5,
+                          0, 0, 0, 0, 0, 0, ox, unused);
+        out[i] = x[ox];
+    }
 }

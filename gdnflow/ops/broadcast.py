@@ -2,7 +2,7 @@
 from gdnflow.errors import ShapeError
 
 #: Dimensions the CUDA broadcast kernels index (after merging adjacent ones).
-KERNEL_DIMS = 4
+KERNEL_DIMS = 6
 
 
 def broadcast_shape(op_name, *shapes):
@@ -24,8 +24,8 @@ def broadcast_shape(op_name, *shapes):
 def kernel_layout(out_shape, *in_shapes):
     """Describe broadcasting for the CUDA kernels.
 
-    Returns ``(dims, strides)``: ``dims`` = (d1, d2, d3), the three inner
-    dimensions of ``out_shape`` seen as four, and one 4-tuple of element
+    Returns ``(dims, strides)``: ``dims`` = (d1, ..., d5), the five inner
+    dimensions of ``out_shape`` seen as six, and one 6-tuple of element
     strides per input, 0 along a broadcast dimension. Adjacent dimensions are
     merged wherever every input is contiguous across them, so per-channel
     vectors against NCHW tensors take three dimensions: (N, C, H*W).

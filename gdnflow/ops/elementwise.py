@@ -3,7 +3,7 @@
 Unary operators (``neg exp log sqrt pow relu relu6 sigmoid clamp affine``)
 map each element and have one fused backward kernel each. Binary arithmetic
 (``add sub mul div``) broadcasts NumPy-style; the CUDA kernels handle any
-broadcast that merges into four index dimensions, which covers scalars,
+broadcast that merges into six index dimensions, which covers scalars,
 per-channel vectors against NCHW tensors, rows and columns.
 """
 import numpy as np
@@ -32,6 +32,11 @@ class UnaryOperator(Operator):
     saves = ("x",)
     params = (0.0, 0.0)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Kernel names are looked up on every call: build the strings once.
+        cls.forward_kernel, cls.backward_kernel = f"{cls.kernel}_forward", f"{cls.kernel}_backward"
+
     def f(self, x):
         """The NumPy forward."""
         raise NotImplementedError
@@ -50,7 +55,7 @@ class UnaryOperator(Operator):
 
     def forward_cuda(self, x):
         y = cuda.empty(x.shape, x.dtype)
-        cuda.kernel(SOURCE, f"{self.kernel}_forward", "PPiff").launch(
+        cuda.kernel(SOURCE, self.forward_kernel, "PPiff").launch(
             x.size, x.ptr, y.ptr, x.size, *self.params)
         self._save(x, y)
         return y
@@ -67,7 +72,7 @@ class UnaryOperator(Operator):
         # pointer can stand in for it.
         x, y = (a if a is not None else gy for a in self.saved)
         gx = cuda.empty(gy.shape, gy.dtype)
-        cuda.kernel(SOURCE, f"{self.kernel}_backward", "PPPPiff").launch(
+        cuda.kernel(SOURCE, self.backward_kernel, "PPPPiff").launch(
             gy.size, x.ptr, y.ptr, gy.ptr, gx.ptr, gy.size, *self.params)
         return gx
 
@@ -178,6 +183,10 @@ class BinaryOperator(Operator):
     kernel = None
     numpy_function = None
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.same_kernel, cls.broadcast_kernel = f"{cls.kernel}_same", f"{cls.kernel}_broadcast"
+
     def check(self, a, b):
         self.out_shape = broadcast_shape(self.label, a.shape, b.shape)
 
@@ -189,11 +198,11 @@ class BinaryOperator(Operator):
         out = cuda.empty(self.out_shape, a.dtype)
         n = out.size
         if a.shape == b.shape:
-            cuda.kernel(SOURCE, f"{self.kernel}_same", "PPPi").launch(
+            cuda.kernel(SOURCE, self.same_kernel, "PPPi").launch(
                 n, a.ptr, b.ptr, out.ptr, n)
         else:
             dims, (sa, sb) = kernel_layout(self.out_shape, a.shape, b.shape)
-            cuda.kernel(SOURCE, f"{self.kernel}_broadcast", "PPPi" + "i" * 11).launch(
+            cuda.kernel(SOURCE, self.broadcast_kernel, "PPPi" + "i" * 17).launch(
                 n, a.ptr, b.ptr, out.ptr, n, *dims, *sa, *sb)
         self._save(a, b)
         return out
@@ -274,7 +283,7 @@ class BroadcastTo(Operator):
     def forward_cuda(self, x):
         out = cuda.empty(self.shape, x.dtype)
         dims, (strides,) = kernel_layout(self.shape, x.shape)
-        cuda.kernel(SOURCE, "broadcast_copy", "PPi" + "i" * 7).launch(
+        cuda.kernel(SOURCE, "broadcast_copy", "PPi" + "i" * 11).launch(
             out.size, x.ptr, out.ptr, out.size, *dims, *strides)
         return out
 
