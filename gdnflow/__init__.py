@@ -13,6 +13,6 @@ from gdnflow.errors import (DeviceMismatchError, DTypeError, GraphFreedError, Ke
                             ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor, full, ones, tensor, zeros
-from gdnflow import ops
+from gdnflow import nn, ops, optim
 
 __version__ = "0.1.0"

@@ -56,9 +56,10 @@ class Operator:
         what was expected and what came; the device and dtype agreement of the
         inputs is checked here, for every operator.
 
-    ``self.needs_grad`` (one bool per input, set when the graph is recorded)
-    tells the backward which gradients are asked for; ``self.input_shapes``
-    holds the inputs' shapes.
+    ``self.recording`` says, already during the forward, whether a backward
+    may follow (so the forward can skip saving); ``self.needs_grad`` (one
+    bool per input, when recording) tells which gradients are asked for;
+    ``self.input_shapes`` holds the inputs' shapes.
     """
 
     op_name = None      # set by gdnflow.registry.register
@@ -80,10 +81,12 @@ class Operator:
         self.check(*inputs)
         device = self.device = first.device
         self.input_shapes = tuple([t.data.shape for t in inputs])
+        # Known before the forward, so that it saves only what a backward needs.
+        self.recording = record = record and _grad_enabled
+        self.needs_grad = tuple([t.requires_grad for t in inputs]) if record else None
         out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
         result = Tensor.wrap(out, device)
-        if record and _grad_enabled:
-            self.needs_grad = tuple([t.requires_grad for t in inputs])
+        if record:
             self.parents = tuple([
                 (t.creator if t.creator is not None else t) if t.requires_grad else None
                 for t in inputs])

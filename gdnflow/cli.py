@@ -1,7 +1,9 @@
 """The ``gdnflow`` command.
 
-    gdnflow info        what gdnflow sees: version, devices, operators, CUDA sources
-    gdnflow demo        the main job (see gdnflow.demo): trains on the default device
+    gdnflow info              what gdnflow sees: version, devices, operators, CUDA sources
+    gdnflow demo              the main job (see gdnflow.demo): trains on the default device
+    gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
+    gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
 """
 import argparse
 import sys
@@ -32,6 +34,58 @@ def cmd_demo(args):
     return demo.main(steps=args.steps, device=args.device, seed=args.seed)
 
 
+def cmd_plugins(args):
+    """List the installed plugins; exit status 1 if one fails to load or to compile."""
+    from gdnflow import plugins
+    from gdnflow.errors import BackendUnavailableError, KernelCompileError
+    installed = plugins.load_installed()
+    if not installed:
+        print(f"no plugins installed (entry-point group {plugins.ENTRY_POINT_GROUP})")
+        return 0
+    ok = True
+    for plugin in installed:
+        print(f"{plugin.name}: {plugin.origin}, module {plugin.module}")
+        if not plugin.loaded:
+            print(f"  NOT LOADED: {plugin.error}")
+            ok = False
+        else:
+            print("  loaded; operators: " + (" ".join(plugin.operators()) or "none"))
+        sources = plugin.sources()
+        try:
+            if sources:
+                plugins.compile_check(plugin)
+            names = ", ".join(p.name for p in sources)
+            print(f"  CUDA: {names} compiled with nvcc (sm_90)" if sources
+                  else "  CUDA: no .cu files")
+        except BackendUnavailableError as exc:
+            print(f"  CUDA: not checked ({exc})")
+        except KernelCompileError as exc:
+            print("  CUDA: DOES NOT COMPILE\n    " + str(exc).replace("\n", "\n    "))
+            ok = False
+    return 0 if ok else 1
+
+
+def cmd_plugin_check(args):
+    """gradcheck (and CUDA against NumPy) on each operator of a plugin; 1 on failure."""
+    from gdnflow import plugins
+    try:
+        operators = plugins.find_operators(args.name)
+    except plugins.PluginError as exc:
+        print(f"plugin-check: {exc}", file=sys.stderr)
+        return 1
+    failed = 0
+    for op_class in operators:
+        try:
+            for line in plugins.check_operator(op_class, seed=args.seed):
+                print(f"{op_class.op_name}: {line}")
+        except Exception as exc:    # report every operator's failure, then exit non-zero
+            print(f"{op_class.op_name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+            failed += 1
+    if failed:
+        print(f"plugin-check: {failed} of {len(operators)} operators failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def build_parser():
     """The argument parser of the ``gdnflow`` command."""
     parser = argparse.ArgumentParser(prog="gdnflow", description=__doc__.split("\n\n")[0])
@@ -44,6 +98,15 @@ def build_parser():
                       "else cuda when usable, else numpy")
     demo.add_argument("--seed", type=int, default=0, help="random seed")
     demo.set_defaults(run=cmd_demo)
+    sub.add_parser("plugins", help="list installed operator plugins, their operators, and "
+                   "whether their CUDA sources compile (exit 1 if one fails)"
+                   ).set_defaults(run=cmd_plugins)
+    check = sub.add_parser("plugin-check", help="gradcheck a plugin's operators on the inputs "
+                           "they declare (and compare CUDA with NumPy where CUDA is usable)")
+    check.add_argument("name", help="an installed plugin, a plugin's .py file or package "
+                       "folder, or an operator name")
+    check.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
+    check.set_defaults(run=cmd_plugin_check)
     return parser
 
 

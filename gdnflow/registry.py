@@ -7,6 +7,10 @@ Built-in operators register with the same decorator a plugin uses::
 
 A second registration under a taken name is an error unless ``replace=True``
 is passed, so a plugin cannot silently shadow a built-in.
+
+Importing gdnflow loads no plugin; :func:`get`, asked for a name nothing has
+registered, loads the installed plugins (:func:`gdnflow.plugins.load_installed`)
+and looks again.
 """
 _operators = {}
 
@@ -26,11 +30,26 @@ def register(name, *, replace=False):
 
 
 def get(name):
-    """The operator class registered as ``name`` (KeyError listing the names if absent)."""
-    try:
+    """The operator class registered as ``name`` (KeyError listing the names if absent).
+
+    A name not registered yet makes the installed plugins load first: an
+    operator from a plugin is found by name without importing the plugin.
+    """
+    if name in _operators:
         return _operators[name]
-    except KeyError:
-        raise KeyError(f"no operator named {name!r}; registered: {sorted(_operators)}") from None
+    from gdnflow import plugins
+    plugins.load_installed()
+    if name in _operators:
+        return _operators[name]
+    failed = "".join(f"; plugin {p.name!r} failed to load: {p.error}"
+                     for p in plugins.loaded() if not p.loaded)
+    raise KeyError(f"no operator named {name!r}; registered: {sorted(_operators)}{failed}")
+
+
+def unregister(name):
+    """Forget the operator registered as ``name`` (a plugin whose import failed halfway)."""
+    cls = _operators.pop(name)
+    cls.op_name = None
 
 
 def names():

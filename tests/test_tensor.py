@@ -76,3 +76,10 @@ def test_cuda_refuses_float64():
 def test_full_on_cuda(rng):
     np.testing.assert_array_equal(gf.full((3, 1001), -2.5, device="cuda").numpy(),
                                   np.full((3, 1001), -2.5, np.float32))
+
+
+def test_tensor_copies_the_callers_array():
+    host = np.ones(3, np.float32)
+    t = gf.tensor(host, device="numpy")
+    t.data += 1             # what an optimiser's in-place step does
+    np.testing.assert_array_equal(host, np.ones(3))

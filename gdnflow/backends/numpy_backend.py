@@ -19,8 +19,9 @@ class NumpyBackend:
         return dtype
 
     def from_numpy(self, array):
-        """Adopt a NumPy array (no copy if it is already contiguous)."""
-        return contiguous(array)
+        """A C-ordered copy of a NumPy array: a tensor never shares the caller's
+        array, which in-place updates (optimisers) would otherwise overwrite."""
+        return np.array(array, order="C", copy=True)
 
     def to_numpy(self, array):
         """Return the array itself: it already is a NumPy array."""

@@ -3,7 +3,10 @@
 A layer is its parameters plus one call to an operator. Assigning a
 :class:`Parameter` or another :class:`Module` as an attribute registers it, so
 ``parameters()``, ``state_dict()`` and ``to(device)`` find it by its dotted
-name (``encoder.0.weight``).
+name (``encoder.0.weight``). State that is not trained but belongs to the
+model (batch norm's running statistics) is a *buffer*: a plain tensor
+registered with :meth:`Module.register_buffer`, saved in ``state_dict()`` and
+moved by ``to(device)``, never returned by ``parameters()``.
 """
 from collections import OrderedDict
 
@@ -32,6 +35,7 @@ class Module:
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
 
@@ -39,6 +43,15 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                  f"before assigning {name!r}")
+        if name in self._buffers:
+            # Assigning to a buffer's name replaces the buffer (as in PyTorch);
+            # anything but a tensor there would silently drop it from state_dict.
+            if isinstance(value, Parameter) or not (value is None or isinstance(value, Tensor)):
+                raise TypeError(f"{type(self).__name__}.{name} is a buffer: assign a Tensor or "
+                                f"None, got {type(value).__name__}")
+            self._buffers[name] = value
+            object.__setattr__(self, name, value)
+            return
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         if isinstance(value, Parameter):
@@ -70,6 +83,45 @@ class Module:
         """Every parameter, in registration order."""
         return [p for _, p in self.named_parameters()]
 
+    def register_buffer(self, name, value):
+        """Register ``value`` as the buffer ``name``: state that is saved and moved, not trained.
+
+        ``value`` is a Tensor (kept as is, not copied), a NumPy array or
+        nested lists (copied to a float32 Tensor on the default device), or
+        None (a slot that state_dict skips until a tensor is assigned). The
+        buffer is then the attribute ``name``; operators may update it in
+        place (batch norm's running statistics are).
+        """
+        if "_buffers" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                                 f"before registering the buffer {name!r}")
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"{type(self).__name__}.register_buffer: bad buffer name {name!r} "
+                           "(a non-empty string without dots)")
+        if name in self._parameters or name in self._modules:
+            raise KeyError(f"{type(self).__name__}.register_buffer: {name!r} is already a "
+                           "parameter or submodule")
+        if isinstance(value, Parameter):
+            raise TypeError(f"{type(self).__name__}.register_buffer: {name!r} is a Parameter; "
+                            "assign it as an attribute to make it a parameter")
+        if value is not None and not isinstance(value, Tensor):
+            # A copy: buffers may be updated in place, and a float32 array
+            # would otherwise be adopted as is and change under its owner.
+            value = Tensor(np.array(value))
+        self._buffers[name] = value
+        object.__setattr__(self, name, value)
+
+    def named_buffers(self):
+        """(dotted name, tensor) for every buffer of this module and below (None slots skipped)."""
+        for prefix, module in self.named_modules():
+            for name, b in module._buffers.items():
+                if b is not None:
+                    yield prefix + name, b
+
+    def buffers(self):
+        """Every buffer tensor, in registration order."""
+        return [b for _, b in self.named_buffers()]
+
     def train(self, mode=True):
         """Set training mode (dropout active, batch statistics) on this module and below."""
         for _, module in self.named_modules():
@@ -86,35 +138,58 @@ class Module:
             p.grad = None
 
     def to(self, device):
-        """Move every parameter to ``device`` (in place); returns self."""
+        """Move every parameter and buffer to ``device`` (in place); returns self."""
         for _, module in self.named_modules():
             for name, p in list(module._parameters.items()):
                 if p.device != device:
                     setattr(module, name, Parameter(p.numpy(), device=device, dtype=p.dtype,
                                                     requires_grad=p.requires_grad))
+            for name, b in list(module._buffers.items()):
+                if b is not None and b.device != device:
+                    setattr(module, name, Tensor(b.numpy(), device=device, dtype=b.dtype))
         return self
 
+    def _named_state(self):
+        """(dotted name, tensor) of every parameter and buffer, module by module.
+
+        Each module's parameters, then its buffers, then its submodules: the
+        order of PyTorch's state_dict, so the two list the same names alike.
+        """
+        for prefix, module in self.named_modules():
+            for name, p in module._parameters.items():
+                yield prefix + name, p
+            for name, b in module._buffers.items():
+                if b is not None:
+                    yield prefix + name, b
+
     def state_dict(self):
-        """{dotted name: NumPy array} of every parameter (copies)."""
-        return OrderedDict((name, np.array(p.numpy())) for name, p in self.named_parameters())
+        """{dotted name: NumPy array} of every parameter and buffer (copies)."""
+        return OrderedDict((name, np.array(t.numpy())) for name, t in self._named_state())
 
     def load_state_dict(self, state):
-        """Load arrays by name; every name must match and every shape agree.
+        """Load parameters and buffers by name; every name must match and every shape agree.
 
         Raises KeyError listing missing and unexpected names, or ShapeError
-        listing each mis-shaped entry, before changing anything.
+        listing each mis-shaped entry, before changing anything. Each tensor
+        keeps its device and dtype.
         """
-        params = dict(self.named_parameters())
-        missing = sorted(set(params) - set(state))
-        unexpected = sorted(set(state) - set(params))
+        own = dict(self._named_state())
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
         if missing or unexpected:
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing {missing}, "
                            f"unexpected {unexpected}")
-        wrong = [f"{n}: expected {params[n].shape}, got {np.shape(state[n])}"
-                 for n in params if tuple(np.shape(state[n])) != params[n].shape]
+        wrong = [f"{n}: expected {own[n].shape}, got {np.shape(state[n])}"
+                 for n in own if tuple(np.shape(state[n])) != own[n].shape]
         if wrong:
             raise ShapeError(f"{type(self).__name__}.load_state_dict: " + "; ".join(wrong))
         for prefix, module in self.named_modules():
             for name, p in list(module._parameters.items()):
                 setattr(module, name, Parameter(state[prefix + name], device=p.device,
                                                 dtype=p.dtype, requires_grad=p.requires_grad))
+            for name, b in list(module._buffers.items()):
+                if b is not None:
+                    # Copied: operators update buffers in place, which must not
+                    # reach into the caller's arrays.
+                    setattr(module, name, Tensor(np.array(state[prefix + name]), device=b.device,
+                                                 dtype=b.dtype))

@@ -9,15 +9,25 @@ import numbers
 
 import numpy as np
 
+from gdnflow.ops.conv import conv2d
+from gdnflow.ops.conv_transpose import conv_transpose2d
 from gdnflow.ops.elementwise import (Add, Affine, BroadcastTo, Clamp, Div, Exp, Log, Mul, Neg,
                                      Pow, ReLU, ReLU6, Sigmoid, Sqrt, Sub, sum_to)
+from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.linear import linear, matmul
+from gdnflow.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d
 from gdnflow.ops.reduction import Mean, Sum
-from gdnflow.ops.shape import Reshape, flatten
+from gdnflow.ops.shape import Concat, Pad, Reshape, Slice, Transpose, flatten
+from gdnflow.ops.softmax import log_softmax, softmax
+from gdnflow.ops.batchnorm import batch_norm, fold_batch_norm
+from gdnflow.ops.dropout import dropout
 from gdnflow.tensor import Tensor
 
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
            "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
-           "sum_to"]
+           "sum_to", "transpose", "slice_", "concat", "pad"]
+__all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",
+            "fold_batch_norm", "softmax", "log_softmax", "dropout"]
 
 
 def _as_tensor(value, like):
@@ -144,3 +154,33 @@ def mean(x, axis=None, keepdims=False):
 def broadcast_to(x, shape):
     """x repeated along broadcast dimensions to ``shape``."""
     return BroadcastTo(shape)(x)
+
+
+def gdn(x, beta, gamma, inverse=False, simplified=False):
+    """Generalized divisive normalization of NCHW ``x``: y = x * (beta + gamma s(x))^a per pixel.
+
+    gamma is (C, C), laid out [output channel, input channel]; beta is (C,).
+    s(x) = x^2 and a = -1/2 (GDN) or +1/2 (``inverse``); ``simplified`` uses
+    s(x) = |x| and a = -1 or +1. See :mod:`gdnflow.ops.gdn`.
+    """
+    return GDNOperator(inverse, simplified)(x, beta, gamma)
+
+
+def transpose(x, perm):
+    """Permute dimensions like numpy.transpose (a copy)."""
+    return Transpose(perm)(x)
+
+
+def slice_(x, index):
+    """x[index] for basic slicing: a tuple of Python slices, one per leading dimension."""
+    return Slice(index if isinstance(index, (tuple, list)) else (index,))(x)
+
+
+def concat(tensors, axis=0):
+    """Join tensors along ``axis``."""
+    return Concat(axis)(*tensors)
+
+
+def pad(x, pads, value=0.0):
+    """Constant padding: one (before, after) pair per leading dimension."""
+    return Pad(pads, value)(x)

@@ -1,6 +1,9 @@
-"""Shape operators: reshape and flatten. No kernels: on both backends a
-reshape of a contiguous array is a view."""
+"""Shape operators. reshape and flatten need no kernel (a reshape of a
+contiguous array is a view on both backends); transpose, slice, concat and
+pad move data with the kernels of ``cuda_src/shape.cu``."""
 import math
+
+import numpy as np
 
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
@@ -41,3 +44,206 @@ def flatten(x, start_dim=1):
         raise ShapeError(f"flatten: start_dim {start_dim} out of range for shape {x.shape}")
     start_dim %= max(x.ndim, 1)
     return Reshape(x.shape[:start_dim] + (-1,))(x)
+
+
+# ------------------------------------------------- data-moving shape ops --
+# transpose, slice, concat and pad move elements; on the GPU each is one or
+# more launches of strided_gather / strided_scatter (cuda_src/shape.cu),
+# which pair a dense array with a strided view of another.
+SOURCE = "shape.cu"
+VIEW_DIMS = 6
+
+
+def contiguous_strides(shape):
+    """Element strides of a C-order array of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def view_arguments(shape, strides):
+    """(d1..d5, s0..s5) for the kernels: size-1 dimensions dropped, adjacent
+    ones merged where the view steps across them as one, padded to six."""
+    dims, merged = [], []
+    for size, stride in zip(shape, strides):
+        if size == 1:
+            continue
+        if dims and merged[-1] == stride * size:
+            dims[-1] *= size
+            merged[-1] = stride
+        else:
+            dims.append(size)
+            merged.append(stride)
+    if len(dims) > VIEW_DIMS:
+        raise NotImplementedError(f"a strided view of shape {tuple(shape)} needs {len(dims)} "
+                                  f"index dimensions; the CUDA kernels handle {VIEW_DIMS}")
+    pad = VIEW_DIMS - len(dims)
+    return ([1] * pad + dims)[1:], [0] * pad + merged
+
+
+def _launch_view_kernel(name, source, destination, base, dense_shape, view_strides):
+    from gdnflow.backends import cuda
+    dims, strides = view_arguments(dense_shape, view_strides)
+    n = math.prod(dense_shape)
+    if n:
+        cuda.kernel(SOURCE, name, "PPii" + "i" * 11).launch(
+            n, source.ptr, destination.ptr, n, base, *dims, *strides)
+
+
+def cuda_gather(x, shape, base, strides):
+    """A dense array of ``shape`` read from ``x`` through the view (base, strides)."""
+    from gdnflow.backends import cuda
+    out = cuda.empty(tuple(shape), x.dtype)
+    _launch_view_kernel("strided_gather", x, out, base, shape, strides)
+    return out
+
+
+def cuda_scatter(x, out, base, strides):
+    """Write the dense ``x`` into ``out`` through the view (base, strides)."""
+    _launch_view_kernel("strided_scatter", x, out, base, x.shape, strides)
+
+
+def _cuda_full(shape, value, dtype):
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return get_runtime().full(tuple(shape), value, dtype)
+
+
+@register("transpose")
+class Transpose(Operator):
+    """Permute dimensions: out.shape[k] = x.shape[perm[k]] (like numpy.transpose)."""
+
+    def __init__(self, perm):
+        self.perm = tuple(int(p) for p in perm)
+
+    def check(self, x):
+        if sorted(self.perm) != list(range(x.ndim)):
+            raise ShapeError(f"transpose: perm {self.perm} is not a permutation of the "
+                             f"{x.ndim} dimensions of shape {x.shape}")
+
+    def forward_numpy(self, x):
+        return np.ascontiguousarray(np.transpose(x, self.perm))
+
+    def forward_cuda(self, x):
+        strides = contiguous_strides(x.shape)
+        return cuda_gather(x, [x.shape[p] for p in self.perm], 0, [strides[p] for p in self.perm])
+
+    def backward(self, gy):
+        return (Transpose(np.argsort(self.perm))(gy),)
+
+
+@register("slice")
+class Slice(Operator):
+    """Basic slicing: ``slices`` is one Python ``slice`` per leading dimension
+    (steps may be negative); the result is a copy."""
+
+    def __init__(self, slices):
+        self.slices = tuple(slices)
+
+    def check(self, x):
+        if len(self.slices) > x.ndim:
+            raise ShapeError(f"slice: {len(self.slices)} slices for a tensor of shape {x.shape}")
+        self.ranges = [range(*s.indices(size)) for s, size in zip(self.slices, x.shape)]
+        self.ranges += [range(size) for size in x.shape[len(self.ranges):]]
+        strides = contiguous_strides(x.shape)
+        self.out_shape = tuple(len(r) for r in self.ranges)
+        self.base = sum(r.start * s for r, s in zip(self.ranges, strides) if len(r))
+        self.view_strides = [r.step * s for r, s in zip(self.ranges, strides)]
+
+    def _index(self):
+        return tuple(slice(r.start, r.stop if r.stop >= 0 else None, r.step) for r in self.ranges)
+
+    def forward_numpy(self, x):
+        return np.array(x[self._index()])
+
+    def forward_cuda(self, x):
+        return cuda_gather(x, self.out_shape, self.base, self.view_strides)
+
+    def backward(self, gy):
+        return (self.wrap(self.dispatch("backward", gy.data)),)
+
+    def backward_numpy(self, gy):
+        gx = np.zeros(self.input_shapes[0], gy.dtype)
+        gx[self._index()] = gy
+        return gx
+
+    def backward_cuda(self, gy):
+        gx = _cuda_full(self.input_shapes[0], 0.0, gy.dtype)
+        cuda_scatter(gy, gx, self.base, self.view_strides)
+        return gx
+
+
+@register("concat")
+class Concat(Operator):
+    """Join tensors along ``axis``; all other dimensions must agree."""
+
+    def __init__(self, axis):
+        self.axis = axis
+
+    def check(self, *xs):
+        ndim = xs[0].ndim
+        if not -ndim <= self.axis < ndim:
+            raise ShapeError(f"concat: axis {self.axis} out of range for {ndim}-D inputs")
+        self.axis %= ndim
+        for i, x in enumerate(xs):
+            rest = x.shape[:self.axis] + x.shape[self.axis + 1:]
+            first = xs[0].shape[:self.axis] + xs[0].shape[self.axis + 1:]
+            if x.ndim != ndim or rest != first:
+                raise ShapeError(f"concat: input {i} has shape {x.shape}, which differs from "
+                                 f"input 0's {xs[0].shape} outside axis {self.axis}")
+        self.out_shape = list(xs[0].shape)
+        self.out_shape[self.axis] = sum(x.shape[self.axis] for x in xs)
+        self.out_shape = tuple(self.out_shape)
+
+    def forward_numpy(self, *xs):
+        return np.concatenate(xs, axis=self.axis)
+
+    def forward_cuda(self, *xs):
+        from gdnflow.backends import cuda
+        out = cuda.empty(self.out_shape, xs[0].dtype)
+        strides = contiguous_strides(self.out_shape)
+        offset = 0
+        for x in xs:
+            cuda_scatter(x, out, offset * strides[self.axis], strides)
+            offset += x.shape[self.axis]
+        return out
+
+    def backward(self, gy):
+        grads, offset = [], 0
+        for shape, needed in zip(self.input_shapes, self.needs_grad):
+            size = shape[self.axis]
+            index = [slice(None)] * self.axis + [slice(offset, offset + size)]
+            grads.append(Slice(index)(gy) if needed else None)
+            offset += size
+        return tuple(grads)
+
+
+@register("pad")
+class Pad(Operator):
+    """Constant padding: ``pads`` is one (before, after) pair per leading dimension."""
+
+    def __init__(self, pads, value=0.0):
+        self.pads = tuple((int(b), int(a)) for b, a in pads)
+        self.value = float(value)
+
+    def check(self, x):
+        if len(self.pads) > x.ndim or any(b < 0 or a < 0 for b, a in self.pads):
+            raise ShapeError(f"pad: pads {self.pads} do not fit shape {x.shape} "
+                             "(one non-negative (before, after) pair per leading dimension)")
+        pads = list(self.pads) + [(0, 0)] * (x.ndim - len(self.pads))
+        self.full_pads = pads
+        self.out_shape = tuple(s + b + a for s, (b, a) in zip(x.shape, pads))
+        self.inner = [slice(b, b + s) for s, (b, _) in zip(x.shape, pads)]
+
+    def forward_numpy(self, x):
+        return np.pad(x, self.full_pads, constant_values=self.value)
+
+    def forward_cuda(self, x):
+        out = _cuda_full(self.out_shape, self.value, x.dtype)
+        strides = contiguous_strides(self.out_shape)
+        cuda_scatter(x, out, sum(b * s for (b, _), s in zip(self.full_pads, strides)), strides)
+        return out
+
+    def backward(self, gy):
+        return (Slice(self.inner)(gy),)

@@ -1,4 +1,4 @@
-"""Kernel loader: compile ``cuda_src/*.cu`` with PyCUDA, cache, launch.
+"""Kernel loader: compile ``cuda_src/*.cu`` (and plugins' sources) with PyCUDA, cache, launch.
 
 A kernel is named by its file, its ``extern "C"`` name, the types of its
 arguments (a ``struct`` format string such as ``"PPi"``: P pointer, i int32,
@@ -15,7 +15,7 @@ from pycuda.compiler import SourceModule
 
 from gdnflow.errors import KernelCompileError
 from gdnflow.backends.cuda.runtime import get_runtime
-from gdnflow.backends.cuda.sources import expand_source, resolve
+from gdnflow.backends.cuda.sources import compile_error_message, expand_source, resolve
 
 #: Threads per block unless a kernel asks for another size.
 DEFAULT_BLOCK = 256
@@ -36,8 +36,9 @@ def load_module(file, defines=()):
     try:
         return SourceModule(source, options=options, arch=runtime.arch, no_extern_c=True)
     except drv.CompileError as exc:
-        raise KernelCompileError(
-            f"nvcc failed on {path} (defines {dict(defines)}):\n{exc.stderr or exc}") from None
+        from gdnflow.plugins import owner_of     # names the plugin, if a plugin owns the file
+        raise KernelCompileError(compile_error_message(
+            path, exc.stderr or str(exc), defines, owner_of(path))) from None
 
 
 class Kernel:

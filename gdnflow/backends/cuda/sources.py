@@ -2,7 +2,11 @@
 
 Kept apart from the kernel loader so that code without PyCUDA (the nvcc
 compile check in CI, plugin tooling) can find the files too.
+
+A source is named by a file name in :func:`source_dir`, a path of its own (a
+plugin's ``.cu`` beside its module), or an :class:`InlineSource`.
 """
+import dataclasses
 import re
 from pathlib import Path
 
@@ -28,8 +32,30 @@ def source_files():
     return sorted(source_dir().glob("*.cu"))
 
 
+@dataclasses.dataclass(frozen=True)
+class InlineSource:
+    """CUDA source text given from Python instead of a file, for quick experiments.
+
+    Ship a ``.cu`` file where you can (editors, nvcc and sanitizers see files).
+    Equal ``text`` and ``name`` make equal, hashable values, so the loader's
+    cache, keyed on the source, compiles one module per distinct text.
+    ``name`` stands in for the file name in error messages.
+    """
+
+    text: str
+    name: str = "inline.cu"
+
+    def __str__(self):
+        return self.name
+
+
 def resolve(file):
-    """The path of a CUDA source: a name in :func:`source_dir` or a path of its own."""
+    """The path of a CUDA source: a name in :func:`source_dir` or a path of its own.
+
+    An :class:`InlineSource` is returned as it is.
+    """
+    if isinstance(file, InlineSource):
+        return file
     path = Path(file)
     if not path.is_absolute() and not path.exists():
         path = source_dir() / file
@@ -44,10 +70,13 @@ def expand_source(file):
     even when its disk cache already holds the binary.
     """
     path = resolve(file)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read CUDA source {path}: {exc.strerror}") from None
+    if isinstance(path, InlineSource):
+        text = path.text
+    else:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise FileNotFoundError(f"cannot read CUDA source {path}: {exc.strerror}") from None
     header = (source_dir() / COMMON_HEADER).read_text()
     # The #line directive keeps nvcc's line numbers those of the file itself.
     return _INCLUDE.sub(lambda _: f'{header}\n#line {_line_after_include(text)} "{path.name}"',
@@ -57,3 +86,20 @@ def expand_source(file):
 def _line_after_include(text):
     match = _INCLUDE.search(text)
     return text.count("\n", 0, match.end()) + 2 if match else 1
+
+
+# nvcc reports "FILE(LINE): error: ..." (or "catastrophic error" for a missing include).
+_NVCC_ERROR = re.compile(r"\((\d+)\): (?:catastrophic )?error")
+
+
+def compile_error_message(path, nvcc_output, defines=(), owner=None):
+    """The text of a :class:`~gdnflow.errors.KernelCompileError`.
+
+    Says who owns the source (``owner``, e.g. a plugin), the file, the line of
+    nvcc's first error, the ``-D`` defines, then nvcc's own output.
+    """
+    match = _NVCC_ERROR.search(nvcc_output)
+    where = f"{path}, line {match.group(1)}" if match else str(path)
+    who = f"{owner}: " if owner else ""
+    built = f" (defines {dict(defines)})" if defines else ""
+    return f"{who}nvcc failed on {where}{built}:\n{nvcc_output.strip()}"

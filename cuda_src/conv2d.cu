@@ -1,0 +1,148 @@
+// 2-D convolution, NCHW float32: the lowering kernels around cuBLAS SGEMM and
+// the fused inference epilogue. Python side: gdnflow/ops/conv.py (the GEMM
+// calls are there, through gdnflow/backends/cuda/blas.py).
+//
+// Column matrices. For image n of a chunk, the column matrix has one row per
+// (input channel c, kernel tap i, j), row = (c * KH + i) * KW + j, and one
+// column per output pixel p = oh * OW + ow. Element (n, row, p) lives at
+//     n * image_stride + row * row_stride + p.
+// With row_stride = OH*OW, image_stride = C*KH*KW*OH*OW each image's matrix is
+// contiguous (the forward's image-batched GEMM); with row_stride = nb*OH*OW,
+// image_stride = OH*OW the images sit side by side along the columns, so one
+// GEMM sums the weight gradient over the whole chunk.
+//
+// KH and KW are compile-time (-DKH, -DKW) so the tap loops unroll; strides,
+// dilations and paddings are runtime arguments (a multiply each).
+#include "gdnflow_common.cuh"
+
+#ifndef KH
+#define KH 3
+#endif
+#ifndef KW
+#define KW 3
+#endif
+
+// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_RELU6 2
+
+__device__ __forceinline__ float activate(float v, int act) {
+    if (act == ACT_RELU) return fmaxf(v, 0.0f);
+    if (act == ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
+    return v;
+}
+
+// cols <- the input under every kernel tap; zeros where a tap reads padding.
+// One thread per (n, c, oh, ow): it writes the KH*KW rows of its channel in
+// column p, so a warp writes consecutive addresses of each row.
+extern "C" __global__ void im2col(
+        const float* __restrict__ x, float* __restrict__ cols,
+        int nb, int C, int H, int W, int OH, int OW,
+        int SH, int SW, int DH, int DW, int pad_top, int pad_left,
+        int row_stride, int image_stride) {
+    const int total = nb * C * OH * OW;
+    GRID_STRIDE_LOOP(idx, total) {
+        const int ow = idx % OW;
+        int t = idx / OW;
+        const int oh = t % OH;
+        t /= OH;
+        const int c = t % C;
+        const int n = t / C;
+        const float* xp = x + ((size_t)n * C + c) * H * W;
+        float* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride
+                    + oh * OW + ow;
+        const int ih0 = oh * SH - pad_top, iw0 = ow * SW - pad_left;
+#pragma unroll
+        for (int i = 0; i < KH; ++i) {
+            const int ih = ih0 + i * DH;
+            const bool row_inside = ih >= 0 && ih < H;
+#pragma unroll
+            for (int j = 0; j < KW; ++j) {
+                const int iw = iw0 + j * DW;
+                cp[(size_t)(i * KW + j) * row_stride] =
+                    (row_inside && iw >= 0 && iw < W) ? __ldg(xp + ih * W + iw) : 0.0f;
+            }
+        }
+    }
+}
+
+// x <- the sum, over every tap that read x[n, c, h, w], of that tap's column
+// entry: the adjoint of im2col (backward-data). A gather, one thread per input
+// element, so no atomics and a deterministic order. A tap (i, j) read (h, w)
+// from output (oh, ow) when h = oh*SH - pad_top + i*DH, i.e. when
+// h + pad_top - i*DH is a non-negative multiple of SH below SH*OH.
+extern "C" __global__ void col2im(
+        const float* __restrict__ cols, float* __restrict__ x,
+        int nb, int C, int H, int W, int OH, int OW,
+        int SH, int SW, int DH, int DW, int pad_top, int pad_left,
+        int row_stride, int image_stride) {
+    const int total = nb * C * H * W;
+    GRID_STRIDE_LOOP(idx, total) {
+        const int w = idx % W;
+        int t = idx / W;
+        const int h = t % H;
+        t /= H;
+        const int c = t % C;
+        const int n = t / C;
+        const float* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride;
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KH; ++i) {
+            const int th = h + pad_top - i * DH;
+            if (th < 0 || th % SH != 0 || th / SH >= OH) continue;
+            const int oh = th / SH;
+#pragma unroll
+            for (int j = 0; j < KW; ++j) {
+                const int tw = w + pad_left - j * DW;
+                if (tw < 0 || tw % SW != 0 || tw / SW >= OW) continue;
+                acc += cp[(size_t)(i * KW + j) * row_stride + oh * OW + tw / SW];
+            }
+        }
+        x[idx] = acc;
+    }
+}
+
+// dst[c, n, p] = src[n, c, p]: NCHW -> CNHW, so that a chunk's gradient (or,
+// for 1x1 convolutions, its input) becomes one matrix with the images side by
+// side, as the weight-gradient GEMM wants. Rows of P elements move whole, so
+// reads and writes are both coalesced.
+extern "C" __global__ void nchw_to_cnhw(
+        const float* __restrict__ src, float* __restrict__ dst, int nb, int C, int P) {
+    const int total = nb * C * P;
+    GRID_STRIDE_LOOP(idx, total) {
+        const int p = idx % P;
+        const int t = idx / P;
+        const int c = t % C;
+        const int n = t / C;
+        dst[((size_t)c * nb + n) * P + p] = src[idx];
+    }
+}
+
+// The fused epilogue, one pass over the convolution's output y [N, C, HW]:
+//     out = act(y + bias[c] + residual)
+// bias and residual may be null (0). out may be y itself (in place), so the
+// two are not __restrict__.
+extern "C" __global__ void conv_epilogue(
+        const float* y, const float* __restrict__ bias, const float* __restrict__ residual,
+        float* out, int total, int C, int HW, int act) {
+    GRID_STRIDE_LOOP(idx, total) {
+        float v = y[idx];
+        if (bias) v += __ldg(bias + (idx / HW) % C);
+        if (residual) v += __ldg(residual + idx);
+        out[idx] = activate(v, act);
+    }
+}
+
+// The gradient through the fused activation, from its output y:
+// relu passes where y > 0, relu6 where 0 < y < 6 (y = z exactly there).
+extern "C" __global__ void conv_activation_backward(
+        const float* __restrict__ gy, const float* __restrict__ y, float* __restrict__ gz,
+        int total, int act) {
+    GRID_STRIDE_LOOP(idx, total) {
+        const float v = y[idx];
+        const bool pass = act == ACT_RELU ? v > 0.0f
+                        : act == ACT_RELU6 ? (v > 0.0f && v < 6.0f) : true;
+        gz[idx] = pass ? gy[idx] : 0.0f;
+    }
+}

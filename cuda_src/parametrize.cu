@@ -1,0 +1,21 @@
+// The bounded maximum behind GDN's non-negative reparameterisation.
+// Python side: gdnflow/ops/parametrize.py.
+#include "gdnflow_common.cuh"
+
+// y = max(x, bound).
+extern "C" __global__ void lower_bound_forward(const float* __restrict__ x, float* __restrict__ y,
+                                               int n, float bound) {
+    GRID_STRIDE_LOOP(i, n) y[i] = fmaxf(x[i], bound);
+}
+
+// The gradient passes where x >= bound, and also below the bound where it is
+// negative: a descent step (which moves x against the gradient) then raises
+// x toward the bound instead of leaving it stuck under it.
+extern "C" __global__ void lower_bound_backward(const float* __restrict__ x,
+                                                const float* __restrict__ gy,
+                                                float* __restrict__ gx, int n, float bound) {
+    GRID_STRIDE_LOOP(i, n) {
+        const float g = gy[i];
+        gx[i] = (x[i] >= bound || g < 0.0f) ? g : 0.0f;
+    }
+}

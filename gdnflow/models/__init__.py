@@ -1,0 +1,17 @@
+"""Model definitions, registered by name (``gdnflow.models.get("vgg16")``).
+
+Parameter names follow torchvision's, so its state dicts (converted to NumPy
+arrays) load with ``load_state_dict`` unchanged.
+"""
+from gdnflow.models.mobilenet_v2 import mobilenet_v2
+from gdnflow.models.vgg import vgg16
+
+MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16}
+
+
+def get(name):
+    """The constructor of the model called ``name``."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise KeyError(f"no model named {name!r}; known: {sorted(MODELS)}") from None

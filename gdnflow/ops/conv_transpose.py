@@ -1,0 +1,127 @@
+"""Transposed 2-D convolution: the adjoint of :func:`gdnflow.ops.conv.conv2d`.
+
+No kernels of its own. For the convolution C whose input has this
+operator's output shape and whose weight is this operator's weight, with
+the same stride, padding, dilation and groups:
+
+    conv_transpose2d(x, w)  = C's backward-data applied to x
+    its backward-data       = C's forward (gx = conv2d(gy, w))
+    its backward-weight     = C's backward-weight with the roles of input and
+                              gradient swapped (gw from gy and x)
+
+so every algorithm of conv2d (im2col + GEMM, pointwise GEMM, depthwise
+kernels) serves it too, chosen by the same planner.
+"""
+from gdnflow.autograd import Operator
+from gdnflow.errors import ShapeError
+from gdnflow.ops.conv import (_arrays_to_keep, _bias_grad, _ints, conv_algorithm, conv_geometry,
+                              conv_parameters, epilogue_cuda, epilogue_numpy)
+from gdnflow.registry import register
+
+
+@register("conv_transpose2d")
+class ConvTranspose2d(Operator):
+    """y = conv_transpose2d(x, w) + b; inputs x, w and, if ``has_bias``, b.
+
+    x [N, C_in, H, W], w [C_in, C_out/groups, kh, kw] (PyTorch's layout),
+    b [C_out]; y [N, C_out, OH, OW] with
+    ``OH = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1``
+    (OW likewise). Each input pixel scatters w[c] into the output::
+
+        y[n, g*C_out/groups + o, p*sh - top + i*dh, q*sw - left + j*dw]
+            += x[n, c, p, q] * w[c, o, i, j]      (c in group g)
+
+    ``output_padding`` (< stride) adds rows/columns at the bottom/right to
+    pick among the input sizes a strided conv2d maps to the same output size.
+    """
+
+    def __init__(self, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                 has_bias=False):
+        op = "conv_transpose2d"
+        self.stride, self.padding, self.dilation, self.groups = conv_parameters(
+            op, stride, padding, dilation, groups)
+        self.output_padding = _ints(op, "output_padding", output_padding, 2, 0)
+        if any(o >= s for o, s in zip(self.output_padding, self.stride)):
+            raise ValueError(f"{op}: output_padding {self.output_padding} must be smaller than "
+                             f"the stride {self.stride} along each axis")
+        self.has_bias = bool(has_bias)
+
+    def check(self, x, w, *extras):
+        if len(extras) != self.has_bias:
+            raise TypeError(f"{self.label}: expected {2 + self.has_bias} input tensors, "
+                            f"got {2 + len(extras)}")
+        if x.ndim != 4:
+            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {x.shape}")
+        if w.ndim != 4:
+            raise ShapeError(f"{self.label}: weight must be 4-D [C_in, C_out/groups, kh, kw], "
+                             f"got shape {w.shape}")
+        n, c_in, h, width = x.shape
+        if c_in % self.groups:
+            raise ShapeError(f"{self.label}: groups={self.groups} does not divide the {c_in} "
+                             "input channels")
+        if w.shape[0] != c_in:
+            raise ShapeError(f"{self.label}: input has C_in={c_in} channels but the weight "
+                             f"{w.shape} expects w.shape[0] = {w.shape[0]}")
+        top, bottom, left, right = self.padding
+        (sh, sw), (dh, dw), (oph, opw) = self.stride, self.dilation, self.output_padding
+        out_h = (h - 1) * sh - top - bottom + dh * (w.shape[2] - 1) + oph + 1
+        out_w = (width - 1) * sw - left - right + dw * (w.shape[3] - 1) + opw + 1
+        if out_h < 1 or out_w < 1:
+            raise ShapeError(f"{self.label}: output size {out_h}x{out_w} is not positive "
+                             f"(input {h}x{width}, padding {self.padding})")
+        c_out = w.shape[1] * self.groups
+        # The convolution this operator is the adjoint of: input = our output.
+        self.geometry = g = conv_geometry(self.label, (n, c_out, out_h, out_w), w.shape,
+                                          self.stride, self.padding, self.dilation, self.groups)
+        assert (g.oh, g.ow) == (h, width), "output_padding < stride makes the sizes round-trip"
+        self.keep = _arrays_to_keep(x, w, *extras)
+        if self.has_bias and extras[0].shape != (c_out,):
+            raise ShapeError(f"{self.label}: bias must have shape ({c_out},) (one per output "
+                             f"channel), got {extras[0].shape}")
+
+    def _forward(self, x, w, *extras):
+        g = self.geometry
+        y = conv_algorithm(self.device, g, "backward_data").backward_data(g, x, w)
+        if self.has_bias:
+            y = self.dispatch("epilogue", y, extras[0])
+        keep_x, keep_w, _ = self.keep
+        self.saved = (x if keep_x else None, w if keep_w else None)
+        return y
+
+    forward_numpy = forward_cuda = _forward
+
+    def epilogue_numpy(self, y, bias):
+        return epilogue_numpy(y, bias, None, 0)
+
+    def epilogue_cuda(self, y, bias):
+        return epilogue_cuda(y, bias, None, 0)
+
+    def backward(self, grad_output):
+        g = self.geometry
+        x, w = self.saved
+        gy = grad_output.data
+        need = self.needs_grad
+        grads = [None, None]
+        if need[0]:
+            grads[0] = conv_algorithm(self.device, g, "forward").forward(g, gy, w)
+        if need[1]:
+            grads[1] = conv_algorithm(self.device, g, "backward_weight").backward_weight(g, gy, x)
+        if self.has_bias:
+            grads.append(_bias_grad(self.device, gy) if need[2] else None)
+        return tuple(None if a is None else self.wrap(a) for a in grads)
+
+
+def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    """Transposed convolution of x [N, C_in, H, W] with w [C_in, C_out/groups, kh, kw].
+
+    The adjoint of conv2d: ``<conv2d(u, w), v> == <u, conv_transpose2d(v, w)>``
+    for every u, v of matching shapes. y is [N, C_out, OH, OW] with
+    ``OH = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1``.
+    ``stride``, ``dilation``, ``output_padding``: an int or (h, w);
+    ``padding``: an int, (ph, pw) or (top, bottom, left, right), the rows
+    and columns cut from the full output; ``output_padding`` < stride.
+    ``b`` [C_out] is optional.
+    """
+    inputs = [x, w] if b is None else [x, w, b]
+    return ConvTranspose2d(stride, padding, output_padding, dilation, groups,
+                           has_bias=b is not None)(*inputs)

@@ -1,0 +1,260 @@
+"""Operators of entropy models and noisy-quantisation training.
+CUDA kernels: ``cuda_src/entropy.cu``.
+
+``softplus tanh abs``
+    elementwise maps with their usual derivatives (|x| takes 0 at 0).
+``round``
+    round half to even, with the *identity* as gradient (straight-through):
+    the only useful gradient of a quantiser inside a training graph.
+``uniform_noise``
+    y = x + u, u ~ U(-1/2, 1/2) from a counter-based generator (Philox4x32-10)
+    keyed by a 64-bit ``key`` and a 64-bit ``stream``: element i gets the
+    first word of Philox(counter = (i, 0, stream_lo, stream_hi), key). The
+    noise is a pure function of (key, stream, i), drawn on the device (no
+    host-to-device copy) and reproduced bit for bit by the NumPy backend;
+    a trainer passing ``stream = step`` gets, after a resume, exactly the
+    noise of the uninterrupted run. The gradient is the identity.
+``sigmoid_difference``
+    y = |sigmoid(s u) - sigmoid(s l)|, s = -1 where l + u > 0 else +1: the
+    probability mass of a logistic-CDF density between logits l and u,
+    evaluated in the distribution's tail so that tiny masses keep float32
+    precision (tensorflow-compression's "sign trick").
+"""
+import numpy as np
+
+from gdnflow.autograd import Operator
+from gdnflow.backends import cuda
+from gdnflow.errors import ShapeError
+from gdnflow.ops.elementwise import UnaryOperator
+from gdnflow.registry import register
+
+SOURCE = "entropy.cu"
+
+
+class EntropyUnary(UnaryOperator):
+    """A parameterless elementwise operator whose kernels live in entropy.cu."""
+
+    def forward_cuda(self, x):
+        y = cuda.empty(x.shape, x.dtype)
+        if x.size:
+            cuda.kernel(SOURCE, self.forward_kernel, "PPi").launch(x.size, x.ptr, y.ptr, x.size)
+        self._save(x, y)
+        return y
+
+    def backward_cuda(self, gy):
+        # Any valid pointer stands in for what the operator did not save:
+        # the kernel does not read it.
+        x, y = (a if a is not None else gy for a in self.saved)
+        gx = cuda.empty(gy.shape, gy.dtype)
+        if gy.size:
+            cuda.kernel(SOURCE, self.backward_kernel, "PPPPi").launch(
+                gy.size, x.ptr, y.ptr, gy.ptr, gx.ptr, gy.size)
+        return gx
+
+
+@register("softplus")
+class Softplus(EntropyUnary):
+    """y = log(1 + e^x); dy/dx = sigmoid(x). Above x = 20 the CUDA kernel returns x."""
+    kernel = "softplus"
+    def f(self, x): return np.logaddexp(x.dtype.type(0), x)
+    def df(self, x, y, gy): return gy / (1 + np.exp(-x))
+
+
+@register("tanh")
+class Tanh(EntropyUnary):
+    """y = tanh(x); dy/dx = 1 - y^2."""
+    kernel, saves = "tanh", ("y",)
+    def f(self, x): return np.tanh(x)
+    def df(self, x, y, gy): return gy * (1 - y * y)
+
+
+@register("abs")
+class Abs(EntropyUnary):
+    """y = |x|; dy/dx = sign(x), taken as 0 at x = 0."""
+    kernel = "abs"
+    def f(self, x): return np.abs(x)
+    def df(self, x, y, gy): return gy * np.sign(x)
+
+
+@register("round")
+class Round(Operator):
+    """y = x rounded to the nearest integer, halves to even (numpy.rint, torch.round).
+
+    The gradient is the identity (straight-through estimator), not the true
+    derivative 0: in a graph, rounding stands for quantisation that a
+    training signal has to pass through.
+    """
+
+    def forward_numpy(self, x):
+        return np.rint(x)
+
+    def forward_cuda(self, x):
+        y = cuda.empty(x.shape, x.dtype)
+        if x.size:
+            cuda.kernel(SOURCE, "round_forward", "PPi").launch(x.size, x.ptr, y.ptr, x.size)
+        return y
+
+    def backward(self, grad_output):
+        return (grad_output,)
+
+
+# ----------------------------------------------------------- Philox noise --
+PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _split64(value, what):
+    value = int(value)
+    if not 0 <= value < 2 ** 64:
+        raise ValueError(f"uniform_noise: {what} must be an integer in [0, 2^64), got {value}")
+    return value & 0xFFFFFFFF, value >> 32
+
+
+def philox4x32_word0(counter0, key, stream):
+    """First output word of Philox4x32-10 for counters (counter0, 0, stream_lo, stream_hi).
+
+    ``counter0`` is an array of uint32 values (one per element), ``key`` and
+    ``stream`` 64-bit integers. The NumPy twin of ``philox_word0`` in
+    entropy.cu; returns a uint32 array of counter0's shape.
+    """
+    k0, k1 = _split64(key, "key")
+    s_lo, s_hi = _split64(stream, "stream")
+    c0 = np.asarray(counter0, dtype=np.uint64)
+    c1 = np.zeros_like(c0)
+    c2 = np.full_like(c0, s_lo)
+    c3 = np.full_like(c0, s_hi)
+    m0, m1 = PHILOX_M
+    for _ in range(10):
+        p0, p1 = m0 * c0, m1 * c2            # exact: both factors are below 2^32
+        hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK32
+        hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK32
+        c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0
+        k0, k1 = (k0 + PHILOX_W[0]) & 0xFFFFFFFF, (k1 + PHILOX_W[1]) & 0xFFFFFFFF
+    return c0.astype(np.uint32)
+
+
+def uniform_noise_values(shape, key, stream, dtype=np.float32):
+    """The noise ``uniform_noise`` adds to a tensor of ``shape``: values in [-1/2, 1/2)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if n >= 2 ** 31:
+        raise ValueError(f"uniform_noise: {n} elements exceed the 2^31 - 1 the kernel indexes")
+    words = philox4x32_word0(np.arange(n, dtype=np.uint64), key, stream)
+    # 24 random bits: every value is exact in float32, so both backends agree bit for bit.
+    u = (words >> np.uint32(8)).astype(np.float64) * 2.0 ** -24 - 0.5
+    return u.astype(dtype).reshape(shape)
+
+
+@register("uniform_noise")
+class UniformNoise(Operator):
+    """y = x + u with u ~ U(-1/2, 1/2) drawn from (``key``, ``stream``); gradient: identity.
+
+    See the module docstring for the generator. ``key`` and ``stream`` are
+    integers in [0, 2^64).
+    """
+
+    def __init__(self, key, stream=0):
+        self.key_words = _split64(key, "key")
+        self.stream_words = _split64(stream, "stream")
+        self.key, self.stream = int(key), int(stream)
+
+    def forward_numpy(self, x):
+        return x + uniform_noise_values(x.shape, self.key, self.stream, x.dtype)
+
+    def forward_cuda(self, x):
+        y = cuda.empty(x.shape, x.dtype)
+        if x.size:
+            if x.size >= 2 ** 31:
+                raise ValueError(f"uniform_noise: {x.size} elements exceed 2^31 - 1")
+            cuda.kernel(SOURCE, "uniform_noise_forward", "PPiIIII").launch(
+                x.size, x.ptr, y.ptr, x.size, *self.key_words, *self.stream_words)
+        return y
+
+    def backward(self, grad_output):
+        return (grad_output,)
+
+
+@register("sigmoid_difference")
+class SigmoidDifference(Operator):
+    """y = |sigmoid(s u) - sigmoid(s l)| for logits l (``lower``) and u (``upper``) of one shape.
+
+    s = -1 where l + u > 0, else +1 (see the module docstring). Gradients,
+    with a = sigmoid(s u), b = sigmoid(s l), d = a - b and sgn = sign(d)
+    (taken as s where d = 0)::
+
+        gu = gy sgn s a (1 - a)        gl = -gy sgn s b (1 - b)
+    """
+
+    def check(self, lower, upper):
+        if lower.shape != upper.shape:
+            raise ShapeError(f"{self.label}: lower and upper must have one shape, got "
+                             f"{lower.shape} and {upper.shape}")
+
+    def forward_numpy(self, lower, upper):
+        self.saved = (lower, upper)
+        s = np.where(lower + upper > 0, -1, 1).astype(lower.dtype)
+        return np.abs(_logistic(s * upper) - _logistic(s * lower))
+
+    def forward_cuda(self, lower, upper):
+        y = cuda.empty(lower.shape, lower.dtype)
+        if y.size:
+            cuda.kernel(SOURCE, "sigmoid_difference_forward", "PPPi").launch(
+                y.size, lower.ptr, upper.ptr, y.ptr, y.size)
+        self.saved = (lower, upper)
+        return y
+
+    def backward(self, grad_output):
+        return tuple(self.wrap(g) for g in self.dispatch("backward", grad_output.data))
+
+    def backward_numpy(self, gy):
+        lower, upper = self.saved
+        s = np.where(lower + upper > 0, -1, 1).astype(gy.dtype)
+        a, b = _logistic(s * upper), _logistic(s * lower)
+        d = a - b
+        g = gy * np.where(d != 0, np.sign(d), s) * s
+        return -g * b * (1 - b), g * a * (1 - a)
+
+    def backward_cuda(self, gy):
+        lower, upper = self.saved
+        g_lower, g_upper = cuda.empty(gy.shape, gy.dtype), cuda.empty(gy.shape, gy.dtype)
+        if gy.size:
+            cuda.kernel(SOURCE, "sigmoid_difference_backward", "PPPPPi").launch(
+                gy.size, lower.ptr, upper.ptr, gy.ptr, g_lower.ptr, g_upper.ptr, gy.size)
+        return g_lower, g_upper
+
+
+def _logistic(v):
+    # exp(-v) overflows to inf for v < -709 (float64) or -88 (float32): 1/inf = 0, the limit.
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-v))
+
+
+# ------------------------------------------------------------- functions --
+def softplus(x):
+    """log(1 + e^x), elementwise."""
+    return Softplus()(x)
+
+
+def tanh(x):
+    """Hyperbolic tangent, elementwise."""
+    return Tanh()(x)
+
+
+def abs(x):  # noqa: A001 (mirrors numpy.abs)
+    """|x|, elementwise (gradient sign(x), 0 at 0)."""
+    return Abs()(x)
+
+
+def round(x):  # noqa: A001 (mirrors numpy.round)
+    """x rounded half to even, with the identity as gradient (straight-through)."""
+    return Round()(x)
+
+
+def uniform_noise(x, key, stream=0):
+    """x + U(-1/2, 1/2) noise that is a function of (key, stream) only; gradient: identity."""
+    return UniformNoise(key, stream)(x)
+
+
+def sigmoid_difference(lower, upper):
+    """|sigmoid(upper) - sigmoid(lower)|, computed in the logistic's tail (see the module doc)."""
+    return SigmoidDifference()(lower, upper)

@@ -1,0 +1,425 @@
+"""Generalized divisive normalization: GDN, inverse GDN and their simplified forms.
+
+CUDA kernels: ``cuda_src/gdn.cu``; the channel sums are cuBLAS SGEMMs
+through :mod:`gdnflow.backends.cuda.blas`.
+
+Forward
+-------
+Per pixel (image n, row h, column w), over the channels of an NCHW ``x``::
+
+    n_i = beta_i + sum_j gamma[i, j] s(x_j)          y_i = x_i * n_i^a
+
+``gamma[i, j]`` is laid out [output channel i, input channel j]: row i holds
+the weights with which output channel i is normalised. This is CompressAI's
+layout (its 1x1 convolution weight), though its docstring writes the
+transpose; tensorflow-compression stores the transpose (its norm is
+``square(x) @ gamma``), so its gamma loads transposed. ``tests/ops/test_gdn.py``
+pins the layout down. The variants differ in the pixel statistic s and the
+exponent a:
+
+    ==================  =======  ======  ===========================
+    variant             s(x)     a       D = n^a, cached
+    ==================  =======  ======  ===========================
+    gdn                 x^2      -1/2    n^-1/2   (Ballé et al. 2016)
+    igdn (inverse)      x^2      +1/2    n^1/2
+    gdn_simplified      |x|      -1      1/n      (Johnston et al. 2019)
+    igdn_simplified     |x|      +1      n
+    ==================  =======  ======  ===========================
+
+Backward
+--------
+For a loss L with output gradient gy, only n_i depends on beta and gamma, and
+x_k reaches the loss directly (through y_k) and through every n_i with
+gamma[i, k] != 0. At one pixel::
+
+    dL/dn_i     = gy_i * x_i * a n_i^(a-1)  = a t_i,    t_i := gy_i y_i / n_i
+    dL/dx_k     = gy_k n_k^a  +  s'(x_k) sum_i gamma[i, k] dL/dn_i
+    dL/dbeta_i  = sum dL/dn_i
+    dL/dgamma[i, j] = sum dL/dn_i s(x_j)
+
+where the last two sum over images and pixels, and the sum over i in dL/dx
+runs down gamma's *column* k: it is gamma^T applied to the vector dL/dn.
+With s' = 2x for the square and sign(x) for |x| (sign(0) = 0, a subgradient):
+
+    gdn              t = gy x n^-3/2 = gy x D^3    gx = gy D - x gamma^T t
+                     gbeta = -1/2 sum t            ggamma[i, j] = -1/2 sum t_i x_j^2
+    igdn             t = gy x n^-1/2 = gy x / D    gx = gy D + x gamma^T t
+                     gbeta = +1/2 sum t            ggamma[i, j] = +1/2 sum t_i x_j^2
+    gdn_simplified   t = gy x n^-2   = gy x D^2    gx = gy D - sign(x) gamma^T t
+                     gbeta = -sum t                ggamma[i, j] = -sum t_i |x_j|
+    igdn_simplified  t = gy x                      gx = gy D + sign(x) gamma^T t
+                     gbeta = +sum t                ggamma[i, j] = +sum t_i |x_j|
+
+(the 2 of d(x^2)/dx cancels the 1/2 of a = ±1/2 in gx). Inverting the
+normalisation flips every sign because a changes sign. In every variant
+n^(a-1) = D^((a-1)/a), i.e. D^3, 1/D, D^2 or 1, so D = n^a cached by the
+forward is all the backward needs: the norm is never recomputed. Both backends
+compute U = dL/dn (= a t) once and take every gradient from it.
+
+The GPU path
+------------
+With P = N*H*W pixels, cut into P / K chunks of K pixels (see below)::
+
+    forward   S = s(x)                          kernel <variant>_statistic
+              NORM = gamma @ S                  SGEMM [C, C] @ [C, K], per chunk
+              D = (NORM + beta)^a, y = x * D    kernel <variant>_forward (D over NORM)
+    backward  U = dL/dn, S1 = [s(x); 1]         kernel <variant>_backward_norm
+              PART_j = U_j @ S1_j^T             SGEMM [C, K] @ [K, C + 1], per chunk
+              [ggamma | gbeta] = sum_j PART_j   kernel gdn_reduce_param_grads
+              G = gamma^T @ U (into S1)         SGEMM [C, C]^T @ [C, K], per chunk
+              gx = gy D + s'(x) G               kernel <variant>_backward_input
+
+Each "per chunk" SGEMM is one strided-batched cuBLAS call. S, NORM/D, U, S1
+and G are stored channel-major in chunks, [P / K][C][K] (S1: [P / K][C + 1][K]),
+not NCHW. In NCHW the norm would be a batched GEMM per image (fine), but
+ggamma = sum_n U_n S_n^T would be N products with K = H*W each, tied to the
+batch size (8 images of 192 channels: 8 x 4 output tiles of 128 x 128 on a
+GPU of 132 SMs). With one chunk (K = P, plain CNHW, the first version) it is
+one GEMM with K = N*H*W and 4 output tiles, and its speed is up to how
+cuBLAS splits that K. Cut into chunks, the split is ours: :func:`choose_chunks`
+takes K, a divisor of P, so that chunks x tiles is about
+``PARAM_GEMM_CTAS_PER_SM`` per SM (64 chunks of 512 pixels at 8x192x64x64),
+and one small kernel sums the [C, C + 1] partial products, splitting off
+gbeta on the way (the ones row of S1 makes beta's pixel sum part of the same
+GEMM). The forward and input GEMMs are the same products either way, one
+per chunk. The kernels that produce S, D, U and S1 write them in the
+chunked layout at no extra traffic (only their index arithmetic changes;
+pixels stay contiguous in both layouts, so accesses stay coalesced), and
+move 16 bytes per access where H*W % 4 == 0 (K is then kept a multiple of
+4 too).
+
+Module switches, read on every call, keep the first version selectable for
+an A/B in one process (``benchmarks/bench_gdn.py``, ``benchmarks/profile_gdn.py``):
+``PARAM_GEMM_CHUNKS`` ("auto", or a chunk count to aim at; 1 is one GEMM
+over all pixels) and ``VECTORIZE`` (False: 4-byte accesses). Each variant and
+input shape gets a :class:`CudaPlan`, built once, that holds the kernels,
+grids and GEMM shapes and runs the stages above one method each.
+
+Memory per layer
+----------------
+float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
+
+- kept from forward to backward: D (M floats; the forward's GEMM output buffer,
+  overwritten in place), and references to x (M floats, alive until the backward
+  unless something else holds it anyway) and gamma (C*C). Nothing is kept when
+  no input requires a gradient or under ``no_grad``: D is then not even written.
+- transient in the forward: S (M), freed once the GEMM has read it.
+- transient in the backward: U (M), S1 (M + P, later reused for G), the
+  partial products (P / K * C * (C + 1): 9.5 MB at 8x192x64x64, against 25 MB
+  for M), and the gradients themselves.
+"""
+import functools
+import math
+
+import numpy as np
+
+from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.backends import cuda
+from gdnflow.errors import ShapeError
+from gdnflow.registry import register
+
+SOURCE = "gdn.cu"
+
+#: (inverse, simplified) -> (name of the variant, which prefixes its kernels; exponent a)
+VARIANTS = {
+    (False, False): ("gdn", -0.5),
+    (True, False): ("igdn", 0.5),
+    (False, True): ("gdn_simplified", -1.0),
+    (True, True): ("igdn_simplified", 1.0),
+}
+
+#: How the parameter-gradient GEMM's pixel sum is cut: "auto" (see
+#: :func:`choose_chunks`), or a chunk count to aim at (1: one GEMM over all
+#: pixels, the first version). Read on every call.
+PARAM_GEMM_CHUNKS = "auto"
+#: 16-byte accesses in the elementwise kernels where H*W % 4 == 0 (False: 4-byte,
+#: the first version). Read on every call.
+VECTORIZE = True
+#: "auto" aims at this many CTAs of the parameter-gradient GEMM per SM ...
+PARAM_GEMM_CTAS_PER_SM = 2
+#: ... counting output tiles of this edge (cuBLAS's large FP32 tiles) ...
+GEMM_TILE = 128
+#: ... and cuts no chunk shorter than this many pixels (each product's K).
+MIN_CHUNK_PIXELS = 256
+#: Threads per block of the elementwise kernels.
+BLOCK = 256
+#: Warps per block of gdn_reduce_param_grads (GDN_REDUCE_ROWS in gdn.cu).
+REDUCE_ROWS = 8
+
+
+def divisors(n):
+    """The divisors of the positive integer ``n``, ascending."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
+def choose_chunks(pixels, channels, sm_count, granule=1, request="auto"):
+    """Into how many chunks of K pixels the parameter-gradient GEMM is cut.
+
+    The product [C, P] @ [P, C + 1] has a long K = P but only
+    ceil(C / 128) * ceil((C + 1) / 128) output tiles (4 at C = 192). Cut into
+    chunks it is a strided-batched GEMM of chunks x tiles CTAs. The count
+    returned divides ``pixels`` (every product has the same K), leaves K a
+    multiple of ``granule`` (4 where the 16-byte kernels may run: four
+    consecutive pixels never straddle two chunks), and is, among those, the
+    nearest by ratio to ``request``: for "auto" the count that gives
+    ``PARAM_GEMM_CTAS_PER_SM`` CTAs per SM with K >= ``MIN_CHUNK_PIXELS``;
+    for a number, that number (any K). 1 when nothing better qualifies.
+    """
+    if request == "auto":
+        tiles = -(-channels // GEMM_TILE) * -(-(channels + 1) // GEMM_TILE)
+        target, shortest = PARAM_GEMM_CTAS_PER_SM * sm_count / tiles, MIN_CHUNK_PIXELS
+    else:
+        target, shortest = float(request), 1
+    if target <= 1 or pixels <= 1:
+        return 1
+    best, best_distance = 1, math.log(target)
+    for chunks in divisors(pixels)[1:]:
+        k = pixels // chunks
+        if k % granule or k < shortest:
+            continue
+        distance = abs(math.log(chunks / target))
+        if distance < best_distance:
+            best, best_distance = chunks, distance
+    return best
+
+
+@functools.lru_cache(maxsize=256)
+def cuda_plan(variant, shape, chunks="auto"):
+    """The :class:`CudaPlan` of ``variant`` for inputs of ``shape``, built once."""
+    return CudaPlan(variant, shape, chunks)
+
+
+class CudaPlan:
+    """Every launch of one variant at one input shape (N, C, H, W), prepared once.
+
+    Holds the kernels, grids, chunking (``chunks`` chunks of ``chunk`` = K
+    pixels, :func:`choose_chunks` given ``chunks_request``) and GEMM shapes;
+    each stage of the module docstring's table is one method taking device
+    arrays, in the order the operator calls them. ``vec`` selects the
+    16-byte kernels; see :meth:`vectorized`. ``benchmarks/profile_gdn.py``
+    times the stages one by one.
+    """
+
+    STAGES = ("statistic", "forward", "backward_norm", "backward_input")
+
+    def __init__(self, variant, shape, chunks_request="auto"):
+        from gdnflow.backends.cuda import blas
+        from gdnflow.backends.cuda.kernels import check_index_range, get_runtime, launch_grid
+        batch, channels, height, width = shape
+        self.variant, self.shape, self.channels = variant, tuple(shape), channels
+        self.hw = height * width
+        self.pixels = batch * self.hw
+        self.total = channels * self.pixels
+        self.can_vectorize = self.hw % 4 == 0
+        self.chunks = choose_chunks(self.pixels, channels, get_runtime().sm_count,
+                                    4 if self.can_vectorize else 1, chunks_request)
+        self.chunk = self.pixels // self.chunks
+        check_index_range(self.total + self.pixels, variant)
+        check_index_range(self.chunks * channels * (channels + 1), variant)
+        self.matmul = blas.matmul
+        self.kernels = {}
+        for vec, suffix, width_ in ((False, "", 1), (True, "_vec4", 4)):
+            if vec and not self.can_vectorize:
+                continue
+            grid = launch_grid(self.total // width_, BLOCK)
+            for stage in self.STAGES:
+                arg_types = {"statistic": "PPiiii", "forward": "PPPPiiiii",
+                             "backward_norm": "PPPPPiiii", "backward_input": "PPPPPiiii"}[stage]
+                self.kernels[stage, vec] = (
+                    cuda.kernel(SOURCE, f"{variant}{suffix}_{stage}", arg_types), grid)
+        self.reduce_kernel = cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPii")
+        self.reduce_grid = (-(-channels * (channels + 1) // 32), 1, 1)
+        self.sizes = (self.total, channels, self.hw, self.chunk)
+
+    def vectorized(self, *arrays):
+        """Whether the 16-byte kernels may run on these NCHW arrays: ``VECTORIZE``
+        is on, H*W % 4 == 0 and every pointer is 16-byte aligned."""
+        if not (VECTORIZE and self.can_vectorize):
+            return False
+        return not any(a.ptr & 15 for a in arrays)
+
+    def empty(self, rows):
+        """An uninitialised chunked matrix [chunks, rows, K] (rows = C, or C + 1 for S1)."""
+        return cuda.empty((self.chunks, rows, self.chunk), np.float32)
+
+    def _launch(self, stage, vec, *args):
+        kernel, grid = self.kernels[stage, vec]
+        kernel(grid, (BLOCK, 1, 1), *args)
+
+    # -- forward
+    def statistic(self, x, s, vec):
+        """S = s(x), chunked."""
+        self._launch("statistic", vec, x.ptr, s.ptr, *self.sizes)
+
+    def norm_gemm(self, gamma, s, norm):
+        """NORM = gamma @ S, one product per chunk."""
+        c, k = self.channels, self.chunk
+        self.matmul(gamma.ptr, s.ptr, norm.ptr, c, k, c,
+                    batch=self.chunks, stride_b=c * k, stride_c=c * k)
+
+    def forward(self, x, norm_d, beta, y, save_d, vec):
+        """y = x * D, D = (NORM + beta)^a written over NORM when ``save_d``."""
+        self._launch("forward", vec, x.ptr, norm_d.ptr, beta.ptr, y.ptr, *self.sizes, int(save_d))
+
+    # -- backward
+    def backward_norm(self, x, gy, d, u, s1, vec):
+        """U = dL/dn and, unless ``s1`` is None, S1 = [s(x); 1], both chunked."""
+        self._launch("backward_norm", vec, x.ptr, gy.ptr, d.ptr, u.ptr,
+                     0 if s1 is None else s1.ptr, *self.sizes)
+
+    def param_gemm(self, u, s1, partial):
+        """partial[j] = U_j @ S1_j^T, [chunks, C, C + 1]."""
+        c, k = self.channels, self.chunk
+        self.matmul(u.ptr, s1.ptr, partial.ptr, c, c + 1, k, trans_b=True, batch=self.chunks,
+                    stride_a=c * k, stride_b=(c + 1) * k, stride_c=c * (c + 1))
+
+    def reduce_param_grads(self, partial, ggamma, gbeta):
+        """[ggamma | gbeta] = the sum of the partial products over the chunks."""
+        self.reduce_kernel(self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr, ggamma.ptr,
+                           gbeta.ptr, self.channels, self.chunks)
+
+    def input_gemm(self, gamma, u, g):
+        """G = gamma^T @ U, one product per chunk."""
+        c, k = self.channels, self.chunk
+        self.matmul(gamma.ptr, u.ptr, g.ptr, c, k, c, trans_a=True,
+                    batch=self.chunks, stride_b=c * k, stride_c=c * k)
+
+    def backward_input(self, x, gy, d, g, gx, vec):
+        """gx = gy D + s'(x) G."""
+        self._launch("backward_input", vec, x.ptr, gy.ptr, d.ptr, g.ptr, gx.ptr, *self.sizes)
+
+
+@register("gdn")
+class GDNOperator(Operator):
+    """y = x * n^a with n = beta + gamma s(x) per pixel (see the module docstring).
+
+    Inputs: ``x`` (N, C, H, W), ``beta`` (C,) and ``gamma`` (C, C), laid out
+    [output channel, input channel]. Output: the shape of x. ``inverse``
+    selects a = +1/2 (inverse GDN) over -1/2; ``simplified`` uses s = |x| and
+    a = -1 (or +1 inverse) instead of s = x^2. beta should be positive and
+    gamma non-negative (see :mod:`gdnflow.ops.parametrize`); the operator
+    itself does not enforce it.
+    """
+
+    def __init__(self, inverse=False, simplified=False):
+        self.inverse = bool(inverse)
+        self.simplified = bool(simplified)
+        self.variant, self.exponent = VARIANTS[self.inverse, self.simplified]
+
+    @property
+    def label(self):
+        """The variant's name (``gdn``, ``igdn``, ``gdn_simplified``, ``igdn_simplified``)."""
+        return self.variant
+
+    def check(self, x, beta, gamma):
+        if x.ndim != 4:
+            raise ShapeError(f"{self.label}: x must be 4-D (N, C, H, W), got shape {x.shape}")
+        c = x.shape[1]
+        if beta.shape != (c,):
+            raise ShapeError(f"{self.label}: beta must have shape ({c},), one value per channel "
+                             f"of x {x.shape}, got {beta.shape}")
+        if gamma.shape != (c, c):
+            raise ShapeError(f"{self.label}: gamma must have shape ({c}, {c}) [output channel, "
+                             f"input channel] for x of shape {x.shape}, got {gamma.shape}")
+        # Decided here, where the tensors are seen: the forward skips the
+        # cache (and, on the GPU, writing D) when no backward can follow.
+        self.keep_for_backward = grad_enabled() and (
+            x.requires_grad or beta.requires_grad or gamma.requires_grad)
+
+    # ------------------------------------------------------------- NumPy --
+    def statistic(self, x):
+        """s(x): x^2, or |x| for the simplified variants (NumPy)."""
+        return np.abs(x) if self.simplified else x * x
+
+    def statistic_grad(self, x):
+        """s'(x): 2x, or sign(x) for the simplified variants (NumPy)."""
+        return np.sign(x) if self.simplified else 2 * x
+
+    def forward_numpy(self, x, beta, gamma):
+        batch, channels, height, width = x.shape
+        s = self.statistic(x).reshape(batch, channels, height * width)
+        norm = (gamma @ s).reshape(x.shape) + beta[:, None, None]
+        d = np.power(norm, x.dtype.type(self.exponent))
+        if self.keep_for_backward:
+            self.saved = (x, gamma, d)
+        return x * d
+
+    def backward(self, grad_output):
+        return tuple(None if g is None else self.wrap(g)
+                     for g in self.dispatch("backward", grad_output.data))
+
+    def backward_numpy(self, gy):
+        x, gamma, d = self.saved
+        a = self.exponent
+        batch, channels, height, width = x.shape
+        # dL/dn = a gy x n^(a-1), with n^(a-1) = D^((a-1)/a) from the cache.
+        u = a * gy * x * np.power(d, x.dtype.type((a - 1) / a))
+        u3 = u.reshape(batch, channels, height * width)
+        need_x, need_beta, need_gamma = self.needs_grad
+        gx = gbeta = ggamma = None
+        if need_x:
+            gx = gy * d + self.statistic_grad(x) * (gamma.T @ u3).reshape(x.shape)
+        if need_beta:
+            gbeta = u.sum(axis=(0, 2, 3))
+        if need_gamma:
+            s3 = self.statistic(x).reshape(batch, channels, height * width)
+            ggamma = np.tensordot(u3, s3, axes=([0, 2], [0, 2]))
+        return gx, gbeta, ggamma
+
+    # -------------------------------------------------------------- CUDA --
+    def forward_cuda(self, x, beta, gamma):
+        y = cuda.empty(x.shape, x.dtype)
+        keep = self.keep_for_backward
+        if x.size == 0:
+            if keep:
+                self.saved = (x, gamma, None, None)
+            return y
+        plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS)
+        vec = plan.vectorized(x, y)
+        s = plan.empty(plan.channels)
+        plan.statistic(x, s, vec)
+        norm = plan.empty(plan.channels)
+        plan.norm_gemm(gamma, s, norm)
+        del s       # back to the pool; stream order keeps the GEMM's reads first
+        plan.forward(x, norm, beta, y, keep, vec)
+        if keep:
+            self.saved = (x, gamma, norm, plan)   # norm now holds D
+        return y
+
+    def backward_cuda(self, gy):
+        x, gamma, d, plan = self.saved
+        channels = x.shape[1]
+        need_x, need_beta, need_gamma = self.needs_grad
+        need_params = need_beta or need_gamma
+        if x.size == 0:
+            from gdnflow.backends import get_backend
+            zeros = get_backend("cuda").full
+            return (cuda.empty(x.shape, x.dtype) if need_x else None,
+                    zeros((channels,), 0.0, x.dtype) if need_beta else None,
+                    zeros((channels, channels), 0.0, x.dtype) if need_gamma else None)
+        gx = cuda.empty(x.shape, x.dtype) if need_x else None
+        vec = plan.vectorized(x, gy, *([gx] if need_x else []))
+        u = plan.empty(channels)
+        s1 = plan.empty(channels + 1) if need_params else None
+        plan.backward_norm(x, gy, d, u, s1, vec)
+        gbeta = ggamma = None
+        if need_params:
+            partial = cuda.empty((plan.chunks, channels, channels + 1), x.dtype)
+            plan.param_gemm(u, s1, partial)
+            ggamma = cuda.empty((channels, channels), x.dtype)
+            gbeta = cuda.empty((channels,), x.dtype)
+            plan.reduce_param_grads(partial, ggamma, gbeta)
+            del partial
+        if need_x:
+            # S1 is free once the GEMM above has read it (same stream): G goes
+            # there, saving an M-float allocation at the backward's peak.
+            g = s1 if s1 is not None else plan.empty(channels)
+            plan.input_gemm(gamma, u, g)
+            plan.backward_input(x, gy, d, g, gx, vec)
+        return (gx, gbeta if need_beta else None, ggamma if need_gamma else None)

@@ -1,0 +1,286 @@
+"""Matrix products: ``linear`` (a fully connected layer) and ``matmul``.
+
+No kernels of their own: on the GPU every product is one cuBLAS SGEMM (or
+strided-batched SGEMM) through :mod:`gdnflow.backends.cuda.blas`, and the
+bias is laid down first by the elementwise ``broadcast_copy`` kernel so that
+the GEMM adds onto it (beta = 1) instead of a second pass over y.
+
+Shapes and formulas (row-major, PyTorch's weight layout)::
+
+    linear:  x [..., in], w [out, in], b [out]  ->  y [..., out]
+             y = x @ w^T + b
+             gx = gy @ w,  gw = gy^T @ x,  gb = sum of gy over all but the last axis
+    matmul:  a [m, k] or [B, m, k], b [k, n] or [B, k, n]  ->  [m, n] or [B, m, n]
+             y[i] = a[i] @ b[i]; a 2-D operand (or a batch of 1) is used for every i
+             ga[i] = gy[i] @ b[i]^T,  gb[i] = a[i]^T @ gy[i], summed over i where
+             the operand was shared
+"""
+import math
+
+import numpy as np
+
+from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.backends import cuda
+from gdnflow.errors import ShapeError
+from gdnflow.registry import register
+
+FLOAT = 4   # bytes per float32
+
+
+def _keep_for_backward(*tensors):
+    """Per input: will the backward need it? Decided where requires_grad is at hand.
+
+    In a product each operand feeds only the *other* operand's gradient, so
+    an input is kept when any other input requires a gradient; nothing is
+    kept when no graph is recorded (inference frees activations at once).
+    """
+    if not grad_enabled():
+        return (False,) * len(tensors)
+    wants = [t.requires_grad for t in tensors]
+    return tuple(any(w for j, w in enumerate(wants) if j != i) for i in range(len(tensors)))
+
+
+@register("linear")
+class Linear(Operator):
+    """y = x @ w^T + b for x [..., in], w [out, in] and the optional b [out].
+
+    The leading dimensions of x are flattened into the GEMM's rows (M), so a
+    [N, in] batch and a [N, T, in] sequence are one GEMM each.
+    """
+
+    def check(self, x, w, *bias):
+        if len(bias) > 1:
+            raise TypeError(f"{self.label}: expected x, w and an optional b, got {2 + len(bias)} "
+                            "inputs")
+        if w.ndim != 2:
+            raise ShapeError(f"{self.label}: weight must be 2-D [out, in], got shape {w.shape}")
+        if x.ndim < 1 or x.shape[-1] != w.shape[1]:
+            raise ShapeError(f"{self.label}: input must be [..., {w.shape[1]}] for a weight of "
+                             f"shape {w.shape} ([out, in]), got {x.shape}")
+        if bias and bias[0].shape != (w.shape[0],):
+            raise ShapeError(f"{self.label}: bias must have shape ({w.shape[0]},) (one per "
+                             f"output feature), got {bias[0].shape}")
+        self.keep = _keep_for_backward(x, w)
+        self.out_shape = x.shape[:-1] + (w.shape[0],)
+
+    def forward_numpy(self, x, w, b=None):
+        self.saved = (x if self.keep[0] else None, w if self.keep[1] else None)
+        y = x @ w.T
+        return y + b if b is not None else y
+
+    def forward_cuda(self, x, w, b=None):
+        from gdnflow.backends.cuda import blas
+        from gdnflow.ops.elementwise import BroadcastTo
+        rows, (out, inp) = math.prod(x.shape[:-1]), w.shape
+        if b is None:
+            y, beta = cuda.empty(self.out_shape), 0.0
+        else:
+            y, beta = BroadcastTo((rows, out)).forward_cuda(b).reshape(self.out_shape), 1.0
+        if rows and out:
+            blas.matmul(x.ptr, w.ptr, y.ptr, rows, out, inp, trans_b=True, beta=beta)
+        self.saved = (x if self.keep[0] else None, w if self.keep[1] else None)
+        return y
+
+    def backward(self, grad_output):
+        grads = self.dispatch("backward", grad_output.data)
+        return tuple(None if g is None else self.wrap(g) for g in grads)
+
+    def backward_numpy(self, gy):
+        x, w = self.saved
+        need = self.needs_grad
+        g2 = gy.reshape(-1, gy.shape[-1])                                 # [M, out]
+        gx = (gy @ w) if need[0] else None
+        gw = (g2.T @ x.reshape(-1, x.shape[-1])) if need[1] else None
+        gb = g2.sum(axis=0) if len(need) > 2 and need[2] else None
+        return (gx, gw) + ((gb,) if len(need) > 2 else ())
+
+    def backward_cuda(self, gy):
+        from gdnflow.backends.cuda import blas
+        from gdnflow.ops.reduction import sum_cuda
+        x, w = self.saved
+        need = self.needs_grad
+        out, inp = self.input_shapes[1]
+        rows = math.prod(self.input_shapes[0][:-1])
+        gx = gw = gb = None
+        if need[0]:
+            gx = _zeros_cuda(self.input_shapes[0]) if not out else cuda.empty(self.input_shapes[0])
+            if rows and out:
+                blas.matmul(gy.ptr, w.ptr, gx.ptr, rows, inp, out)            # gy @ w
+        if need[1]:
+            gw = _zeros_cuda((out, inp)) if not rows else cuda.empty((out, inp))
+            if rows and out:
+                blas.matmul(gy.ptr, x.ptr, gw.ptr, out, inp, rows, trans_a=True)   # gy^T @ x
+        if len(need) > 2 and need[2]:
+            gb = sum_cuda(gy.reshape((rows, out)), (0,), 1.0).reshape((out,))
+        return (gx, gw) + ((gb,) if len(need) > 2 else ())
+
+
+def _zeros_cuda(shape):
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return get_runtime().full(tuple(shape), 0.0, np.float32)
+
+
+@register("matmul")
+class MatMul(Operator):
+    """a @ b for 2-D matrices or batches of them (3-D), as ONNX MatMul and Gemm need.
+
+    a [m, k] or [Ba, m, k]; b [k, n] or [Bb, k, n]. With two batches, Ba and
+    Bb must agree or one be 1; a 2-D operand or a batch of 1 is used for
+    every product (the GEMM reads it with batch stride 0). The result is
+    [m, n] for two matrices, [B, m, n] otherwise.
+    """
+
+    def check(self, a, b):
+        if a.ndim not in (2, 3) or b.ndim not in (2, 3):
+            raise ShapeError(f"{self.label}: operands must be 2-D or 3-D (batched) matrices, "
+                             f"got shapes {a.shape} and {b.shape}")
+        if a.shape[-1] != b.shape[-2]:
+            raise ShapeError(f"{self.label}: inner dimensions differ: shapes {a.shape} and "
+                             f"{b.shape} ({a.shape[-1]} != {b.shape[-2]})")
+        ba = a.shape[0] if a.ndim == 3 else 1
+        bb = b.shape[0] if b.ndim == 3 else 1
+        if ba != bb and 1 not in (ba, bb):
+            raise ShapeError(f"{self.label}: batch sizes {ba} and {bb} differ (shapes {a.shape} "
+                             f"and {b.shape}); they must agree or one be 1")
+        self.batch = max(ba, bb)
+        self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batched = a.ndim == 3 or b.ndim == 3
+        self.out_shape = ((self.batch,) if batched else ()) + (self.m, self.n)
+        self.keep = _keep_for_backward(a, b)
+
+    def forward_numpy(self, a, b):
+        self.saved = (a if self.keep[0] else None, b if self.keep[1] else None)
+        return np.matmul(a, b)
+
+    def forward_cuda(self, a, b):
+        self.saved = (a if self.keep[0] else None, b if self.keep[1] else None)
+        m, n, k = self.m, self.n, self.k
+        if k == 0:                      # an empty sum: cuBLAS would leave y unwritten
+            return _zeros_cuda(self.out_shape)
+        y = cuda.empty(self.out_shape)
+        if y.size:
+            self._gemm(a, b, y, m, n, k, False, False, self._stride(a, m * k),
+                       self._stride(b, k * n), m * n)
+        return y
+
+    def _stride(self, array, matrix):
+        """The batch stride of an operand: 0 where one matrix serves the whole batch."""
+        return matrix if array.ndim == 3 and array.shape[0] > 1 else 0
+
+    def _gemm(self, a, b, c, m, n, k, trans_a, trans_b, stride_a, stride_b, stride_c):
+        from gdnflow.backends.cuda import blas
+        blas.matmul(a.ptr, b.ptr, c.ptr, m, n, k, trans_a, trans_b, batch=self.batch,
+                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
+
+    def backward(self, grad_output):
+        grads = self.dispatch("backward", grad_output.data)
+        return tuple(None if g is None else self.wrap(g) for g in grads)
+
+    def backward_numpy(self, gy):
+        a, b = self.saved
+        ga = gb = None
+        # np.matmul broadcast the batch; the gradients sum it back where an
+        # operand was shared (a 2-D operand or a batch of 1).
+        if self.needs_grad[0]:
+            ga = np.matmul(gy, np.swapaxes(b, -1, -2))
+            ga = _sum_batch(ga, self.input_shapes[0])
+        if self.needs_grad[1]:
+            gb = np.matmul(np.swapaxes(a, -1, -2), gy)
+            gb = _sum_batch(gb, self.input_shapes[1])
+        return ga, gb
+
+    def backward_cuda(self, gy):
+        from gdnflow.backends.cuda import blas
+        from gdnflow.ops.reduction import sum_cuda
+        a, b = self.saved
+        m, n, k, batch = self.m, self.n, self.k, self.batch
+        a_shape, b_shape = self.input_shapes
+        ga = gb = None
+        if self.needs_grad[0]:
+            shared = math.prod(a_shape) == m * k and batch > 1
+            if not gy.size:
+                ga = _zeros_cuda(a_shape)
+            elif shared:            # sum_i gy[i] @ b[i]^T: per-product terms, then a batch sum
+                terms = cuda.empty((batch, m, k))
+                self._gemm(gy, b, terms, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
+                ga = sum_cuda(terms, (0,), 1.0).reshape(a_shape)
+            else:
+                ga = cuda.empty(a_shape)
+                self._gemm(gy, b, ga, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
+        if self.needs_grad[1]:
+            shared = math.prod(b_shape) == k * n and batch > 1
+            if not gy.size:
+                gb = _zeros_cuda(b_shape)
+            elif shared:
+                # b shared means a is batched (both shared would make batch 1):
+                # sum_i a[i]^T @ gy[i] is then one GEMM, a as [B*m, k] and gy
+                # as [B*m, n] being contiguous and the sum running along rows.
+                gb = cuda.empty(b_shape)
+                blas.matmul(a.ptr, gy.ptr, gb.ptr, k, n, batch * m, trans_a=True)
+            else:
+                gb = cuda.empty(b_shape)
+                self._gemm(a, gy, gb, k, n, m, True, False, self._stride(a, m * k), m * n, k * n)
+        return ga, gb
+
+
+def _sum_batch(g, shape):
+    """g [B, r, c] summed to ``shape`` ([r, c] or [1, r, c]) where an operand was shared."""
+    if g.shape == tuple(shape):
+        return g
+    return np.ascontiguousarray(g.sum(axis=0).reshape(shape))
+
+
+def linear(x, w, b=None):
+    """Fully connected layer: y = x @ w^T + b.
+
+    x [..., in], w [out, in] (PyTorch's layout), b [out] or None; y [..., out].
+    Gradients: gx = gy @ w, gw = gy^T @ x, gb = gy summed over the leading axes.
+    """
+    return Linear()(x, w) if b is None else Linear()(x, w, b)
+
+
+def matmul(a, b):
+    """Matrix product with NumPy's (and ONNX MatMul's) semantics.
+
+    a [..., m, k] @ b [..., k, n] -> [..., m, n], the leading (batch)
+    dimensions broadcasting; a 1-D a is a row [1, k] and a 1-D b a column
+    [k, 1], their added dimension dropped from the result (1-D @ 1-D is a
+    scalar). The products run as one (strided-batched) GEMM: an operand whose
+    batch is all ones is shared by every product without a copy; one whose
+    batch must be broadcast against the other's is expanded first
+    (``broadcast_to``, whose gradient sums the copies back).
+    """
+    from gdnflow.ops.elementwise import BroadcastTo
+    from gdnflow.ops.shape import Reshape
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must have at least one dimension, got shapes "
+                         f"{a.shape} and {b.shape}")
+    a_shape, b_shape = a.shape, b.shape
+    row, column = a.ndim == 1, b.ndim == 1
+    if row:
+        a = Reshape((1,) + a_shape)(a)
+    if column:
+        b = Reshape(b_shape + (1,))(b)
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+    if k != k2:
+        raise ShapeError(f"matmul: inner dimensions differ: shapes {a_shape} and {b_shape} "
+                         f"({k} != {k2})")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions of shapes {a_shape} and {b_shape} do not "
+                         "broadcast") from None
+    count = math.prod(batch)
+
+    def as_gemm_operand(t, rows, cols):
+        """t as [rows, cols] (shared by the batch) or [count, rows, cols]."""
+        own = t.shape[:-2]
+        if math.prod(own) == 1:
+            return t if t.ndim == 2 else Reshape((rows, cols))(t)
+        if (1,) * (len(batch) - len(own)) + own != batch:
+            t = BroadcastTo(batch + (rows, cols))(t)
+        return t if t.ndim == 3 else Reshape((count, rows, cols))(t)
+
+    y = MatMul()(as_gemm_operand(a, m, k), as_gemm_operand(b, k, n))
+    out_shape = batch + ((m,) if not row else ()) + ((n,) if not column else ())
+    return y if y.shape == out_shape else Reshape(out_shape)(y)

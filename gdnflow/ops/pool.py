@@ -1,0 +1,265 @@
+"""2-D pooling of NCHW tensors. CUDA kernels: ``cuda_src/pool.cu``.
+
+For x [N, C, H, W], kernel (kh, kw), stride (sh, sw) and padding (top,
+bottom, left, right), output (p, q) of each plane pools the window of rows
+``p*sh - top + [0, kh)`` and columns ``q*sw - left + [0, kw)``::
+
+    max_pool2d:  y[n, c, p, q] = max over the window (padding counts as -inf)
+    avg_pool2d:  y[n, c, p, q] = (sum over the window) / d, with d = kh*kw
+                 (``count_include_pad``, padding counts as 0) or the number
+                 of input elements in the window
+    OH = floor((H + top + bottom - kh) / sh) + 1     (ceil_mode off; OW likewise)
+
+    global_avg_pool2d:  y[n, c, 0, 0] = mean over h, w of x[n, c, h, w]
+
+Gradients: the max routes gy[p, q] to the argmax of its window, which the
+forward saves as int32 indices (h*W + w within the plane; the first maximum
+on ties); the average spreads gy[p, q] / d over its window. Padding must be
+smaller than the kernel (PyTorch asks for at most half; ONNX allows up to
+kernel - 1), so that every window holds an input element and every argmax
+is a real one.
+"""
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.backends import cuda
+from gdnflow.errors import ShapeError
+from gdnflow.registry import register
+
+SOURCE = "pool.cu"
+
+
+def _pair(op, name, value, minimum):
+    """An int or a pair of ints as a pair (h, w), each at least ``minimum``."""
+    values = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(values) != 2 or not all(isinstance(v, (int, np.integer)) for v in values):
+        raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    if any(v < minimum for v in values):
+        raise ValueError(f"{op}: {name} must be at least {minimum}, got {value!r}")
+    return tuple(int(v) for v in values)
+
+
+def _padding(op, padding):
+    """Padding as (top, bottom, left, right) from an int, a pair (ph, pw) or four values.
+
+    Four values are what ONNX pads and Keras "same" pooling need for even
+    kernels (more after than before).
+    """
+    if isinstance(padding, (int, np.integer)):
+        padding = (padding,) * 4
+    padding = tuple(padding)
+    if len(padding) == 2:
+        padding = (padding[0], padding[0], padding[1], padding[1])
+    if len(padding) != 4 or not all(isinstance(v, (int, np.integer)) and v >= 0
+                                    for v in padding):
+        raise ValueError(f"{op}: padding must be a non-negative int, a pair (ph, pw) or four "
+                         f"values (top, bottom, left, right), got {padding!r}")
+    return tuple(int(v) for v in padding)
+
+
+class Pool2d(Operator):
+    """Shared geometry of the windowed pools: checks and output size."""
+
+    def __init__(self, kernel, stride=None, padding=0):
+        self.kernel = _pair(self.label, "kernel", kernel, 1)
+        self.stride = self.kernel if stride is None else _pair(self.label, "stride", stride, 1)
+        self.padding = _padding(self.label, padding)
+        kh, kw = self.kernel
+        top, bottom, left, right = self.padding
+        if max(top, bottom) >= kh or max(left, right) >= kw:
+            raise ValueError(f"{self.label}: padding {self.padding} must be smaller than the "
+                             f"kernel {self.kernel} (so that every window holds an input element)")
+
+    def check(self, x):
+        if x.ndim != 4:
+            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {x.shape}")
+        n, c, h, w = x.shape
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        top, bottom, left, right = self.padding
+        if h + top + bottom < kh or w + left + right < kw:
+            raise ShapeError(f"{self.label}: kernel {kh}x{kw} is larger than the padded input "
+                             f"{h + top + bottom}x{w + left + right} (input {x.shape}, padding "
+                             f"{self.padding})")
+        self.out_hw = ((h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1)
+        self.out_shape = (n, c) + self.out_hw
+        self.recording = grad_enabled() and x.requires_grad
+
+    def _kernel_args(self):
+        """The geometry arguments every pool.cu kernel takes after its pointers."""
+        n, c, h, w = self.input_shapes[0]
+        return (n * c, h, w, *self.out_hw, *self.kernel, *self.stride,
+                self.padding[0], self.padding[2])
+
+    def _windows(self, x, fill):
+        """x padded with ``fill`` and viewed as [N, C, OH, OW, kh, kw] windows (no copy)."""
+        top, bottom, left, right = self.padding
+        padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=fill)
+        sh, sw = self.stride
+        return sliding_window_view(padded, self.kernel, axis=(2, 3))[:, :, ::sh, ::sw]
+
+
+@register("max_pool2d")
+class MaxPool2d(Pool2d):
+    """y = the maximum of each window; see the module docstring."""
+
+    def forward_numpy(self, x):
+        n, c, h, w = x.shape
+        oh, ow = self.out_hw
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        windows = self._windows(x, -np.inf).reshape(n, c, oh, ow, kh * kw)
+        k = np.argmax(windows, axis=-1)             # first maximum, like the kernel
+        y = np.take_along_axis(windows, k[..., None], axis=-1)[..., 0]
+        if self.recording:
+            # The window's tap k is input row p*sh - top + k // kw, column
+            # q*sw - left + k % kw. The clip only matters when x is -inf across
+            # a whole window and argmax picked a padding tap: then the tap it
+            # moves to holds -inf too.
+            rows = np.clip(np.arange(oh)[:, None] * sh - self.padding[0] + k // kw, 0, h - 1)
+            cols = np.clip(np.arange(ow) * sw - self.padding[2] + k % kw, 0, w - 1)
+            self.saved = ((rows * w + cols).astype(np.int32),)
+        return np.ascontiguousarray(y)
+
+    def forward_cuda(self, x):
+        y = cuda.empty(self.out_shape, x.dtype)
+        argmax = cuda.empty(self.out_shape, np.int32) if self.recording else None
+        cuda.kernel(SOURCE, "max_pool_forward", "PPP" + "i" * 11).launch(
+            y.size, x.ptr, y.ptr, 0 if argmax is None else argmax.ptr, *self._kernel_args())
+        if self.recording:
+            self.saved = (argmax,)
+        return y
+
+    def backward(self, grad_output):
+        return (self.wrap(self.dispatch("backward", grad_output.data)),)
+
+    def backward_numpy(self, gy):
+        (argmax,) = self.saved
+        n, c, h, w = self.input_shapes[0]
+        # Scatter-add into the flat gx: plane offset + index within the plane.
+        planes = np.arange(n * c).reshape(n, c, 1, 1) * (h * w)
+        gx = np.bincount((argmax + planes).ravel(), weights=gy.ravel(), minlength=n * c * h * w)
+        return gx.astype(gy.dtype).reshape(n, c, h, w)
+
+    def backward_cuda(self, gy):
+        (argmax,) = self.saved
+        gx = cuda.empty(self.input_shapes[0], gy.dtype)
+        cuda.kernel(SOURCE, "max_pool_backward", "PPP" + "i" * 11).launch(
+            gx.size, gy.ptr, argmax.ptr, gx.ptr, *self._kernel_args())
+        return gx
+
+
+@register("avg_pool2d")
+class AvgPool2d(Pool2d):
+    """y = the mean of each window; see the module docstring for the divisor."""
+
+    def __init__(self, kernel, stride=None, padding=0, count_include_pad=True):
+        super().__init__(kernel, stride, padding)
+        self.count_include_pad = bool(count_include_pad)
+
+    def divisors(self, dtype):
+        """d for every output position, [OH, OW] (or a scalar with count_include_pad)."""
+        kh, kw = self.kernel
+        if self.count_include_pad:
+            return dtype.type(kh * kw)
+        # The number of input elements under each window: pool a plane of ones.
+        h, w = self.input_shapes[0][2:]
+        ones = np.ones((1, 1, h, w), dtype)
+        return self._windows(ones, 0).sum(axis=(-2, -1))[0, 0]
+
+    def forward_numpy(self, x):
+        return np.ascontiguousarray(self._windows(x, 0).sum(axis=(-2, -1))
+                                    / self.divisors(x.dtype))
+
+    def forward_cuda(self, x):
+        y = cuda.empty(self.out_shape, x.dtype)
+        cuda.kernel(SOURCE, "avg_pool_forward", "PP" + "i" * 12).launch(
+            y.size, x.ptr, y.ptr, *self._kernel_args(), int(self.count_include_pad))
+        return y
+
+    def backward(self, grad_output):
+        return (self.wrap(self.dispatch("backward", grad_output.data)),)
+
+    def backward_numpy(self, gy):
+        n, c, h, w = self.input_shapes[0]
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        top, bottom, left, right = self.padding
+        oh, ow = self.out_hw
+        share = gy / self.divisors(gy.dtype)
+        # Tap (i, j) of every window reads the padded input at rows i + p*sh,
+        # columns j + q*sw: add each window's share there, one tap at a time.
+        gx = np.zeros((n, c, h + top + bottom, w + left + right), gy.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += share
+        return np.ascontiguousarray(gx[:, :, top:top + h, left:left + w])
+
+    def backward_cuda(self, gy):
+        gx = cuda.empty(self.input_shapes[0], gy.dtype)
+        cuda.kernel(SOURCE, "avg_pool_backward", "PP" + "i" * 12).launch(
+            gx.size, gy.ptr, gx.ptr, *self._kernel_args(), int(self.count_include_pad))
+        return gx
+
+
+@register("global_avg_pool2d")
+class GlobalAvgPool2d(Operator):
+    """y[n, c, 0, 0] = mean of x[n, c] over H and W: [N, C, H, W] -> [N, C, 1, 1].
+
+    The forward is the row sum of :mod:`gdnflow.ops.reduction` (one warp or
+    block per plane); the backward spreads gy / (H*W) over the plane in one
+    kernel.
+    """
+
+    def check(self, x):
+        if x.ndim != 4:
+            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {x.shape}")
+        if x.shape[2] * x.shape[3] == 0:
+            raise ShapeError(f"{self.label}: input has no pixels to average: shape {x.shape}")
+        self.out_shape = x.shape[:2] + (1, 1)
+
+    def forward_numpy(self, x):
+        return x.mean(axis=(2, 3), keepdims=True)
+
+    def forward_cuda(self, x):
+        from gdnflow.ops.reduction import sum_cuda
+        h, w = x.shape[2:]
+        return sum_cuda(x, (2, 3), 1.0 / (h * w)).reshape(self.out_shape)
+
+    def backward(self, grad_output):
+        return (self.wrap(self.dispatch("backward", grad_output.data)),)
+
+    def backward_numpy(self, gy):
+        h, w = self.input_shapes[0][2:]
+        return np.ascontiguousarray(np.broadcast_to(gy / gy.dtype.type(h * w),
+                                                    self.input_shapes[0]))
+
+    def backward_cuda(self, gy):
+        h, w = self.input_shapes[0][2:]
+        gx = cuda.empty(self.input_shapes[0], gy.dtype)
+        cuda.kernel(SOURCE, "global_avg_pool_backward", "PPiif").launch(
+            gx.size, gy.ptr, gx.ptr, gx.size, h * w, 1.0 / (h * w))
+        return gx
+
+
+def max_pool2d(x, kernel, stride=None, padding=0):
+    """Max pooling of x [N, C, H, W] -> [N, C, OH, OW], OH = floor((H + top + bottom - kh)/sh) + 1.
+
+    ``kernel``, ``stride`` (default: the kernel): an int or (h, w);
+    ``padding``: an int, (ph, pw) or (top, bottom, left, right), smaller than
+    the kernel, counting as -inf. The gradient goes to the first maximum of
+    each window.
+    """
+    return MaxPool2d(kernel, stride, padding)(x)
+
+
+def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """Average pooling of x [N, C, H, W] -> [N, C, OH, OW] (output size as max_pool2d).
+
+    Padding counts as zeros; the divisor is kh*kw with ``count_include_pad``,
+    else the number of input elements in the window.
+    """
+    return AvgPool2d(kernel, stride, padding, count_include_pad)(x)
+
+
+def global_avg_pool2d(x):
+    """Mean over H and W: x [N, C, H, W] -> [N, C, 1, 1]."""
+    return GlobalAvgPool2d()(x)

@@ -1,0 +1,338 @@
+"""Winograd convolution F(m x m, 3 x 3) on the GPU: 3x3 kernels, stride 1, dilation 1, groups 1.
+
+Kernels in ``cuda_src/winograd.cu``; the GEMM through
+:mod:`gdnflow.backends.cuda.blas`. With alpha = m + 2 and the matrices of
+:data:`TRANSFORMS` (B^T alpha x alpha, G alpha x 3, A^T m x alpha), one m x m
+output tile of image n, output channel o is::
+
+    Y = A^T [ sum_c (G g[o, c] G^T) .* (B^T d[n, c] B) ] A
+
+with d[n, c] the alpha x alpha input tile under it (zeros outside the
+input). Three passes over the whole batch:
+
+1. filter transform  U[xi] [C_out, C_in]  = (G g G^T)[xi] for each (o, c)
+2. input transform   V[xi] [C_in, tiles]  = (B^T d B)[xi] for each (c, tile)
+3. alpha^2 GEMMs     M[xi] [C_out, tiles] = U[xi] @ V[xi]   (one strided-batched cuBLAS call)
+4. output transform  y tile = act(A^T M A + bias + residual), written as NCHW
+
+(2-4 per chunk of tiles, within :data:`WORKSPACE_BYTES` for V and M.) The
+backward-data pass is the same algorithm: gx is the convolution of gy with the
+filter rotated by 180 degrees and its channel axes swapped, padded by 2 - top
+on top and 2 - left on the left (a negative value crops). The weight gradient
+stays with im2col + GEMM (:class:`~gdnflow.ops.conv.Im2colGemm`).
+
+Multiplications and bytes. Direct convolution (im2col + GEMM) does
+9 C_in C_out multiply-adds per output pixel; F(2x2) does 16/4 = 4 (2.25x
+fewer), F(4x4) 36/16 = 2.25 (4x fewer), less for tiles that overhang the edge
+(14x14 planes in 4x4 tiles: 2.94). The price is memory traffic: V and M hold
+alpha^2/m^2 floats per pixel and channel (4 for F(2x2), 2.25 for F(4x4)), each
+written once and read once, against im2col's column matrix of 9 floats per
+pixel and input channel (also written and read once). Float32 error, measured
+with a NumPy float32 model of this algorithm against float64 (max |err| / max
+|ref|, random and post-ReLU inputs, 64-512 channels): direct 5e-7, F(2x2) 6e-7,
+F(4x4) 1.3e-5, so both stay well inside gdnflow's 1e-4.
+
+Prediction (H200, fp32, batch 64, before any GPU run). Model: transform
+kernels at 80% of 4.1 TB/s, cuBLAS at 40 TFLOP/s (30 for C_in = 64). VGG16's
+3x3 layers, F(4x4), ms (gdnflow im2col measured / cuDNN measured / predicted):
+64x64x224² 8.46 / 5.63 / 3.6; 64x128x112² 6.25 / 5.50 / 2.3; 64x256x56²
+6.37 / 4.68 / 1.9; 64x512x28² 6.67 / 2.08 / 1.7; 64x512x14² 1.71 / 0.74 /
+0.56; all thirteen layers (the 3-channel first one stays on im2col): 56.1 /
+34.3 / about 20 if every other layer runs F(4x4), about 25 with the 64->64
+layer left on im2col (the default: see :data:`MIN_CHANNEL_PRODUCT`). The
+model is a floor; expect the measured times 1.2-1.5x above it (the
+transforms' redundant loads, batched-GEMM efficiency at these shapes), so a
+VGG16 ratio to cuDNN between 1.0 and 1.4. F(2x2) predicted about 1.7x slower
+than F(4x4) at batch 64 (33 ms); it is measured by autotune only.
+
+Filter transforms and caching. U is recomputed on every call by default:
+gdnflow's weights are updated in place by the optimizers and its arrays carry
+no version counter, so a cache keyed on the weight's address could return a
+stale U after an optimizer step, and no cheap check on the device can tell.
+Recomputing costs one pass over U (alpha^2 C_in C_out floats, 38 MB for a
+512x512 layer in F(4x4): about 12 µs, under 1% of that layer at batch 64).
+Inside :func:`frozen_weights` (inference, where the caller promises the
+weights do not change) each weight array's U is computed once and kept until
+the block ends.
+"""
+import contextlib
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from gdnflow.backends import cuda
+
+SOURCE = "winograd.cu"
+FLOAT = 4                       # bytes per float32
+
+#: Bytes of V plus M (the transformed input and the GEMM's output) one chunk
+#: of tiles may use. At batch 64 a 512-channel 28x28 layer in F(4x4) needs
+#: 462 MB, so it runs in two chunks.
+WORKSPACE_BYTES = 256 << 20
+
+#: The heuristic prefers F(4x4) when min(C_in, C_out) >= MIN_CHANNELS, C_in *
+#: C_out >= MIN_CHANNEL_PRODUCT and N*OH*OW >= MIN_PIXELS (see
+#: :meth:`WinogradF4.preferred`). The transforms move (C_in + C_out) floats per
+#: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little.
+#: 64*64 (VGG16's second layer) is also predicted to gain (3.6 against 8.5 ms
+#: at batch 64) but stays on im2col until measured: the planner test in
+#: tests/ops/test_conv.py pins that shape to im2col; lower both together.
+MIN_CHANNELS = 64
+MIN_CHANNEL_PRODUCT = 64 * 128
+#: Below this many output pixels the filter transform (a pass over U, which is
+#: 4x the weight) is not paid back by the GEMM saved: batch-1 14x14 layers stay
+#: on im2col.
+MIN_PIXELS = 512
+
+#: m -> (B^T, G, A^T) of F(m x m, 3 x 3), float64; cuda_src/winograd.cu writes
+#: the same matrices out as code. Points 0, 1, -1 (and 2, -2 for m = 4) and
+#: infinity (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
+TRANSFORMS = {
+    2: (np.array([[1, 0, -1, 0],
+                  [0, 1, 1, 0],
+                  [0, -1, 1, 0],
+                  [0, 1, 0, -1]], np.float64),
+        np.array([[1, 0, 0],
+                  [1 / 2, 1 / 2, 1 / 2],
+                  [1 / 2, -1 / 2, 1 / 2],
+                  [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 0],
+                  [0, 1, -1, -1]], np.float64)),
+    4: (np.array([[4, 0, -5, 0, 1, 0],
+                  [0, -4, -4, 1, 1, 0],
+                  [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0],
+                  [0, 2, -1, -2, 1, 0],
+                  [0, 4, 0, -5, 0, 1]], np.float64),
+        np.array([[1 / 4, 0, 0],
+                  [-1 / 6, -1 / 6, -1 / 6],
+                  [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6],
+                  [1 / 24, -1 / 12, 1 / 6],
+                  [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 1, 1, 0],
+                  [0, 1, -1, 2, -2, 0],
+                  [0, 1, 1, 4, 4, 0],
+                  [0, 1, -1, 8, -8, 1]], np.float64)),
+}
+
+
+# ----------------------------------------------------------------- tiling --
+@dataclasses.dataclass(frozen=True)
+class WinogradTiling:
+    """The index arithmetic of one Winograd pass (what winograd.cu's kernels are given).
+
+    The pass computes ``y[n, o, p, q] = sum_{c,i,j} u[o, c, i, j] *
+    x[n, c, p - pad_top + i, q - pad_left + j]`` for x [N, C_x, H_x, W_x] (zero
+    outside) and y [N, C_y, H_y, W_y]. y is cut into ``tiles_h x tiles_w``
+    tiles of m x m per image; tile t = (n * tiles_h + th) * tiles_w + tw reads
+    x rows th*m - pad_top .. th*m - pad_top + m + 1 (and columns likewise).
+    """
+
+    m: int
+    n: int
+    c_x: int
+    h_x: int
+    w_x: int
+    c_y: int
+    h_y: int
+    w_y: int
+    pad_top: int
+    pad_left: int
+
+    @property
+    def alpha(self):
+        """Side of a transformed tile: m + 2."""
+        return self.m + 2
+
+    @property
+    def tiles_h(self):
+        """Tile rows per image: ceil(H_y / m) (the last may overhang)."""
+        return -(-self.h_y // self.m)
+
+    @property
+    def tiles_w(self):
+        """Tile columns per image: ceil(W_y / m)."""
+        return -(-self.w_y // self.m)
+
+    @property
+    def tiles(self):
+        """Tiles in the batch."""
+        return self.n * self.tiles_h * self.tiles_w
+
+    def chunks(self, workspace_bytes):
+        """[(first tile, tile count)] covering every tile in near-equal chunks.
+
+        A chunk of k tiles takes alpha^2 (C_x + C_y) k floats of V and M; at
+        least one tile per chunk whatever the bound.
+        """
+        if self.tiles == 0:
+            return []
+        per_tile = FLOAT * self.alpha ** 2 * (self.c_x + self.c_y)
+        most = max(1, workspace_bytes // per_tile)
+        count = -(-self.tiles // most)
+        size = -(-self.tiles // count)
+        return [(t0, min(size, self.tiles - t0)) for t0 in range(0, self.tiles, size)]
+
+
+@functools.lru_cache(maxsize=1024)
+def tiling(g, m, stage):
+    """The :class:`WinogradTiling` of ``stage`` ("forward" or "backward_data") of geometry g.
+
+    forward:        x -> y, C_x = C_in, padding (top, left) as given.
+    backward_data:  gy -> gx, C_x = C_out, H_x x W_x = OH x OW, H_y x W_y = H x W,
+                    padding (2 - top, 2 - left): gx[h] = sum_i gy[h + top - i] w[i]
+                    = sum_i' gy[h - (2 - top) + i'] w[2 - i'].
+    """
+    top, left = g.padding[0], g.padding[2]
+    if stage == "forward":
+        return WinogradTiling(m, g.n, g.c_in, g.h, g.w, g.c_out, g.oh, g.ow, top, left)
+    if stage == "backward_data":
+        return WinogradTiling(m, g.n, g.c_out, g.oh, g.ow, g.c_in, g.h, g.w, 2 - top, 2 - left)
+    raise ValueError(f"winograd: no {stage!r} pass (forward or backward_data)")
+
+
+def supports(g):
+    """3x3 kernel, stride 1, dilation 1, groups 1 (any padding, any size)."""
+    return (g.kh == g.kw == 3 and g.stride == (1, 1) and g.dilation == (1, 1)
+            and g.groups == 1)
+
+
+# ------------------------------------------------------ filter transforms --
+_frozen = None                  # {key: (allocation, U)} inside frozen_weights()
+
+
+@contextlib.contextmanager
+def frozen_weights():
+    """Within this block, transform each weight array once and reuse its U.
+
+    For inference: the caller promises that no weight changes inside the
+    block (no optimizer step, no load_state_dict). A transform is keyed on the
+    weight's address, shape, tile size and pass, and holds a reference to the
+    weight's allocation, so the address cannot be handed to another array
+    while the cached U exists. Everything cached is dropped when the
+    outermost block ends.
+    """
+    global _frozen
+    outermost = _frozen is None
+    if outermost:
+        _frozen = {}
+    try:
+        yield
+    finally:
+        if outermost:
+            _frozen = None
+
+
+def filter_transform(w, m, c_y, c_x, flip):
+    """U [alpha^2, C_y, C_x] = G g G^T per channel pair, on the GPU.
+
+    flip False: w [C_y, C_x, 3, 3], g = w[o, c] (forward). flip True: w
+    [C_x, C_y, 3, 3], g = w[c, o] rotated by 180 degrees (backward-data).
+    """
+    key = (w.ptr, w.shape, m, flip)
+    if _frozen is not None:
+        hit = _frozen.get(key)
+        if hit is not None and hit[0] is w.allocation:
+            return hit[1]
+    alpha2 = (m + 2) ** 2
+    u = cuda.empty((alpha2, c_y, c_x))
+    cuda.kernel(SOURCE, f"winograd_filter_f{m}", "PPiii").launch(
+        c_y * c_x, w.ptr, u.ptr, c_y, c_x, int(flip))
+    if _frozen is not None:
+        _frozen[key] = (w.allocation, u)
+    return u
+
+
+# ------------------------------------------------------------------ passes --
+def _winograd_pass(t, x, u, bias=None, residual=None, activation=0):
+    """y [N, C_y, H_y, W_y] for tiling t from x and the transformed filter u (see winograd.cu)."""
+    from gdnflow.backends.cuda import blas
+    from gdnflow.backends.cuda.kernels import check_index_range
+    y = cuda.empty((t.n, t.c_y, t.h_y, t.w_y))
+    chunks = t.chunks(WORKSPACE_BYTES)
+    if not chunks:
+        return y
+    m, alpha2 = t.m, t.alpha ** 2
+    size = max(count for _, count in chunks)
+    check_index_range(alpha2 * max(t.c_x, t.c_y) * size, "winograd workspace")
+    check_index_range(max(x.size, y.size), "winograd input/output")
+    v = cuda.empty((alpha2 * t.c_x * size,))
+    mm = cuda.empty((alpha2 * t.c_y * size,))
+    # Whole rows of a tile in one vector store: every tile inside the width
+    # and every row start aligned to m floats.
+    vector = int(t.w_y % m == 0 and y.ptr % (FLOAT * m) == 0
+                 and (residual is None or residual.ptr % (FLOAT * m) == 0))
+    forward_input = cuda.kernel(SOURCE, f"winograd_input_f{m}", "PP" + "i" * 9)
+    forward_output = cuda.kernel(SOURCE, f"winograd_output_f{m}", "PPPP" + "i" * 9)
+    for t0, count in chunks:
+        forward_input.launch(t.c_x * count, x.ptr, v.ptr, t.c_x, t.h_x, t.w_x, t.tiles_h,
+                             t.tiles_w, t0, count, t.pad_top, t.pad_left)
+        blas.matmul(u.ptr, v.ptr, mm.ptr, t.c_y, count, t.c_x, batch=alpha2,
+                    stride_a=t.c_y * t.c_x, stride_b=t.c_x * count, stride_c=t.c_y * count)
+        forward_output.launch(t.c_y * count, mm.ptr, 0 if bias is None else bias.ptr,
+                              0 if residual is None else residual.ptr, y.ptr, t.c_y, t.h_y,
+                              t.w_y, t.tiles_h, t.tiles_w, t0, count, activation, vector)
+    return y
+
+
+class _Winograd:
+    """F(m x m, 3 x 3): forward and backward-data by Winograd, weight gradient by im2col."""
+
+    m = None
+    stages = ("forward", "backward_data")
+    fuses_bias_activation = True
+    fuses_residual = True
+
+    @staticmethod
+    def supports(g):
+        """3x3, stride 1, dilation 1, groups 1."""
+        return supports(g)
+
+    @classmethod
+    def forward(cls, g, x, w, bias=None, activation=0, residual=None):
+        """y = act(conv(x, w) + bias + residual), the epilogue fused into the output transform."""
+        return _winograd_pass(tiling(g, cls.m, "forward"), x,
+                              filter_transform(w, cls.m, g.c_out, g.c_in, flip=False),
+                              bias, residual, activation)
+
+    @classmethod
+    def backward_data(cls, g, gy, w):
+        """gx = conv(gy, w rotated 180 degrees with its channel axes swapped), padding 2 - p."""
+        return _winograd_pass(tiling(g, cls.m, "backward_data"), gy,
+                              filter_transform(w, cls.m, g.c_in, g.c_out, flip=True))
+
+    @staticmethod
+    def backward_weight(g, x, gy):
+        """im2col + GEMM (the planner does not ask Winograd for this stage)."""
+        from gdnflow.ops.conv import Im2colGemm
+        return Im2colGemm.backward_weight(g, x, gy)
+
+
+class WinogradF4(_Winograd):
+    """F(4x4, 3x3): 4x fewer multiplications than direct; the heuristic's choice for wide layers."""
+
+    name = "winograd_4x4"
+    m = 4
+
+    @staticmethod
+    def preferred(g):
+        """Enough channels and pixels to pay for the transforms (see MIN_* above)."""
+        return (min(g.c_in, g.c_out) >= MIN_CHANNELS
+                and g.c_in * g.c_out >= MIN_CHANNEL_PRODUCT
+                and g.n * g.oh * g.ow >= MIN_PIXELS)
+
+
+class WinogradF2(_Winograd):
+    """F(2x2, 3x3): 2.25x fewer multiplications, more transform traffic; chosen by autotune only."""
+
+    name = "winograd_2x2"
+    m = 2
+
+    @staticmethod
+    def preferred(g):
+        """Never by heuristic: F(4x4) moves fewer bytes and multiplies less."""
+        return False
+

@@ -1,0 +1,22 @@
+"""Optimisers, gradient clipping and learning-rate schedules.
+
+    opt = gdnflow.optim.Adam(model.parameters(), lr=1e-3)
+    schedule = gdnflow.optim.CosineLR(opt, total_steps=10_000, warmup_steps=500)
+    for batch in data:
+        opt.zero_grad()
+        loss = model.loss(batch)
+        loss.backward()
+        gdnflow.optim.clip_grad_norm(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+
+Build the optimiser after ``model.to(device)``: moving a model creates new
+Parameter objects (see :class:`~gdnflow.optim.optimizer.Optimizer`).
+"""
+from gdnflow.optim.adam import Adam
+from gdnflow.optim.clip import clip_grad_norm
+from gdnflow.optim.optimizer import Optimizer
+from gdnflow.optim.schedules import CosineLR, LRSchedule, StepLR
+from gdnflow.optim.sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "clip_grad_norm", "LRSchedule", "StepLR", "CosineLR"]

@@ -1,0 +1,58 @@
+"""Gradient clipping by the global norm."""
+import math
+
+from gdnflow.autograd import no_grad
+from gdnflow.tensor import Tensor
+
+
+def clip_grad_norm(params, max_norm, eps=1e-6):
+    """Scale the gradients in place so that their global L2 norm is at most ``max_norm``.
+
+    The norm is ``sqrt(sum over parameters of sum(g^2))`` over the parameters
+    (an iterable of tensors, or one tensor) that have a gradient, computed
+    with gdnflow's reductions on each gradient's device. If it exceeds
+    ``max_norm``, every gradient is multiplied by ``max_norm / (norm + eps)``
+    (PyTorch's ``clip_grad_norm_``; the eps keeps the clipped norm just
+    below ``max_norm``). A non-finite norm scales nothing. Returns the norm
+    before clipping, as a float.
+    """
+    params = [params] if isinstance(params, Tensor) else list(params)
+    if not max_norm > 0:
+        raise ValueError(f"clip_grad_norm: max_norm must be > 0, got {max_norm!r}")
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    with no_grad():
+        # One running sum per device (tensors of two devices cannot be
+        # added), read back once per device.
+        totals = {}
+        for g in grads:
+            square_sum = (g * g).sum()
+            totals[g.device] = square_sum if g.device not in totals else totals[g.device] + square_sum
+        norm = math.sqrt(sum(t.item() for t in totals.values()))
+    if norm > max_norm:
+        scale = max_norm / (norm + eps)
+        # Autograd hands the same gradient tensor to several leaves (a + b
+        # gives both the incoming gradient): scale each array only once.
+        seen = set()
+        for g in grads:
+            key = _address(g)
+            if key not in seen:
+                seen.add(key)
+                _scale_in_place(g, scale)
+    return norm
+
+
+def _address(t):
+    """Where t's elements start: the identity of the memory, whatever Tensor wraps it."""
+    if t.device == "numpy":
+        return ("numpy", t.data.__array_interface__["data"][0])
+    return ("cuda", t.data.ptr)
+
+
+def _scale_in_place(t, scale):
+    if t.device == "numpy":
+        t.data *= t.data.dtype.type(scale)
+    elif t.size:
+        from gdnflow.backends import cuda
+        cuda.kernel("optim.cu", "scale_in_place", "Pif").launch(t.size, t.data.ptr, t.size, scale)

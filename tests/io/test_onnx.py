@@ -1,0 +1,140 @@
+"""ONNX import: the onnx package's own node tests, a torchvision MobileNetV2
+export against onnxruntime, and the errors for files gdnflow cannot run."""
+import collections
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import gdnflow as gf  # noqa: E402
+from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "mobilenet_v2_random.onnx"
+
+
+def node_test_cases():
+    """The onnx package's backend node tests whose nodes all have supported op types."""
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    chosen = []
+    for case in cases:
+        if case.model is None or "expanded" in case.name:
+            continue
+        ops_used = {n.op_type for n in case.model.graph.node}
+        domains = {n.domain for n in case.model.graph.node}
+        if ops_used <= set(HANDLERS) and domains <= {"", "ai.onnx"}:
+            chosen.append(case)
+    return chosen
+
+
+CASES = node_test_cases()
+OUTCOMES = collections.defaultdict(collections.Counter)
+
+
+def as_array(value):
+    """Test data comes as arrays, or as TensorProtos for types NumPy lacks."""
+    from onnx import numpy_helper
+    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
+
+
+def run_case(case, device):
+    """'passed', or 'refused: reason' when gdnflow refuses with OnnxImportError."""
+    try:
+        module = OnnxModule(case.model, device=device, source=case.name)
+        for inputs, expected in case.data_sets:
+            inputs, expected = [as_array(v) for v in inputs], [as_array(v) for v in expected]
+            got = module(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(expected)
+            for g, e in zip(got, expected):
+                g = g.numpy() if isinstance(g, gf.Tensor) else np.asarray(g)
+                assert g.shape == e.shape, f"{case.name}: shape {g.shape} != {e.shape}"
+                scale = max(float(np.nanmax(np.abs(e))), 1e-6) if e.size else 1.0
+                np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64),
+                                           rtol=1e-4, atol=1e-5 * scale, err_msg=case.name)
+    except OnnxImportError as exc:
+        return f"refused: {exc}"
+    return "passed"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_onnx_node_test_on_numpy(case):
+    outcome = run_case(case, "numpy")
+    for op in {n.op_type for n in case.model.graph.node}:
+        OUTCOMES[op][outcome.split(":")[0]] += 1
+    if outcome != "passed":
+        assert "is not supported" in outcome or "not a valid" in outcome, outcome
+
+
+def test_every_supported_operator_passes_node_tests():
+    # Runs after the parametrized cases (same module, file order).
+    missing = [op for op in HANDLERS if OUTCOMES[op]["passed"] == 0]
+    assert not missing, f"no passing onnx node test for: {missing}"
+
+
+def test_mobilenet_v2_export_matches_onnxruntime_on_numpy(rng):
+    ort = pytest.importorskip("onnxruntime")
+    if not FIXTURE.exists():
+        pytest.skip(f"{FIXTURE} not present")
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    session = ort.InferenceSession(str(FIXTURE), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {session.get_inputs()[0].name: x})[0]
+    got = load(FIXTURE, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    scale = np.max(np.abs(expected))
+    assert np.max(np.abs(got - expected)) <= 1e-4 * scale
+
+
+@pytest.mark.gpu
+def test_mobilenet_v2_export_matches_onnxruntime_on_cuda(rng):
+    ort = pytest.importorskip("onnxruntime")
+    x = rng.standard_normal((2, 3, 224, 224)).astype(np.float32)
+    session = ort.InferenceSession(str(FIXTURE), providers=["CPUExecutionProvider"])
+    expected = np.concatenate([session.run(None, {session.get_inputs()[0].name: x[i:i + 1]})[0]
+                               for i in range(2)])
+    model = load(FIXTURE, device="cuda")
+    with gf.no_grad():
+        got = model(gf.tensor(x, device="cuda")).numpy()
+    assert np.max(np.abs(got - expected)) <= 1e-4 * np.max(np.abs(expected))
+
+
+def test_all_unsupported_operators_are_reported_at_once(tmp_path):
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Erf", ["x"], ["a"], name="erf1"),
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Softsign", ["b"], ["y"], name="soft1")]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y])), str(path))
+    with pytest.raises(OnnxImportError, match=r"unsupported ONNX operators: Erf \(nodes erf1\); "
+                                              r"Softsign \(nodes soft1\)"):
+        load(path)
+
+
+def test_truncated_and_missing_files_are_named(tmp_path):
+    if not FIXTURE.exists():
+        pytest.skip(f"{FIXTURE} not present")
+    truncated = tmp_path / "cut.onnx"
+    truncated.write_bytes(FIXTURE.read_bytes()[:100000])
+    with pytest.raises(OnnxImportError, match="cut.onnx is not a valid ONNX model"):
+        load(truncated)
+    with pytest.raises(OnnxImportError, match="nope.onnx: no such file"):
+        load(tmp_path / "nope.onnx")
+    garbage = tmp_path / "text.onnx"
+    garbage.write_text("this is not protobuf")
+    with pytest.raises(OnnxImportError, match="text.onnx"):
+        load(garbage)
+
+
+def test_imported_weights_are_parameters_of_the_module():
+    if not FIXTURE.exists():
+        pytest.skip(f"{FIXTURE} not present")
+    model = load(FIXTURE, device="numpy")
+    n = sum(p.size for p in model.parameters())
+    assert 3_400_000 < n < 3_600_000        # MobileNetV2 has 3.5 M parameters
+    assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}

@@ -1,0 +1,487 @@
+"""conv2d and conv_transpose2d: forward against naive loops, gradients against
+finite differences, the adjoint identity, error messages, the algorithm
+choice, and CUDA against NumPy (every algorithm, real layer shapes)."""
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops
+from gdnflow.ops import conv as conv_module
+from gdnflow.ops.conv import ConvPlanner, Im2colGemm, Pointwise, conv_geometry
+from gdnflow.ops.depthwise import Depthwise
+from gdnflow.testing import assert_backends_match, gradcheck
+
+
+# ------------------------------------------------------ naive references --
+def _pad4(padding):
+    if isinstance(padding, int):
+        return (padding,) * 4
+    if len(padding) == 2:
+        return padding[0], padding[0], padding[1], padding[1]
+    return tuple(padding)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def naive_conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """y[n, o, p, q] = b[o] + sum_{c,i,j} w[o,c,i,j] x[n, g*cg + c, p*sh - top + i*dh, ...]:
+    one explicit loop per index, bounds checked tap by tap."""
+    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    top, bottom, left, right = _pad4(padding)
+    n, _, h, width = x.shape
+    c_out, cg, kh, kw = w.shape
+    og = c_out // groups
+    oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    ow = (width + left + right - dw * (kw - 1) - 1) // sw + 1
+    y = np.zeros((n, c_out, oh, ow))
+    for m in range(n):
+        for o in range(c_out):
+            first = (o // og) * cg
+            for p in range(oh):
+                for q in range(ow):
+                    total = 0.0 if b is None else b[o]
+                    for c in range(cg):
+                        for i in range(kh):
+                            r = p * sh - top + i * dh
+                            if not 0 <= r < h:
+                                continue
+                            for j in range(kw):
+                                s = q * sw - left + j * dw
+                                if 0 <= s < width:
+                                    total += w[o, c, i, j] * x[m, first + c, r, s]
+                    y[m, o, p, q] = total
+    return y
+
+
+def naive_conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1,
+                           groups=1):
+    """Every input pixel scatters x[n, c, p, q] * w[c, o] onto the full output, which is
+    then cropped by the padding (one explicit loop per index)."""
+    (sh, sw), (dh, dw), (oph, opw) = _pair(stride), _pair(dilation), _pair(output_padding)
+    top, bottom, left, right = _pad4(padding)
+    n, c_in, h, width = x.shape
+    _, og, kh, kw = w.shape
+    cg = c_in // groups
+    full = np.zeros((n, og * groups, (h - 1) * sh + dh * (kh - 1) + 1 + oph,
+                     (width - 1) * sw + dw * (kw - 1) + 1 + opw))
+    for m in range(n):
+        for c in range(c_in):
+            first = (c // cg) * og
+            for p in range(h):
+                for q in range(width):
+                    for o in range(og):
+                        for i in range(kh):
+                            for j in range(kw):
+                                full[m, first + o, p * sh + i * dh, q * sw + j * dw] += (
+                                    x[m, c, p, q] * w[c, o, i, j])
+    oh = full.shape[2] - top - bottom
+    ow = full.shape[3] - left - right
+    y = full[:, :, top:top + oh, left:left + ow]
+    return y if b is None else y + np.reshape(b, (1, -1, 1, 1))
+
+
+# ------------------------------------------------------------------ cases --
+# name -> (x shape, w shape, keyword arguments); odd sizes throughout.
+CONV_CASES = {
+    "basic": ((2, 3, 7, 9), (4, 3, 3, 3), dict(padding=1)),
+    "stride2_odd": ((2, 3, 9, 7), (5, 3, 3, 3), dict(stride=2, padding=1)),
+    "stride2_even_kernel_leftover": ((1, 2, 8, 7), (3, 2, 2, 2), dict(stride=2)),
+    "asymmetric_padding": ((2, 2, 6, 7), (3, 2, 4, 2), dict(padding=(1, 2, 0, 1))),
+    "pair_padding_rect_stride": ((1, 3, 7, 8), (2, 3, 3, 5), dict(stride=(2, 1), padding=(2, 1))),
+    "dilation2": ((1, 3, 9, 8), (4, 3, 3, 3), dict(dilation=2, padding=2)),
+    "groups2": ((2, 4, 7, 7), (6, 2, 3, 3), dict(groups=2, padding=1)),
+    "groups2_stride2_dilation2": ((1, 4, 9, 9), (4, 2, 3, 3),
+                                  dict(groups=2, stride=2, dilation=2, padding=(1, 2, 2, 1))),
+    "depthwise3_s1": ((2, 4, 9, 11), (4, 1, 3, 3), dict(groups=4, padding=1)),
+    "depthwise3_s2": ((2, 4, 9, 11), (4, 1, 3, 3), dict(groups=4, stride=2, padding=1)),
+    "depthwise5_s1": ((2, 4, 9, 11), (4, 1, 5, 5), dict(groups=4, padding=2)),
+    "depthwise5_s2": ((2, 4, 9, 11), (4, 1, 5, 5), dict(groups=4, stride=2, padding=2)),
+    "depthwise3_dilation2": ((1, 3, 8, 9), (3, 1, 3, 3), dict(groups=3, dilation=2, padding=2)),
+    "depthwise_asymmetric": ((1, 3, 8, 9), (3, 1, 3, 3),
+                             dict(groups=3, stride=2, padding=(0, 1, 0, 1))),
+    "channel_multiplier2": ((1, 3, 6, 7), (6, 1, 3, 3), dict(groups=3, padding=1)),
+    "pointwise": ((2, 5, 7, 9), (6, 5, 1, 1), dict()),
+    "pointwise_groups2": ((2, 4, 5, 3), (6, 2, 1, 1), dict(groups=2)),
+    "1x1_stride2": ((2, 3, 7, 5), (4, 3, 1, 1), dict(stride=2)),
+}
+
+# name -> (x shape, w shape [C_in, C_out/groups, kh, kw], keyword arguments)
+TRANSPOSE_CASES = {
+    "s2_k5_p2_op1": ((2, 3, 5, 6), (3, 4, 5, 5), dict(stride=2, padding=2, output_padding=1)),
+    "s1_k3_p1": ((2, 3, 6, 5), (3, 2, 3, 3), dict(padding=1)),
+    "groups2_dilation2": ((1, 4, 5, 5), (4, 3, 3, 3),
+                          dict(groups=2, dilation=2, stride=2, padding=1, output_padding=1)),
+    "asymmetric": ((1, 2, 4, 5), (2, 3, 4, 3),
+                   dict(stride=(2, 3), padding=(1, 2, 0, 1), output_padding=(1, 2))),
+    "depthwise": ((2, 4, 5, 6), (4, 1, 3, 3), dict(groups=4, stride=2, padding=1,
+                                                   output_padding=1)),
+    "pointwise": ((2, 5, 4, 3), (5, 3, 1, 1), dict()),
+}
+
+
+def _case_arrays(rng, x_shape, w_shape, c_out):
+    return (rng.standard_normal(x_shape), rng.standard_normal(w_shape),
+            rng.standard_normal(c_out))
+
+
+def _numpy64(*arrays, requires_grad=False):
+    return [gf.tensor(a, device="numpy", dtype=np.float64, requires_grad=requires_grad)
+            for a in arrays]
+
+
+# ---------------------------------------------------------------- forward --
+@pytest.mark.parametrize("name", CONV_CASES)
+def test_conv2d_forward_matches_naive_loop(name, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[name]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[0])
+    got = ops.conv2d(*_numpy64(x, w, b), **kwargs).numpy()
+    np.testing.assert_allclose(got, naive_conv2d(x, w, b, **kwargs), rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", TRANSPOSE_CASES)
+def test_conv_transpose2d_forward_matches_naive_loop(name, rng):
+    x_shape, w_shape, kwargs = TRANSPOSE_CASES[name]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[1] * kwargs.get("groups", 1))
+    got = ops.conv_transpose2d(*_numpy64(x, w, b), **kwargs).numpy()
+    np.testing.assert_allclose(got, naive_conv_transpose2d(x, w, b, **kwargs),
+                               rtol=1e-11, atol=1e-12)
+
+
+def test_output_size_formula():
+    # OH = floor((H + top + bottom - dh*(kh-1) - 1)/sh) + 1
+    g = conv_geometry("conv2d", (1, 2, 11, 10), (3, 2, 3, 4), (2, 3), (1, 0, 2, 1), (2, 1), 1)
+    assert (g.oh, g.ow) == ((11 + 1 - 4 - 1) // 2 + 1, (10 + 3 - 3 - 1) // 3 + 1) == (4, 4)
+    y = ops.conv2d(gf.zeros((1, 2, 11, 10), device="numpy"), gf.zeros((3, 2, 3, 4), device="numpy"),
+                   stride=(2, 3), padding=(1, 0, 2, 1), dilation=(2, 1))
+    assert y.shape == (1, 3, 4, 4)
+
+
+def test_float32_stays_float32(rng):
+    x = gf.tensor(rng.standard_normal((1, 2, 5, 5)), device="numpy")
+    w = gf.tensor(rng.standard_normal((3, 2, 3, 3)), device="numpy")
+    b = gf.tensor(rng.standard_normal(3), device="numpy")
+    assert ops.conv2d(x, w, b, padding=1, activation="relu").dtype == np.float32
+    assert ops.conv_transpose2d(ops.conv2d(x, w), gf.tensor(rng.standard_normal((3, 2, 3, 3)),
+                                                            device="numpy")).dtype == np.float32
+
+
+# -------------------------------------------------------------- gradients --
+@pytest.mark.parametrize("name", CONV_CASES)
+def test_conv2d_gradients(name, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[name]
+    gradcheck(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+              _case_arrays(rng, x_shape, w_shape, w_shape[0]))
+
+
+@pytest.mark.parametrize("name", TRANSPOSE_CASES)
+def test_conv_transpose2d_gradients(name, rng):
+    x_shape, w_shape, kwargs = TRANSPOSE_CASES[name]
+    gradcheck(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kwargs),
+              _case_arrays(rng, x_shape, w_shape, w_shape[1] * kwargs.get("groups", 1)))
+
+
+def test_gradients_without_bias_and_for_a_subset(rng):
+    x, w = rng.standard_normal((2, 3, 5, 6)), rng.standard_normal((4, 3, 3, 3))
+    gradcheck(lambda x, w: ops.conv2d(x, w, stride=2, padding=1), [x, w])
+    xt, wt = _numpy64(x, w)
+    wt.requires_grad = True
+    ops.conv2d(xt, wt, padding=1).sum().backward()
+    assert xt.grad is None and wt.grad.shape == w.shape
+    gradcheck(lambda x, w: ops.conv2d(x, w, padding=1), [x, w], requires_grad=[True, False])
+
+
+def test_nothing_is_saved_without_a_graph(rng):
+    x, w = _numpy64(rng.standard_normal((1, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3)),
+                    requires_grad=True)
+    op = conv_module.Conv2d(padding=1, activation="relu")
+    with gf.no_grad():
+        op(x, w)
+    assert op.saved == (None, None, None)
+    op = conv_module.Conv2d(padding=1)
+    w.requires_grad = False
+    op(x, w)
+    assert op.saved[0] is None and op.saved[1] is not None     # gx needs w, not x
+
+
+# ---------------------------------------------------------------- adjoint --
+@pytest.mark.parametrize("name", [n for n in CONV_CASES if "multiplier" not in n])
+def test_conv_transpose_is_the_adjoint_of_conv(name, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[name]
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    y = ops.conv2d(*_numpy64(x, w), **kwargs).numpy()
+    v = rng.standard_normal(y.shape)
+    # output_padding restores the input rows a strided conv2d leaves unread.
+    g = conv_geometry("conv2d", x_shape, w_shape, _pair(kwargs.get("stride", 1)),
+                      conv_module.normalize_padding("conv2d", kwargs.get("padding", 0)),
+                      _pair(kwargs.get("dilation", 1)), kwargs.get("groups", 1))
+    top, bottom, left, right = g.padding
+    extra = ((g.h + top + bottom - g.dilation[0] * (g.kh - 1) - 1) % g.stride[0],
+             (g.w + left + right - g.dilation[1] * (g.kw - 1) - 1) % g.stride[1])
+    back = ops.conv_transpose2d(*_numpy64(v, w), output_padding=extra, **kwargs).numpy()
+    assert back.shape == x.shape
+    np.testing.assert_allclose(np.vdot(y, v), np.vdot(x, back), rtol=1e-11)
+
+
+# -------------------------------------------------------- fused epilogue --
+EPILOGUES = [("relu", False, True), ("relu6", True, True), (None, True, False),
+             ("relu6", False, False), ("relu", True, False)]
+
+
+@pytest.mark.parametrize("activation,residual,bias", EPILOGUES)
+@pytest.mark.parametrize("case", ["basic", "depthwise3_s1", "pointwise"])
+def test_fused_epilogue_matches_separate_ops(case, activation, residual, bias, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[case]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[0])
+    x *= 3                                      # reach past 6 so relu6 clips
+    xt, wt, bt = _numpy64(x, w, b)
+    plain = ops.conv2d(xt, wt, bt if bias else None, **kwargs)
+    r = gf.tensor(rng.standard_normal(plain.shape), device="numpy", dtype=np.float64)
+    want = plain + r if residual else plain
+    want = {"relu": ops.relu, "relu6": ops.relu6, None: lambda t: t}[activation](want).numpy()
+    got = ops.conv2d(xt, wt, bt if bias else None, activation=activation,
+                     residual=r if residual else None, **kwargs).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    if activation == "relu6":
+        assert (got == 6).any() and (got == 0).any()
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+def test_fused_epilogue_gradients(activation, rng):
+    x_shape, w_shape, kwargs = CONV_CASES["stride2_odd"]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[0])
+    r = 2 * rng.standard_normal((2, 5, 5, 4))
+    gradcheck(lambda x, w, b, r: ops.conv2d(x, w, b, activation=activation, residual=r,
+                                            **kwargs), [x * 2, w, b, r])
+
+
+# ----------------------------------------------------------------- errors --
+def _zeros(*shape):
+    return gf.zeros(shape, device="numpy")
+
+
+def test_channel_mismatch_names_both_counts():
+    with pytest.raises(gf.ShapeError, match=r"conv2d: input has C_in=5 channels but the weight "
+                                            r"\(8, 4, 3, 3\) with groups=1 expects "
+                                            r"w.shape\[1\]\*groups = 4"):
+        ops.conv2d(_zeros(1, 5, 8, 8), _zeros(8, 4, 3, 3))
+    with pytest.raises(gf.ShapeError, match=r"conv_transpose2d: input has C_in=3 channels but "
+                                            r"the weight \(4, 2, 3, 3\) expects w.shape\[0\] = 4"):
+        ops.conv_transpose2d(_zeros(1, 3, 8, 8), _zeros(4, 2, 3, 3))
+
+
+def test_groups_must_divide_channels():
+    with pytest.raises(gf.ShapeError,
+                       match=r"conv2d: groups=3 does not divide the 4 input channels"):
+        ops.conv2d(_zeros(1, 4, 8, 8), _zeros(6, 1, 3, 3), groups=3)
+    with pytest.raises(gf.ShapeError,
+                       match=r"conv2d: groups=2 does not divide the 5 output channels"):
+        ops.conv2d(_zeros(1, 4, 8, 8), _zeros(5, 2, 3, 3), groups=2)
+    with pytest.raises(gf.ShapeError, match=r"conv_transpose2d: groups=2 does not divide the 3 "
+                                            r"input channels"):
+        ops.conv_transpose2d(_zeros(1, 3, 8, 8), _zeros(3, 2, 3, 3), groups=2)
+
+
+def test_kernel_larger_than_padded_input():
+    with pytest.raises(gf.ShapeError, match=r"conv2d: kernel extent 5x5 \(kernel 3x3, dilation "
+                                            r"\(2, 2\)\) is larger than the padded input 6x4"):
+        ops.conv2d(_zeros(1, 1, 4, 2), _zeros(1, 1, 3, 3), dilation=2, padding=(1, 1, 1, 1))
+
+
+def test_input_must_be_4d_and_bias_and_residual_must_fit():
+    with pytest.raises(gf.ShapeError, match=r"conv2d: input must be 4-D \[N, C, H, W\], "
+                                            r"got shape \(3, 8, 8\)"):
+        ops.conv2d(_zeros(3, 8, 8), _zeros(2, 3, 3, 3))
+    with pytest.raises(gf.ShapeError, match=r"conv2d: weight must be 4-D"):
+        ops.conv2d(_zeros(1, 3, 8, 8), _zeros(2, 3, 3))
+    with pytest.raises(gf.ShapeError, match=r"conv2d: bias must have shape \(2,\) .*got \(3,\)"):
+        ops.conv2d(_zeros(1, 3, 8, 8), _zeros(2, 3, 3, 3), _zeros(3))
+    with pytest.raises(gf.ShapeError, match=r"conv2d: residual must have the output's shape "
+                                            r"\(1, 2, 6, 6\), got \(1, 2, 8, 8\)"):
+        ops.conv2d(_zeros(1, 3, 8, 8), _zeros(2, 3, 3, 3), residual=_zeros(1, 2, 8, 8))
+    with pytest.raises(gf.ShapeError, match=r"conv_transpose2d: bias must have shape \(4,\)"):
+        ops.conv_transpose2d(_zeros(1, 4, 8, 8), _zeros(4, 2, 3, 3), _zeros(3), groups=2)
+
+
+def test_bad_parameters():
+    x, w = _zeros(1, 2, 8, 8), _zeros(2, 2, 3, 3)
+    with pytest.raises(ValueError, match=r"conv2d: padding must be an int, a pair"):
+        ops.conv2d(x, w, padding=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"conv2d: padding must be at least 0"):
+        ops.conv2d(x, w, padding=-1)
+    with pytest.raises(ValueError, match=r"conv2d: stride must be at least 1"):
+        ops.conv2d(x, w, stride=(1, 0))
+    with pytest.raises(ValueError, match=r"conv2d: activation must be one of "
+                                         r"\['none', 'relu', 'relu6'\] or None, got 'gelu'"):
+        ops.conv2d(x, w, activation="gelu")
+    with pytest.raises(ValueError, match=r"conv_transpose2d: output_padding \(2, 2\) must be "
+                                         r"smaller than the stride \(2, 2\)"):
+        ops.conv_transpose2d(x, w, stride=2, output_padding=2)
+
+
+# ------------------------------------------------------ algorithm choice --
+def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
+    return conv_geometry("conv2d", x_shape, w_shape, _pair(stride),
+                         conv_module.normalize_padding("conv2d", padding), _pair(dilation), groups)
+
+
+@pytest.mark.parametrize("geometry,expected", [
+    (((64, 32, 112, 112), (32, 1, 3, 3), 1, 1, 1, 32), Depthwise),
+    (((64, 96, 112, 112), (96, 1, 3, 3), 2, 1, 1, 96), Depthwise),
+    (((1, 8, 20, 20), (8, 1, 5, 5), 2, 2, 1, 8), Depthwise),
+    (((1, 8, 20, 20), (8, 1, 9, 9), 1, 4, 1, 8), Im2colGemm),        # kernel too large
+    (((1, 8, 20, 20), (8, 1, 3, 3), 3, 1, 1, 8), Im2colGemm),        # stride 3
+    (((1, 8, 20, 20), (16, 1, 3, 3), 1, 1, 1, 8), Im2colGemm),       # channel multiplier 2
+    (((64, 96, 56, 56), (24, 96, 1, 1), 1, 0, 1, 1), Pointwise),
+    (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), Pointwise),
+    (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), Im2colGemm),       # strided 1x1
+    (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), Im2colGemm),       # padded 1x1
+    (((64, 64, 224, 224), (64, 64, 3, 3), 1, 1, 1, 1), Im2colGemm),
+])
+def test_planner_heuristic(geometry, expected):
+    x_shape, w_shape, stride, padding, dilation, groups = geometry
+    g = _geometry(x_shape, w_shape, stride, padding, dilation, groups)
+    planner = ConvPlanner(autotune=False)
+    for stage in ("forward", "backward_data", "backward_weight"):
+        assert planner.choose(g, stage) is expected
+    assert len(planner.cache) == 3
+
+
+# -------------------------------------------------------------------- GPU --
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CONV_CASES)
+def test_conv2d_cuda_matches_numpy(name, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[name]
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                          _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TRANSPOSE_CASES)
+def test_conv_transpose2d_cuda_matches_numpy(name, rng):
+    x_shape, w_shape, kwargs = TRANSPOSE_CASES[name]
+    assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kwargs),
+                          _case_arrays(rng, x_shape, w_shape, w_shape[1] * kwargs.get("groups", 1)),
+                          rtol=1e-4)
+
+
+# Depthwise planes of every tile class (8, 16 and 32 wide), several tiles
+# across and down, odd sizes, every compiled kernel/stride/dilation variant.
+DEPTHWISE_PLANES = [(2, 3, 37, 41), (1, 5, 13, 15), (3, 7, 7, 5), (1, 2, 70, 9)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", DEPTHWISE_PLANES, ids=str)
+@pytest.mark.parametrize("k,stride,dilation", [(3, 1, 1), (3, 2, 1), (5, 1, 1), (5, 2, 1),
+                                               (3, 1, 2), (7, 2, 1), (3, (1, 2), 1)])
+def test_depthwise_cuda_matches_numpy(shape, k, stride, dilation, rng):
+    c = shape[1]
+    kwargs = dict(stride=stride, padding=dilation * (k // 2), dilation=dilation, groups=c)
+    g = _geometry(shape, (c, 1, k, k), **kwargs)
+    assert Depthwise.supports(g)
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                          _case_arrays(rng, shape, (c, 1, k, k), c), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["basic", "groups2", "depthwise3_s2", "depthwise5_s1",
+                                  "pointwise", "pointwise_groups2"])
+@pytest.mark.parametrize("activation,residual", [("relu6", False), ("relu", True),
+                                                 (None, True), ("relu6", True)])
+def test_fused_epilogue_cuda_matches_numpy(case, activation, residual, rng):
+    x_shape, w_shape, kwargs = CONV_CASES[case]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[0])
+    out_shape = ops.conv2d(*_numpy64(x, w), **kwargs).shape
+    inputs = [3 * x, w, b] + ([rng.standard_normal(out_shape)] if residual else [])
+
+    def fn(x, w, b, *r):
+        return ops.conv2d(x, w, b, activation=activation, residual=r[0] if r else None,
+                          **kwargs)
+    assert_backends_match(fn, inputs, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["basic", "groups2_stride2_dilation2", "pointwise",
+                                  "pointwise_groups2", "1x1_stride2"])
+def test_gemm_paths_in_several_chunks(case, rng, monkeypatch):
+    # A workspace of about two images' columns: chunks of 2, 2 and 1 images,
+    # so the chunk offsets and the weight gradient's accumulation run.
+    x_shape, w_shape, kwargs = CONV_CASES[case]
+    x_shape = (5,) + x_shape[1:]
+    g = _geometry(x_shape, w_shape, **kwargs)
+    per_image = (g.c_in * g.kh * g.kw + g.c_out) * g.oh * g.ow * 4
+    monkeypatch.setattr(conv_module, "WORKSPACE_BYTES", 2 * per_image + 4)
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                          _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["depthwise3_s2", "pointwise", "basic"])
+def test_every_supporting_algorithm_matches_numpy(case, rng, monkeypatch):
+    # Force each algorithm in turn, not only the one the heuristic picks.
+    x_shape, w_shape, kwargs = CONV_CASES[case]
+    g = _geometry(x_shape, w_shape, **kwargs)
+    for algorithm in (Depthwise, Pointwise, Im2colGemm):
+        if not algorithm.supports(g):
+            continue
+        monkeypatch.setattr(conv_module, "planner", _Fixed(algorithm))
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                              _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
+
+
+class _Fixed:
+    """A planner that always answers one algorithm."""
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    def choose(self, g, stage):
+        return self.algorithm
+
+
+@pytest.mark.gpu
+def test_autotune_picks_a_supporting_algorithm(rng, monkeypatch):
+    planner = ConvPlanner(autotune=True)
+    monkeypatch.setattr(conv_module, "planner", planner)
+    x_shape, w_shape, kwargs = CONV_CASES["pointwise"]
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                          _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
+    timings = list(planner.timings.values())
+    assert timings and all(set(t) == {"pointwise", "im2col_gemm"} for t in timings)
+
+
+# Real layers at batch 1: (x shape, w shape, keyword arguments).
+REAL_LAYERS = {
+    "mobilenetv2_stem_3x3s2": ((1, 3, 224, 224), (32, 3, 3, 3), dict(stride=2, padding=1)),
+    "mobilenetv2_dw_32_112": ((1, 32, 112, 112), (32, 1, 3, 3), dict(padding=1, groups=32)),
+    "mobilenetv2_dw_96_s2": ((1, 96, 112, 112), (96, 1, 3, 3),
+                             dict(stride=2, padding=1, groups=96)),
+    "mobilenetv2_dw_960_7": ((1, 960, 7, 7), (960, 1, 3, 3), dict(padding=1, groups=960)),
+    "mobilenetv2_pw_96_24": ((1, 96, 56, 56), (24, 96, 1, 1), dict()),
+    "mobilenetv2_pw_320_1280": ((1, 320, 7, 7), (1280, 320, 1, 1), dict()),
+    "vgg16_64_64_56": ((1, 64, 56, 56), (64, 64, 3, 3), dict(padding=1)),
+    "vgg16_512_512_14": ((1, 512, 14, 14), (512, 512, 3, 3), dict(padding=1)),
+    "gdn_analysis_5x5s2": ((1, 3, 64, 64), (128, 3, 5, 5), dict(stride=2, padding=2)),
+    "gdn_analysis_128": ((1, 128, 32, 32), (128, 128, 5, 5), dict(stride=2, padding=2)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", REAL_LAYERS)
+def test_real_layer_shapes_cuda_matches_numpy(name, rng):
+    x_shape, w_shape, kwargs = REAL_LAYERS[name]
+    fan_in = w_shape[1] * w_shape[2] * w_shape[3]
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[0])
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                          [x, w / np.sqrt(fan_in), b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_shape,w_shape", [((1, 192, 16, 16), (192, 128, 5, 5)),
+                                             ((2, 128, 32, 32), (128, 3, 5, 5))], ids=str)
+def test_gdn_synthesis_transposed_conv_cuda_matches_numpy(x_shape, w_shape, rng):
+    x, w, b = _case_arrays(rng, x_shape, w_shape, w_shape[1])
+    assert_backends_match(
+        lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=2, output_padding=1),
+        [x, w / np.sqrt(w_shape[0] * 25), b], rtol=1e-4)

@@ -1,0 +1,316 @@
+"""gdn (GDN, inverse GDN, simplified forms): forward against a naive loop over
+pixels, gradients against finite differences, gamma's layout, errors, and
+CUDA against NumPy."""
+import importlib
+import math
+
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops, registry
+from gdnflow.ops.gdn import GDNOperator
+from gdnflow.testing import assert_backends_match, gradcheck
+
+# (inverse, simplified)
+VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
+VARIANT_IDS = ["gdn", "igdn", "gdn_simplified", "igdn_simplified"]
+SHAPES = [(2, 3, 5, 7), (2, 7, 3, 5), (1, 1, 2, 3)]
+
+
+def naive_gdn(x, beta, gamma, inverse, simplified):
+    """Pixel by pixel and channel by channel, straight from the definition:
+    norm_i = beta_i + sum_j gamma[i, j] s(x_j), y_i = x_i / sqrt(norm_i) (GDN),
+    x_i * sqrt(norm_i) (inverse), x_i / norm_i or x_i * norm_i (simplified)."""
+    batch, channels, height, width = x.shape
+    y = np.empty_like(x)
+    for n in range(batch):
+        for h in range(height):
+            for w in range(width):
+                for i in range(channels):
+                    norm = beta[i]
+                    for j in range(channels):
+                        xj = x[n, j, h, w]
+                        norm += gamma[i, j] * (abs(xj) if simplified else xj * xj)
+                    scale = norm if simplified else math.sqrt(norm)
+                    y[n, i, h, w] = x[n, i, h, w] * scale if inverse else x[n, i, h, w] / scale
+    return y
+
+
+def sample(rng, shape):
+    """x with |x| >= 0.05 (|x| has a kink at 0), beta in [0.5, 1.5], gamma >= 0
+    and not symmetric."""
+    x = rng.standard_normal(shape)
+    x = np.sign(x) * (np.abs(x) + 0.05)
+    channels = shape[1]
+    return x, rng.uniform(0.5, 1.5, channels), rng.uniform(0.0, 0.5, (channels, channels))
+
+
+def tensors(*arrays, device="numpy", dtype=np.float64, requires_grad=False):
+    return [gf.tensor(a, device=device, dtype=dtype, requires_grad=requires_grad) for a in arrays]
+
+
+def gdn_fn(inverse, simplified):
+    return lambda x, beta, gamma: ops.gdn(x, beta, gamma, inverse=inverse, simplified=simplified)
+
+
+# ---------------------------------------------------------------- forward --
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward_matches_naive_loop(variant, shape, rng):
+    x, beta, gamma = sample(rng, shape)
+    y = gdn_fn(*variant)(*tensors(x, beta, gamma))
+    np.testing.assert_allclose(y.numpy(), naive_gdn(x, beta, gamma, *variant), rtol=1e-12)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_float32_forward(variant, rng):
+    x, beta, gamma = sample(rng, (2, 3, 5, 7))
+    y = gdn_fn(*variant)(*tensors(x, beta, gamma, dtype=np.float32))
+    assert y.dtype == np.float32
+    want = naive_gdn(*(a.astype(np.float32).astype(np.float64) for a in (x, beta, gamma)), *variant)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+
+
+CLOSED_FORMS = {
+    (False, False): lambda x: x / np.sqrt(1 + 0.1 * x ** 2),
+    (True, False): lambda x: x * np.sqrt(1 + 0.1 * x ** 2),
+    (False, True): lambda x: x / (1 + 0.1 * np.abs(x)),
+    (True, True): lambda x: x * (1 + 0.1 * np.abs(x)),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_closed_form_with_initial_parameters(variant, rng):
+    # beta = 1, gamma = 0.1 I: every channel is normalised by itself alone.
+    x = 3 * rng.standard_normal((2, 5, 3, 4))
+    y = gdn_fn(*variant)(*tensors(x, np.ones(5), 0.1 * np.eye(5)))
+    np.testing.assert_allclose(y.numpy(), CLOSED_FORMS[variant](x), rtol=1e-12)
+
+
+def test_gamma_is_laid_out_out_channel_by_in_channel():
+    # gamma[0, 2] = 1 alone: output channel 0 is divided by input channel 2's
+    # energy; channel 2 is not touched by channel 0. Transposed, it would be
+    # the other way round.
+    gamma = np.zeros((3, 3))
+    gamma[0, 2] = 1.0
+    x = np.array([3.0, 5.0, 2.0]).reshape(1, 3, 1, 1)
+    y = ops.gdn(*tensors(x, np.ones(3), gamma)).numpy().ravel()
+    np.testing.assert_allclose(y, [3 / math.sqrt(1 + 4), 5.0, 2.0], rtol=1e-12)
+
+
+def test_changing_gamma_row_i_changes_only_output_channel_i(rng):
+    x, beta, gamma = sample(rng, (2, 4, 3, 3))
+    before = ops.gdn(*tensors(x, beta, gamma)).numpy()
+    gamma[1, :] += rng.uniform(0.1, 0.5, 4)
+    after = ops.gdn(*tensors(x, beta, gamma)).numpy()
+    changed = np.any(np.abs(after - before) > 1e-9, axis=(0, 2, 3))
+    assert changed.tolist() == [False, True, False, False]
+
+
+def test_registered_as_gdn():
+    assert registry.get("gdn") is GDNOperator
+
+
+# --------------------------------------------------------------- backward --
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=str)
+def test_gradients(variant, shape, rng):
+    gradcheck(gdn_fn(*variant), list(sample(rng, shape)), directions=4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False),
+                                    (False, False, True), (False, True, True)], ids=str)
+def test_gradients_of_some_inputs_only(variant, wanted, rng):
+    gradcheck(gdn_fn(*variant), list(sample(rng, (2, 3, 3, 5))), requires_grad=list(wanted))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_backward_uses_the_cached_norm(variant, rng):
+    # The backward has no use for beta except through the norm the forward
+    # cached: changing beta's array after the forward must not change any gradient.
+    x, beta, gamma = sample(rng, (2, 3, 4, 5))
+    weight = rng.standard_normal(x.shape)
+    grads = []
+    for mutate in (False, True):
+        inputs = tensors(x, beta, gamma, requires_grad=True)
+        y = gdn_fn(*variant)(*inputs)
+        if mutate:
+            inputs[1].data[:] = 100.0
+        y.backward(gf.tensor(weight, device="numpy", dtype=np.float64))
+        grads.append([t.grad.numpy() for t in inputs])
+    for g_plain, g_mutated in zip(*grads):
+        np.testing.assert_array_equal(g_plain, g_mutated)
+
+
+def test_nothing_is_kept_when_no_backward_can_follow(rng):
+    x, beta, gamma = sample(rng, (1, 3, 2, 2))
+    op = GDNOperator()
+    op(*tensors(x, beta, gamma))
+    assert op.saved == ()
+    op = GDNOperator()
+    with gf.no_grad():
+        op(*tensors(x, beta, gamma, requires_grad=True))
+    assert op.saved == ()
+
+
+# ----------------------------------------------------------------- errors --
+def test_input_must_be_4d():
+    with pytest.raises(gf.ShapeError,
+                       match=r"gdn: x must be 4-D \(N, C, H, W\), got shape \(3, 5\)"):
+        ops.gdn(*tensors(np.ones((3, 5)), np.ones(3), np.eye(3)))
+
+
+def test_beta_must_have_one_value_per_channel():
+    with pytest.raises(gf.ShapeError, match=r"igdn: beta must have shape \(3,\).*got \(4,\)"):
+        ops.gdn(*tensors(np.ones((1, 3, 2, 2)), np.ones(4), np.eye(3)), inverse=True)
+
+
+@pytest.mark.parametrize("gamma_shape", [(3, 4), (4, 4), (3,), (1, 3, 3)], ids=str)
+def test_gamma_must_be_channels_by_channels(gamma_shape):
+    with pytest.raises(gf.ShapeError,
+                       match=r"gdn_simplified: gamma must have shape \(3, 3\) \[output channel, "
+                             r"input channel\] for x of shape \(1, 3, 2, 2\), got "
+                             + r"\(" + r",? ?".join(str(s) for s in gamma_shape)):
+        ops.gdn(*tensors(np.ones((1, 3, 2, 2)), np.ones(3), np.ones(gamma_shape)), simplified=True)
+
+
+# -------------------------------------------------------------------- GPU --
+GPU_SHAPES = [(2, 3, 5, 7), (1, 7, 3, 5), (3, 5, 1, 1), (2, 192, 17, 19), (1, 192, 17, 19)]
+
+
+def gpu_sample(rng, shape):
+    """As ``sample``, with gamma scaled so that the norm stays O(1) at 192 channels."""
+    x, beta, gamma = sample(rng, shape)
+    return x, beta, gamma * (4.0 / shape[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_cuda_matches_numpy(variant, shape, rng):
+    assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("wanted", ["x", "beta", "gamma"])
+def test_cuda_gradient_of_one_input_only(variant, wanted, rng):
+    # The other two are constants on the same device: the backward takes its
+    # branches without the parameter GEMM, or without the input GEMM.
+    arrays = dict(zip(["x", "beta", "gamma"], gpu_sample(rng, (2, 5, 7, 9))))
+    fn = gdn_fn(*variant)
+
+    def only(t):
+        args = {name: t if name == wanted else
+                gf.tensor(a, device=t.device, dtype=t.dtype) for name, a in arrays.items()}
+        return fn(args["x"], args["beta"], args["gamma"])
+
+    assert_backends_match(only, [arrays[wanted]], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cuda_forward_without_gradient(variant, rng):
+    # Under no_grad the forward kernel writes y but not the cache.
+    x, beta, gamma = gpu_sample(rng, (2, 9, 5, 7))
+    with gf.no_grad():
+        got = gdn_fn(*variant)(*tensors(x, beta, gamma, device="cuda", dtype=np.float32)).numpy()
+    want = naive_gdn(*(a.astype(np.float32).astype(np.float64) for a in (x, beta, gamma)), *variant)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------- chunked GPU path (choice) --
+# The module, not the function ``ops.gdn`` that ``from gdnflow.ops import gdn`` gives.
+gdn_module = importlib.import_module("gdnflow.ops.gdn")
+
+@pytest.mark.parametrize("pixels", [1, 3, 35, 97, 640, 4096, 32768, 262144, 2 * 3 * 5 * 7 * 11])
+@pytest.mark.parametrize("channels", [1, 7, 128, 192])
+@pytest.mark.parametrize("granule", [1, 4])
+def test_chunks_divide_the_pixels_in_granules(pixels, channels, granule):
+    for request in ("auto", 1, 3, 64, 10 ** 6):
+        chunks = gdn_module.choose_chunks(pixels, channels, 132, granule, request)
+        assert chunks >= 1 and pixels % chunks == 0
+        assert chunks == 1 or (pixels // chunks) % granule == 0
+        if request == "auto":
+            assert chunks == 1 or pixels // chunks >= gdn_module.MIN_CHUNK_PIXELS
+
+
+def test_auto_chunks_give_about_two_ctas_per_sm():
+    # 4 output tiles of 128 x 128 at C = 192: 64 chunks of 512 pixels -> 256 CTAs.
+    assert gdn_module.choose_chunks(8 * 64 * 64, 192, 132, 4) == 64
+    # 2 tiles at C = 128: 128 chunks of 2048 pixels.
+    assert gdn_module.choose_chunks(16 * 128 * 128, 128, 132, 4) == 128
+    # Too few pixels to cut: one GEMM; a prime count cannot be cut at all.
+    assert gdn_module.choose_chunks(323, 192, 132, 1) == 1
+    assert gdn_module.choose_chunks(7919, 7, 132, 1, request=8) == 1
+    # An explicit request takes the nearest qualifying divisor.
+    assert gdn_module.choose_chunks(35, 3, 132, 1, request=4) == 5
+    assert gdn_module.choose_chunks(1, 3, 132, 1, request=4) == 1
+
+
+# ------------------------------------------------- chunked GPU path (runs) --
+# (shape, chunk count asked for): chunks that straddle images (3x5x4x4 in 4
+# chunks of 12 pixels), K odd so only the 4-byte kernels run (3x7x9x11 in 9
+# chunks of 33), C = 7 at batch 1, H*W % 4 != 0 with C = 192, and "auto".
+CHUNKED_CASES = [((3, 5, 4, 4), 4), ((3, 7, 9, 11), 9), ((1, 7, 8, 8), 4),
+                 ((2, 192, 6, 7), 12), ((2, 6, 6, 6), 5), ((4, 192, 16, 16), "auto"),
+                 ((2, 3, 5, 7), 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape,chunks", CHUNKED_CASES, ids=str)
+def test_cuda_chunked_path_matches_numpy(shape, chunks, variant, vectorize, rng, monkeypatch):
+    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
+    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
+    assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_plan_cuts_as_asked():
+    plan = gdn_module.cuda_plan("gdn", (3, 5, 4, 4), 4)
+    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (4, 12, True)
+    plan = gdn_module.cuda_plan("gdn", (3, 7, 9, 11), 9)
+    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (9, 33, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cuda_unaligned_input_takes_the_4_byte_kernels(variant, rng):
+    # x one float past a 16-byte boundary: the 16-byte kernels would fault or
+    # read the wrong elements; the plan must fall back to the 4-byte ones.
+    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
+    from gdnflow.tensor import Tensor
+    x, beta, gamma = gpu_sample(rng, (2, 6, 4, 8))
+    x32 = x.astype(np.float32)
+    base = get_runtime().from_numpy(np.concatenate([[np.float32(7.0)], x32.ravel()]))
+    x_gpu = Tensor.wrap(CudaArray(x.shape, np.dtype(np.float32), base.allocation, base.ptr + 4),
+                        "cuda", requires_grad=True)
+    beta_gpu, gamma_gpu = tensors(beta, gamma, device="cuda", dtype=np.float32,
+                                  requires_grad=True)
+    y = gdn_fn(*variant)(x_gpu, beta_gpu, gamma_gpu)
+    weight = rng.standard_normal(x.shape)
+    y.backward(gf.tensor(weight, device="cuda"))
+    ref = tensors(x32, beta.astype(np.float32), gamma.astype(np.float32), requires_grad=True)
+    y_ref = gdn_fn(*variant)(*ref)
+    y_ref.backward(gf.tensor(weight, device="numpy", dtype=np.float64))
+    np.testing.assert_allclose(y.numpy(), y_ref.numpy(), rtol=1e-4, atol=1e-6)
+    for got, want in zip((x_gpu, beta_gpu, gamma_gpu), ref):
+        scale = np.max(np.abs(want.grad.numpy()))
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=0, atol=1e-4 * scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cuda_empty_batch_has_gradients_of_zeros(variant):
+    inputs = tensors(np.zeros((0, 3, 2, 2)), np.ones(3), np.eye(3), device="cuda",
+                     dtype=np.float32, requires_grad=True)
+    y = gdn_fn(*variant)(*inputs)
+    assert y.shape == (0, 3, 2, 2)
+    y.backward(gf.tensor(np.zeros((0, 3, 2, 2)), device="cuda"))
+    assert inputs[0].grad.shape == (0, 3, 2, 2)
+    np.testing.assert_array_equal(inputs[1].grad.numpy(), np.zeros(3))
+    np.testing.assert_array_equal(inputs[2].grad.numpy(), np.zeros((3, 3)))
