@@ -21,7 +21,9 @@ Supported (opset 7 and later, float32 tensors): Conv, ConvTranspose, Gemm,
 MatMul, Add, Sub, Mul, Div, Relu, Clip, Sigmoid, BatchNormalization,
 MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
 Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
-Slice, Cast, Constant, ConstantOfShape. Features outside gdnflow's operators
+Slice, Cast, Constant, ConstantOfShape; and nodes of custom domains whose
+op type a registered (plugin) operator declares (see :func:`custom_operator`).
+Features outside gdnflow's operators
 (1-D and 3-D convolutions, ceil_mode pooling, non-constant padding modes...)
 raise :class:`OnnxImportError` naming the node and the feature.
 """
@@ -102,9 +104,12 @@ class OnnxModule(Module):
     def _check_supported(self, graph):
         missing = {}
         for node in graph.node:
-            if node.domain not in ("", "ai.onnx") or node.op_type not in HANDLERS:
-                op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-                missing.setdefault(op, []).append(node.name or "(unnamed)")
+            if node.domain not in ("", "ai.onnx"):
+                if custom_operator(node.domain, node.op_type) is None:
+                    missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
+                        node.name or "(unnamed)")
+            elif node.op_type not in HANDLERS:
+                missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
         if missing:
             listed = "; ".join(f"{op} (nodes {', '.join(names[:3])}"
                                f"{', ...' if len(names) > 3 else ''})" for op, names in sorted(missing.items()))
@@ -148,12 +153,13 @@ class _Node:
     def __init__(self, node, opset):
         from onnx import helper
         self.op_type = node.op_type
+        self.domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         self.name = node.name or f"{node.op_type}->{node.output[0]}"
         self.inputs = list(node.input)
         self.outputs = list(node.output)
         self.opset = opset
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        self.foldable = self.op_type in self.HOST_OPS
+        self.foldable = not self.domain and self.op_type in self.HOST_OPS
 
     def attr(self, name, default=None):
         """An attribute's value (bytes decoded to str), or ``default``."""
@@ -166,6 +172,11 @@ class _Node:
 
     def run(self, inputs, device):
         """The outputs for ``inputs`` (Tensors or NumPy arrays; None for omitted ones)."""
+        if self.domain:
+            operator_class = custom_operator(self.domain, self.op_type)
+            operator = operator_class.from_onnx({k: self.attr(k) for k in self.attrs})
+            result = operator(*[_as_tensor(v, device) for v in inputs if v is not None])
+            return result if isinstance(result, (list, tuple)) else [result]
         data = inputs[0] if inputs else None
         if self.op_type not in self.HOST_OPS and _is_host(data):
             if data.dtype != np.float32:
@@ -174,6 +185,34 @@ class _Node:
             inputs = [Tensor(data, device=device)] + list(inputs[1:])
         result = HANDLERS[self.op_type](self, inputs, device)
         return result if isinstance(result, (list, tuple)) else [result]
+
+
+# ------------------------------------------------- plugin operators --
+def custom_operator(domain, op_type):
+    """The registered operator class that declares ``onnx_op = (domain, op_type)``, or None.
+
+    This is how plugin operators import from ONNX: a plugin's operator class
+    sets ``onnx_op`` and, if its constructor does not take the node's
+    attributes as keyword arguments, a classmethod ``from_onnx(attributes)``
+    returning an operator instance. Installed plugins are loaded the first
+    time an unknown custom op is met.
+    """
+    from gdnflow import plugins, registry
+
+    def find():
+        for name in registry.names():
+            cls = registry.get(name)
+            if getattr(cls, "onnx_op", None) == (domain, op_type):
+                return cls
+        return None
+
+    found = find()
+    if found is None:
+        plugins.load_installed()
+        found = find()
+    if found is not None and not hasattr(found, "from_onnx"):
+        found.from_onnx = classmethod(lambda cls, attributes: cls(**attributes))
+    return found
 
 
 # --------------------------------------------------------------- helpers --

@@ -25,6 +25,10 @@ BACKWARD_BLOCK = 256     # threads per channel in the backward (a multiple of 32
 class SoftShrinkOperator(plugins.Operator):
     """y = sign(x) * max(|x| - theta_c, 0) for x of shape (N, C, ...) and theta of shape (C,)."""
 
+    #: Nodes of this custom ONNX domain and type import as this operator
+    #: (inputs x, theta; no attributes): see gdnflow.io.onnx.custom_operator.
+    onnx_op = ("org.gdnflow.examples", "SoftShrink")
+
     def example_inputs(self, rng):
         """Inputs for gradcheck and ``gdnflow plugin-check``: thresholds in a useful range."""
         return {"x": rng.standard_normal((2, 3, 4, 5)), "theta": rng.uniform(0.1, 0.8, 3)}

@@ -106,3 +106,25 @@ def test_training_example_runs_on_cuda():
     example = training_example()
     losses = example.train(steps=30, device="cuda", log=None)
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_imports_from_onnx_custom_domain(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    from gdnflow.io.onnx import load
+
+    rng = np.random.default_rng(5)
+    theta = rng.uniform(0.1, 0.5, 3).astype(np.float32)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])
+    node = helper.make_node("SoftShrink", ["x", "theta"], ["s"], domain="org.gdnflow.examples")
+    relu = helper.make_node("Relu", ["s"], ["y"])
+    graph = helper.make_graph([node, relu], "g", [x_info], [y_info],
+                              initializer=[numpy_helper.from_array(theta, "theta")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("org.gdnflow.examples", 1)])
+    path = tmp_path / "softshrink.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    got = load(path, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    np.testing.assert_allclose(got, np.maximum(naive_soft_shrink(x, theta), 0), rtol=1e-6)
