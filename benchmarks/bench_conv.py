@@ -11,9 +11,15 @@ it); the "all conv layers" rows weight each shape by its count. Forward only
 (inference, no graph) unless ``--backward`` (then forward + gradients of x
 and w). Times are medians of CUDA-event timings after warm-up; ratio =
 torch / gdnflow, above 1 means gdnflow is faster.
+
+For every layer Winograd can run (3x3, stride 1, groups 1: all of VGG16's)
+the same call is also timed with the planner forced to im2col + GEMM, to
+Winograd F(4x4) and to F(2x2) (for the stages each supports; the weight
+gradient stays on im2col), so one run shows what each algorithm gives.
 """
 import argparse
 import collections
+import contextlib
 import math
 import time
 
@@ -22,7 +28,13 @@ import numpy as np
 import harness
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops.conv import conv_geometry, normalize_padding, planner
+from gdnflow.ops import conv as conv_module
+from gdnflow.ops import winograd
+from gdnflow.ops.conv import STAGES, Im2colGemm, conv_geometry, normalize_padding
+from gdnflow.ops.winograd import WinogradF2, WinogradF4
+
+#: The algorithms timed side by side (extra columns) where Winograd applies.
+COMPARED = (Im2colGemm, WinogradF4, WinogradF2)
 
 Layer = collections.namedtuple(
     "Layer", "x_shape w_shape stride padding groups transposed output_padding")
@@ -95,20 +107,61 @@ def describe(layer):
     return f"{n}x{c}x{h}x{w} -> {c_out}, {kind}{k}x{k}/{layer.stride}"
 
 
+def geometry(layer):
+    """The conv2d geometry of a (non-transposed) layer."""
+    return conv_geometry("conv2d", layer.x_shape, layer.w_shape, (layer.stride,) * 2,
+                         normalize_padding("conv2d", layer.padding), (1, 1), layer.groups)
+
+
+def compared_algorithms(layer):
+    """The algorithms to time one by one for this layer (none unless Winograd applies)."""
+    if layer.transposed or not winograd.supports(geometry(layer)):
+        return ()
+    return COMPARED
+
+
+class ForcedPlanner:
+    """Runs ``algorithm`` for every stage it offers and supports; asks ``fallback`` otherwise."""
+
+    def __init__(self, algorithm, fallback):
+        self.algorithm, self.fallback = algorithm, fallback
+
+    def choose(self, g, stage):
+        if stage in getattr(self.algorithm, "stages", STAGES) and self.algorithm.supports(g):
+            return self.algorithm
+        return self.fallback.choose(g, stage)
+
+
+@contextlib.contextmanager
+def forced(algorithm):
+    """Within the block, conv2d runs ``algorithm`` where it can (None: the normal planner)."""
+    saved = conv_module.planner
+    if algorithm is not None:
+        conv_module.planner = ForcedPlanner(algorithm, saved)
+    try:
+        yield
+    finally:
+        conv_module.planner = saved
+
+
+def output_shape(layer):
+    """[N, C_out, OH, OW] of the layer's output."""
+    if not layer.transposed:
+        return geometry(layer).y_shape
+    n, _, h, w = layer.x_shape
+    _, og, k, _ = layer.w_shape
+    s, p, op = layer.stride, layer.padding, layer.output_padding
+    return (n, og * layer.groups, (h - 1) * s - 2 * p + k + op, (w - 1) * s - 2 * p + k + op)
+
+
 def algorithm_name(layer, stage):
     """What the planner runs for this layer (conv_transpose2d's forward is backward-data)."""
-    if layer.transposed:
-        n, c_in, h, w = layer.x_shape
-        _, og, k, _ = layer.w_shape
-        s, p, op = layer.stride, layer.padding, layer.output_padding
-        size = ((h - 1) * s - 2 * p + k + op, (w - 1) * s - 2 * p + k + op)
-        x_shape = (n, og * layer.groups) + size
-        stage = {"forward": "backward_data", "backward_data": "forward"}.get(stage, stage)
-    else:
-        x_shape = layer.x_shape
-    g = conv_geometry("conv2d", x_shape, layer.w_shape, (layer.stride,) * 2,
-                      normalize_padding("conv2d", layer.padding), (1, 1), layer.groups)
-    return planner.choose(g, stage).name
+    if not layer.transposed:
+        return conv_module.planner.choose(geometry(layer), stage).name
+    # The convolution whose input has this layer's output shape.
+    g = geometry(layer._replace(x_shape=output_shape(layer), transposed=False))
+    stage = {"forward": "backward_data", "backward_data": "forward"}.get(stage, stage)
+    return conv_module.planner.choose(g, stage).name
 
 
 def make_inputs(layer, rng):
@@ -133,42 +186,57 @@ def torch_call(torch, layer, x, w):
     return lambda: F.conv2d(x, w, **kw)
 
 
-def bench_layer(torch, layer, rng, warmup, repeats, backward):
-    """(gdnflow ms, torch ms or None, relative difference of the outputs)."""
-    x_host, w_host = make_inputs(layer, rng)
+def time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward):
+    """(median ms, forward output as NumPy) of gdnflow on this layer with the current planner."""
     x = gf.tensor(x_host, device="cuda", requires_grad=backward)
     w = gf.tensor(w_host, device="cuda", requires_grad=backward)
     forward = gdnflow_call(layer, x, w)
     with gf.no_grad():
         y_host = forward().numpy()
     if backward:
-        gy = gf.tensor(rng.standard_normal(y_host.shape, dtype=np.float32), device="cuda")
+        gy = gf.tensor(gy_host, device="cuda")
 
         def step():
             x.grad = w.grad = None          # no accumulation kernel inside the timing
             forward().backward(gy)
-        ms = harness.time_gdnflow(step, warmup, repeats)
-    else:
-        with gf.no_grad():
-            ms = harness.time_gdnflow(forward, warmup, repeats)
-    del x, w
+        return harness.time_gdnflow(step, warmup, repeats), y_host
+    with gf.no_grad():
+        return harness.time_gdnflow(forward, warmup, repeats), y_host
+
+
+def relative_difference(y, ref):
+    return float(np.max(np.abs(y - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def bench_layer(torch, layer, rng, warmup, repeats, backward):
+    """(gdnflow ms, torch ms or None, {algorithm name: ms} for :func:`compared_algorithms`,
+    the largest relative difference of any gdnflow output from torch's, or None)."""
+    x_host, w_host = make_inputs(layer, rng)
+    gy_host = rng.standard_normal(output_shape(layer), dtype=np.float32) if backward else None
+    ms, y_host = time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward)
+    outputs, compared = [y_host], {}
+    for algorithm in compared_algorithms(layer):
+        with forced(algorithm):
+            compared[algorithm.name], y = time_gdnflow_layer(layer, x_host, w_host, gy_host,
+                                                             warmup, repeats, backward)
+        outputs.append(y)
     if torch is None:
-        return ms, None, None
+        return ms, None, compared, None
     tx = torch.from_numpy(x_host).cuda().requires_grad_(backward)
     tw = torch.from_numpy(w_host).cuda().requires_grad_(backward)
     tforward = torch_call(torch, layer, tx, tw)
     with torch.no_grad():
         ref = tforward().cpu().numpy()
-    err = float(np.max(np.abs(y_host - ref)) / max(np.max(np.abs(ref)), 1e-30))
+    err = max(relative_difference(y, ref) for y in outputs)
     if backward:
-        tgy = torch.from_numpy(rng.standard_normal(ref.shape, dtype=np.float32)).cuda()
+        tgy = torch.from_numpy(gy_host).cuda()
         tms = harness.time_torch(lambda: torch.autograd.grad(tforward(), (tx, tw), tgy),
                                  warmup, repeats)
     else:
         with torch.no_grad():
             tms = harness.time_torch(tforward, warmup, repeats)
     del tx, tw
-    return ms, tms, err
+    return ms, tms, compared, err
 
 
 def main():
@@ -184,7 +252,7 @@ def main():
     args = parser.parse_args()
     repeats = args.repeats or (10 if args.quick else 30)
     warmup = 3 if args.quick else 10
-    planner.autotune = args.autotune
+    conv_module.planner.autotune = args.autotune
     torch = harness.torch_or_none()
     rng = np.random.default_rng(0)
     rows, notes = [], []
@@ -194,33 +262,54 @@ def main():
         for model, batch, layers in MODELS[key]:
             counts = collections.Counter(layers)
             total_ms = total_tms = 0.0
+            # Per compared algorithm: the model's total if that algorithm ran
+            # wherever it can (the planner's choice elsewhere); and the best of all.
+            totals = dict.fromkeys([a.name for a in COMPARED] + ["best"], 0.0)
             for layer in counts:                 # first-use order, each shape once
-                ms, tms, err = bench_layer(torch, layer, rng, warmup, repeats, args.backward)
+                ms, tms, compared, err = bench_layer(torch, layer, rng, warmup, repeats,
+                                                     args.backward)
                 algo = algorithm_name(layer, "forward")
                 total_ms += counts[layer] * ms
                 total_tms += counts[layer] * (tms or 0.0)
+                for a in COMPARED:
+                    totals[a.name] += counts[layer] * compared.get(a.name, ms)
+                totals["best"] += counts[layer] * min([ms] + list(compared.values()))
                 rows.append([f"{model} b{batch}", describe(layer), counts[layer], algo,
                              f"{ms:.3f}", "-" if tms is None else f"{tms:.3f}",
-                             "-" if tms is None else f"{tms / ms:.2f}",
-                             "-" if err is None else f"{err:.1e}"])
+                             "-" if tms is None else f"{tms / ms:.2f}"]
+                            + [f"{compared[a.name]:.3f}" if a.name in compared else "-"
+                               for a in COMPARED]
+                            + ["-" if err is None else f"{err:.1e}"])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
+
+            def bold_total(ms):
+                ratio = f" ({total_tms / ms:.2f})" if torch else ""
+                return f"**{ms:.3f}**{ratio}"
             rows.append([f"**{model} b{batch}**", "**all conv layers (x count)**",
-                         len(layers), "", f"**{total_ms:.3f}**",
-                         f"**{total_tms:.3f}**" if torch else "-",
-                         f"**{total_tms / total_ms:.2f}**" if torch else "-", ""])
+                         len(layers), f"best of all: {bold_total(totals['best'])}",
+                         f"**{total_ms:.3f}**", f"**{total_tms:.3f}**" if torch else "-",
+                         f"**{total_tms / total_ms:.2f}**" if torch else "-"]
+                        + [bold_total(totals[a.name]) for a in COMPARED] + [""])
     notes.append(f"{stage}; median of {repeats} CUDA-event timings after {warmup} warm-up runs; "
                  "ratio = torch / gdnflow (above 1: gdnflow faster)")
     notes.append("torch: cudnn.benchmark=True, TF32 off (cudnn.allow_tf32 = "
                  "cuda.matmul.allow_tf32 = False); float32 NCHW; no bias")
     notes.append("algorithm: what gdnflow's planner ran for the forward ("
                  + ("measured per shape" if args.autotune else "heuristic choice") + "); "
-                 "err: max |gdnflow - torch| / max |torch| of the forward output")
+                 "err: max |gdnflow - torch| / max |torch| of the forward output, the "
+                 "largest over every algorithm timed for the layer")
+    notes.append(", ".join(f"{a.name} ms" for a in COMPARED) + ": the same call with the "
+                 "planner forced to that algorithm where it applies (3x3 stride-1 layers; "
+                 "Winograd runs forward and backward-data, the weight gradient stays on "
+                 "im2col); their total rows count the planner's time for the other layers, "
+                 "with the ratio to torch in parentheses; best of all: the fastest per layer")
     notes.append("batch-1 inputs fit in L2, so those rows time L2-resident data")
     notes.append(f"benchmark wall time {time.perf_counter() - started:.0f} s")
     harness.emit(harness.markdown_table(
         f"Convolutions ({stage})",
         ["model", "layer (N x C x H x W -> C_out, kernel/stride)", "count", "algorithm",
-         "gdnflow ms", "torch ms", "ratio", "err"], rows, notes), args.out)
+         "gdnflow ms", "torch ms", "ratio"] + [f"{a.name} ms" for a in COMPARED] + ["err"],
+        rows, notes), args.out)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ WINOGRAD_HD void filter_transform_pair(const float* w, float* u, int idx, int C_
     for (int i = 0; i < 3; ++i)
 #pragma unroll
         for (int j = 0; j < 3; ++j)
-            g[i][j] = flip ? WINOGRAD_LOAD(wp + (2 - i) * 3 + (2 - j)) : WINOGRAD_LOAD(wp + i * 3 + j);
+            g[i][j] = WINOGRAD_LOAD(wp + (flip ? (2 - i) * 3 + (2 - j) : i * 3 + j));
     float gg[A][3];                       // G g: the columns of g transformed
 #pragma unroll
     for (int j = 0; j < 3; ++j) {

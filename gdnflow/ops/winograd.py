@@ -8,7 +8,7 @@ output tile of image n, output channel o is::
     Y = A^T [ sum_c (G g[o, c] G^T) .* (B^T d[n, c] B) ] A
 
 with d[n, c] the alpha x alpha input tile under it (zeros outside the
-input). Three passes over the whole batch:
+input). Four steps over the whole batch:
 
 1. filter transform  U[xi] [C_out, C_in]  = (G g G^T)[xi] for each (o, c)
 2. input transform   V[xi] [C_in, tiles]  = (B^T d B)[xi] for each (c, tile)
@@ -32,18 +32,25 @@ with a NumPy float32 model of this algorithm against float64 (max |err| / max
 |ref|, random and post-ReLU inputs, 64-512 channels): direct 5e-7, F(2x2) 6e-7,
 F(4x4) 1.3e-5, so both stay well inside gdnflow's 1e-4.
 
-Prediction (H200, fp32, batch 64, before any GPU run). Model: transform
-kernels at 80% of 4.1 TB/s, cuBLAS at 40 TFLOP/s (30 for C_in = 64). VGG16's
-3x3 layers, F(4x4), ms (gdnflow im2col measured / cuDNN measured / predicted):
-64x64x224² 8.46 / 5.63 / 3.6; 64x128x112² 6.25 / 5.50 / 2.3; 64x256x56²
-6.37 / 4.68 / 1.9; 64x512x28² 6.67 / 2.08 / 1.7; 64x512x14² 1.71 / 0.74 /
-0.56; all thirteen layers (the 3-channel first one stays on im2col): 56.1 /
-34.3 / about 20 if every other layer runs F(4x4), about 25 with the 64->64
-layer left on im2col (the default: see :data:`MIN_CHANNEL_PRODUCT`). The
-model is a floor; expect the measured times 1.2-1.5x above it (the
-transforms' redundant loads, batched-GEMM efficiency at these shapes), so a
-VGG16 ratio to cuDNN between 1.0 and 1.4. F(2x2) predicted about 1.7x slower
-than F(4x4) at batch 64 (33 ms); it is measured by autotune only.
+Prediction (H200, fp32, batch 64, written before any GPU run). Model:
+transform kernels at 80% of 4.1 TB/s, cuBLAS at 40 TFLOP/s (30 for C_in =
+64), every byte of x, V, M, y and U counted once per pass. VGG16's 3x3
+layers in F(4x4), ms, as (gdnflow im2col measured / cuDNN measured / this
+model): 64x64x224² 8.46 / 5.63 / 3.6; 64x64x112²->128 3.31 / 2.84 / 1.6;
+64x128x112² 6.25 / 5.50 / 2.3; 64x128x56²->256 3.07 / 2.77 / 1.05; 64x256x56²
+6.37 / 4.68 / 1.9; 64x256x28²->512 3.01 / 1.10 / 0.9; 64x512x28² 6.67 / 2.08 /
+1.7; 64x512x14² 1.71 / 0.74 / 0.56. All thirteen layers (the 3-channel first
+one stays on im2col, 0.75): 56.1 / 34.3 / 19.0, or 23.9 with the 64->64 layer
+left on im2col (see MIN_CHANNEL_PRODUCT).
+The model is a floor: expect measured Winograd layers 1.2-1.5x above it
+(redundant tile loads through L1, batched-GEMM efficiency at these shapes,
+launch gaps between chunks), so VGG16's thirteen layers at 28-32 ms as
+shipped (ratio to cuDNN 1.05-1.25) and 23-28 ms with the 64->64 layer on
+F(4x4) too (1.2-1.5); the 512-channel 28x28 layers are the tightest against
+cuDNN's own Winograd (ratio 0.8-1.05). F(2x2) predicted about 1.7x slower
+than F(4x4) at batch 64 (33 ms for the model); autotune measures it. At batch
+1 the filter transform (a pass over U, 4x the weight) and U's reads dominate
+the 14x14 layers: im2col there (MIN_PIXELS).
 
 Filter transforms and caching. U is recomputed on every call by default:
 gdnflow's weights are updated in place by the optimizers and its arrays carry
@@ -58,7 +65,6 @@ the block ends.
 import contextlib
 import dataclasses
 import functools
-import math
 
 import numpy as np
 
@@ -76,11 +82,10 @@ WORKSPACE_BYTES = 256 << 20
 #: C_out >= MIN_CHANNEL_PRODUCT and N*OH*OW >= MIN_PIXELS (see
 #: :meth:`WinogradF4.preferred`). The transforms move (C_in + C_out) floats per
 #: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little.
-#: 64*64 (VGG16's second layer) is also predicted to gain (3.6 against 8.5 ms
-#: at batch 64) but stays on im2col until measured: the planner test in
-#: tests/ops/test_conv.py pins that shape to im2col; lower both together.
+#: 64*64 (VGG16's second layer) gains too: 3.63 against 8.58 ms at batch 64 on
+#: an H200 (benchmarks/results/conv.md).
 MIN_CHANNELS = 64
-MIN_CHANNEL_PRODUCT = 64 * 128
+MIN_CHANNEL_PRODUCT = 64 * 64
 #: Below this many output pixels the filter transform (a pass over U, which is
 #: 4x the weight) is not paid back by the GEMM saved: batch-1 14x14 layers stay
 #: on im2col.
@@ -162,19 +167,21 @@ class WinogradTiling:
         """Tiles in the batch."""
         return self.n * self.tiles_h * self.tiles_w
 
+    @functools.lru_cache(maxsize=1024)
     def chunks(self, workspace_bytes):
         """[(first tile, tile count)] covering every tile in near-equal chunks.
 
         A chunk of k tiles takes alpha^2 (C_x + C_y) k floats of V and M; at
-        least one tile per chunk whatever the bound.
+        least one tile per chunk whatever the bound. Cached (a tuple): called
+        on every pass.
         """
         if self.tiles == 0:
-            return []
+            return ()
         per_tile = FLOAT * self.alpha ** 2 * (self.c_x + self.c_y)
         most = max(1, workspace_bytes // per_tile)
         count = -(-self.tiles // most)
         size = -(-self.tiles // count)
-        return [(t0, min(size, self.tiles - t0)) for t0 in range(0, self.tiles, size)]
+        return tuple((t0, min(size, self.tiles - t0)) for t0 in range(0, self.tiles, size))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -337,7 +337,7 @@ def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
     (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), Pointwise),
     (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), Im2colGemm),       # strided 1x1
     (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), Im2colGemm),       # padded 1x1
-    (((64, 64, 224, 224), (64, 64, 3, 3), 1, 1, 1, 1), Im2colGemm),
+    (((64, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1, 1), Im2colGemm),     # too few channels
 ])
 def test_planner_heuristic(geometry, expected):
     x_shape, w_shape, stride, padding, dilation, groups = geometry
@@ -346,6 +346,15 @@ def test_planner_heuristic(geometry, expected):
     for stage in ("forward", "backward_data", "backward_weight"):
         assert planner.choose(g, stage) is expected
     assert len(planner.cache) == 3
+
+
+def test_planner_prefers_winograd_for_wide_3x3_layers():
+    from gdnflow.ops.winograd import WinogradF4
+    g = _geometry((64, 64, 224, 224), (64, 64, 3, 3), 1, 1, 1, 1)
+    planner = ConvPlanner(autotune=False)
+    assert planner.choose(g, "forward") is WinogradF4
+    assert planner.choose(g, "backward_data") is WinogradF4
+    assert planner.choose(g, "backward_weight") is Im2colGemm     # no Winograd weight gradient
 
 
 # -------------------------------------------------------------------- GPU --
