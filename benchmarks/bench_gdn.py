@@ -3,12 +3,17 @@
     python benchmarks/bench_gdn.py --out benchmarks/results/gdn.md
 
 Both layers include their parameter reparameterisation, as they do in
-training; x requires a gradient in both timings (a training forward). Before
-each forward+backward the gradients of x and the parameters are reset, so
-that neither side pays for accumulating into old ones. Timing: CUDA events on
-each library's own stream, warm-up, median (see ``harness.py``).
+training. gdnflow is timed twice in the same run: its current GPU path and,
+in the "before" columns, the first version (one GEMM over all pixels for
+dL/dgamma, 4-byte elementwise kernels; see ``gdnflow.ops.gdn``'s switches);
+``--no-before`` skips that. x requires a gradient in every timing (a
+training forward). Before each forward+backward the gradients of x and the
+parameters are reset, so that neither side pays for accumulating into old
+ones. Timing: CUDA events on each library's own stream, warm-up, median (see
+``harness.py``).
 """
 import argparse
+import importlib
 
 import numpy as np
 
@@ -16,6 +21,10 @@ import harness
 import gdnflow as gf
 from gdnflow.nn import GDN
 from gdnflow.testing import relative_error
+
+gdn_module = importlib.import_module("gdnflow.ops.gdn")    # the module, not ops.gdn
+#: gdnflow.ops.gdn's (PARAM_GEMM_CHUNKS, VECTORIZE) of its first version.
+BEFORE = (1, False)
 
 CHANNELS = (128, 192)
 BATCHES = (8, 16)
@@ -39,6 +48,16 @@ def time_gdnflow(layer, x, gy, repeats):
         layer(x).backward(gy)
     forward_ms = harness.time_gdnflow(lambda: layer(x), repeats=repeats)
     return forward_ms, harness.time_gdnflow(forward_backward, repeats=repeats)
+
+
+def time_gdnflow_before(layer, x, gy, repeats):
+    """time_gdnflow with gdnflow.ops.gdn switched to its first version."""
+    current = (gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE)
+    gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = BEFORE
+    try:
+        return time_gdnflow(layer, x, gy, repeats)
+    finally:
+        gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = current
 
 
 def time_compressai(torch, layer, x, gy, repeats):
@@ -68,6 +87,8 @@ def main():
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--inverse", action="store_true", help="time inverse GDN instead")
+    parser.add_argument("--no-before", action="store_true",
+                        help="skip timing gdnflow's first GPU path")
     args = parser.parse_args()
     torch = harness.torch_or_none()
     baseline = compressai_gdn() if torch is not None else None
@@ -95,31 +116,37 @@ def main():
                 x = gf.tensor(x_host, device="cuda", requires_grad=True)
                 gy = gf.tensor(gy_host, device="cuda")
                 fwd, fwd_bwd = time_gdnflow(ours, x, gy, args.repeats)
-                row = ["×".join(map(str, shape)), f"{fwd:.3f}"]
+                old_fwd = old_fwd_bwd = "-"
+                if not args.no_before:
+                    old = time_gdnflow_before(ours, x, gy, args.repeats)
+                    old_fwd, old_fwd_bwd = f"{old[0]:.3f}", f"{old[1]:.3f}"
+                row = ["×".join(map(str, shape)), f"{fwd:.3f}", old_fwd]
                 if theirs is not None:
                     tx = torch.tensor(x_host, device="cuda", requires_grad=True)
                     tgy = torch.tensor(gy_host, device="cuda")
                     t_fwd, t_fwd_bwd = time_compressai(torch, theirs, tx, tgy, args.repeats)
-                    row += [f"{t_fwd:.3f}", f"{t_fwd / fwd:.2f}",
-                            f"{fwd_bwd:.3f}", f"{t_fwd_bwd:.3f}", f"{t_fwd_bwd / fwd_bwd:.2f}"]
+                    row += [f"{t_fwd:.3f}", f"{t_fwd / fwd:.2f}", f"{fwd_bwd:.3f}", old_fwd_bwd,
+                            f"{t_fwd_bwd:.3f}", f"{t_fwd_bwd / fwd_bwd:.2f}"]
                     if (batch, side) == (BATCHES[0], SIDES[0]):
                         err_y, err_gx = agreement(torch, ours, theirs, x_host, gy_host)
                         notes.append(f"C={channels}: relative error against CompressAI: output "
                                      f"{err_y:.1e}, input gradient {err_gx:.1e}")
                     del tx, tgy
                 else:
-                    row += ["-", "-", f"{fwd_bwd:.3f}", "-", "-"]
+                    row += ["-", "-", f"{fwd_bwd:.3f}", old_fwd_bwd, "-", "-"]
                 rows.append(row)
                 del x, gy
     if theirs is None:
         notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
     notes.append("times are medians of CUDA-event timings (ms) after warm-up; "
-                 "ratio = CompressAI / gdnflow (above 1: gdnflow faster); TF32 off on both sides")
+                 "ratio = CompressAI / gdnflow (above 1: gdnflow faster); TF32 off on both sides; "
+                 "before: gdnflow's first GPU path (one GEMM for dL/dgamma, 4-byte kernels)")
     name = "inverse GDN" if args.inverse else "GDN"
     harness.emit(harness.markdown_table(
         f"{name} layer: gdnflow against CompressAI",
-        ["shape", "gdnflow fwd ms", "CompressAI fwd ms", "ratio",
-         "gdnflow fwd+bwd ms", "CompressAI fwd+bwd ms", "ratio"], rows, notes), args.out)
+        ["shape", "gdnflow fwd ms", "before", "CompressAI fwd ms", "ratio",
+         "gdnflow fwd+bwd ms", "before", "CompressAI fwd+bwd ms", "ratio"], rows, notes),
+        args.out)
 
 
 if __name__ == "__main__":

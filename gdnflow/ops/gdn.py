@@ -206,11 +206,14 @@ class CudaPlan:
     times the stages one by one.
     """
 
-    STAGES = ("statistic", "forward", "backward_norm", "backward_input")
+    #: The elementwise stages: kernel <variant>[_vec4]_<stage> and its argument types.
+    KERNELS = {"statistic": "PPiiii", "forward": "PPPPiiiii",
+               "backward_norm": "PPPPPiiii", "backward_input": "PPPPPiiii"}
 
     def __init__(self, variant, shape, chunks_request="auto"):
         from gdnflow.backends.cuda import blas
-        from gdnflow.backends.cuda.kernels import check_index_range, get_runtime, launch_grid
+        from gdnflow.backends.cuda.kernels import check_index_range, launch_grid
+        from gdnflow.backends.cuda.runtime import get_runtime
         batch, channels, height, width = shape
         self.variant, self.shape, self.channels = variant, tuple(shape), channels
         self.hw = height * width
@@ -224,13 +227,11 @@ class CudaPlan:
         check_index_range(self.chunks * channels * (channels + 1), variant)
         self.matmul = blas.matmul
         self.kernels = {}
-        for vec, suffix, width_ in ((False, "", 1), (True, "_vec4", 4)):
+        for vec, suffix, floats in ((False, "", 1), (True, "_vec4", 4)):
             if vec and not self.can_vectorize:
                 continue
-            grid = launch_grid(self.total // width_, BLOCK)
-            for stage in self.STAGES:
-                arg_types = {"statistic": "PPiiii", "forward": "PPPPiiiii",
-                             "backward_norm": "PPPPPiiii", "backward_input": "PPPPPiiii"}[stage]
+            grid = launch_grid(self.total // floats, BLOCK)     # one thread per group of floats
+            for stage, arg_types in self.KERNELS.items():
                 self.kernels[stage, vec] = (
                     cuda.kernel(SOURCE, f"{variant}{suffix}_{stage}", arg_types), grid)
         self.reduce_kernel = cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPii")

@@ -253,9 +253,11 @@ def test_auto_chunks_give_about_two_ctas_per_sm():
 # ------------------------------------------------- chunked GPU path (runs) --
 # (shape, chunk count asked for): chunks that straddle images (3x5x4x4 in 4
 # chunks of 12 pixels), K odd so only the 4-byte kernels run (3x7x9x11 in 9
-# chunks of 33), C = 7 at batch 1, H*W % 4 != 0 with C = 192, and "auto".
+# chunks of 33), C = 7 at batch 1, H*W % 4 != 0 with C = 192, a request whose
+# nearest divisor (4 chunks of 18) would break the 16-byte kernels (3 of 24
+# instead), "auto", and one chunk.
 CHUNKED_CASES = [((3, 5, 4, 4), 4), ((3, 7, 9, 11), 9), ((1, 7, 8, 8), 4),
-                 ((2, 192, 6, 7), 12), ((2, 6, 6, 6), 5), ((4, 192, 16, 16), "auto"),
+                 ((2, 192, 6, 7), 12), ((2, 6, 6, 6), 4), ((4, 192, 16, 16), "auto"),
                  ((2, 3, 5, 7), 1)]
 
 
@@ -275,6 +277,8 @@ def test_cuda_plan_cuts_as_asked():
     assert (plan.chunks, plan.chunk, plan.can_vectorize) == (4, 12, True)
     plan = gdn_module.cuda_plan("gdn", (3, 7, 9, 11), 9)
     assert (plan.chunks, plan.chunk, plan.can_vectorize) == (9, 33, False)
+    plan = gdn_module.cuda_plan("gdn", (2, 6, 6, 6), 4)
+    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (3, 24, True)
 
 
 @pytest.mark.gpu
