@@ -1,4 +1,5 @@
-// The bounded maximum behind GDN's non-negative reparameterisation.
+// The bounded maximum behind GDN's non-negative reparameterisation, alone and
+// fused with the square and the pedestal.
 // Python side: gdnflow/ops/parametrize.py.
 #include "gdnflow_common.cuh"
 
@@ -17,5 +18,25 @@ extern "C" __global__ void lower_bound_backward(const float* __restrict__ x,
     GRID_STRIDE_LOOP(i, n) {
         const float g = gy[i];
         gx[i] = (x[i] >= bound || g < 0.0f) ? g : 0.0f;
+    }
+}
+
+// v = max(p, bound)^2 - pedestal.
+extern "C" __global__ void nonnegative_forward(const float* __restrict__ p, float* __restrict__ v,
+                                               int n, float bound, float pedestal) {
+    GRID_STRIDE_LOOP(i, n) {
+        const float m = fmaxf(p[i], bound);
+        v[i] = m * m - pedestal;
+    }
+}
+
+// gp = 2 max(p, bound) gv, where lower_bound_backward lets the gradient pass
+// (2 max(p, bound) > 0 keeps the sign of gv).
+extern "C" __global__ void nonnegative_backward(const float* __restrict__ p,
+                                                const float* __restrict__ gv,
+                                                float* __restrict__ gp, int n, float bound) {
+    GRID_STRIDE_LOOP(i, n) {
+        const float g = gv[i], x = p[i];
+        gp[i] = (x >= bound || g < 0.0f) ? 2.0f * fmaxf(x, bound) * g : 0.0f;
     }
 }

@@ -4,7 +4,8 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import registry
-from gdnflow.ops.parametrize import PEDESTAL, LowerBound, NonNegativeParametrizer, lower_bound
+from gdnflow.ops.parametrize import (PEDESTAL, LowerBound, NonNegativeParametrize,
+                                     NonNegativeParametrizer, lower_bound)
 from gdnflow.testing import assert_backends_match, gradcheck
 
 DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -97,3 +98,34 @@ def test_cuda_matches_numpy(shape, rng):
     param = NonNegativeParametrizer(1e-2)
     assert_backends_match(param, [around(rng, param.bound, shape)], rtol=1e-5)
     assert_backends_match(lambda t: lower_bound(t, 0.1), [around(rng, 0.1, shape)], rtol=1e-6)
+
+
+# ------------------------------------------------ the fused reparameterisation --
+def composed(p, bound):
+    """The three operators the fused one replaces."""
+    return gf.ops.affine(gf.ops.pow(lower_bound(p, bound), 2.0), 1.0, -PEDESTAL)
+
+
+@pytest.mark.parametrize("minimum", [0.0, 1e-6, 0.3])
+def test_fused_equals_composed_values_and_gradients(minimum):
+    rng = np.random.default_rng(3)
+    bound = (minimum + PEDESTAL) ** 0.5
+    p = rng.uniform(-0.2, 1.0, (5, 7))
+    p[0, :3] = bound                       # on the bound exactly
+    g = rng.standard_normal(p.shape)
+    results = []
+    for fn in (lambda t: NonNegativeParametrize(bound, PEDESTAL)(t), lambda t: composed(t, bound)):
+        t = gf.tensor(p, device="numpy", dtype=np.float64, requires_grad=True)
+        y = fn(t)
+        y.backward(gf.tensor(g, device="numpy", dtype=np.float64))
+        results.append((y.numpy(), t.grad.numpy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.gpu
+def test_fused_cuda_matches_numpy():
+    rng = np.random.default_rng(4)
+    bound = (1e-6 + PEDESTAL) ** 0.5
+    assert_backends_match(lambda t: NonNegativeParametrize(bound, PEDESTAL)(t),
+                          [rng.uniform(-0.5, 1.0, (193, 7))], rtol=1e-5)
