@@ -36,6 +36,7 @@ import uuid
 import numpy as np
 
 from gdnflow.backends import get_backend
+from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
 
 FORMAT_NAME = "gdnflow-checkpoint"
@@ -176,6 +177,7 @@ def load_checkpoint(path, model=None, optimizer=None):
         except ValueError as exc:
             raise CheckpointError(f"{path}: optimiser state does not fit: {exc}") from None
     if model is not None:
+        weights_changed()       # compiled inference plans of this model are now stale
         for name, p in model.named_parameters():
             _assign(p, checkpoint["parameters"][name])
         for name, b in buffers.items():

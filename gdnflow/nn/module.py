@@ -7,6 +7,10 @@ name (``encoder.0.weight``). State that is not trained but belongs to the
 model (batch norm's running statistics) is a *buffer*: a plain tensor
 registered with :meth:`Module.register_buffer`, saved in ``state_dict()`` and
 moved by ``to(device)``, never returned by ``parameters()``.
+
+Compiled inference plans (:mod:`gdnflow.inference`) copy and fold weights,
+so they must know when weights change: :func:`weights_version` is a
+process-wide counter that every change made through gdnflow's API increases.
 """
 from collections import OrderedDict
 
@@ -14,6 +18,26 @@ import numpy as np
 
 from gdnflow.errors import ShapeError
 from gdnflow.tensor import Tensor
+
+_weights_version = 0
+
+
+def weights_version():
+    """A counter that grows whenever weights may have changed through gdnflow's API.
+
+    Increased by assigning a tensor or module to a Module attribute (so by
+    ``to``, ``load_state_dict`` and ``register_buffer``), by ``train()`` (batch
+    norm updates its running statistics in training mode), by
+    ``Optimizer.step`` and by ``gdnflow.io.load_checkpoint``. Code that writes
+    into a tensor's array by other means must call :func:`weights_changed`.
+    """
+    return _weights_version
+
+
+def weights_changed():
+    """Record that weights (parameters or buffers) may have changed; see :func:`weights_version`."""
+    global _weights_version
+    _weights_version += 1
 
 
 class Parameter(Tensor):
@@ -43,6 +67,9 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                  f"before assigning {name!r}")
+        if (isinstance(value, (Tensor, Module)) or name in self._parameters
+                or name in self._buffers or name in self._modules):
+            weights_changed()
         if name in self._buffers:
             # Assigning to a buffer's name replaces the buffer (as in PyTorch);
             # anything but a tensor there would silently drop it from state_dict.
@@ -108,6 +135,7 @@ class Module:
             # A copy: buffers may be updated in place, and a float32 array
             # would otherwise be adopted as is and change under its owner.
             value = Tensor(np.array(value))
+        weights_changed()
         self._buffers[name] = value
         object.__setattr__(self, name, value)
 
@@ -124,6 +152,8 @@ class Module:
 
     def train(self, mode=True):
         """Set training mode (dropout active, batch statistics) on this module and below."""
+        if mode:
+            weights_changed()   # training forwards update batch-norm statistics in place
         for _, module in self.named_modules():
             object.__setattr__(module, "training", mode)
         return self
@@ -131,6 +161,15 @@ class Module:
     def eval(self):
         """Set inference mode on this module and below."""
         return self.train(False)
+
+    def compile_inference(self, input_shape=None, **options):
+        """This model (in eval mode) as a :class:`gdnflow.inference.CompiledModel`.
+
+        Batch norm folded, activations and residual adds fused, and on the
+        GPU one CUDA graph per input shape; see :func:`gdnflow.inference.compile`.
+        """
+        from gdnflow import inference
+        return inference.compile(self, input_shape, **options)
 
     def zero_grad(self):
         """Forget the gradients of every parameter."""

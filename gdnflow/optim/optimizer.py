@@ -18,6 +18,7 @@ import numpy as np
 
 from gdnflow.backends import get_backend
 from gdnflow.errors import ShapeError
+from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
 
 SOURCE = "optim.cu"
@@ -131,6 +132,7 @@ class Optimizer:
     # ------------------------------------------------------------- step --
     def step(self):
         """Update every parameter that has a gradient; parameters without one are skipped."""
+        weights_changed()       # compiled inference plans of these parameters are now stale
         for index, group in enumerate(self.param_groups):
             on_cuda = []
             for p in group["params"]:

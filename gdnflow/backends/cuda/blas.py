@@ -2,10 +2,11 @@
 
 Through ``skcuda.cublas`` (the only part of scikit-cuda that works under
 NumPy 2). Its handle is created once per process, bound to the runtime's
-stream and kept in the default math mode (no TF32: gdnflow's float32 results
-must match the NumPy reference to 1e-4). scikit-cuda has no strided-batched
-GEMM and no math-mode setter; their prototypes are declared here from
-cublas_api.h on the library scikit-cuda loaded.
+stream, given a workspace of its own and kept in the default math mode (no
+TF32: gdnflow's float32 results must match the NumPy reference to 1e-4).
+scikit-cuda has no strided-batched GEMM, no math-mode setter and no
+workspace setter; their prototypes are declared here from cublas_api.h on the
+library scikit-cuda loaded.
 
 The helpers take row-major (C-order) matrices, as gdnflow stores them, and
 translate to cuBLAS's column-major convention: a row-major C = A·B is the
@@ -15,11 +16,16 @@ in memory.
 import ctypes
 import functools
 
+import pycuda.driver as drv
 import skcuda.cublas as cublas
 
 from gdnflow.backends.cuda.runtime import get_runtime
 
 CUBLAS_DEFAULT_MATH = 0
+#: The workspace every cuBLAS call of gdnflow uses (NVIDIA's recommended size
+#: on Hopper). User-owned so that cuBLAS never allocates one itself: it would
+#: do so inside a CUDA graph capture (gdnflow.backends.cuda.graphs).
+WORKSPACE_BYTES = 32 << 20
 _OP = {False: 0, True: 1}       # CUBLAS_OP_N, CUBLAS_OP_T
 
 _lib = cublas._libcublas
@@ -31,13 +37,20 @@ _lib.cublasSgemmStridedBatched.argtypes = [
     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
     ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+_lib.cublasSetWorkspace_v2.restype = int
+_lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_workspace = None               # the DeviceAllocation behind the handle's workspace
 
 
 @functools.lru_cache(maxsize=None)
 def handle():
-    """The process's cuBLAS handle, on gdnflow's stream, default math mode."""
+    """The process's cuBLAS handle: on gdnflow's stream, own workspace, default math mode."""
+    global _workspace
     h = cublas.cublasCreate()
     cublas.cublasSetStream(h, get_runtime().stream.handle)
+    # After cublasSetStream, which resets the workspace to cuBLAS's own pool.
+    _workspace = drv.mem_alloc(WORKSPACE_BYTES)
+    cublas.cublasCheckStatus(_lib.cublasSetWorkspace_v2(h, int(_workspace), WORKSPACE_BYTES))
     cublas.cublasCheckStatus(_lib.cublasSetMathMode(h, CUBLAS_DEFAULT_MATH))
     return h
 

@@ -1,0 +1,291 @@
+"""Inference timing: gdnflow eager, gdnflow's compiled plan, and torchvision (eager, CUDA graph).
+
+Used by ``benchmarks/bench_inference.py`` (which writes the committed
+table) and by the ``gdnflow bench`` command (:func:`add_bench_parser`).
+For each model and batch size, in one process on one GPU:
+
+``torch eager``    torchvision's model, eval, no_grad (TF32 off, cudnn.benchmark on)
+``torch graph``    the same forward captured with ``torch.cuda.graphs``; each call
+                   copies the input into the graph's static input, then replays
+``gdnflow eager``  gdnflow's model (same weights), operator by operator
+``gdnflow fused``  the compiled plan without a CUDA graph: BN folded, activations
+                   and residual adds fused, still one Python call per operator
+``gdnflow plan``   the compiled plan: input copied into the static buffer, one graph replay
+
+Every timing is the median of ``repeats`` CUDA-event timings after
+``warmup`` calls; successive calls cycle through :data:`INPUT_SETS` different
+inputs. The torch models get random weights and non-trivial batch-norm
+statistics, and gdnflow's models load the same state dict, so the table also
+reports the plan's error against PyTorch.
+"""
+import statistics
+
+import numpy as np
+
+#: Models and batch sizes timed by default.
+MODELS = ("mobilenet_v2", "vgg16")
+BATCHES = (1, 64)
+#: Distinct input batches each timed loop cycles through.
+INPUT_SETS = 4
+#: What TARGETS.md asks of the plan, as (ratio to compare, minimum): the
+#: ratio is PyTorch's time over the plan's.
+TARGETS = {("mobilenet_v2", 1): ("torch graph", 1 / 0.7),
+           ("mobilenet_v2", 64): ("best torch", 2.0),
+           ("vgg16", 64): ("best torch", 1.25),
+           ("vgg16", 1): ("best torch", 1.0)}
+HEADERS = ["model", "batch", "torch eager ms", "torch graph ms", "gdnflow eager ms",
+           "gdnflow fused ms", "gdnflow plan ms", "torch graph / plan", "best torch / plan",
+           "target", "plan vs torch (rel. err)"]
+
+
+# ------------------------------------------------------------------ timing --
+def time_gdnflow(fn, warmup=10, repeats=50):
+    """Median milliseconds of ``fn()``, CUDA events on gdnflow's stream."""
+    import pycuda.driver as drv
+    from gdnflow.backends.cuda.runtime import get_runtime
+    stream = get_runtime().stream
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    start, end, times = drv.Event(), drv.Event(), []
+    for _ in range(repeats):
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(end.time_since(start))
+    return statistics.median(times)
+
+
+def time_torch(fn, warmup=10, repeats=50):
+    """Median milliseconds of ``fn()``, CUDA events on PyTorch's current stream."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def torch_or_none():
+    """PyTorch set up as the baseline (TF32 off, cudnn.benchmark on), or None without a GPU."""
+    try:
+        import torch
+        import torchvision  # noqa: F401  (the baseline models)
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    return torch
+
+
+def _cycle(items):
+    """A function returning the items in turn, forever."""
+    state = {"i": -1}
+
+    def next_item():
+        state["i"] = (state["i"] + 1) % len(items)
+        return items[state["i"]]
+    return next_item
+
+
+# ------------------------------------------------------------------ models --
+def random_state(name, torch=None, seed=0):
+    """(state dict of NumPy arrays, torchvision model on the GPU or None) with random weights.
+
+    Batch-norm statistics and affine parameters are drawn away from their
+    initial 0/1, so that folding them is really exercised. Without PyTorch
+    the state is gdnflow's own initialisation with the same statistics drawn.
+    """
+    rng = np.random.default_rng(seed)
+    reference = None
+    if torch is not None:
+        import torchvision
+        torch.manual_seed(seed)
+        reference = getattr(torchvision.models, name)(weights=None).eval()
+        state = {k: v.numpy().copy() for k, v in reference.state_dict().items()
+                 if not k.endswith("num_batches_tracked")}
+    else:
+        from gdnflow import models
+        state = models.get(name)(device="numpy").state_dict()
+    for key, value in state.items():
+        if key.endswith("running_mean"):
+            state[key] = rng.uniform(-0.1, 0.1, value.shape).astype(np.float32)
+        elif key.endswith("running_var"):
+            state[key] = rng.uniform(0.5, 1.5, value.shape).astype(np.float32)
+    if reference is not None:
+        reference.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
+                                  strict=False)
+        reference = reference.cuda()
+    return state, reference
+
+
+def _torch_graph(torch, reference, static_input):
+    """(CUDAGraph, static output) of ``reference(static_input)``, warmed up on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):
+            reference(static_input)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_output = reference(static_input)
+    return graph, static_output
+
+
+def _ms(value):
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _ratio(numerator, denominator):
+    return None if numerator is None or denominator is None else numerator / denominator
+
+
+# --------------------------------------------------------------------- run --
+def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
+        timers=(time_gdnflow, time_torch), log=print, device="cuda", image_size=224):
+    """Time every (model, batch); returns (rows of cells for :data:`HEADERS`, notes).
+
+    ``torch``: the module from :func:`torch_or_none`, or None to time gdnflow
+    alone. ``timers``: the (gdnflow, torch) timing functions, each called as
+    ``timer(fn, warmup, repeats)`` and returning milliseconds. ``device`` and
+    ``image_size`` other than "cuda" and 224 are for testing this code (VGG16
+    needs 224).
+    """
+    import gdnflow as gf
+    from gdnflow import inference, models as zoo
+    from gdnflow.testing import relative_error
+    time_g, time_t = timers
+    rows, notes = [], []
+    for name in models:
+        state, reference = random_state(name, torch)
+        model = zoo.get(name)(device=device).eval()
+        model.load_state_dict(state)
+        model.eval()
+        compiled = inference.compile(model)
+        fused = inference.compile(model, graph=False)
+        for batch in batches:
+            rng = np.random.default_rng(batch)
+            shape = (batch, 3, image_size, image_size)
+            hosts = [rng.standard_normal(shape).astype(np.float32) for _ in range(INPUT_SETS)]
+            xs = [gf.tensor(h, device=device) for h in hosts]
+            log(f"{name} batch {batch}: building plans")
+            plan = compiled.plan(shape)
+            fused_plan = fused.plan(shape)
+
+            def eager(next_x=_cycle(xs)):
+                with gf.no_grad():
+                    model(next_x())
+            t_eager = time_g(eager, warmup, repeats)
+            next_x = _cycle(xs)
+            t_fused = time_g(lambda: fused_plan(next_x()), warmup, repeats)
+            t_plan = time_g(lambda: plan(next_x()), warmup, repeats)
+            got = plan(xs[0]).numpy()
+            t_torch = t_graph = error = None
+            if torch is not None:
+                xs_t = [torch.from_numpy(h).cuda() for h in hosts]
+                next_t = _cycle(xs_t)
+
+                def torch_eager():
+                    with torch.no_grad():
+                        reference(next_t())
+                t_torch = time_t(torch_eager, warmup, repeats)
+                static_input = xs_t[0].clone()
+                graph, static_output = _torch_graph(torch, reference, static_input)
+
+                def torch_graph():
+                    static_input.copy_(next_t())
+                    graph.replay()
+                t_graph = time_t(torch_graph, warmup, repeats)
+                with torch.no_grad():
+                    expected = reference(xs_t[0]).cpu().numpy()
+                error = relative_error(got, expected)
+                del graph, static_output, static_input, xs_t
+                torch.cuda.empty_cache()
+            best = None if torch is None else min(t_torch, t_graph)
+            target = TARGETS.get((name, batch))
+            target_text = "—"
+            if target and torch is not None:
+                achieved = _ratio(t_graph if target[0] == "torch graph" else best, t_plan)
+                verdict = "met" if achieved >= target[1] else "missed"
+                target_text = f"≥ {target[1]:.2f} vs {target[0]}: {verdict}"
+            rows.append([name, batch, _ms(t_torch), _ms(t_graph), _ms(t_eager), _ms(t_fused),
+                         _ms(t_plan), _fmt_ratio(_ratio(t_graph, t_plan)),
+                         _fmt_ratio(_ratio(best, t_plan)), target_text,
+                         "—" if error is None else f"{error:.1e}"])
+            s = plan.stats
+            memory = (f"; arena {s['arena_bytes'] / 2**20:.1f} MiB for {s['allocations']} "
+                      f"buffers of {s['allocated_bytes'] / 2**20:.1f} MiB"
+                      if "arena_bytes" in s else "")
+            notes.append(f"{name} batch {batch}: {s['traced_steps']} traced operators -> "
+                         f"{s['steps']} ({s['folded_batch_norm']} batch norms folded, "
+                         f"{s['fused_activation']} activations and {s['fused_residual']} "
+                         f"residual adds fused){memory}; built in {s['build_seconds']:.2f} s")
+            compiled.invalidate()
+            fused.invalidate()
+    return rows, notes
+
+
+def _fmt_ratio(value):
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def markdown(rows, notes, title="Inference: gdnflow plans against PyTorch"):
+    """The table as markdown, headed by the GPU's name and the date."""
+    import datetime
+    from gdnflow.backends.cuda.runtime import get_runtime
+    lines = [f"## {title}", "", f"GPU: {get_runtime().name}; date: "
+             f"{datetime.date.today().isoformat()}", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
+# --------------------------------------------------------------------- CLI --
+def add_bench_parser(subparsers):
+    """Add the ``bench`` command to the ``gdnflow`` CLI's subparsers."""
+    bench = subparsers.add_parser(
+        "bench", help="time inference: gdnflow eager and compiled plans (and torchvision, "
+        "eager and with a CUDA graph, when PyTorch is installed)")
+    bench.add_argument("--models", default=",".join(MODELS),
+                       help=f"comma-separated model names (default {','.join(MODELS)})")
+    bench.add_argument("--batches", default=",".join(str(b) for b in BATCHES),
+                       help="comma-separated batch sizes (default 1,64)")
+    bench.add_argument("--repeats", type=int, default=50, help="timed calls (median; default 50)")
+    bench.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
+    bench.add_argument("--no-torch", action="store_true", help="time gdnflow alone")
+    bench.add_argument("--out", help="also write the markdown table to this file")
+    bench.set_defaults(run=cmd_bench)
+    return bench
+
+
+def cmd_bench(args):
+    """Run the benchmark for the ``gdnflow bench`` command; exit status 1 without a GPU."""
+    import sys
+    import gdnflow
+    if not gdnflow.cuda_available():
+        from gdnflow.backends import cuda
+        print(f"bench: needs a CUDA device ({cuda.unavailable_reason()})", file=sys.stderr)
+        return 1
+    torch = None if args.no_torch else torch_or_none()
+    rows, notes = run([m.strip() for m in args.models.split(",") if m.strip()],
+                      [int(b) for b in args.batches.split(",") if b.strip()],
+                      args.warmup, args.repeats, torch,
+                      log=lambda line: print(line, file=sys.stderr))
+    table = markdown(rows, notes)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table)
+    return 0
