@@ -3,15 +3,40 @@
 //
 // Why not im2col + GEMM: each output reads KH*KW inputs and multiplies them by
 // KH*KW weights of its own channel, a "GEMM" of one row. The work is all
-// memory traffic, so the kernels read each input once into shared memory and
-// keep the weights in registers.
+// memory traffic: the forward moves each input and each output through device
+// memory once, in full 16-byte accesses where the layout allows.
 //
-// The kernel geometry is compile-time (-D): KH, KW (taps), SH, SW (strides),
-// DH, DW (dilations) and RPT (outputs per thread, stacked vertically), so every
-// tap loop unrolls and the tap/row bookkeeping folds into constants. Tile
-// sizes are runtime: a block is (BX, BY, BZ) threads, BZ planes side by side,
-// each plane's tile BX outputs wide and BY*RPT tall; shared memory is sized by
-// the host (gdnflow/ops/depthwise.py computes the same extents).
+// Forward (depthwise_forward; also backward-data at stride 1, see below).
+// A block takes `planes_per_block` consecutive planes and a strip of
+// `strip_rows` output rows of each (the whole plane when strips == 1). It
+//  1. stages the input rows the strip reads, [a, b) clipped to the image,
+//     whole rows, into shared memory with cp.async: rows of consecutive
+//     planes are consecutive in memory, so the copy is one or a few
+//     contiguous runs, VEC_COPY floats per copy (16 bytes when aligned);
+//  2. computes: each thread takes RPT output rows x OUT_COLS output columns
+//     of one plane. It walks the ROWS_IN input rows those outputs read, reads
+//     from each the OUT_COLS*SW "own" columns (VEC_IN floats at a time) plus
+//     the few halo columns around them, and adds each row into every output
+//     row that reads it, so an input row is read once per thread, not once
+//     per tap row;
+//  3. adds the bias, applies the activation and stores VEC_OUT floats at a
+//     time. Columns and rows outside the image read as zero (predicates, not
+//     padding in shared memory), so the staged tile is the input as it lies.
+// The host (gdnflow/ops/depthwise.py, forward_plan) picks the tiling and the
+// vector widths; they divide the row lengths and the pointers' alignment.
+//
+// Compile-time (-D): KH, KW (taps), SH, SW (strides), DH, DW (dilations),
+// RPT (output rows per thread), OUT_COLS (output columns per thread),
+// PAD_LEFT (may be negative: backward-data's padding (KW-1)*DW - left),
+// VEC_COPY, VEC_IN, VEC_OUT (1, 2 or 4) and FLIP (1: the filter rotated by 180
+// degrees, for backward-data). Every loop over taps, rows and columns
+// unrolls, so a thread's inputs and sums stay in registers.
+//
+// The staging and compute steps are __host__ __device__ functions:
+// tests/ops/test_depthwise_host.py compiles this file for the host and runs
+// every block and thread through them, so the index arithmetic, the vector
+// alignment and the shared-memory bounds are checked without a GPU
+// (DW_HOST_CHECK counts violations there; it is empty on the device).
 #include "gdnflow_common.cuh"
 
 #ifndef KH
@@ -35,13 +60,44 @@
 #ifndef RPT
 #define RPT 4
 #endif
+#ifndef OUT_COLS
+#define OUT_COLS 4
+#endif
+#ifndef PAD_LEFT
+#define PAD_LEFT 1
+#endif
+#ifndef VEC_COPY
+#define VEC_COPY 1
+#endif
+#ifndef VEC_IN
+#define VEC_IN 1
+#endif
+#ifndef VEC_OUT
+#define VEC_OUT 1
+#endif
+#ifndef FLIP
+#define FLIP 0
+#endif
+#ifndef DW_HOST_CHECK
+#define DW_HOST_CHECK(condition)
+#endif
+
+// Threads per block the forward is compiled for (the host never asks for more).
+#define DW_MAX_THREADS 256
+
+#ifdef __CUDA_ARCH__
+#define DW_LOAD(p) __ldg(p)
+#else
+#define DW_LOAD(p) (*(p))
+#endif
+#define DW_HD __host__ __device__ __forceinline__
 
 // Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_RELU6 2
 
-__device__ __forceinline__ float activate(float v, int act) {
+DW_HD float activate(float v, int act) {
     if (act == ACT_RELU) return fmaxf(v, 0.0f);
     if (act == ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
     return v;
@@ -52,73 +108,218 @@ __device__ __forceinline__ int floor_div(int a, int b) {
     return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-// y[plane, oh, ow] = act(bias[c] + sum_{i,j} w[c, i, j] *
-//                        x[plane, oh*SH - pad_top + i*DH, ow*SW - pad_left + j*DW])
-// with plane = n*C + c and zero outside the input. bias may be null.
-// Grid: (plane groups of BZ, tiles along OW, tiles along OH); planes go on x,
-// the dimension without the 65535 limit.
-extern "C" __global__ void depthwise_forward(
-        const float* __restrict__ x, const float* __restrict__ w,
-        const float* __restrict__ bias, float* __restrict__ y,
-        int planes, int C, int H, int W, int OH, int OW,
-        int pad_top, int pad_left, int act) {
-    extern __shared__ float smem[];
-    const int tile_w = blockDim.x, tile_h = blockDim.y * RPT;
-    const int in_w = (tile_w - 1) * SW + (KW - 1) * DW + 1;
-    const int in_h = (tile_h - 1) * SH + (KH - 1) * DH + 1;
-    const int plane = blockIdx.x * blockDim.z + threadIdx.z;
-    const int oh0 = blockIdx.z * tile_h, ow0 = blockIdx.y * tile_w;
-    float* tile = smem + threadIdx.z * in_h * in_w;
-
-    // Stage the input tile (with its halo, zero-padded) once: each input is
-    // then read from shared memory by every output that needs it.
-    if (plane < planes) {
-        const float* xp = x + (size_t)plane * H * W;
-        const int ih0 = oh0 * SH - pad_top, iw0 = ow0 * SW - pad_left;
-        const int threads = blockDim.x * blockDim.y;
-        for (int k = threadIdx.y * blockDim.x + threadIdx.x; k < in_h * in_w; k += threads) {
-            const int r = k / in_w, q = k - r * in_w;
-            const int ih = ih0 + r, iw = iw0 + q;
-            tile[k] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldg(xp + ih * W + iw) : 0.0f;
-        }
+// N floats (N = 1, 2, 4) between memory and registers in one access; the
+// address must be aligned to 4*N bytes (checked on the host).
+template <int N>
+DW_HD void load_floats(float* r, const float* p) {
+    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
+    if constexpr (N == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+    } else if constexpr (N == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        r[0] = v.x; r[1] = v.y;
+    } else {
+        r[0] = *p;
     }
-    __syncthreads();
-    const int ox = threadIdx.x, oy = threadIdx.y * RPT;
-    if (plane >= planes || ow0 + ox >= OW || oh0 + oy >= OH) return;
+}
 
+template <int N>
+DW_HD void store_floats(float* p, const float* r) {
+    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
+    if constexpr (N == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+    } else if constexpr (N == 2) {
+        *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
+    } else {
+        *p = r[0];
+    }
+}
+
+// Global -> shared copy of N floats without a register round trip (cp.async,
+// sm_80+; 16-byte copies bypass L1). On the host: a plain copy.
+template <int N>
+DW_HD void copy_to_shared(float* dst, const float* src) {
+    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
+    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
+#ifdef __CUDA_ARCH__
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (N == 4)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
+                     :: "r"(s), "l"(src), "n"(4 * N) : "memory");
+#else
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+#endif
+}
+
+// Waits for this thread's cp.async copies (the barrier after it publishes them).
+__device__ __forceinline__ void copies_done() {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// One block's share of the forward: planes [p0, p0 + np), output rows
+// [r0, r1) of each, input rows [a, b) staged (b <= a when none is inside).
+struct Strip {
+    int p0, np, r0, r1, a, b;
+};
+
+DW_HD Strip strip_of(int block, int planes, int H, int OH, int pad_top, int planes_per_block,
+                     int strip_rows, int strips) {
+    Strip s;
+    const int group = block / strips;
+    s.p0 = group * planes_per_block;
+    s.np = planes - s.p0 < planes_per_block ? planes - s.p0 : planes_per_block;
+    s.r0 = (block - group * strips) * strip_rows;
+    s.r1 = s.r0 + strip_rows < OH ? s.r0 + strip_rows : OH;
+    const int first = s.r0 * SH - pad_top;
+    const int last = (s.r1 - 1) * SH - pad_top + (KH - 1) * DH;     // inclusive
+    s.a = first > 0 ? first : 0;
+    s.b = last + 1 < H ? last + 1 : H;
+    return s;
+}
+
+// Step 1 for thread t of `threads`: copy its share of rows [a, b) of every
+// plane of the strip to tile + q * tile_floats (q = plane - p0). The host
+// makes VEC_COPY divide W (or H*W when every strip stages whole planes).
+DW_HD void stage_strip(const float* x, float* tile, const Strip& s, int t, int threads,
+                       int H, int W, int tile_floats) {
+    const int rows = s.b - s.a;
+    if (rows <= 0) return;
+    DW_HOST_CHECK(rows * W % VEC_COPY == 0 && rows * W <= tile_floats);
+    const int per_plane = rows * W / VEC_COPY;
+    const int total = s.np * per_plane;
+    const float* src = x + ((size_t)s.p0 * H + s.a) * W;
+    for (int e = t; e < total; e += threads) {
+        const int q = e / per_plane;
+        const int off = (e - q * per_plane) * VEC_COPY;
+        copy_to_shared<VEC_COPY>(tile + q * tile_floats + off, src + (size_t)q * H * W + off);
+    }
+}
+
+// The input rows a thread walks and the columns it reads, relative to the
+// start of its own columns (cs = first output column * SW): outputs v of the
+// thread read columns v*SW - PAD_LEFT + j*DW; [0, CHUNK) are its own.
+constexpr int ROWS_IN = (RPT - 1) * SH + (KH - 1) * DH + 1;
+constexpr int CHUNK = OUT_COLS * SW;
+constexpr int REL_LO = -PAD_LEFT < 0 ? -PAD_LEFT : 0;
+constexpr int REL_HI_TAPS = (OUT_COLS - 1) * SW - PAD_LEFT + (KW - 1) * DW;
+constexpr int REL_HI = REL_HI_TAPS > CHUNK - 1 ? REL_HI_TAPS : CHUNK - 1;
+constexpr int REL_COUNT = REL_HI - REL_LO + 1;
+static_assert(CHUNK % VEC_IN == 0 && OUT_COLS % VEC_OUT == 0, "vector widths must divide");
+
+// Steps 2 and 3 for thread t: RPT x OUT_COLS outputs of one plane of the strip.
+DW_HD void compute_strip(const float* tile, const float* w, const float* bias, float* y,
+                         const Strip& s, int t, int C, int H, int W, int OH, int OW,
+                         int pad_top, int act, int tile_floats, int row_groups, int col_groups) {
+    const int cg = t % col_groups;
+    const int rest = t / col_groups;
+    const int rg = rest % row_groups;
+    const int q = rest / row_groups;
+    const int oh0 = s.r0 + rg * RPT;
+    if (q >= s.np || oh0 >= s.r1) return;
+    const int plane = s.p0 + q;
     const int c = plane % C;
+    const int ow0 = cg * OUT_COLS;
+    const int cs = ow0 * SW;
+
     float wr[KH * KW];
 #pragma unroll
-    for (int t = 0; t < KH * KW; ++t) wr[t] = __ldg(w + c * (KH * KW) + t);
-    const float b = bias ? __ldg(bias + c) : 0.0f;
-    float acc[RPT];
+    for (int k = 0; k < KH * KW; ++k)
+        wr[k] = DW_LOAD(w + c * (KH * KW) + (FLIP ? KH * KW - 1 - k : k));
+    const float b0 = bias ? DW_LOAD(bias + c) : 0.0f;
+    float acc[RPT][OUT_COLS];
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) acc[r] = b;
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int v = 0; v < OUT_COLS; ++v) acc[r][v] = b0;
 
-    // The RPT outputs of a thread share input rows: walk the union of rows
-    // once, load each row's KW taps once, and add them into every output that
-    // uses that row (output r uses input row t through tap i = (t - r*SH)/DH).
-    constexpr int ROWS = (RPT - 1) * SH + (KH - 1) * DH + 1;
-    const float* base = tile + oy * SH * in_w + ox * SW;
+    const float* plane_tile = tile + q * tile_floats;
 #pragma unroll
-    for (int t = 0; t < ROWS; ++t) {
-        float v[KW];
+    for (int t_row = 0; t_row < ROWS_IN; ++t_row) {
+        const int ih = oh0 * SH - pad_top + t_row;
+        // Staged rows are [a, b); rows past b feed only outputs past r1.
+        const bool row_ok = ih >= 0 && ih < s.b;
+        const float* row = plane_tile + (ih - s.a) * W;
+        float in[REL_COUNT];
 #pragma unroll
-        for (int j = 0; j < KW; ++j) v[j] = base[t * in_w + j * DW];
+        for (int m = 0; m < CHUNK; m += VEC_IN) {
+            if (row_ok && cs + m < W) {
+                DW_HOST_CHECK((ih - s.a) * W + cs + m + VEC_IN <= tile_floats);
+                load_floats<VEC_IN>(in + (m - REL_LO), row + cs + m);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC_IN; ++e) in[m - REL_LO + e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int rel = REL_LO; rel <= REL_HI; ++rel) {
+            if (rel >= 0 && rel < CHUNK) continue;             // an own column, read above
+            const int col = cs + rel;
+            const bool inside = row_ok && col >= 0 && col < W;
+            DW_HOST_CHECK(!inside || (ih - s.a) * W + col < tile_floats);
+            in[rel - REL_LO] = inside ? row[col] : 0.0f;
+        }
+        // Output row r reads this input row through tap i = (t_row - r*SH) / DH.
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
-            const int d = t - r * SH;
+            const int d = t_row - r * SH;
             if (d >= 0 && d % DH == 0 && d / DH < KH) {
+                const int i = d / DH;
 #pragma unroll
-                for (int j = 0; j < KW; ++j) acc[r] = fmaf(wr[(d / DH) * KW + j], v[j], acc[r]);
+                for (int v = 0; v < OUT_COLS; ++v)
+#pragma unroll
+                    for (int j = 0; j < KW; ++j)
+                        acc[r][v] = fmaf(wr[i * KW + j], in[v * SW - PAD_LEFT + j * DW - REL_LO],
+                                         acc[r][v]);
             }
         }
     }
-    float* yp = y + (size_t)plane * OH * OW + (size_t)(oh0 + oy) * OW + ow0 + ox;
+
+    float* yp = y + (size_t)plane * OH * OW;
 #pragma unroll
-    for (int r = 0; r < RPT; ++r)
-        if (oh0 + oy + r < OH) yp[r * OW] = activate(acc[r], act);
+    for (int r = 0; r < RPT; ++r) {
+        const int oh = oh0 + r;
+        if (oh >= s.r1) break;
+#pragma unroll
+        for (int m = 0; m < OUT_COLS; m += VEC_OUT) {
+            if (ow0 + m >= OW) break;
+            float out[VEC_OUT];
+#pragma unroll
+            for (int e = 0; e < VEC_OUT; ++e) out[e] = activate(acc[r][m + e], act);
+            store_floats<VEC_OUT>(yp + (size_t)oh * OW + ow0 + m, out);
+        }
+    }
 }
+
+// y[plane, oh, ow] = act(bias[c] + sum_{i,j} w[c, i, j] *
+//                        x[plane, oh*SH - pad_top + i*DH, ow*SW - PAD_LEFT + j*DW])
+// with plane = n*C + c and zero outside the input; bias may be null. With
+// FLIP the taps run backwards (w[c, KH-1-i, KW-1-j]). Grid: one block per
+// (group of planes_per_block planes, strip) = ceil(planes / planes_per_block)
+// * strips blocks, strips of a plane group adjacent; dynamic shared memory
+// planes_per_block * tile_floats floats.
+extern "C" __global__ void __launch_bounds__(DW_MAX_THREADS) depthwise_forward(
+        const float* __restrict__ x, const float* __restrict__ w,
+        const float* __restrict__ bias, float* __restrict__ y,
+        int planes, int C, int H, int W, int OH, int OW, int pad_top, int act,
+        int planes_per_block, int strip_rows, int strips, int tile_floats,
+        int row_groups, int col_groups) {
+    extern __shared__ __align__(16) float tile[];
+    const Strip s = strip_of(blockIdx.x, planes, H, OH, pad_top, planes_per_block, strip_rows,
+                             strips);
+    stage_strip(x, tile, s, threadIdx.x, blockDim.x, H, W, tile_floats);
+    copies_done();
+    __syncthreads();
+    compute_strip(tile, w, bias, y, s, threadIdx.x, C, H, W, OH, OW, pad_top, act, tile_floats,
+                  row_groups, col_groups);
+}
+
+// ------------------------------------------------------------- backward --
+// Backward-data at stride 1 runs depthwise_forward (see depthwise.py); the
+// kernel below serves strided geometries. Its tiles are (BX, BY*RPT) gx
+// entries per plane, BZ planes per block, shared memory sized by the host.
 
 // Rows (or columns) of gy that a tile of `extent` gx rows starting at h0 reads:
 // gy row oh feeds gx row h = oh*S - pad + i*D, so oh runs from

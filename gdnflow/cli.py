@@ -1,7 +1,13 @@
 """The ``gdnflow`` command.
 
     gdnflow info              what gdnflow sees: version, devices, operators, CUDA sources
+    gdnflow info FILE         what a checkpoint, Keras or ONNX file holds
+    gdnflow classify IMAGE... top-5 classes of images (gdnflow.classify)
+    gdnflow convert IN OUT.h5 an ONNX or Keras file as a gdnflow checkpoint
+    gdnflow train             train a GDN image-compression autoencoder (--resume continues a run)
     gdnflow demo              the main job (see gdnflow.demo): trains on the default device
+    gdnflow bench             MobileNetV2 and VGG16 inference: gdnflow against PyTorch
+    gdnflow prune MODEL.h5    magnitude pruning of a checkpoint's convolutions (gdnflow.sparse)
     gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
     gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
 """
@@ -10,7 +16,10 @@ import sys
 
 
 def cmd_info(args):
-    """Print the version, the devices and the registered operators."""
+    """Print the version, the devices and the registered operators (or what FILE holds)."""
+    if getattr(args, "file", None):
+        from gdnflow import classify
+        return classify.cmd_info_file(args)
     import gdnflow
     from gdnflow import registry
     from gdnflow.backends import cuda
@@ -25,6 +34,8 @@ def cmd_info(args):
     print(f"default device: {gdnflow.default_device()}")
     print(f"CUDA sources: {source_dir()}")
     print("operators: " + " ".join(registry.names()))
+    from gdnflow.sparse import describe
+    print(describe())
     return 0
 
 
@@ -90,14 +101,18 @@ def build_parser():
     """The argument parser of the ``gdnflow`` command."""
     parser = argparse.ArgumentParser(prog="gdnflow", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="show devices, operators and where the CUDA sources are"
-                   ).set_defaults(run=cmd_info)
+    info = sub.add_parser("info", help="show devices, operators and where the CUDA sources are; "
+                          "with FILE, what a checkpoint, Keras or ONNX file holds")
+    info.add_argument("file", nargs="?", metavar="FILE")
+    info.set_defaults(run=cmd_info)
     demo = sub.add_parser("demo", help="the main job: train on the default device")
     demo.add_argument("--steps", type=int, default=200, help="optimisation steps (default 200)")
     demo.add_argument("--device", choices=["numpy", "cuda"], help="default: GDNFLOW_DEVICE, "
                       "else cuda when usable, else numpy")
     demo.add_argument("--seed", type=int, default=0, help="random seed")
     demo.set_defaults(run=cmd_demo)
+    from gdnflow.train.cli import add_train_parser
+    add_train_parser(sub)
     sub.add_parser("plugins", help="list installed operator plugins, their operators, and "
                    "whether their CUDA sources compile (exit 1 if one fails)"
                    ).set_defaults(run=cmd_plugins)
@@ -107,6 +122,12 @@ def build_parser():
                        "folder, or an operator name")
     check.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     check.set_defaults(run=cmd_plugin_check)
+    from gdnflow import classify
+    classify.add_commands(sub)
+    from gdnflow.inference_bench import add_bench_parser
+    add_bench_parser(sub)
+    from gdnflow.sparse.cli import add_prune_parser
+    add_prune_parser(sub)
     return parser
 
 

@@ -3,10 +3,11 @@
 Parameter names follow torchvision's, so its state dicts (converted to NumPy
 arrays) load with ``load_state_dict`` unchanged.
 """
+from gdnflow.models.factorized_prior import FactorizedPrior, factorized_prior
 from gdnflow.models.mobilenet_v2 import mobilenet_v2
 from gdnflow.models.vgg import vgg16
 
-MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16}
+MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16, "factorized_prior": factorized_prior}
 
 
 def get(name):

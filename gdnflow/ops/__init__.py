@@ -13,6 +13,7 @@ from gdnflow.ops.conv import conv2d
 from gdnflow.ops.conv_transpose import conv_transpose2d
 from gdnflow.ops.elementwise import (Add, Affine, BroadcastTo, Clamp, Div, Exp, Log, Mul, Neg,
                                      Pow, ReLU, ReLU6, Sigmoid, Sqrt, Sub, sum_to)
+from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
 from gdnflow.ops.gdn import GDNOperator
 from gdnflow.ops.linear import linear, matmul
 from gdnflow.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d
@@ -26,6 +27,7 @@ from gdnflow.tensor import Tensor
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
            "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
            "sum_to", "transpose", "slice_", "concat", "pad"]
+__all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_difference"]
 __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",
             "fold_batch_norm", "softmax", "log_softmax", "dropout"]
 
@@ -184,3 +186,7 @@ def concat(tensors, axis=0):
 def pad(x, pads, value=0.0):
     """Constant padding: one (before, after) pair per leading dimension."""
     return Pad(pads, value)(x)
+
+
+# Registers the "sparse_conv2d" operator (gdnflow.sparse: pruned networks).
+from gdnflow.sparse.conv import sparse_conv2d  # noqa: E402

@@ -111,19 +111,16 @@ def _split64(value, what):
     return value & 0xFFFFFFFF, value >> 32
 
 
-def philox4x32_word0(counter0, key, stream):
-    """First output word of Philox4x32-10 for counters (counter0, 0, stream_lo, stream_hi).
+def philox4x32(counter, key):
+    """Philox4x32-10 of 128-bit counters under a 64-bit key, in NumPy.
 
-    ``counter0`` is an array of uint32 values (one per element), ``key`` and
-    ``stream`` 64-bit integers. The NumPy twin of ``philox_word0`` in
-    entropy.cu; returns a uint32 array of counter0's shape.
+    ``counter`` is a sequence of four uint32 arrays (or numbers) that
+    broadcast together, ``key`` a pair of 32-bit integers; returns the four
+    output words as uint32 arrays. The NumPy twin of ``philox_word0`` in
+    entropy.cu (which keeps only the first word).
     """
-    k0, k1 = _split64(key, "key")
-    s_lo, s_hi = _split64(stream, "stream")
-    c0 = np.asarray(counter0, dtype=np.uint64)
-    c1 = np.zeros_like(c0)
-    c2 = np.full_like(c0, s_lo)
-    c3 = np.full_like(c0, s_hi)
+    c0, c1, c2, c3 = np.broadcast_arrays(*[np.asarray(c, dtype=np.uint64) for c in counter])
+    k0, k1 = (int(k) & 0xFFFFFFFF for k in key)
     m0, m1 = PHILOX_M
     for _ in range(10):
         p0, p1 = m0 * c0, m1 * c2            # exact: both factors are below 2^32
@@ -131,7 +128,18 @@ def philox4x32_word0(counter0, key, stream):
         hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK32
         c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0
         k0, k1 = (k0 + PHILOX_W[0]) & 0xFFFFFFFF, (k1 + PHILOX_W[1]) & 0xFFFFFFFF
-    return c0.astype(np.uint32)
+    return tuple(c.astype(np.uint32) for c in (c0, c1, c2, c3))
+
+
+def philox4x32_word0(counter0, key, stream):
+    """First Philox4x32-10 word for counters (counter0, 0, stream_lo, stream_hi) under ``key``.
+
+    ``counter0``: uint32 values, one per element; ``key``, ``stream``:
+    integers in [0, 2^64). This is the random word of element counter0 in
+    :class:`UniformNoise`.
+    """
+    s_lo, s_hi = _split64(stream, "stream")
+    return philox4x32((counter0, 0, s_lo, s_hi), _split64(key, "key"))[0]
 
 
 def uniform_noise_values(shape, key, stream, dtype=np.float32):

@@ -1,0 +1,147 @@
+"""Factorized-prior training step: gdnflow against CompressAI, same batch, loss and optimiser.
+
+    python benchmarks/bench_train.py --out benchmarks/results/train.md
+
+Both sides train FactorizedPrior(128, 192) on one batch of 16 random
+256x256 images in [0, 1] with CompressAI's recipe: loss lambda 255^2 MSE + bpp
+(lambda 0.0130), Adam (1e-4) on every parameter but the quantiles, gradient
+clipping at norm 1, and a second Adam (1e-3) on the quantiles' auxiliary
+loss. gdnflow's step is ``Trainer.train_step``, the one ``gdnflow train``
+runs (it reads the step's scalars back once, to stop on NaN/inf); CompressAI's
+is the loop of its ``examples/train.py``. gdnflow starts from CompressAI's
+initial weights, and the two models' evaluation losses (rounded latents) on
+the batch are compared first. Timing: CUDA events on each library's stream,
+warm-up, median (see ``harness.py``); TF32 off.
+"""
+import argparse
+
+import numpy as np
+
+import harness
+import gdnflow as gf
+from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_state_dict
+from gdnflow.train import TrainConfig, Trainer
+
+N, M, BATCH, SIDE, LMBDA = 128, 192, 16, 256, 0.0130
+
+
+def compressai_model(torch):
+    """CompressAI's FactorizedPrior(N, M) on the GPU, or None if CompressAI is missing."""
+    try:
+        from compressai.models import FactorizedPrior as CompressaiFactorizedPrior
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    return CompressaiFactorizedPrior(N, M).cuda().train()
+
+
+def compressai_step(torch, net, x):
+    """One training step of CompressAI's examples/train.py, as a function of nothing."""
+    from compressai.losses import RateDistortionLoss
+    criterion = RateDistortionLoss(lmbda=LMBDA)
+    main = [p for n, p in net.named_parameters() if not n.endswith(".quantiles")]
+    aux = [p for n, p in net.named_parameters() if n.endswith(".quantiles")]
+    optimizer = torch.optim.Adam(main, lr=1e-4)
+    aux_optimizer = torch.optim.Adam(aux, lr=1e-3)
+
+    def step():
+        optimizer.zero_grad()
+        aux_optimizer.zero_grad()
+        out = net(x)
+        loss = criterion(out, x)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        aux_loss = net.aux_loss()
+        aux_loss.backward()
+        aux_optimizer.step()
+
+    def forward():
+        return criterion(net(x), x)["loss"]
+
+    return step, forward
+
+
+def evaluation_terms_gdnflow(trainer, x):
+    """(loss, bpp, mse) of gdnflow's model in eval mode (rounded latents) on x."""
+    trainer.model.eval()
+    with gf.no_grad():
+        terms = trainer.criterion(trainer.model(x), x)
+    trainer.model.train()
+    return tuple(terms[k].item() for k in ("loss", "bpp", "mse"))
+
+
+def evaluation_terms_compressai(torch, net, x):
+    """(loss, bpp, mse) of CompressAI's model in eval mode (rounded latents) on x."""
+    from compressai.losses import RateDistortionLoss
+    net.eval()
+    with torch.no_grad():
+        terms = RateDistortionLoss(lmbda=LMBDA)(net(x), x)
+    net.train()
+    return tuple(float(terms[k]) for k in ("loss", "bpp_loss", "mse_loss"))
+
+
+def main():
+    """Time both training steps and print (and write) the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the markdown table here")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch = harness.torch_or_none()
+    net = compressai_model(torch) if torch is not None else None
+    rng = np.random.default_rng(0)
+    x_host = rng.random((BATCH, 3, SIDE, SIDE), dtype=np.float32)
+    x = gf.tensor(x_host, device="cuda")
+
+    model = FactorizedPrior(N, M, seed=0, device="cuda")
+    notes = []
+    if net is not None:
+        skipped = load_compressai_state_dict(model, net.state_dict())
+        notes.append(f"gdnflow loaded CompressAI's initial weights ({len(skipped)} CompressAI "
+                     "buffers without a gdnflow counterpart skipped)")
+    trainer = Trainer(TrainConfig(N=N, M=M, lmbda=LMBDA, device="cuda", quiet=True), model=model)
+    rows = []
+    if net is not None:
+        tx = torch.tensor(x_host, device="cuda")
+        ours, theirs = evaluation_terms_gdnflow(trainer, x), evaluation_terms_compressai(torch, net, tx)
+        errors = ", ".join(f"{name} {abs(a - b) / abs(b):.1e}" for name, a, b in
+                           zip(("loss", "bpp", "mse"), ours, theirs))
+        notes.append(f"same weights, evaluation mode (rounded latents): relative differences "
+                     f"gdnflow vs CompressAI: {errors} (gdnflow loss {ours[0]:.5f}, CompressAI "
+                     f"{theirs[0]:.5f})")
+        step, forward = compressai_step(torch, net, tx)
+
+    def gdnflow_forward():
+        return trainer.criterion(trainer.model(x, noise_key=1, noise_stream=0), x)["loss"]
+
+    ours_fwd = harness.time_gdnflow(gdnflow_forward, warmup=args.warmup, repeats=args.repeats)
+    ours_step = harness.time_gdnflow(lambda: trainer.train_step(x), warmup=args.warmup,
+                                     repeats=args.repeats)
+    if net is not None:
+        theirs_fwd = harness.time_torch(forward, warmup=args.warmup, repeats=args.repeats)
+        theirs_step = harness.time_torch(step, warmup=args.warmup, repeats=args.repeats)
+        for label, a, b in (("forward + loss (training mode)", ours_fwd, theirs_fwd),
+                            ("training step (fwd, bwd, clip, 2x Adam)", ours_step, theirs_step)):
+            rows.append([label, f"{a:.2f}", f"{b:.2f}", f"{1000 / a:.1f}", f"{1000 / b:.1f}",
+                         f"{b / a:.2f}"])
+    else:
+        notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
+        for label, a in (("forward + loss (training mode)", ours_fwd),
+                         ("training step (fwd, bwd, clip, 2x Adam)", ours_step)):
+            rows.append([label, f"{a:.2f}", "-", f"{1000 / a:.1f}", "-", "-"])
+    last = trainer.history[-1]
+    notes.append(f"gdnflow's last timed step: loss {last['loss']:.4f}, bpp {last['bpp']:.4f}, "
+                 f"grad norm {last['grad_norm']:.3g} (finite: the steps really trained)")
+    notes.append(f"FactorizedPrior(N={N}, M={M}), batch {BATCH}x3x{SIDE}x{SIDE} random data, "
+                 f"lambda {LMBDA}; medians of {args.repeats} CUDA-event timings after "
+                 f"{args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above 1: "
+                 "gdnflow faster; target >= 1.5 for the training step); TF32 off on both sides")
+    harness.emit(harness.markdown_table(
+        "Factorized-prior training step: gdnflow against CompressAI",
+        ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
+         "ratio"], rows, notes), args.out)
+
+
+if __name__ == "__main__":
+    main()

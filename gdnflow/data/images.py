@@ -1,0 +1,248 @@
+"""Image folders for training and evaluating image-compression models.
+
+Images are read with Pillow (PNG, JPEG, BMP, PPM, TIFF, WebP; any size;
+grey, palette and alpha images become RGB) as float32 (3, H, W) arrays in
+[0, 1].
+
+Training batches are a pure function of (seed, step): sample j = step * B + b
+of the run is image ``perm_e[j mod n]`` of the epoch e = j // n, with
+``perm_e`` a permutation drawn from (seed, e), and its crop position and
+horizontal flip are drawn from (seed, step). A batch can therefore be built
+by any thread, in any order, and a resumed run needs only its step to see
+exactly the batches of the uninterrupted one.
+"""
+import collections
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+_log = logging.getLogger("gdnflow")
+
+#: File name endings read as images (lower case).
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+#: Natural colour photographs that scikit-image ships inside its wheel (no
+#: download): the default training set when no folder is given.
+SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg",
+                  "motorcycle_left.png", "motorcycle_right.png", "hubble_deep_field.jpg")
+
+
+class NoImagesError(ValueError):
+    """A folder (or the default data set) has no usable image; the message says what to do."""
+
+
+def load_image(path):
+    """The image at ``path`` as a float32 array (3, H, W) in [0, 1] (RGB; alpha dropped)."""
+    from PIL import Image
+    with Image.open(path) as image:
+        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+            # 16-bit or float grey: scale to 8 bits before Pillow's RGB
+            # conversion, which would otherwise clip at 255.
+            array = np.asarray(image, dtype=np.float64)
+            top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
+            grey = (np.clip(array / top, 0, 1) * 255).round().astype(np.uint8)
+            rgb = np.repeat(grey[:, :, None], 3, axis=2)
+        else:
+            rgb = np.asarray(image.convert("RGB"))
+    return np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
+
+
+def image_size(path):
+    """(height, width) of the image at ``path``, read from its header only."""
+    from PIL import Image
+    with Image.open(path) as image:
+        return image.height, image.width
+
+
+def list_images(folder, recursive=True):
+    """Sorted paths of the image files under ``folder`` (by IMAGE_EXTENSIONS)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NoImagesError(f"image folder {folder} does not exist or is not a folder")
+    pattern = "**/*" if recursive else "*"
+    return sorted(p for p in folder.glob(pattern)
+                  if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def sample_photos():
+    """Paths of scikit-image's bundled natural photographs, or raise NoImagesError.
+
+    The files are read straight from the installed package's ``data`` folder:
+    scikit-image itself is not imported.
+    """
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        raise NoImagesError(
+            "no training images: pass a folder of images (PNG/JPEG), or install "
+            "scikit-image (pip install 'gdnflow[data]') to train on its sample photos")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    paths = [folder / name for name in SKIMAGE_PHOTOS if (folder / name).exists()]
+    if not paths:
+        raise NoImagesError(f"scikit-image is installed but its sample photos are not in "
+                            f"{folder}: pass a folder of images")
+    return paths
+
+
+def pad_to_multiple(image, multiple, mode="reflect"):
+    """(3, H, W) image padded at the bottom and right to multiples of ``multiple``.
+
+    Returns the padded array (a new one; the image itself if no padding is
+    needed). ``mode`` is numpy.pad's (reflect by default: no artificial edge
+    for the codec to spend bits on).
+    """
+    h, w = image.shape[-2:]
+    ph, pw = -h % multiple, -w % multiple
+    if not ph and not pw:
+        return image
+    return _pad(image, ph, pw, mode)
+
+
+def _pad(image, ph, pw, mode):
+    # numpy reflects again as often as needed when a pad is longer than the side.
+    pads = [(0, 0)] * (image.ndim - 2) + [(0, ph), (0, pw)]
+    return np.pad(image, pads, mode=mode)
+
+
+class ImageFolder:
+    """The images of a folder (or a list of paths), as training crops and evaluation images.
+
+    ``ImageFolder(root, crop=256, small="pad")``: ``root`` is a folder
+    (searched recursively; None for scikit-image's sample photos, see
+    :func:`sample_photos`) or a list of image paths. Images smaller than
+    ``crop`` on either side are padded by reflection (``small="pad"``) or
+    left out (``small="skip"``); either way one line says how many.
+    ``cache_bytes`` bounds the memory of decoded images kept for reuse
+    (least recently used are dropped; all of a small data set stays).
+
+    :meth:`batch` gives training batches (see the module docstring);
+    :meth:`evaluation_images` full images.
+    """
+
+    def __init__(self, root=None, crop=256, small="pad", cache_bytes=2 << 30):
+        if small not in ("pad", "skip"):
+            raise ValueError(f"ImageFolder: small must be 'pad' or 'skip', got {small!r}")
+        self.crop = int(crop)
+        if root is None:
+            paths, self.source = sample_photos(), "scikit-image's sample photos"
+        elif isinstance(root, (str, os.PathLike)):
+            paths, self.source = list_images(root), str(root)
+        else:
+            paths, self.source = [Path(p) for p in root], f"{len(root)} listed images"
+        if not paths:
+            raise NoImagesError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {self.source}")
+        sizes = []
+        unreadable = []
+        for path in paths:
+            try:
+                sizes.append(image_size(path))
+            except OSError as exc:     # Pillow's UnidentifiedImageError is an OSError
+                unreadable.append(f"{Path(path).name} ({exc})")
+                sizes.append(None)
+        if unreadable:
+            raise NoImagesError(f"{len(unreadable)} unreadable image(s) in {self.source}: "
+                                + "; ".join(unreadable[:3]))
+        small_ones = [i for i, (h, w) in enumerate(sizes) if h < self.crop or w < self.crop]
+        if small_ones:
+            action = "padded by reflection" if small == "pad" else "skipped"
+            _log.warning("gdnflow.data: %d of %d images in %s are smaller than %dx%d: %s",
+                         len(small_ones), len(paths), self.source, self.crop, self.crop, action)
+            if small == "skip":
+                keep = sorted(set(range(len(paths))) - set(small_ones))
+                paths, sizes = [paths[i] for i in keep], [sizes[i] for i in keep]
+        if not paths:
+            raise NoImagesError(f"every image in {self.source} is smaller than the "
+                                f"{self.crop}x{self.crop} crop; use small='pad' or a smaller crop")
+        self.paths = [Path(p) for p in paths]
+        self.sizes = sizes
+        self._cache = collections.OrderedDict()
+        self._cache_bytes, self._cache_limit = 0, int(cache_bytes)
+        self._lock = threading.Lock()
+        self._permutations = {}
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __repr__(self):
+        return f"ImageFolder({self.source!r}, {len(self)} images, crop={self.crop})"
+
+    # -------------------------------------------------------------- images --
+    def image(self, index):
+        """Image ``index`` as (3, H, W) float32 in [0, 1] (cached; do not modify it)."""
+        with self._lock:
+            if index in self._cache:
+                self._cache.move_to_end(index)
+                return self._cache[index]
+        image = load_image(self.paths[index])      # decoded outside the lock: threads overlap
+        with self._lock:
+            if index not in self._cache and image.nbytes <= self._cache_limit:
+                self._cache[index] = image
+                self._cache_bytes += image.nbytes
+                while self._cache_bytes > self._cache_limit:
+                    _, dropped = self._cache.popitem(last=False)
+                    self._cache_bytes -= dropped.nbytes
+        return image
+
+    def evaluation_images(self, limit=None):
+        """Yield (name, image (3, H, W) float32) for the first ``limit`` images (all if None)."""
+        for index in range(len(self) if limit is None else min(limit, len(self))):
+            yield self.paths[index].name, self.image(index)
+
+    # ----------------------------------------------------------- training --
+    def permutation(self, seed, epoch):
+        """The order of the images in ``epoch`` of a run seeded with ``seed``."""
+        key = (seed, epoch)
+        with self._lock:
+            order = self._permutations.get(key)
+        if order is None:
+            order = np.random.default_rng([seed, 0, epoch]).permutation(len(self))
+            with self._lock:
+                if len(self._permutations) > 4:     # batches move forward: old epochs go
+                    self._permutations.pop(next(iter(self._permutations)))
+                self._permutations[key] = order
+        return order
+
+    def batch_plan(self, seed, step, batch_size):
+        """[(image index, top, left, flip)] of the training batch at ``step``: no pixels read."""
+        rng = np.random.default_rng([seed, 1, step])
+        plan = []
+        for b in range(batch_size):
+            j = step * batch_size + b
+            index = int(self.permutation(seed, j // len(self))[j % len(self)])
+            h, w = self.sizes[index]
+            top = int(rng.integers(0, max(h - self.crop, 0) + 1))
+            left = int(rng.integers(0, max(w - self.crop, 0) + 1))
+            plan.append((index, top, left, bool(rng.random() < 0.5)))
+        return plan
+
+    def crop_sample(self, index, top, left, flip):
+        """One training crop (3, crop, crop) float32: padded if the image is small, maybe flipped."""
+        image = self.image(index)
+        h, w = image.shape[-2:]
+        if h < self.crop or w < self.crop:
+            image = _pad(image, max(self.crop - h, 0), max(self.crop - w, 0), "reflect")
+        patch = image[:, top:top + self.crop, left:left + self.crop]
+        return patch[:, :, ::-1] if flip else patch
+
+    def batch(self, seed, step, batch_size, pool=None):
+        """The training batch at ``step``: float32 (batch_size, 3, crop, crop), a new array.
+
+        ``pool`` (a ``concurrent.futures`` executor) decodes the images of
+        the batch in parallel; the result does not depend on it.
+        """
+        plan = self.batch_plan(seed, step, batch_size)
+        out = np.empty((batch_size, 3, self.crop, self.crop), np.float32)
+
+        def fill(b):
+            out[b] = self.crop_sample(*plan[b])
+
+        if pool is None:
+            for b in range(batch_size):
+                fill(b)
+        else:
+            for future in [pool.submit(fill, b) for b in range(batch_size)]:
+                future.result()
+        return out

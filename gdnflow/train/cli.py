@@ -1,0 +1,117 @@
+"""``gdnflow train``: train a factorized-prior autoencoder from the command line.
+
+    gdnflow train --data photos/ --out runs/q3 --quality 3 --steps 200000
+    gdnflow train --out runs/q3 --resume          # continue the same run
+
+:func:`add_train_parser` adds the subcommand to the ``gdnflow`` parser;
+``examples/train_gdn_autoencoder.py`` uses the same options on its own.
+"""
+import dataclasses
+import sys
+
+from gdnflow.train.losses import LAMBDAS
+
+
+def add_arguments(parser):
+    """Add the training options to an ``argparse`` parser."""
+    from gdnflow.train.trainer import TrainConfig
+    defaults = TrainConfig()
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", metavar="DIR",
+                      help="folder of training images (PNG/JPEG, searched recursively; any size). "
+                      "Default: scikit-image's sample photos, if scikit-image is installed")
+    data.add_argument("--eval-data", metavar="DIR",
+                      help="folder of evaluation images (default: the first --eval-images "
+                      "training images, which are then not held out)")
+    data.add_argument("--crop", type=int, default=defaults.crop,
+                      help=f"side of the random training crops (default {defaults.crop})")
+    data.add_argument("--small-images", choices=["pad", "skip"], default=defaults.small_images,
+                      help="images smaller than the crop: pad by reflection or skip (default pad)")
+    data.add_argument("--workers", type=int, default=defaults.workers,
+                      help=f"threads decoding images (default {defaults.workers})")
+    model = parser.add_argument_group("model and loss")
+    model.add_argument("--quality", type=int, choices=range(1, 9), metavar="1-8",
+                       help="CompressAI's quality: sets lambda (0.0018 ... 0.18) and, for 6-8, "
+                       "N=192, M=320")
+    model.add_argument("--lambda", dest="lmbda", type=float,
+                       help=f"rate-distortion trade-off (default {defaults.lmbda})")
+    model.add_argument("--N", type=int, help=f"channels of the transforms (default {defaults.N})")
+    model.add_argument("--M", type=int, help=f"channels of the latent (default {defaults.M})")
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--steps", type=int, default=defaults.steps,
+                       help=f"total training steps (default {defaults.steps})")
+    optim.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    optim.add_argument("--lr", type=float, default=defaults.lr,
+                       help=f"Adam learning rate of the main loss (default {defaults.lr:g})")
+    optim.add_argument("--aux-lr", type=float, default=defaults.aux_lr,
+                       help=f"Adam learning rate of the quantile loss (default {defaults.aux_lr:g})")
+    optim.add_argument("--clip-norm", type=float, default=defaults.clip_norm,
+                       help=f"gradient clipping by global norm (default {defaults.clip_norm:g})")
+    optim.add_argument("--lr-schedule", choices=["constant", "cosine"],
+                       default=defaults.lr_schedule)
+    optim.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    run = parser.add_argument_group("run")
+    run.add_argument("--out", dest="out_dir", default=defaults.out_dir, metavar="DIR",
+                     help=f"run folder: checkpoint, logs, pictures (default {defaults.out_dir})")
+    run.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                     help="continue the run from its checkpoint (DIR/checkpoint.h5, or the "
+                     "file given): same step, optimiser state and random streams")
+    run.add_argument("--eval-every", type=int, default=defaults.eval_every,
+                     help=f"evaluate every K steps (0: only at the end; default "
+                     f"{defaults.eval_every})")
+    run.add_argument("--eval-images", type=int, default=defaults.eval_images,
+                     help=f"evaluation images used (0: all; default {defaults.eval_images})")
+    run.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every,
+                     help=f"checkpoint every K steps (0: only at the end; default "
+                     f"{defaults.checkpoint_every})")
+    run.add_argument("--seed", type=int, default=defaults.seed)
+    run.add_argument("--device", choices=["numpy", "cuda"],
+                     help="default: GDNFLOW_DEVICE, else cuda when usable, else numpy")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def config_from_args(args):
+    """The :class:`~gdnflow.train.trainer.TrainConfig` that parsed ``args`` describe."""
+    from gdnflow.train.trainer import TrainConfig
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if args.quality is not None:
+        values.setdefault("lmbda", LAMBDAS[args.quality - 1])
+        large = args.quality >= 6
+        values.setdefault("N", 192 if large else 128)
+        values.setdefault("M", 320 if large else 192)
+    return TrainConfig(**values)
+
+
+def cmd_train(args):
+    """Run (or resume) training; exit status 0, 1 on bad arguments or data, 2 on NaN/inf."""
+    from gdnflow.data import NoImagesError
+    from gdnflow.io.checkpoint import CheckpointError
+    from gdnflow.train.numerics import NonFiniteError
+    from gdnflow.train.trainer import Trainer
+    try:
+        trainer = Trainer(config_from_args(args))
+        if args.resume:
+            path = None if args.resume is True else args.resume
+            step = trainer.resume(path)
+            print(f"resumed at step {step} from {path or trainer.checkpoint_path()}")
+        trainer.run()
+    except (NoImagesError, CheckpointError, FileNotFoundError, ValueError) as exc:
+        print(f"gdnflow train: {exc}", file=sys.stderr)
+        return 1
+    except NonFiniteError as exc:
+        print(f"gdnflow train: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_train_parser(subparsers):
+    """Add ``train`` to the ``gdnflow`` command's subparsers; returns the new parser."""
+    parser = subparsers.add_parser(
+        "train", help="train a GDN image-compression autoencoder (factorized prior)",
+        description="Train a factorized-prior autoencoder (Ballé et al.) by the rate-distortion "
+        "loss lambda * 255^2 * MSE + bpp, with checkpoints, evaluation and --resume.")
+    add_arguments(parser)
+    parser.set_defaults(run=cmd_train)
+    return parser

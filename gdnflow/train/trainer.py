@@ -1,0 +1,469 @@
+"""Training a factorized-prior autoencoder end to end: the loop, evaluation,
+checkpoints, resuming, and the stop on NaN or infinity.
+
+One step (``Trainer.train_step``)::
+
+    out = model(x, noise_key, noise_stream=step)         # y + U(-1/2, 1/2) noise
+    loss = lambda 255^2 MSE + bpp;   aux = model.aux_loss()
+    loss.backward(); aux.backward()
+    norm = clip_grad_norm(main parameters, clip_norm)   # the step's one host sync
+    stop here with NonFiniteError if loss, bpp, aux or norm is not finite
+    main Adam step (every parameter but the quantiles); aux Adam step (the quantiles)
+
+As in CompressAI, the main and auxiliary losses have their own Adam (learning
+rates 1e-4 and 1e-3 by default); unlike CompressAI's loop, the auxiliary loss
+is evaluated before the main update instead of after it, so that one read
+back of the step's scalars covers both (the quantiles' gradient sees the
+density of one step earlier: no measurable effect).
+
+Reproducibility and resuming: every random choice is a function of the
+run's seed and the step: the data order and crops (see
+:mod:`gdnflow.data.images`) and the quantisation noise (a counter-based
+generator keyed by the run, with the step as its stream; see
+:func:`gdnflow.ops.entropy.uniform_noise`). A checkpoint stores the
+parameters, both optimisers' states, the learning-rate schedule and the
+step; a resumed run therefore computes exactly the losses of the
+uninterrupted one (bit for bit on NumPy; tests/train/test_trainer.py checks it).
+
+Files in the run folder (``out_dir``): ``checkpoint.h5`` (atomic, see
+:mod:`gdnflow.io.checkpoint`), ``history.jsonl`` and ``eval.jsonl`` (one JSON
+record per training step / evaluation), and at the end ``curves.png`` and
+``reconstructions.png``.
+"""
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gdnflow.autograd import no_grad
+from gdnflow.backends import check_device, default_device
+from gdnflow.data.images import ImageFolder, pad_to_multiple
+from gdnflow.data.loader import BackgroundLoader
+from gdnflow.io.checkpoint import load_checkpoint, save_checkpoint
+from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
+from gdnflow.optim import Adam, CosineLR, clip_grad_norm
+from gdnflow.tensor import Tensor
+from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, mse_to_psnr, psnr
+from gdnflow.train.numerics import (NonFiniteError, first_nonfinite_output, nonfinite_gradients,
+                                    nonfinite_parameters)
+
+CHECKPOINT_NAME = "checkpoint.h5"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything that defines a training run (saved in its checkpoints).
+
+    Data: ``data`` (a folder of images; None: scikit-image's sample photos),
+    ``eval_data`` (a folder; None: the first ``eval_images`` training images,
+    which are then not held out; 0: all), ``crop``, ``small_images`` ("pad" or
+    "skip"), ``workers`` (threads decoding images), ``prefetch`` (batches
+    prepared ahead). Model: ``N``, ``M``. Loss: ``lmbda``. Optimisation:
+    ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
+    ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``).
+    Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
+    only at the end), ``seed``, ``device`` (None: the default device),
+    ``quiet`` (no progress bar).
+    """
+
+    data: str = None
+    eval_data: str = None
+    out_dir: str = "runs/factorized_prior"
+    steps: int = 100_000
+    batch_size: int = 16
+    crop: int = 256
+    lmbda: float = 0.0130
+    N: int = 128
+    M: int = 192
+    lr: float = 1e-4
+    aux_lr: float = 1e-3
+    clip_norm: float = 1.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    eval_every: int = 1000
+    eval_images: int = 4
+    checkpoint_every: int = 1000
+    seed: int = 0
+    device: str = None
+    workers: int = 2
+    prefetch: int = 4
+    small_images: str = "pad"
+    quiet: bool = False
+
+    #: Fields a resumed run must share with its checkpoint: they decide the
+    #: data, the noise and the shapes, so a change would not continue the run.
+    RUN_DEFINING = ("seed", "batch_size", "crop", "N", "M")
+
+    def check(self):
+        """Raise ValueError naming the first field out of range."""
+        for name in ("steps", "batch_size", "crop", "N", "M", "prefetch"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("eval_every", "checkpoint_every", "warmup_steps", "eval_images", "workers"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.crop % DOWNSAMPLING:
+            raise ValueError(f"crop must be a multiple of {DOWNSAMPLING}, got {self.crop}")
+        if not (self.lmbda >= 0 and self.lr > 0 and self.aux_lr > 0 and self.clip_norm > 0):
+            raise ValueError("lmbda must be >= 0 and lr, aux_lr and clip_norm > 0")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.device is not None:
+            check_device(self.device)
+
+
+def _optimizer_to_json(optimizer):
+    """An optimiser's state dict as JSON-able data (exact: float32 values survive JSON)."""
+    state = optimizer.state_dict()
+    return {"type": state["type"], "param_groups": state["param_groups"],
+            "state": {str(i): {k: (v.tolist() if isinstance(v, np.ndarray) else v)
+                               for k, v in entry.items()}
+                      for i, entry in state["state"].items()}}
+
+
+def _optimizer_from_json(data):
+    return {"type": data["type"], "param_groups": data["param_groups"],
+            "state": {int(i): {k: (np.array(v, dtype=np.float32) if isinstance(v, list) else v)
+                               for k, v in entry.items()}
+                      for i, entry in data["state"].items()}}
+
+
+class Trainer:
+    """Trains a :class:`~gdnflow.models.FactorizedPrior` by the rate-distortion loss.
+
+    ``Trainer(config)`` builds the model (seeded by ``config.seed``), its two
+    Adam optimisers and the data; ``model``, ``train_data`` and ``eval_data``
+    (ImageFolders) may be given instead (``eval_images`` 0 evaluates on all). :meth:`run` trains to
+    ``config.steps``; :meth:`resume` first loads a checkpoint of the same
+    run. :meth:`train_step` does one step on a given batch (the benchmark
+    and the tests use it). ``history`` holds one record per step (``step``,
+    ``loss``, ``bpp``, ``mse``, ``psnr``, ``aux``, ``grad_norm``),
+    ``eval_history`` one per evaluation.
+    """
+
+    def __init__(self, config=None, model=None, train_data=None, eval_data=None):
+        self.config = config = config or TrainConfig()
+        config.check()
+        self.device = config.device or default_device()
+        self.model = model if model is not None else FactorizedPrior(
+            config.N, config.M, seed=config.seed, device=self.device)
+        # Optimisers hold Parameter objects: build them after the move.
+        self.model.to(self.device)
+        self.model.train()
+        self.main_parameters = self.model.main_parameters()
+        self.optimizer = Adam(self.main_parameters, lr=config.lr)
+        self.aux_optimizer = Adam(self.model.aux_parameters(), lr=config.aux_lr)
+        self.schedule = (CosineLR(self.optimizer, total_steps=config.steps,
+                                  warmup_steps=config.warmup_steps)
+                         if config.lr_schedule == "cosine" else None)
+        self.criterion = RateDistortionLoss(config.lmbda)
+        # The noise generator's key: fixed by the seed; its stream is the step.
+        self.noise_key = int(np.random.default_rng([config.seed, 2]).integers(2 ** 63))
+        self._train_data, self._eval_data = train_data, eval_data
+        self.step = 0
+        self.history, self.eval_history = [], []
+        self._logged = {"history": 0, "eval": 0}
+        self.last_reconstructions = []
+
+    # ------------------------------------------------------------ data --
+    @property
+    def train_data(self):
+        """The training ImageFolder (built from ``config.data`` on first use)."""
+        if self._train_data is None:
+            self._train_data = ImageFolder(self.config.data, crop=self.config.crop,
+                                           small=self.config.small_images)
+        return self._train_data
+
+    @property
+    def eval_data(self):
+        """The evaluation ImageFolder: ``config.eval_data``, else the training images."""
+        if self._eval_data is None:
+            self._eval_data = (ImageFolder(self.config.eval_data, crop=DOWNSAMPLING)
+                               if self.config.eval_data else self.train_data)
+        return self._eval_data
+
+    @property
+    def out_dir(self):
+        """The run folder (created on first write)."""
+        return Path(self.config.out_dir)
+
+    # ------------------------------------------------------------ step --
+    def train_step(self, batch):
+        """One optimisation step on ``batch`` (N, 3, H, W) in [0, 1]: an array or a Tensor.
+
+        Returns the step's record (also appended to ``history``). Raises
+        :class:`NonFiniteError` before updating anything if the loss, the
+        rate, the auxiliary loss or the gradient norm is not finite.
+        """
+        x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
+        step = self.step
+        self.model.train()
+        out = self.model(x, noise_key=self.noise_key, noise_stream=step)
+        terms = self.criterion(out, x)
+        self.optimizer.zero_grad()
+        self.aux_optimizer.zero_grad()
+        terms["loss"].backward()
+        aux = self.model.aux_loss()
+        aux.backward()
+        norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
+        record = {"step": step + 1, **{k: terms[k].item() for k in ("loss", "bpp", "mse")},
+                  "aux": aux.item(), "grad_norm": norm}
+        if not all(math.isfinite(record[k]) for k in ("loss", "bpp", "mse", "aux", "grad_norm")):
+            self._stop_non_finite(x, record)
+        self.optimizer.step()
+        self.aux_optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+        record["psnr"] = mse_to_psnr(record["mse"])
+        self.step += 1
+        self.history.append(record)
+        return record
+
+    def _stop_non_finite(self, x, record):
+        """Find the first parameter, layer output or gradient that is not finite; raise."""
+        step = self.step
+        values = ", ".join(f"{k} {record[k]:.4g}" for k in ("loss", "bpp", "aux", "grad_norm"))
+        where, what = None, "nothing non-finite could be located (a transient value?)"
+        bad = nonfinite_parameters(self.model)
+        if bad:
+            where, what = bad[0], f"parameter {bad[0]} holds non-finite values"
+        else:
+            where = first_nonfinite_output(self.model, x, noise_key=self.noise_key,
+                                           noise_stream=step)
+            if where is not None:
+                layer = {name.rstrip("."): m for name, m in self.model.named_modules()}.get(where)
+                kind = f" ({type(layer).__name__})" if layer is not None else ""
+                what = f"the first non-finite output is that of {where}{kind}"
+            else:
+                bad = nonfinite_gradients(self.model)
+                if bad:
+                    more = f" (and {len(bad) - 1} more: {', '.join(bad[1:4])})" if len(bad) > 1 else ""
+                    where, what = bad[0], f"the gradient of {bad[0]} is non-finite{more}"
+                elif not math.isfinite(record["aux"]):
+                    where, what = "entropy_bottleneck.quantiles", \
+                        "the auxiliary (quantile) loss is non-finite"
+        raise NonFiniteError(
+            f"training stopped at step {step + 1}: non-finite values ({values}); {what}. "
+            "No parameter was updated; the last checkpoint is intact.", step=step + 1, where=where)
+
+    # -------------------------------------------------------- evaluate --
+    def evaluate(self, limit=None, keep=0):
+        """Rate, distortion and loss on the evaluation images at full size (eval mode).
+
+        Each image is padded (reflect) to multiples of 16, coded with
+        rounding, and measured against the original: bpp counts the padded
+        latent's bits over the original pixels. Returns the mean ``loss``,
+        ``bpp``, ``mse``, ``psnr`` and ``ms_ssim`` (NaN for images too small
+        for five scales) and records it in ``eval_history``. ``keep``
+        reconstructions are kept in ``last_reconstructions`` as
+        (name, original, reconstruction, bpp, psnr).
+        """
+        limit = self.config.eval_images if limit is None else limit
+        rows, kept = [], []
+        self.model.eval()
+        try:
+            with no_grad():
+                for name, image in self.eval_data.evaluation_images(limit or None):
+                    h, w = image.shape[-2:]
+                    x = Tensor(pad_to_multiple(image, DOWNSAMPLING)[None], device=self.device)
+                    out = self.model(x)
+                    bpp = bits_per_pixel(out["likelihoods"], h * w).item()
+                    x_hat = np.clip(out["x_hat"].numpy()[0, :, :h, :w], 0, 1)
+                    mse = float(np.mean((x_hat.astype(np.float64) - image) ** 2))
+                    try:
+                        quality = ms_ssim(image, x_hat)
+                    except ValueError:          # smaller side <= 160: no five scales
+                        quality = float("nan")
+                    rows.append({"bpp": bpp, "mse": mse, "psnr": psnr(image, x_hat),
+                                 "ms_ssim": quality,
+                                 "loss": self.config.lmbda * 255 ** 2 * mse + bpp})
+                    if len(kept) < keep:
+                        kept.append((name, image, x_hat, bpp, rows[-1]["psnr"]))
+        finally:
+            self.model.train()
+        if not rows:
+            return {}
+        result = {"step": self.step, "images": len(rows)}
+        for key in ("loss", "bpp", "mse", "psnr", "ms_ssim"):
+            values = [r[key] for r in rows if math.isfinite(r[key])]
+            result[key] = float(np.mean(values)) if values else float("nan")
+        self.eval_history.append(result)
+        if keep:
+            self.last_reconstructions = kept
+        return result
+
+    # ----------------------------------------------------- checkpoints --
+    def checkpoint_path(self):
+        """Where this run's checkpoint is written."""
+        return self.out_dir / CHECKPOINT_NAME
+
+    def save(self, path=None):
+        """Write the checkpoint (atomically) and the new history records; returns the path."""
+        path = Path(path) if path is not None else self.checkpoint_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        extra = {
+            "step": self.step,
+            "noise_key": self.noise_key,
+            "train_config": dataclasses.asdict(self.config),
+            "aux_optimizer": _optimizer_to_json(self.aux_optimizer),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            # The data's size decides the epochs' permutations: resume checks it.
+            "images": len(self._train_data) if self._train_data is not None else None,
+        }
+        save_checkpoint(path, self.model, self.optimizer, extra)
+        self._append_logs()
+        return path
+
+    def resume(self, path=None):
+        """Load a checkpoint of this run: parameters, optimisers, schedule, step, history.
+
+        Raises ValueError if the checkpoint's seed, batch size, crop or model
+        size differ from this run's (it would not continue the same run).
+        """
+        path = Path(path) if path is not None else self.checkpoint_path()
+        from gdnflow.io.checkpoint import read_checkpoint_info
+        info = read_checkpoint_info(path)
+        extra = info["extra"]
+        saved = extra.get("train_config", {})
+        differing = [f"{k}: checkpoint {saved[k]!r}, now {getattr(self.config, k)!r}"
+                     for k in TrainConfig.RUN_DEFINING
+                     if k in saved and saved[k] != getattr(self.config, k)]
+        if differing:
+            raise ValueError(f"cannot resume from {path}: it belongs to another run ("
+                             + "; ".join(differing) + ")")
+        if extra.get("images") is not None and extra["images"] != len(self.train_data):
+            raise ValueError(f"cannot resume from {path}: it was trained on {extra['images']} "
+                             f"images, the data now has {len(self.train_data)}")
+        load_checkpoint(path, self.model, self.optimizer)
+        self.aux_optimizer.load_state_dict(_optimizer_from_json(extra["aux_optimizer"]))
+        if self.schedule is not None and extra.get("schedule"):
+            self.schedule.load_state_dict(extra["schedule"])
+        self.step = int(extra["step"])
+        self.noise_key = int(extra["noise_key"])
+        self.history = [r for r in self._read_log("history") if r["step"] <= self.step]
+        self.eval_history = [r for r in self._read_log("eval") if r["step"] <= self.step]
+        # Records past the checkpoint (a run that died after it) are dropped from
+        # the files too: each is rewritten under a temporary name, then renamed.
+        for kind, records in (("history", self.history), ("eval", self.eval_history)):
+            log = self.out_dir / f"{kind}.jsonl"
+            temporary = log.with_name(f".{log.name}.tmp")
+            temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
+            temporary.replace(log)
+            self._logged[kind] = len(records)
+        return self.step
+
+    def _read_log(self, kind):
+        log = self.out_dir / f"{kind}.jsonl"
+        if not log.exists():
+            return []
+        records = []
+        with open(log) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break               # a line cut short by a crash: the rest is gone too
+        return records
+
+    def _append_logs(self):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for kind, records in (("history", self.history), ("eval", self.eval_history)):
+            new = records[self._logged[kind]:]
+            if new:
+                with open(self.out_dir / f"{kind}.jsonl", "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in new)
+                self._logged[kind] = len(records)
+
+    # ------------------------------------------------------------- run --
+    def batches(self):
+        """A BackgroundLoader of the training batches from the current step to ``config.steps``."""
+        config, data = self.config, self.train_data
+
+        def make_batch(step, pool=None):
+            return data.batch(config.seed, step, config.batch_size, pool)
+
+        return BackgroundLoader(make_batch, start=self.step, stop=config.steps,
+                                prefetch=config.prefetch, workers=config.workers)
+
+    def run(self):
+        """Train from the current step to ``config.steps``; returns the last evaluation.
+
+        Evaluates every ``eval_every`` steps and checkpoints every
+        ``checkpoint_every`` steps and at the end; on Ctrl-C saves a
+        checkpoint of the last finished step before re-raising. Draws
+        ``curves.png`` and ``reconstructions.png`` at the end.
+        """
+        from tqdm import tqdm
+        config = self.config
+        self.train_data         # built (and its notices printed) before the progress bar
+        if self.step >= config.steps:
+            print(f"nothing to do: the run is at step {self.step} of {config.steps}")
+        bar = tqdm(total=config.steps, initial=self.step, disable=config.quiet,
+                   desc=f"factorized prior on {self.device}", dynamic_ncols=True)
+        started, first = time.perf_counter(), self.step
+        try:
+            with self.batches() as batches:
+                for batch in batches:
+                    record = self.train_step(batch)
+                    bar.update(1)
+                    if self.step % 10 == 0 or self.step == config.steps:
+                        bar.set_postfix(loss=f"{record['loss']:.4f}", bpp=f"{record['bpp']:.3f}",
+                                        psnr=f"{record['psnr']:.2f}")
+                    if config.eval_every and self.step % config.eval_every == 0 \
+                            and self.step < config.steps:
+                        result = self.evaluate()
+                        bar.write(_describe_eval(result))
+                    if config.checkpoint_every and self.step % config.checkpoint_every == 0 \
+                            and self.step < config.steps:
+                        self.save()
+        except KeyboardInterrupt:
+            bar.close()
+            if self.step > first:
+                path = self.save()
+                print(f"interrupted at step {self.step}: checkpoint {path}; --resume continues",
+                      file=sys.stderr)
+            raise
+        finally:
+            bar.close()
+        result = self.evaluate(keep=4)
+        if result:
+            print(_describe_eval(result))
+        path = self.save()
+        if self.step > first:
+            seconds = time.perf_counter() - started
+            print(f"{self.step - first} steps in {seconds:.1f} s "
+                  f"({(self.step - first) / seconds:.2f} steps/s); checkpoint {path}")
+        self.draw()
+        return result
+
+    def draw(self):
+        """Write ``curves.png`` and (after an evaluation) ``reconstructions.png``; returns the paths."""
+        from gdnflow.train.plots import plot_curves, plot_reconstructions
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        paths = [plot_curves(self.history, self.eval_history, self.out_dir / "curves.png")]
+        if self.last_reconstructions:
+            paths.append(plot_reconstructions(self.last_reconstructions,
+                                              self.out_dir / "reconstructions.png"))
+        return paths
+
+
+def _describe_eval(result):
+    if not result:
+        return "evaluation: no images"
+    quality = f", MS-SSIM {result['ms_ssim']:.4f}" if math.isfinite(result["ms_ssim"]) else ""
+    return (f"step {result['step']}: eval on {result['images']} images: loss {result['loss']:.4f}, "
+            f"{result['bpp']:.4f} bpp, PSNR {result['psnr']:.2f} dB{quality}")
+
+
+def train(config):
+    """Build a :class:`Trainer` for ``config`` and run it (the ``gdnflow train`` job)."""
+    trainer = Trainer(config)
+    trainer.run()
+    return trainer
+
+
+__all__ = ["TrainConfig", "Trainer", "train", "NonFiniteError", "CHECKPOINT_NAME"]

@@ -1,0 +1,209 @@
+"""Image folders (reading, small images, deterministic crops) and the background loader
+(order, clean stop, exceptions carried to the consumer)."""
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from gdnflow.data import BackgroundLoader, ImageFolder, NoImagesError, load_image, pad_to_multiple
+from gdnflow.data import images as images_module
+
+Image = pytest.importorskip("PIL.Image")
+
+
+def write_image(path, array):
+    Image.fromarray(array).save(path)
+    return path
+
+
+@pytest.fixture
+def folder(tmp_path, rng):
+    """Five RGB images of different sizes (two nested one level down) and one tiny one."""
+    (tmp_path / "nested").mkdir()
+    for i, (h, w) in enumerate([(40, 52), (48, 40), (64, 64), (37, 45), (50, 33)]):
+        where = tmp_path / ("nested" if i >= 3 else "") / f"im{i}.png"
+        write_image(where, rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    write_image(tmp_path / "tiny.png", rng.integers(0, 256, (12, 20, 3), dtype=np.uint8))
+    (tmp_path / "notes.txt").write_text("not an image")
+    return tmp_path
+
+
+def test_load_image_modes(tmp_path, rng):
+    rgb = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "rgb.png")
+    Image.fromarray(rgb[:, :, 0]).save(tmp_path / "grey.png")
+    Image.fromarray(np.dstack([rgb, np.full((5, 7), 9, np.uint8)])).save(tmp_path / "rgba.png")
+    Image.fromarray(rgb[:, :, 0].astype(np.uint16) * 257).save(tmp_path / "grey16.png")
+    Image.fromarray(rgb).save(tmp_path / "photo.jpg", quality=95)
+    np.testing.assert_array_equal(load_image(tmp_path / "rgb.png"),
+                                  rgb.transpose(2, 0, 1) / np.float32(255))
+    grey = load_image(tmp_path / "grey.png")
+    assert grey.shape == (3, 5, 7) and np.array_equal(grey[0], grey[2])
+    np.testing.assert_allclose(grey[1], rgb[:, :, 0] / 255, atol=1e-7)
+    np.testing.assert_array_equal(load_image(tmp_path / "rgba.png"), load_image(tmp_path / "rgb.png"))
+    np.testing.assert_allclose(load_image(tmp_path / "grey16.png"), grey, atol=1e-7)
+    jpeg = load_image(tmp_path / "photo.jpg")
+    assert jpeg.dtype == np.float32 and jpeg.shape == (3, 5, 7)
+    assert 0 <= jpeg.min() and jpeg.max() <= 1
+
+
+def test_folder_lists_images_recursively_and_pads_small_ones(folder, caplog):
+    with caplog.at_level(logging.WARNING, logger="gdnflow"):
+        data = ImageFolder(folder, crop=32)
+    assert len(data) == 6
+    assert [p.relative_to(folder).as_posix() for p in data.paths] == [
+        "im0.png", "im1.png", "im2.png", "nested/im3.png", "nested/im4.png", "tiny.png"]
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "1 of 6 images" in notices[0] and "padded" in notices[0]
+    tiny = [p.name for p in data.paths].index("tiny.png")
+    crop = data.crop_sample(tiny, 0, 0, False)
+    assert crop.shape == (3, 32, 32)
+    np.testing.assert_array_equal(crop[:, :12, :20], data.image(tiny))
+    np.testing.assert_array_equal(crop[:, 12, :20], crop[:, 10, :20])        # reflection
+
+
+def test_folder_skips_small_images_with_one_notice(folder, caplog):
+    with caplog.at_level(logging.WARNING, logger="gdnflow"):
+        data = ImageFolder(folder, crop=40, small="skip")
+    names = sorted(p.name for p in data.paths)
+    assert names == ["im0.png", "im1.png", "im2.png"]
+    assert len(caplog.records) == 1 and "skipped" in caplog.records[0].getMessage()
+    with pytest.raises(NoImagesError, match="smaller than"):
+        ImageFolder(folder, crop=128, small="skip")
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(NoImagesError, match="does not exist"):
+        ImageFolder(tmp_path / "missing")
+    with pytest.raises(NoImagesError, match="no images"):
+        ImageFolder(tmp_path)
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(NoImagesError, match="unreadable"):
+        ImageFolder(tmp_path)
+
+
+def test_default_data_set_is_scikit_image_photos_or_a_clear_error(monkeypatch):
+    try:
+        paths = images_module.sample_photos()
+    except NoImagesError as exc:
+        assert "pass a folder" in str(exc)
+    else:
+        assert len(paths) >= 5 and all(p.exists() for p in paths)
+        assert all(min(images_module.image_size(p)) >= 256 for p in paths)
+    monkeypatch.setattr(images_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(NoImagesError, match="gdnflow\\[data\\]"):
+        ImageFolder(None)
+
+
+def test_batches_are_a_function_of_seed_and_step(folder):
+    data = ImageFolder(folder, crop=32)
+    a = data.batch(seed=1, step=5, batch_size=4)
+    assert a.shape == (4, 3, 32, 32) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, ImageFolder(folder, crop=32).batch(1, 5, 4))
+    with ThreadPoolExecutor(3) as pool:
+        np.testing.assert_array_equal(a, data.batch(1, 5, 4, pool=pool))
+    assert not np.array_equal(a, data.batch(1, 6, 4))
+    assert not np.array_equal(a, data.batch(2, 5, 4))
+
+
+def test_each_epoch_visits_every_image_once(folder):
+    data = ImageFolder(folder, crop=32)
+    plans = [data.batch_plan(3, step, 2) for step in range(6)]     # 12 samples: two epochs of 6
+    order = [index for plan in plans for index, *_ in plan]
+    assert sorted(order[:6]) == sorted(order[6:]) == list(range(6))
+    assert order[:6] != order[6:]            # a new order each epoch (for this seed)
+    for plan in plans:
+        for index, top, left, flip in plan:
+            h, w = data.sizes[index]
+            assert 0 <= top <= max(h - 32, 0) and 0 <= left <= max(w - 32, 0)
+
+
+def test_flip_mirrors_the_crop(folder):
+    data = ImageFolder(folder, crop=32)
+    np.testing.assert_array_equal(data.crop_sample(2, 3, 4, True),
+                                  data.crop_sample(2, 3, 4, False)[:, :, ::-1])
+
+
+def test_pad_to_multiple():
+    image = np.arange(3 * 5 * 7, dtype=np.float32).reshape(3, 5, 7)
+    padded = pad_to_multiple(image, 4)
+    assert padded.shape == (3, 8, 8)
+    np.testing.assert_array_equal(padded[:, :5, :7], image)
+    assert pad_to_multiple(padded, 4) is padded
+    assert pad_to_multiple(np.zeros((3, 1, 1), np.float32), 16).shape == (3, 16, 16)
+
+
+# -------------------------------------------------------------- loader --
+def test_loader_yields_steps_in_order_from_start():
+    with BackgroundLoader(lambda step: step * 10, start=3, stop=9, prefetch=2) as loader:
+        assert list(loader) == [30, 40, 50, 60, 70, 80]
+    assert not loader.alive
+
+
+def test_loader_passes_a_pool_to_parallel_batches():
+    seen = []
+
+    def make(step, pool=None):
+        seen.append(pool)
+        return step
+
+    with BackgroundLoader(make, stop=2, workers=3) as loader:
+        assert list(loader) == [0, 1]
+    assert all(isinstance(p, ThreadPoolExecutor) for p in seen)
+
+
+def test_loader_stops_cleanly_while_the_queue_is_full():
+    made = []
+    loader = BackgroundLoader(lambda step: made.append(step) or step, prefetch=2)
+    assert next(loader) == 0
+    deadline = time.monotonic() + 2
+    while len(made) < 3 and time.monotonic() < deadline:      # the worker fills the queue...
+        time.sleep(0.01)
+    assert loader.alive                                        # ...and waits on it
+    started = time.monotonic()
+    loader.close()
+    assert not loader.alive and time.monotonic() - started < 1.0
+    assert len(made) <= 4                                      # bounded: no run-away prefetch
+    with pytest.raises(StopIteration):
+        next(loader)
+    loader.close()                                             # twice is fine
+
+
+def test_loader_stops_when_the_consumer_leaves_the_loop_early():
+    with BackgroundLoader(lambda step: step) as loader:
+        for step in loader:
+            if step == 2:
+                break
+    assert not loader.alive
+
+
+class BadBatch(RuntimeError):
+    pass
+
+
+def test_loader_carries_worker_exceptions_to_the_consumer():
+    def make(step):
+        if step == 2:
+            raise BadBatch("no batch 2")
+        return step
+
+    loader = BackgroundLoader(make)
+    assert next(loader) == 0 and next(loader) == 1
+    with pytest.raises(BadBatch, match="no batch 2") as info:
+        next(loader)
+    assert any("step 2" in note for note in getattr(info.value, "__notes__", ["step 2"]))
+    assert not loader.alive
+    with pytest.raises(StopIteration):
+        next(loader)
+
+
+def test_loader_threads_do_not_outlive_it():
+    before = threading.active_count()
+    for _ in range(3):
+        with BackgroundLoader(lambda step, pool=None: step, stop=5, workers=2) as loader:
+            list(loader)
+    time.sleep(0.05)
+    assert threading.active_count() <= before

@@ -1,0 +1,501 @@
+"""sparse_conv2d: against the dense convolution, finite differences, a block-by-block
+replay of the CUDA kernels' plans (runs without a GPU), and CUDA against NumPy."""
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops
+from gdnflow.errors import ShapeError
+from gdnflow.sparse import conv as sparse_module
+from gdnflow.sparse.conv import (WARPS, backward_plans, choose_tiling, forward_plan,
+                                 sparse_conv2d, sparse_geometry)
+from gdnflow.sparse.csr import to_csr
+from gdnflow.testing import assert_backends_match, gradcheck, relative_error
+
+# name -> (x shape, w shape, keyword arguments of the call, dilation); odd sizes throughout.
+CASES = {
+    "s1_p1": ((2, 5, 9, 11), (7, 5, 3, 3), dict(padding=1), 1),
+    "s1_p0": ((1, 4, 8, 7), (6, 4, 3, 3), dict(padding=0), 1),
+    "s2_p1_odd": ((2, 3, 9, 7), (5, 3, 3, 3), dict(stride=2, padding=1), 1),
+    "s2_p0": ((1, 4, 10, 9), (3, 4, 3, 3), dict(stride=2, padding=0), 1),
+    "asymmetric": ((2, 3, 8, 9), (4, 3, 3, 3), dict(padding=(0, 2, 1, 0)), 1),
+    "s2_asymmetric": ((1, 3, 8, 9), (4, 3, 3, 3), dict(stride=2, padding=(1, 0, 0, 1)), 1),
+    "rect_stride_5x5": ((1, 2, 11, 10), (3, 2, 5, 5), dict(stride=(2, 1), padding=2), 1),
+    "dilation2": ((1, 3, 9, 10), (4, 3, 3, 3), dict(padding=2), 2),
+    "1x1_s2": ((2, 6, 7, 7), (3, 6, 1, 1), dict(stride=2), 1),
+    "padding_past_kernel": ((1, 2, 5, 6), (3, 2, 3, 3), dict(padding=3), 1),
+}
+SPARSITIES = (0.5, 0.9, 0.98)
+
+
+def _padded(x_shape, padding):
+    top, bottom, left, right = ((padding,) * 4 if isinstance(padding, int) else
+                                (padding[0], padding[0], padding[1], padding[1])
+                                if len(padding) == 2 else padding)
+    return x_shape[2] + top + bottom, x_shape[3] + left + right
+
+
+def _pruned_weight(rng, w_shape, sparsity):
+    """N(0, 1/fan_in) weights with round(sparsity * size) zeros, never all of a filter
+    unless the sparsity asks for it."""
+    size = int(np.prod(w_shape))
+    w = rng.standard_normal(size) / np.sqrt(np.prod(w_shape[1:]))
+    w[rng.choice(size, int(round(sparsity * size)), replace=False)] = 0.0
+    return w.reshape(w_shape)
+
+
+def _case(rng, name, sparsity):
+    x_shape, w_shape, kwargs, dilation = CASES[name]
+    w = _pruned_weight(rng, w_shape, sparsity)
+    csr = to_csr(w, _padded(x_shape, kwargs.get("padding", 0)), dilation)
+    return rng.standard_normal(x_shape), w, csr, kwargs, dilation
+
+
+def _tensors(*arrays, dtype=np.float64, requires_grad=False):
+    return [gf.tensor(a, device="numpy", dtype=dtype, requires_grad=requires_grad)
+            for a in arrays]
+
+
+# ------------------------------------------------------- sparse vs dense --
+@pytest.mark.parametrize("sparsity", SPARSITIES)
+@pytest.mark.parametrize("name", CASES)
+def test_forward_matches_dense_conv2d(name, sparsity, rng):
+    x, w, csr, kwargs, dilation = _case(rng, name, sparsity)
+    b = rng.standard_normal(w.shape[0])
+    for dtype in (np.float64, np.float32):
+        tx, tv, tb = _tensors(x, csr.values, b, dtype=dtype)
+        got = sparse_conv2d(tx, csr, tv, tb, **kwargs).numpy()
+        tw = gf.tensor(csr.to_dense(), device="numpy", dtype=dtype)
+        want = ops.conv2d(tx, tw, tb, dilation=dilation, **kwargs).numpy()
+        assert got.dtype == dtype
+        assert relative_error(got, want) <= (1e-12 if dtype == np.float64 else 1e-5)
+
+
+@pytest.mark.parametrize("sparsity", SPARSITIES)
+@pytest.mark.parametrize("name", CASES)
+def test_gradients_match_dense_conv2d(name, sparsity, rng):
+    # The transpose and the values' gradient, against conv2d's gx and gw at the pattern.
+    x, w, csr, kwargs, dilation = _case(rng, name, sparsity)
+    b = rng.standard_normal(w.shape[0])
+    tx, tv, tb = _tensors(x, csr.values, b, requires_grad=True)
+    y = sparse_conv2d(tx, csr, tv, tb, **kwargs)
+    gy = rng.standard_normal(y.shape)
+    y.backward(gf.tensor(gy, device="numpy", dtype=np.float64))
+    dx, dw, db = _tensors(x, csr.to_dense().astype(np.float64), b, requires_grad=True)
+    ops.conv2d(dx, dw, db, dilation=dilation, **kwargs).backward(
+        gf.tensor(gy, device="numpy", dtype=np.float64))
+    np.testing.assert_allclose(tx.grad.numpy(), dx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    gw = dw.grad.numpy()[csr.rows, csr.channel, csr.tap_row, csr.tap_col]
+    np.testing.assert_allclose(tv.grad.numpy(), gw, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tb.grad.numpy(), db.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["s1_p1", "s2_asymmetric", "rect_stride_5x5", "dilation2"])
+def test_gradcheck(name, rng):
+    x, w, csr, kwargs, _ = _case(rng, name, 0.7)
+    b = rng.standard_normal(w.shape[0])
+    gradcheck(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs), [x, csr.values, b])
+
+
+def test_offsets_for_another_input_size_are_recomputed(rng):
+    # The CSR's offsets were made for another padded size; the result must not change.
+    x, w, csr, kwargs, _ = _case(rng, "s1_p1", 0.8)
+    stale = to_csr(w, (40, 41))
+    tx, = _tensors(x)
+    np.testing.assert_allclose(sparse_conv2d(tx, stale, **kwargs).numpy(),
+                               sparse_conv2d(tx, csr, **kwargs).numpy(), rtol=1e-12)
+
+
+def test_all_zero_filter_gives_bias_only(rng):
+    csr = to_csr(np.zeros((3, 2, 3, 3)), (7, 7))
+    tx, tv, tb = _tensors(rng.standard_normal((1, 2, 5, 5)), np.zeros(0), [1.0, 2.0, 3.0],
+                          requires_grad=True)
+    y = sparse_conv2d(tx, csr, tv, tb, padding=1)
+    np.testing.assert_array_equal(y.numpy(), np.broadcast_to([[[[1.0]], [[2.0]], [[3.0]]]],
+                                                              (1, 3, 5, 5)))
+    y.backward(gf.tensor(np.ones(y.shape), device="numpy", dtype=np.float64))
+    assert not tx.grad.numpy().any() and tv.grad.shape == (0,)
+
+
+def test_errors_name_what_is_wrong(rng):
+    csr = to_csr(_pruned_weight(rng, (4, 3, 3, 3), 0.5), (7, 7))
+    x, = _tensors(rng.standard_normal((1, 3, 5, 5)))
+    with pytest.raises(ShapeError, match="x has 2 channels, the filter expects 3"):
+        sparse_conv2d(_tensors(rng.standard_normal((1, 2, 5, 5)))[0], csr)
+    with pytest.raises(ShapeError, match=rf"values must have shape \({csr.nnz},\)"):
+        sparse_conv2d(x, csr, _tensors(np.ones(5))[0])
+    with pytest.raises(ShapeError, match=r"bias must have shape \(4,\)"):
+        sparse_conv2d(x, csr, bias=_tensors(np.ones(3))[0])
+    with pytest.raises(TypeError, match="CSRWeight"):
+        sparse_conv2d(x, np.ones((4, 3, 3, 3)))
+    assert sparse_geometry("t", (1, 3, 5, 5), csr, (1, 1), (1, 1, 1, 1)).y_shape == (1, 4, 5, 5)
+
+
+# ------------------------------------ replay of the CUDA plans on NumPy --
+def _lane_layout(tiling):
+    """Local output rows and columns of the lanes (rows: ly*ROWS + r, as in the kernel)."""
+    ly = 32 // tiling.tw
+    rows = (np.arange(ly)[:, None] * tiling.rows + np.arange(tiling.rows)[None, :]).ravel()
+    return rows, np.arange(tiling.tw)
+
+
+def _stage(plan, image, ch, u0, v0):
+    """stage_tile: CC planes of IN_H x IN_W at the block's window, zero outside, pitch PITCH."""
+    t = plan.tiling
+    c_in, ih, iw = plan.geometry[:3]
+    row0, col0 = plan.geometry[8:10]
+    c = ch * t.cc + np.arange(t.cc)[:, None, None]
+    h = u0 * t.sh + row0 + np.arange(t.in_h)[None, :, None]
+    w = v0 * t.sw + col0 + np.arange(t.in_w)[None, None, :]
+    inside = (c < c_in) & (h >= 0) & (h < ih) & (w >= 0) & (w < iw)
+    tile = np.zeros((t.cc, t.in_h, t.pitch))
+    tile[:, :, :t.in_w] = np.where(
+        inside, image[np.minimum(c, c_in - 1), np.clip(h, 0, ih - 1), np.clip(w, 0, iw - 1)], 0)
+    return tile.ravel()
+
+
+def _blocks(plan, n_images):
+    t = plan.tiling
+    for n in range(n_images):
+        for tu in range(plan.tiles_u):
+            for tv in range(plan.tiles_v):
+                for group in range(plan.groups):
+                    channels = range(group * WARPS * t.cpw, (group + 1) * WARPS * t.cpw)
+                    yield n, tu * t.th, tv * t.tw, channels
+
+
+def _write(out, n, o, row_index, col_index, values):
+    out[n, o][np.ix_(row_index, col_index)] = values
+
+
+def replay(plan, inp, values, out):
+    """out <- what sparse_conv_forward computes (no bias) from the plan's host arrays.
+
+    Stages each block's tiles as stage_tile does and reads them where the
+    lanes read, so an offset that leaves its staged tile fails (IndexError).
+    """
+    t = plan.tiling
+    _, _, _, c_out, _, _, u_ext, v_ext, _, _, out_row0, out_col0, out_sh, out_sw = plan.geometry
+    cp = plan.chunk_ptr_host.reshape(c_out, plan.n_chunks + 1)
+    rows, cols = _lane_layout(t)
+    where = rows[:, None] * t.sh * t.pitch + cols[None, :] * t.sw
+    for n, u0, v0, channels in _blocks(plan, inp.shape[0]):
+        channels = [o for o in channels if o < c_out]
+        acc = {o: np.zeros(where.shape) for o in channels}
+        for ch in range(plan.n_chunks):
+            tile = _stage(plan, inp[n], ch, u0, v0)
+            for o in channels:
+                for k in range(cp[o, ch], cp[o, ch + 1]):
+                    acc[o] += values[k] * tile[plan.offsets_host[k] + where]
+        keep_r, keep_c = u0 + rows < u_ext, v0 + cols < v_ext
+        for o in channels:
+            _write(out, n, o, out_row0 + (u0 + rows[keep_r]) * out_sh,
+                   out_col0 + (v0 + cols[keep_c]) * out_sw, acc[o][np.ix_(keep_r, keep_c)])
+
+
+def replay_values_grad(plan, inp, gout):
+    """What sparse_conv_values_grad accumulates into a zeroed gvalues."""
+    t = plan.tiling
+    c_out, oh, ow = plan.geometry[3:6]
+    cp = plan.chunk_ptr_host.reshape(c_out, plan.n_chunks + 1)
+    gvalues = np.zeros(plan.offsets_host.size)
+    rows, cols = _lane_layout(t)
+    where = rows[:, None] * t.sh * t.pitch + cols[None, :] * t.sw
+    for n, u0, v0, channels in _blocks(plan, inp.shape[0]):
+        u, v = u0 + rows[:, None], v0 + cols[None, :]
+        inside = (u < oh) & (v < ow)
+        for ch in range(plan.n_chunks):
+            tile = _stage(plan, inp[n], ch, u0, v0)
+            for o in (o for o in channels if o < c_out):
+                g = np.where(inside, gout[n, o][np.minimum(u, oh - 1), np.minimum(v, ow - 1)], 0)
+                for k in range(cp[o, ch], cp[o, ch + 1]):
+                    gvalues[k] += np.sum(g * tile[plan.offsets_host[k] + where])
+    return gvalues
+
+
+def _geometry(x_shape, csr, kwargs):
+    from gdnflow.ops.conv import normalize_padding
+    stride = kwargs.get("stride", 1)
+    stride = (stride, stride) if isinstance(stride, int) else stride
+    return sparse_geometry("t", x_shape, csr, stride,
+                           normalize_padding("t", kwargs.get("padding", 0)))
+
+
+@pytest.mark.parametrize("per_sm", [1, 64])
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_plans_replayed_on_numpy_match_the_reference(name, per_sm, rng, monkeypatch):
+    # What the kernels would compute from the plans' offsets, chunk pointers,
+    # windows and (backward) stride phases, block by block, for two tilings.
+    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
+    x, w, csr, kwargs, _ = _case(rng, name, 0.6)
+    g = _geometry(x.shape, csr, kwargs)
+    values = csr.values.astype(np.float64)
+    y_ref = sparse_module.forward_numpy(g, csr, x, values)
+    y = np.full(g.y_shape, np.nan)
+    replay(forward_plan(g, csr, sm_count=1), x, values, y)
+    assert relative_error(y, y_ref) <= 1e-12
+
+    gy = rng.standard_normal(g.y_shape)
+    phases, index = backward_plans(g, csr, sm_count=1)
+    assert sorted(index.tolist()) == sorted(set(index.tolist()))     # each entry at most once
+    gx = np.full(g.x_shape, np.nan)
+    for plan, start in phases:
+        replay(plan, gy, values[index][start:], gx)
+    assert relative_error(gx, sparse_module.backward_data_numpy(g, csr, gy, values)) <= 1e-12
+
+    gv = replay_values_grad(forward_plan(g, csr, sm_count=1), x, gy)
+    assert relative_error(gv, sparse_module.backward_values_numpy(g, csr, x, gy)) <= 1e-12
+
+
+@pytest.mark.parametrize("per_sm,cpw,groups", [(1, 4, 3), (64, 1, 9)])
+def test_replay_with_several_chunks_and_channel_groups(per_sm, cpw, groups, rng, monkeypatch):
+    # 40 input channels (3 chunks of 16), 70 output channels in groups of 8*cpw.
+    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
+    x = rng.standard_normal((1, 40, 6, 7))
+    csr = to_csr(_pruned_weight(rng, (70, 40, 3, 3), 0.9), (8, 9))
+    g = _geometry(x.shape, csr, dict(padding=1))
+    plan = forward_plan(g, csr, sm_count=1)
+    assert plan.n_chunks == 3 and plan.groups == groups and plan.tiling.cpw == cpw
+    values = csr.values.astype(np.float64)
+    y = np.full(g.y_shape, np.nan)
+    replay(plan, x, values, y)
+    assert relative_error(y, sparse_module.forward_numpy(g, csr, x, values)) <= 1e-12
+
+
+@pytest.mark.parametrize("n,c,size", [(1, 64, 224), (1, 512, 14), (16, 256, 56), (1, 3, 224),
+                                      (64, 512, 7), (1, 128, 112), (2, 32, 9)])
+@pytest.mark.parametrize("stride,span", [(1, 3), (2, 3), (1, 5), (2, 7)])
+def test_tilings_fit_shared_memory_and_avoid_bank_conflicts(n, c, size, stride, span):
+    t = choose_tiling(n, c, c, size, size, stride, stride, span, span, 132)
+    assert t.cc * t.in_h * t.pitch * 4 <= 48 * 1024 and t.pitch >= t.in_w
+    assert t.tw in (8, 16, 32) and t.rows in (1, 2, 4, 8) and t.cpw in (1, 2, 4)
+    if stride == 1:
+        assert sparse_module._bank_conflicts(t.tw, t.rows, 1, 1, t.pitch) == 1
+
+
+# ------------------------------------------------------------------ GPU --
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparsity", SPARSITIES)
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_matches_numpy(name, sparsity, rng):
+    x, w, csr, kwargs, _ = _case(rng, name, sparsity)
+    b = rng.standard_normal(w.shape[0])
+    assert_backends_match(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs),
+                          [x, csr.values, b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_sm", [1, 4, 64])
+@pytest.mark.parametrize("name", ["s1_p1", "s2_p1_odd", "rect_stride_5x5", "dilation2"])
+def test_cuda_every_tiling_matches_numpy(name, per_sm, rng, monkeypatch):
+    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
+    x, w, csr, kwargs, _ = _case(rng, name, 0.8)
+    assert_backends_match(lambda x, v: sparse_conv2d(x, csr, v, **kwargs), [x, csr.values],
+                          rtol=1e-4)
+
+
+# VGG16 3x3 layers (and a stride-2 one) at 90%: chunks, groups and wide tiles for real.
+REAL_LAYERS = {
+    "vgg16_64_64_56_b1": ((1, 64, 56, 56), (64, 64, 3, 3), dict(padding=1)),
+    "vgg16_256_256_28_b2": ((2, 256, 28, 28), (256, 256, 3, 3), dict(padding=1)),
+    "vgg16_512_512_14_b1": ((1, 512, 14, 14), (512, 512, 3, 3), dict(padding=1)),
+    "vgg16_3_64_224_b1": ((1, 3, 224, 224), (64, 3, 3, 3), dict(padding=1)),
+    "stride2_128_256_28": ((2, 128, 28, 28), (256, 128, 3, 3), dict(stride=2, padding=1)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", REAL_LAYERS)
+def test_cuda_real_layers_match_numpy(name, rng):
+    x_shape, w_shape, kwargs = REAL_LAYERS[name]
+    csr = to_csr(_pruned_weight(rng, w_shape, 0.9), _padded(x_shape, kwargs["padding"]))
+    b = rng.standard_normal(w_shape[0])
+    assert_backends_match(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs),
+                          [rng.standard_normal(x_shape), csr.values, b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_sparse_matches_dense_conv2d_on_the_gpu(rng):
+    x_shape, w_shape, kwargs = REAL_LAYERS["vgg16_256_256_28_b2"]
+    w = _pruned_weight(rng, w_shape, 0.95).astype(np.float32)
+    csr = to_csr(w, _padded(x_shape, 1))
+    x = gf.tensor(rng.standard_normal(x_shape), device="cuda")
+    dense = ops.conv2d(x, gf.tensor(w, device="cuda"), **kwargs).numpy()
+    assert relative_error(sparse_conv2d(x, csr, **kwargs).numpy(), dense) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_cuda_packed_entries_follow_new_values(rng):
+    # The packed (value, offset) pairs are cached per values array; new values repack.
+    x, w, csr, kwargs, _ = _case(rng, "s1_p1", 0.5)
+    tx = gf.tensor(x, device="cuda")
+    first = sparse_conv2d(tx, csr, gf.tensor(csr.values, device="cuda"), **kwargs).numpy()
+    second = sparse_conv2d(tx, csr, gf.tensor(2 * csr.values, device="cuda"), **kwargs).numpy()
+    np.testing.assert_allclose(second, 2 * first, rtol=1e-5, atol=1e-6)
+
+
+# ------------------- the CUDA path's host side, on a simulated device --
+class _FakeDevice:
+    """Device memory as NumPy buffers at fake addresses, and the five kernels of
+    sparse_conv.cu replayed on it: enough to run forward_cuda, backward_data_cuda
+    and backward_values_cuda (argument order, pointer offsets, packing, phases)
+    on a machine without a GPU."""
+
+    sm_count = 132
+
+    def __init__(self):
+        self.blocks, self.next = {}, 1 << 20
+
+    # memory
+    def _view(self, ptr, dtype, count):
+        if count == 0:                  # a kernel given no entries never reads the pointer
+            return np.zeros(0, dtype)
+        for base, buf in self.blocks.items():
+            if base <= ptr < base + buf.size:
+                start = ptr - base
+                return buf[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+        raise AssertionError(f"address {ptr:#x} is in no allocation")
+
+    def empty(self, shape, dtype=np.float32):
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape))
+        buf = np.zeros(max(size, 1) * dtype.itemsize, np.uint8)
+        if dtype == np.float32:
+            buf.view(np.float32)[:] = np.nan                  # poisoned, as in the tests' runtime
+        base, self.next = self.next, self.next + buf.size + 512
+        self.blocks[base] = buf
+        return _FakeArray(self, tuple(shape), dtype, base)
+
+    def full(self, shape, value, dtype=np.float32):
+        array = self.empty(shape, dtype)
+        array.host()[...] = value
+        return array
+
+    def from_numpy(self, host):
+        array = self.empty(host.shape, host.dtype)
+        array.host()[...] = host
+        return array
+
+    # the kernels module's interface
+    def get_runtime(self):
+        return self
+
+    def launch_grid(self, threads, block=256, blocks_per_sm=16):
+        return ((threads + block - 1) // block, 1, 1)
+
+    def kernel(self, file, name, arg_types, defines=()):
+        assert file == "sparse_conv.cu" and len(arg_types) == {
+            "sparse_conv_forward": 23, "sparse_conv_values_grad": 17, "pack_entries": 4,
+            "gather_pack": 5, "multiply_in_place": 3}[name], (name, arg_types)
+        return _FakeKernel(self, name, dict(defines))
+
+
+class _FakeArray:
+    def __init__(self, device, shape, dtype, ptr):
+        self.device, self.shape, self.dtype, self.ptr = device, shape, dtype, ptr
+        self.size = int(np.prod(shape))
+
+    def host(self):
+        return self.device._view(self.ptr, self.dtype, self.size).reshape(self.shape)
+
+    def reshape(self, shape):
+        return _FakeArray(self.device, tuple(shape), self.dtype, self.ptr)
+
+
+class _FakeKernel:
+    def __init__(self, device, name, defines):
+        self.device, self.name, self.defines = device, name, defines
+
+    def launch(self, threads, *args, **_):
+        self((0, 1, 1), (256, 1, 1), *args)
+
+    def _plan(self, ints, grid, forward):
+        from types import SimpleNamespace
+        from gdnflow.sparse.conv import Tiling
+        d = self.defines
+        tiling = Tiling(d["TW"], d["ROWS"], d["CPW"], d["CC"], d["SH"], d["SW"], d["SPAN_H"],
+                        d["SPAN_W"], d["PITCH"])
+        if forward:
+            geometry, (groups, tiles_u, tiles_v, n_chunks) = tuple(ints[:14]), ints[14:]
+        else:
+            c_in, ih, iw, c_out, oh, ow, row0, col0, groups, tiles_u, tiles_v, n_chunks = ints
+            geometry = (c_in, ih, iw, c_out, oh, ow, oh, ow, row0, col0, 0, 0, 1, 1)
+        n_images = grid[0] // (groups * tiles_u * tiles_v)
+        return SimpleNamespace(tiling=tiling, geometry=geometry, groups=groups, tiles_u=tiles_u,
+                               tiles_v=tiles_v, n_chunks=n_chunks), n_images
+
+    def __call__(self, grid, block, *args, shared_bytes=0):
+        view = self.device._view
+        if self.name == "pack_entries":
+            values, offsets, entries, n = args
+            e = view(entries, np.float32, 2 * n)
+            e[0::2] = view(values, np.float32, n)
+            e.view(np.int32)[1::2] = view(offsets, np.int32, n)
+        elif self.name == "gather_pack":
+            values, index, offsets, entries, n = args
+            idx = view(index, np.int32, n)
+            e = view(entries, np.float32, 2 * n)
+            e[0::2] = view(values, np.float32, int(idx.max()) + 1)[idx]
+            e.view(np.int32)[1::2] = view(offsets, np.int32, n)
+        elif self.name == "multiply_in_place":
+            a, b, n = args
+            view(a, np.float32, n)[:] *= view(b, np.float32, n)
+        elif self.name == "sparse_conv_forward":
+            inp, entries, chunk_ptr, bias, out, *ints = args
+            plan, n = self._plan(ints, grid, forward=True)
+            c_in, ih, iw, c_out, oh, ow = plan.geometry[:6]
+            plan.chunk_ptr_host = view(chunk_ptr, np.int32, c_out * (plan.n_chunks + 1))
+            nnz = int(plan.chunk_ptr_host.max())
+            e = view(entries, np.float32, 2 * nnz)
+            plan.offsets_host = e.view(np.int32)[1::2]
+            y = view(out, np.float32, n * c_out * oh * ow).reshape(n, c_out, oh, ow)
+            replay(plan, view(inp, np.float32, n * c_in * ih * iw).reshape(n, c_in, ih, iw),
+                   e[0::2].astype(np.float64), y)
+            if bias:
+                y += view(bias, np.float32, c_out).reshape(1, -1, 1, 1)
+        elif self.name == "sparse_conv_values_grad":
+            inp, gout, offsets, chunk_ptr, gvalues, *ints = args
+            plan, n = self._plan(ints, grid, forward=False)
+            c_in, ih, iw, c_out, oh, ow = plan.geometry[:6]
+            plan.chunk_ptr_host = view(chunk_ptr, np.int32, c_out * (plan.n_chunks + 1))
+            nnz = int(plan.chunk_ptr_host.max())
+            plan.offsets_host = view(offsets, np.int32, nnz)
+            view(gvalues, np.float32, nnz)[:] += replay_values_grad(
+                plan, view(inp, np.float32, n * c_in * ih * iw).reshape(n, c_in, ih, iw),
+                view(gout, np.float32, n * c_out * oh * ow).reshape(n, c_out, oh, ow))
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    import sys
+    import types
+    from gdnflow.backends import cuda as cuda_package
+    device = _FakeDevice()
+    runtime_module = types.ModuleType("gdnflow.backends.cuda.runtime")
+    runtime_module.get_runtime = device.get_runtime
+    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.runtime", runtime_module)
+    monkeypatch.setattr(cuda_package, "_kernels", device)
+    return device
+
+
+@pytest.mark.parametrize("name", ["s1_p1", "s2_asymmetric", "rect_stride_5x5", "dilation2",
+                                  "1x1_s2", "padding_past_kernel"])
+def test_cuda_host_code_on_a_simulated_device(name, rng, fake_device):
+    x, w, csr, kwargs, _ = _case(rng, name, 0.7)
+    g = _geometry(x.shape, csr, kwargs)
+    b = rng.standard_normal(g.c_out).astype(np.float32)
+    gy = rng.standard_normal(g.y_shape).astype(np.float32)
+    values = csr.values.astype(np.float64)
+    dx, dgy, dv, db = (fake_device.from_numpy(a.astype(np.float32))
+                       for a in (x, gy, csr.values, b))
+    y = sparse_module.forward_cuda(g, csr, dx, dv, db).host()
+    assert relative_error(y, sparse_module.forward_numpy(g, csr, x, values, b)) <= 1e-5
+    gx = sparse_module.backward_data_cuda(g, csr, dgy, dv).host()
+    assert relative_error(gx, sparse_module.backward_data_numpy(g, csr, gy, values)) <= 1e-5
+    gv = sparse_module.backward_values_cuda(g, csr, dx, dgy).host()
+    assert relative_error(gv, sparse_module.backward_values_numpy(g, csr, x, gy)) <= 1e-5
+    # A second forward reuses the packed entries of the same values array.
+    plan = sparse_module.forward_plan(g, csr)
+    packed = plan.entries(dv)
+    assert plan.entries(dv) is packed
+    np.testing.assert_allclose(sparse_module.forward_cuda(g, csr, dx, dv, db).host(), y)

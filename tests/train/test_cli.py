@@ -1,0 +1,51 @@
+"""``gdnflow train`` through its argument parser: a run, a resume, bad input."""
+import argparse
+
+from gdnflow.train.cli import add_train_parser, config_from_args
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="gdnflow")
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def tiny_args(image_folder, out, *more):
+    return ["train", "--data", str(image_folder), "--out", str(out), "--crop", "32", "--N", "8",
+            "--M", "12", "--batch-size", "2", "--device", "numpy", "--quiet", "--workers", "2",
+            "--eval-images", "1", *more]
+
+
+def test_train_then_resume(image_folder, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = parse(tiny_args(image_folder, out, "--steps", "3", "--eval-every", "2",
+                           "--checkpoint-every", "2"))
+    assert args.run(args) == 0
+    for name in ("checkpoint.h5", "curves.png", "reconstructions.png", "history.jsonl"):
+        assert (out / name).exists(), name
+    assert len((out / "history.jsonl").read_text().splitlines()) == 3
+    args = parse(tiny_args(image_folder, out, "--steps", "5", "--resume"))
+    assert args.run(args) == 0
+    assert "resumed at step 3" in capsys.readouterr().out
+    assert len((out / "history.jsonl").read_text().splitlines()) == 5
+
+
+def test_missing_data_is_a_clear_error(tmp_path, capsys):
+    args = parse(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"),
+                  "--device", "numpy", "--quiet"])
+    assert args.run(args) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_quality_sets_lambda_and_size():
+    config = config_from_args(parse(["train", "--quality", "7"]))
+    assert (config.lmbda, config.N, config.M) == (0.0932, 192, 320)
+    config = config_from_args(parse(["train", "--quality", "2", "--lambda", "0.5", "--M", "64"]))
+    assert (config.lmbda, config.N, config.M) == (0.5, 128, 64)
+    assert config_from_args(parse(["train"])).lmbda == 0.0130
+
+
+def test_bad_values_are_refused(tmp_path, capsys):
+    args = parse(["train", "--crop", "40", "--out", str(tmp_path), "--device", "numpy"])
+    assert args.run(args) == 1
+    assert "multiple of 16" in capsys.readouterr().err
