@@ -357,3 +357,23 @@ def test_inference_plan_of_an_imported_model_matches_keras(device):
     x = reference_input("mobilenet_v2")
     compiled = model.compile_inference(x.shape)
     assert_close(compiled(gf.tensor(x, device=device)).numpy(), REFERENCE["mobilenet_v2_y"])
+
+
+def test_keras2_weight_names(tmp_path):
+    """Keras 2 wrote ``Conv1/kernel:0`` and ``.../depthwise_kernel:0``; Keras 3 ``Conv1/kernel``."""
+    path = legacy_weights_file(FIXTURES / "mobilenet_v2.h5", tmp_path / "keras2.h5")
+    with h5py.File(path, "r+") as f:
+        for layer in f.attrs["layer_names"]:
+            group = f[layer]
+            names = []
+            for name in group.attrs["weight_names"]:
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                new = name + ":0"
+                if "depthwise" in layer and name.endswith("/kernel"):
+                    new = name[:-len("kernel")] + "depthwise_kernel:0"
+                group.move(name, new)
+                names.append(new.encode())
+            group.attrs["weight_names"] = names
+    model = keras.load(path, device="numpy")
+    assert_close(run(model, reference_input("mobilenet_v2"), "numpy"),
+                 REFERENCE["mobilenet_v2_logits"])
