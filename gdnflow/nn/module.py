@@ -177,12 +177,15 @@ class Module:
             p.grad = None
 
     def to(self, device):
-        """Move every parameter and buffer to ``device`` (in place); returns self."""
+        """Move every parameter and buffer to ``device`` (in place); returns self.
+
+        Parameters stay the same objects (their arrays move), so an optimiser
+        built before the move still updates them.
+        """
+        for p in self.parameters():
+            if p.device != device:
+                _replace_array(p, p.numpy(), device)      # bumps weights_version
         for _, module in self.named_modules():
-            for name, p in list(module._parameters.items()):
-                if p.device != device:
-                    setattr(module, name, Parameter(p.numpy(), device=device, dtype=p.dtype,
-                                                    requires_grad=p.requires_grad))
             for name, b in list(module._buffers.items()):
                 if b is not None and b.device != device:
                     setattr(module, name, Tensor(b.numpy(), device=device, dtype=b.dtype))
@@ -224,11 +227,25 @@ class Module:
             raise ShapeError(f"{type(self).__name__}.load_state_dict: " + "; ".join(wrong))
         for prefix, module in self.named_modules():
             for name, p in list(module._parameters.items()):
-                setattr(module, name, Parameter(state[prefix + name], device=p.device,
-                                                dtype=p.dtype, requires_grad=p.requires_grad))
+                # In place, so that optimisers holding p keep working.
+                _replace_array(p, state[prefix + name], p.device)
             for name, b in list(module._buffers.items()):
                 if b is not None:
                     # Copied: operators update buffers in place, which must not
                     # reach into the caller's arrays.
                     setattr(module, name, Tensor(np.array(state[prefix + name]), device=b.device,
                                                  dtype=b.dtype))
+
+
+def _replace_array(parameter, values, device):
+    """Give ``parameter`` a copy of ``values`` on ``device``, keeping the object and its dtype.
+
+    Its gradient is dropped (it belonged to the old array).
+    """
+    from gdnflow.backends import get_backend
+    backend = get_backend(device)
+    dtype = parameter.dtype if device == "numpy" else backend.check_dtype(parameter.dtype)
+    parameter.data = backend.from_numpy(np.asarray(values, dtype=dtype))
+    parameter.device = device
+    parameter.grad = None
+    weights_changed()

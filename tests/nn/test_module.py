@@ -147,3 +147,19 @@ def test_to_moves_parameters_and_buffers():
     net.to("numpy")
     assert all(t.device == "numpy" for t in net.parameters() + net.buffers())
     np.testing.assert_array_equal(net.first.shift.numpy(), [0.5] * 3)
+
+
+def test_to_and_load_state_dict_keep_parameter_objects_for_optimisers():
+    from gdnflow.nn.layers import Linear
+    from gdnflow.optim import SGD
+    layer = Linear(3, 2, rng=np.random.default_rng(0))
+    weight = layer.weight
+    optimizer = SGD(layer.parameters(), lr=0.1)
+    layer.to("numpy")
+    new_weight = np.ones((2, 3), np.float32)
+    layer.load_state_dict({"weight": new_weight, "bias": np.zeros(2, np.float32)})
+    assert layer.weight is weight
+    layer(gf.tensor(np.ones((1, 3)), device="numpy")).sum().backward()
+    optimizer.step()
+    np.testing.assert_allclose(layer.weight.numpy(), new_weight - 0.1)   # dL/dW = 1
+    np.testing.assert_array_equal(new_weight, np.ones((2, 3)))           # caller's array untouched
