@@ -15,12 +15,25 @@ torch / gdnflow, above 1 means gdnflow is faster.
 For every layer Winograd can run (3x3, stride 1, groups 1: all of VGG16's)
 the same call is also timed with the planner forced to im2col + GEMM, to
 Winograd F(4x4) and to F(2x2) (for the stages each supports; the weight
-gradient stays on im2col), so one run shows what each algorithm gives.
+gradient stays on im2col), so one run shows what each algorithm gives; and
+every 1x1 layer with the planner forced to the per-image cuBLAS GEMMs
+(``pointwise``) and to the direct kernel (``pointwise_direct``).
+
+The per-layer times above are events around the Python call, so they include
+gdnflow's (and torch's) host dispatch before the kernel starts, ~15-20 µs:
+most of a small layer. The "gpu ms" columns time the same calls enqueued
+behind a kernel that keeps the GPU busy until all are queued, so they run
+back to back: the kernels' own time, what a batch-64 network (whose host
+runs ahead of the GPU) or a CUDA graph sees. "floor ms" is the forward's
+direct-convolution floor, max(bytes of x, w and y / 4.1 TB/s, 2 * multiply-adds
+/ 50 TFLOP/s) (Winograd needs fewer multiplications; layers whose inputs fit
+in L2, about 50 MB, can beat the HBM term in repeated runs).
 """
 import argparse
 import collections
 import contextlib
 import math
+import statistics
 import time
 
 import numpy as np
@@ -30,11 +43,24 @@ import gdnflow as gf
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module
 from gdnflow.ops import winograd
-from gdnflow.ops.conv import STAGES, Im2colGemm, conv_geometry, normalize_padding
+from gdnflow.backends.cuda.sources import InlineSource
+from gdnflow.ops.conv import STAGES, Im2colGemm, Pointwise, conv_geometry, normalize_padding
+from gdnflow.ops.pointwise import PointwiseDirect
 from gdnflow.ops.winograd import WinogradF2, WinogradF4
 
-#: The algorithms timed side by side (extra columns) where Winograd applies.
-COMPARED = (Im2colGemm, WinogradF4, WinogradF2)
+#: The algorithms timed side by side (extra columns) where they apply.
+COMPARED = (Im2colGemm, WinogradF4, WinogradF2, Pointwise, PointwiseDirect)
+#: The floors of benchmarks/results (TARGETS.md): HBM copy rate, SGEMM rate.
+HBM_BYTES_PER_S = 4.1e12
+SGEMM_FLOP_PER_S = 50e12
+#: A kernel that keeps the GPU busy for ``cycles`` clocks (gpu ms columns).
+SPIN = InlineSource("""
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+""", "bench_conv_spin.cu")
 
 Layer = collections.namedtuple(
     "Layer", "x_shape w_shape stride padding groups transposed output_padding")
@@ -114,10 +140,92 @@ def geometry(layer):
 
 
 def compared_algorithms(layer):
-    """The algorithms to time one by one for this layer (none unless Winograd applies)."""
-    if layer.transposed or not winograd.supports(geometry(layer)):
+    """The algorithms to time one by one for this layer: Winograd's three, the two 1x1 ones."""
+    if layer.transposed:
         return ()
-    return COMPARED
+    g = geometry(layer)
+    if winograd.supports(g):
+        return (Im2colGemm, WinogradF4, WinogradF2)
+    if PointwiseDirect.supports(g):
+        return (Pointwise, PointwiseDirect)
+    return ()
+
+
+def floor_ms(layer):
+    """The forward's floor: max(bytes of x, w, y at HBM rate, 2 * multiply-adds at SGEMM rate)."""
+    y_shape = output_shape(layer)
+    taps = math.prod(layer.w_shape[1:])         # per output (conv) or per input (transposed)
+    macs = math.prod(layer.x_shape if layer.transposed else y_shape) * taps
+    moved = 4 * (math.prod(layer.x_shape) + math.prod(layer.w_shape) + math.prod(y_shape))
+    return 1e3 * max(moved / HBM_BYTES_PER_S, 2 * macs / SGEMM_FLOP_PER_S)
+
+
+def _queued_ms(run, calls, repeats):
+    """Median of run(seconds) -> (ms per call, whether the busy kernel outlasted the enqueueing).
+
+    The busy time starts at twice the host time of one unqueued run and
+    doubles whenever the GPU caught up with the host (a launch gap inside).
+    """
+    started = time.perf_counter()
+    run(0.0)
+    seconds = max(2 * (time.perf_counter() - started), 1e-3)
+    times = []
+    while len(times) < repeats:
+        ms, covered = run(seconds)
+        if covered:
+            times.append(ms)
+        elif seconds > 1.0:
+            return float("nan")
+        else:
+            seconds *= 2
+    return statistics.median(times)
+
+
+def _clock_hz():
+    import pycuda.driver as drv
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return 1e3 * get_runtime().device.get_attribute(drv.device_attribute.CLOCK_RATE)
+
+
+def gdnflow_gpu_ms(fn, calls=10, repeats=5):
+    """Milliseconds of GPU time per fn() call, the calls queued behind a busy kernel."""
+    import pycuda.driver as drv
+    from gdnflow.backends import cuda
+    stream = harness.gdnflow_stream()
+    spin, hz = cuda.kernel(SPIN, "spin", "q"), _clock_hz()
+
+    def run(seconds):
+        slept, start, end = drv.Event(), drv.Event(), drv.Event()
+        spin((1, 1, 1), (1, 1, 1), int(seconds * hz))
+        slept.record(stream)
+        start.record(stream)
+        for _ in range(calls):
+            fn()
+        end.record(stream)
+        covered = not slept.query()
+        end.synchronize()
+        return end.time_since(start) / calls, covered
+    return _queued_ms(run, calls, repeats)
+
+
+def torch_gpu_ms(torch, fn, calls=10, repeats=5):
+    """As :func:`gdnflow_gpu_ms` for torch (torch.cuda._sleep keeps its stream busy)."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return float("nan")
+    hz = _clock_hz()
+
+    def run(seconds):
+        slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda._sleep(int(seconds * hz))
+        slept.record()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        covered = not slept.query()
+        end.synchronize()
+        return start.elapsed_time(end) / calls, covered
+    return _queued_ms(run, calls, repeats)
 
 
 class ForcedPlanner:
@@ -186,8 +294,9 @@ def torch_call(torch, layer, x, w):
     return lambda: F.conv2d(x, w, **kw)
 
 
-def time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward):
-    """(median ms, forward output as NumPy) of gdnflow on this layer with the current planner."""
+def time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward, gpu=False):
+    """(median ms, forward output as NumPy) of gdnflow on this layer with the current planner;
+    with ``gpu``, (median ms, GPU ms per call queued, output)."""
     x = gf.tensor(x_host, device="cuda", requires_grad=backward)
     w = gf.tensor(w_host, device="cuda", requires_grad=backward)
     forward = gdnflow_call(layer, x, w)
@@ -199,9 +308,11 @@ def time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward
         def step():
             x.grad = w.grad = None          # no accumulation kernel inside the timing
             forward().backward(gy)
-        return harness.time_gdnflow(step, warmup, repeats), y_host
+        ms = harness.time_gdnflow(step, warmup, repeats)
+        return (ms, gdnflow_gpu_ms(step), y_host) if gpu else (ms, y_host)
     with gf.no_grad():
-        return harness.time_gdnflow(forward, warmup, repeats), y_host
+        ms = harness.time_gdnflow(forward, warmup, repeats)
+        return (ms, gdnflow_gpu_ms(forward), y_host) if gpu else (ms, y_host)
 
 
 def relative_difference(y, ref):
@@ -210,10 +321,12 @@ def relative_difference(y, ref):
 
 def bench_layer(torch, layer, rng, warmup, repeats, backward):
     """(gdnflow ms, torch ms or None, {algorithm name: ms} for :func:`compared_algorithms`,
-    the largest relative difference of any gdnflow output from torch's, or None)."""
+    the largest relative difference of any gdnflow output from torch's, or None,
+    gdnflow GPU ms, torch GPU ms or None)."""
     x_host, w_host = make_inputs(layer, rng)
     gy_host = rng.standard_normal(output_shape(layer), dtype=np.float32) if backward else None
-    ms, y_host = time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats, backward)
+    ms, gpu_ms, y_host = time_gdnflow_layer(layer, x_host, w_host, gy_host, warmup, repeats,
+                                            backward, gpu=True)
     outputs, compared = [y_host], {}
     for algorithm in compared_algorithms(layer):
         with forced(algorithm):
@@ -221,7 +334,7 @@ def bench_layer(torch, layer, rng, warmup, repeats, backward):
                                                              warmup, repeats, backward)
         outputs.append(y)
     if torch is None:
-        return ms, None, compared, None
+        return ms, None, compared, None, gpu_ms, None
     tx = torch.from_numpy(x_host).cuda().requires_grad_(backward)
     tw = torch.from_numpy(w_host).cuda().requires_grad_(backward)
     tforward = torch_call(torch, layer, tx, tw)
@@ -230,13 +343,17 @@ def bench_layer(torch, layer, rng, warmup, repeats, backward):
     err = max(relative_difference(y, ref) for y in outputs)
     if backward:
         tgy = torch.from_numpy(gy_host).cuda()
-        tms = harness.time_torch(lambda: torch.autograd.grad(tforward(), (tx, tw), tgy),
-                                 warmup, repeats)
+
+        def tstep():
+            return torch.autograd.grad(tforward(), (tx, tw), tgy)
+        tms = harness.time_torch(tstep, warmup, repeats)
+        tgpu_ms = torch_gpu_ms(torch, tstep)
     else:
         with torch.no_grad():
             tms = harness.time_torch(tforward, warmup, repeats)
+            tgpu_ms = torch_gpu_ms(torch, tforward)
     del tx, tw
-    return ms, tms, compared, err
+    return ms, tms, compared, err, gpu_ms, tgpu_ms
 
 
 def main():
@@ -261,22 +378,29 @@ def main():
     for key in args.models.split(","):
         for model, batch, layers in MODELS[key]:
             counts = collections.Counter(layers)
-            total_ms = total_tms = 0.0
+            total_ms = total_tms = total_gpu = total_tgpu = total_floor = 0.0
             # Per compared algorithm: the model's total if that algorithm ran
             # wherever it can (the planner's choice elsewhere); and the best of all.
             totals = dict.fromkeys([a.name for a in COMPARED] + ["best"], 0.0)
             for layer in counts:                 # first-use order, each shape once
-                ms, tms, compared, err = bench_layer(torch, layer, rng, warmup, repeats,
-                                                     args.backward)
+                ms, tms, compared, err, gpu, tgpu = bench_layer(torch, layer, rng, warmup,
+                                                                repeats, args.backward)
                 algo = algorithm_name(layer, "forward")
+                floor = None if args.backward else floor_ms(layer)
                 total_ms += counts[layer] * ms
                 total_tms += counts[layer] * (tms or 0.0)
+                total_gpu += counts[layer] * gpu
+                total_tgpu += counts[layer] * (tgpu or 0.0)
+                total_floor += counts[layer] * (floor or 0.0)
                 for a in COMPARED:
                     totals[a.name] += counts[layer] * compared.get(a.name, ms)
                 totals["best"] += counts[layer] * min([ms] + list(compared.values()))
                 rows.append([f"{model} b{batch}", describe(layer), counts[layer], algo,
                              f"{ms:.3f}", "-" if tms is None else f"{tms:.3f}",
-                             "-" if tms is None else f"{tms / ms:.2f}"]
+                             "-" if tms is None else f"{tms / ms:.2f}",
+                             f"{gpu:.3f}", "-" if tgpu is None else f"{tgpu:.3f}",
+                             "-" if tgpu is None else f"{tgpu / gpu:.2f}",
+                             "-" if floor is None else f"{floor:.3f}"]
                             + [f"{compared[a.name]:.3f}" if a.name in compared else "-"
                                for a in COMPARED]
                             + ["-" if err is None else f"{err:.1e}"])
@@ -288,7 +412,10 @@ def main():
             rows.append([f"**{model} b{batch}**", "**all conv layers (x count)**",
                          len(layers), f"best of all: {bold_total(totals['best'])}",
                          f"**{total_ms:.3f}**", f"**{total_tms:.3f}**" if torch else "-",
-                         f"**{total_tms / total_ms:.2f}**" if torch else "-"]
+                         f"**{total_tms / total_ms:.2f}**" if torch else "-",
+                         f"**{total_gpu:.3f}**", f"**{total_tgpu:.3f}**" if torch else "-",
+                         f"**{total_tgpu / total_gpu:.2f}**" if torch else "-",
+                         "-" if args.backward else f"**{total_floor:.3f}**"]
                         + [bold_total(totals[a.name]) for a in COMPARED] + [""])
     notes.append(f"{stage}; median of {repeats} CUDA-event timings after {warmup} warm-up runs; "
                  "ratio = torch / gdnflow (above 1: gdnflow faster)")
@@ -301,14 +428,22 @@ def main():
     notes.append(", ".join(f"{a.name} ms" for a in COMPARED) + ": the same call with the "
                  "planner forced to that algorithm where it applies (3x3 stride-1 layers; "
                  "Winograd runs forward and backward-data, the weight gradient stays on "
-                 "im2col); their total rows count the planner's time for the other layers, "
-                 "with the ratio to torch in parentheses; best of all: the fastest per layer")
+                 "im2col; 1x1 layers: pointwise = one cuBLAS GEMM per image, pointwise_direct "
+                 "= the direct kernel, forward and backward-data); their total rows count the "
+                 "planner's time for the other layers, with the ratio to torch in parentheses; "
+                 "best of all: the fastest per layer")
+    notes.append("gpu ms, torch gpu ms: GPU time per call with the calls queued behind a "
+                 "busy kernel (no host dispatch gaps), median of 5 x 10 calls; gpu ratio = "
+                 "torch gpu / gpu; floor ms: the forward's max(bytes of x, w, y / 4.1 TB/s, "
+                 "2 x multiply-adds / 50 TFLOP/s), so floor / gpu is the fraction of the "
+                 "floor reached")
     notes.append("batch-1 inputs fit in L2, so those rows time L2-resident data")
     notes.append(f"benchmark wall time {time.perf_counter() - started:.0f} s")
     harness.emit(harness.markdown_table(
         f"Convolutions ({stage})",
         ["model", "layer (N x C x H x W -> C_out, kernel/stride)", "count", "algorithm",
-         "gdnflow ms", "torch ms", "ratio"] + [f"{a.name} ms" for a in COMPARED] + ["err"],
+         "gdnflow ms", "torch ms", "ratio", "gpu ms", "torch gpu ms", "gpu ratio", "floor ms"]
+        + [f"{a.name} ms" for a in COMPARED] + ["err"],
         rows, notes), args.out)
 
 

@@ -33,7 +33,7 @@
 // unrolls, so a thread's inputs and sums stay in registers.
 //
 // The staging and compute steps are __host__ __device__ functions:
-// tests/ops/test_depthwise_host.py compiles this file for the host and runs
+// tests/ops/test_conv.py compiles this file for the host and runs
 // every block and thread through them, so the index arithmetic, the vector
 // alignment and the shared-memory bounds are checked without a GPU
 // (DW_HOST_CHECK counts violations there; it is empty on the device).
@@ -137,12 +137,12 @@ DW_HD void store_floats(float* p, const float* r) {
 }
 
 // Global -> shared copy of N floats without a register round trip (cp.async,
-// sm_80+; 16-byte copies bypass L1). On the host: a plain copy.
+// sm_80+; 16-byte copies bypass L1). On the host and older GPUs: a plain copy.
 template <int N>
 DW_HD void copy_to_shared(float* dst, const float* src) {
     DW_HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
     DW_HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     if constexpr (N == 4)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
@@ -156,7 +156,9 @@ DW_HD void copy_to_shared(float* dst, const float* src) {
 
 // Waits for this thread's cp.async copies (the barrier after it publishes them).
 __device__ __forceinline__ void copies_done() {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
 }
 
 // One block's share of the forward: planes [p0, p0 + np), output rows
@@ -318,8 +320,9 @@ extern "C" __global__ void __launch_bounds__(DW_MAX_THREADS) depthwise_forward(
 
 // ------------------------------------------------------------- backward --
 // Backward-data at stride 1 runs depthwise_forward (see depthwise.py); the
-// kernel below serves strided geometries. Its tiles are (BX, BY*RPT) gx
-// entries per plane, BZ planes per block, shared memory sized by the host.
+// kernel below serves strided geometries. A block is (BX, BY, BZ) threads:
+// BZ planes, a tile of BX x BY*RPT gx entries of each, staged gy in shared
+// memory sized by the host (depthwise.py: tiles, _backward_shared_bytes).
 
 // Rows (or columns) of gy that a tile of `extent` gx rows starting at h0 reads:
 // gy row oh feeds gx row h = oh*S - pad + i*D, so oh runs from
@@ -332,8 +335,8 @@ __host__ __device__ constexpr int gy_extent(int extent, int k, int s, int d) {
 // gx[plane, h, w] = sum over taps (i, j) and outputs (oh, ow) with
 // h = oh*SH - pad_top + i*DH, w = ow*SW - pad_left + j*DW of
 // w[c, i, j] * gy[plane, oh, ow]: the adjoint of depthwise_forward, computed
-// as a gather (one thread per gx element, no atomics). Tiling as in the
-// forward, over gx: grid (plane groups, tiles along W, tiles along H).
+// as a gather (one thread per gx element, no atomics). Grid: (plane groups,
+// tiles along W, tiles along H).
 extern "C" __global__ void depthwise_backward_data(
         const float* __restrict__ gy, const float* __restrict__ w, float* __restrict__ gx,
         int planes, int C, int H, int W, int OH, int OW, int pad_top, int pad_left) {

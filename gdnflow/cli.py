@@ -7,6 +7,9 @@
     gdnflow train             train a GDN image-compression autoencoder (--resume continues a run)
     gdnflow demo              the main job (see gdnflow.demo): trains on the default device
     gdnflow bench             MobileNetV2 and VGG16 inference: gdnflow against PyTorch
+    gdnflow compress IMAGE... compress images to .gdn files with a codec checkpoint (gdnflow.codec)
+    gdnflow decompress FILE.. decode .gdn files to images (finds the checkpoint by model id)
+    gdnflow eval              codec checkpoints against JPEG on a folder: table, JSON, RD plot
     gdnflow prune MODEL.h5    magnitude pruning of a checkpoint's convolutions (gdnflow.sparse)
     gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
     gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
@@ -128,6 +131,8 @@ def build_parser():
     add_bench_parser(sub)
     from gdnflow.sparse.cli import add_prune_parser
     add_prune_parser(sub)
+    from gdnflow.codec.cli import add_codec_parsers
+    add_codec_parsers(sub)
     return parser
 
 

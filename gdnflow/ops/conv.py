@@ -23,9 +23,11 @@ on both backends, provides all three for a :class:`ConvGeometry`:
 ``conv_transpose2d`` (:mod:`gdnflow.ops.conv_transpose`) is the same three
 maps in another order. On the GPU :class:`ConvPlanner` picks, per geometry
 and stage, between im2col + SGEMM (:class:`Im2colGemm`, any convolution), one
-GEMM per image for 1x1 convolutions (:class:`Pointwise`), the direct
-depthwise kernels (:class:`gdnflow.ops.depthwise.Depthwise`) and Winograd
-F(4x4, 3x3) / F(2x2, 3x3) for 3x3 stride-1 convolutions
+GEMM per image for 1x1 convolutions (:class:`Pointwise`), a direct kernel for
+memory-bound 1x1 convolutions (:class:`gdnflow.ops.pointwise.PointwiseDirect`,
+forward and backward-data), the direct depthwise kernels
+(:class:`gdnflow.ops.depthwise.Depthwise`) and Winograd F(4x4, 3x3) /
+F(2x2, 3x3) for 3x3 stride-1 convolutions
 (:mod:`gdnflow.ops.winograd`, forward and backward-data).
 
 An algorithm is a class with ``name``, ``supports(g)``, the three maps and
@@ -487,7 +489,8 @@ class ConvPlanner:
     By default the choice is a heuristic: the first algorithm of
     :meth:`candidates` that supports the geometry and stage and is
     ``preferred`` for it, in the order depthwise (direct kernel), pointwise
-    (GEMM, no lowering), Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
+    direct kernel (memory-bound 1x1 layers), pointwise (GEMM, no lowering),
+    Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
     never preferred), im2col + GEMM. With ``autotune`` on (or
     ``GDNFLOW_CONV_AUTOTUNE=1``) every algorithm supporting the geometry and
     stage is timed once on random data with CUDA events and the fastest is
@@ -508,8 +511,9 @@ class ConvPlanner:
     def candidates():
         """Every algorithm class, in the heuristic's order of preference."""
         from gdnflow.ops.depthwise import Depthwise
+        from gdnflow.ops.pointwise import PointwiseDirect
         from gdnflow.ops.winograd import WinogradF2, WinogradF4
-        return (Depthwise, Pointwise, WinogradF4, WinogradF2, Im2colGemm)
+        return (Depthwise, PointwiseDirect, Pointwise, WinogradF4, WinogradF2, Im2colGemm)
 
     @staticmethod
     def supported(g, stage):

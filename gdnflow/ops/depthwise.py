@@ -18,28 +18,35 @@ allows, then each thread computes RPT rows x OUT_COLS columns of outputs from
 them and stores 16 bytes at a time (:func:`forward_plan` picks the tiling;
 the file's header says how the kernel works).
 
-Why the previous kernel (32x32 output tiles of 8x32 threads) was slow,
-especially at stride 2 (H200, batch 64, forward: 96x112² -> 56² took 274 µs
-against a 94 µs floor, 1.4 TB/s; 32x112² stride 1 157 µs against 50):
-one-float loads with an integer division per element into a 65x65 tile
-(1 row of halo per 32-wide tile at stride 1, 33 extra columns of every 65
-at stride 2), the loads of a thread issued one after another and never in
-flight together; tiles fixed at 32x32 outputs, so a 56x56 plane ran 4 tiles
-of which 44% of the threads had nothing to write; stride-2 shared-memory
-reads 2-way bank conflicted; one-float stores. Planes of 7x7 and 14x14
-shared a block 16 or 4 to a block in tiles mostly idle.
+Why the previous kernel (tiles of 32x32 outputs, 256 threads, a 65x65
+input tile staged by plain loads) was slow. It reached 1.3-1.4 TB/s at both
+strides (H200, batch 64, forward: 32x112² stride 1 157 µs against a 50 µs
+floor, 96x112² stride 2 274 against 94, wall times with ~15-20 µs of
+dispatch in them); stride 2 only looked worse because torch's stride-2
+kernel is better (45% of HBM against 19% at stride 1). The staging loop
+issued one 4-byte load per iteration with an integer division and bounds
+checks, and stored it to shared memory before the next (its PTX: one
+ld.global.nc.f32, one st.shared.f32 per trip, no unrolling), so each thread
+had one load in flight: ~2000 resident threads x 4 B = ~8 KB per SM against
+the ~20 KB that full bandwidth needs at HBM latency. Rows of 65 floats start
+unaligned, so a warp's 32 loads touch two 128-byte lines; the fixed 32x32
+tiles left 23% of the threads idle on 56x56 planes (and 16x16 tiles 23% on
+14x14 planes, 8x8 tiles 23% on 7x7 ones); stride-2 shared-memory
+reads were 2-way bank conflicted; stores were 4 bytes.
 
-Prediction (written before any GPU run of this version): every MobileNetV2
-depthwise layer at batch 64 at 70-85% of 4.1 TB/s in kernel time, i.e.
-96x112² s2 ~115 µs (was 274), 32x112² s1 ~65 (157), 144x56² s1 ~70 (175),
-144x56² s2 ~45 (111), 192x28² s1 ~25 (67), 192x28² s2 ~15 (53), 384x14²
-~12 (46), 576x14² s1 ~18 (59), 576x14² s2 ~11 (49), 960x7² ~8 (43), the old
-times as benchmarks/results/conv.md measured them. bench_conv's per-layer
-column includes ~15-20 µs of Python dispatch before the kernel starts (the
-events are recorded around the Python call), so the small layers show
-25-35 µs there; its "gpu ms" column (launches queued behind a busy kernel)
-shows kernel time. Backward-data at stride 1 through the same kernel:
-similar times instead of the old tiled kernel's (not measured before).
+Prediction (written before any GPU run of this version; H200, batch 64,
+forward): every MobileNetV2 depthwise layer at 70-85% of 4.1 TB/s in GPU
+time (bench_conv's "gpu ms" column: the launches queued, no host gaps):
+96x112² s2 ~115 µs, 32x112² s1 ~65, 144x56² s1 ~70, 144x56² s2 ~45, 192x28²
+s1 ~25, 192x28² s2 ~15, 384x14² ~12, 576x14² s1 ~18, 576x14² s2 ~11, 960x7²
+~8 (the 7x7 and 14x14 inputs fit in L2, so repeated runs may beat the HBM
+floor). Against the old kernel's wall times (274, 157, 175, 111, 67, 53, 46,
+59, 49, 43 µs, benchmarks/results/conv.md; they include ~15-20 µs of Python
+dispatch, as the new wall-time column will) that is 1.6-2.4x on the large
+layers; on the small ones the dispatch dominates the wall time. Against
+torch in GPU time: 2.5-4x at stride 1, 1.5-2x at stride 2. Backward-data at
+stride 1 through the same kernel: similar times instead of the old tiled
+kernel's (not measured before).
 """
 import dataclasses
 import functools
@@ -117,18 +124,33 @@ def forward_plan(planes, h, w, oh, ow, kh, sh, dh, pad_top, sw, x_align=1, y_ali
     padding along the height; ``sw`` the stride along the width (a thread's
     own input columns are out_cols * sw); ``x_align``, ``y_align``: floats
     the arrays' addresses are aligned to. None if no tiling fits (a row
-    wider than 2048 outputs, or too tall a kernel for shared memory).
+    wider than 4096 outputs, or rows too wide for even one thread's rows to
+    fit in 48 KB: a 7x7 kernel at stride 2 on rows of 1920).
 
     Threads: OUT_COLS = 4 outputs across (2 for rows of 10-23, 1 below 10;
-    8 past 1023), RPT = 4 rows down at stride 1, 2 at stride 2 (half the
-    staged rows per thread), the whole height when it is at most 8. A block
+    8 past 1023, 16 past 2047), RPT = 4 rows down at stride 1, 2 at stride 2
+    (half the staged rows per thread), the whole height when it is at most 8,
+    fewer when the rows are so wide that RPT of them do not fit. A block
     takes whole planes when a plane's threads and staged rows fit (several
     planes when they are small: rows of consecutive planes are one contiguous
     run), else a strip of rows of one plane as tall as 256 threads and the
     shared-memory budget allow, strips evened out. Enough planes per block to
     reach 256 threads, fewer when the grid would not reach two blocks per SM.
+    The budget is :data:`FORWARD_SHARED_BYTES`, or the 48 KB limit for rows
+    too wide for it.
     """
-    out_cols = 8 if ow >= 1024 else 4 if ow >= 24 else 2 if ow >= 10 else 1
+    for budget in (FORWARD_SHARED_BYTES, SHARED_LIMIT):
+        plan = _plan_within(budget, planes, h, w, oh, ow, kh, sh, dh, pad_top, sw, x_align,
+                            y_align, sm_count)
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan_within(budget, planes, h, w, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align,
+                 sm_count):
+    """:func:`forward_plan` with at most ``budget`` bytes of shared memory per block."""
+    out_cols = 16 if ow >= 2048 else 8 if ow >= 1024 else 4 if ow >= 24 else 2 if ow >= 10 else 1
     col_groups = -(-ow // out_cols)
     if col_groups > FORWARD_THREADS or planes == 0 or oh <= 0 or ow <= 0:
         return None
@@ -137,23 +159,25 @@ def forward_plan(planes, h, w, oh, ow, kh, sh, dh, pad_top, sw, x_align=1, y_ali
     def tile_floats(strip_rows):
         return min(h, _input_rows(strip_rows, kh, sh, dh)) * w
 
+    while rpt > 1 and 4 * tile_floats(rpt) > budget:         # very wide rows
+        rpt //= 2
+
     row_groups = -(-oh // rpt)
-    if (row_groups * col_groups > FORWARD_THREADS
-            or 4 * tile_floats(oh) > FORWARD_SHARED_BYTES):
+    if row_groups * col_groups > FORWARD_THREADS or 4 * tile_floats(oh) > budget:
         row_groups = min(row_groups, FORWARD_THREADS // col_groups)
-        while row_groups and 4 * tile_floats(row_groups * rpt) > FORWARD_SHARED_BYTES:
+        while row_groups and 4 * tile_floats(row_groups * rpt) > budget:
             row_groups -= 1
         if row_groups == 0:
             return None
         strips = -(-oh // (row_groups * rpt))
-        row_groups = -(-(-(-oh // strips)) // rpt)          # even the strips out
+        rows_per_strip = -(-oh // strips)                   # even the strips out
+        row_groups = -(-rows_per_strip // rpt)
     strip_rows = min(oh, row_groups * rpt)
     strips = -(-oh // strip_rows)
     tile = tile_floats(strip_rows)
     per_plane_threads = row_groups * col_groups
-    planes_per_block = max(1, min(FORWARD_THREADS // per_plane_threads,
-                                  FORWARD_SHARED_BYTES // (4 * tile), planes,
-                                  planes * strips // (2 * sm_count)))
+    planes_per_block = max(1, min(FORWARD_THREADS // per_plane_threads, budget // (4 * tile),
+                                  planes, planes * strips // (2 * sm_count)))
     # Whole planes staged (one strip from row 0 to row h): the copy of a
     # block is one contiguous run, so only h*w must divide into vectors.
     first, last = -pad_top, (oh - 1) * sh - pad_top + (kh - 1) * dh
@@ -174,12 +198,18 @@ def _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip):
             ("FLIP", int(flip)))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count():
+    """The device's multiprocessor count (one device per process)."""
+    from gdnflow.backends.cuda.runtime import get_runtime
+    return get_runtime().sm_count
+
+
 def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
                  pad_left, activation, flip):
     """y <- depthwise_forward(x) for x [planes, h, wd] and y [planes, oh, ow] (see depthwise.cu)."""
-    from gdnflow.backends.cuda.runtime import get_runtime
     plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, alignment(x),
-                        alignment(y), get_runtime().sm_count)
+                        alignment(y), _sm_count())
     kernel = cuda.kernel(SOURCE, "depthwise_forward", "PPPP" + "i" * 14,
                          _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip))
     kernel((plan.blocks, 1, 1), (plan.threads, 1, 1), x.ptr, w.ptr,

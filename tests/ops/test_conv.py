@@ -1,15 +1,22 @@
 """conv2d and conv_transpose2d: forward against naive loops, gradients against
 finite differences, the adjoint identity, error messages, the algorithm
 choice, and CUDA against NumPy (every algorithm, real layer shapes)."""
+import ctypes
+import shutil
+import subprocess
+import types
+
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module
-from gdnflow.ops.conv import ConvPlanner, Im2colGemm, Pointwise, conv_geometry
+from gdnflow.ops import depthwise as depthwise_module
+from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, conv_geometry,
+                              epilogue_numpy)
 from gdnflow.ops.depthwise import Depthwise
-from gdnflow.testing import assert_backends_match, gradcheck
+from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 
 # ------------------------------------------------------ naive references --
@@ -333,7 +340,7 @@ def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
     (((1, 8, 20, 20), (8, 1, 9, 9), 1, 4, 1, 8), Im2colGemm),        # kernel too large
     (((1, 8, 20, 20), (8, 1, 3, 3), 3, 1, 1, 8), Im2colGemm),        # stride 3
     (((1, 8, 20, 20), (16, 1, 3, 3), 1, 1, 1, 8), Im2colGemm),       # channel multiplier 2
-    (((64, 96, 56, 56), (24, 96, 1, 1), 1, 0, 1, 1), Pointwise),
+    (((64, 960, 7, 7), (320, 960, 1, 1), 1, 0, 1, 1), Pointwise),   # compute-bound 1x1
     (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), Pointwise),
     (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), Im2colGemm),       # strided 1x1
     (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), Im2colGemm),       # padded 1x1
@@ -456,8 +463,10 @@ def test_autotune_picks_a_supporting_algorithm(rng, monkeypatch):
     x_shape, w_shape, kwargs = CONV_CASES["pointwise"]
     assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
                           _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
-    timings = list(planner.timings.values())
-    assert timings and all(set(t) == {"pointwise", "im2col_gemm"} for t in timings)
+    assert planner.timings
+    for (_, stage), times in planner.timings.items():    # no direct weight gradient
+        direct = {"pointwise_direct"} if stage != "backward_weight" else set()
+        assert set(times) == {"pointwise", "im2col_gemm"} | direct
 
 
 # Real layers at batch 1: (x shape, w shape, keyword arguments).
@@ -494,3 +503,327 @@ def test_gdn_synthesis_transposed_conv_cuda_matches_numpy(x_shape, w_shape, rng)
     assert_backends_match(
         lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=2, output_padding=1),
         [x, w / np.sqrt(w_shape[0] * 25), b], rtol=1e-4)
+
+
+# ------------------------------------ depthwise forward: tiling arithmetic --
+
+# MobileNetV2's depthwise layers (channels, input size, stride), 3x3 padding 1.
+MOBILENET_DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
+                       (192, 28, 2), (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
+
+
+def _strip_rows_staged(plan, h, oh, kh, sh, dh, pad_top, strip):
+    """The input rows [a, b) strip_of in depthwise.cu stages for a strip."""
+    r0 = strip * plan.strip_rows
+    r1 = min(r0 + plan.strip_rows, oh)
+    a = max(r0 * sh - pad_top, 0)
+    b = min((r1 - 1) * sh - pad_top + (kh - 1) * dh + 1, h)
+    return r0, r1, a, b
+
+
+def _check_forward_plan(plan, planes, h, w, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align):
+    assert plan is not None
+    assert plan.threads % 32 == 0 and plan.threads <= depthwise_module.FORWARD_THREADS
+    per_plane = plan.row_groups * plan.col_groups
+    assert plan.planes_per_block * per_plane <= plan.threads
+    assert plan.shared_bytes <= depthwise_module.SHARED_LIMIT
+    assert plan.col_groups * plan.out_cols >= ow > (plan.col_groups - 1) * plan.out_cols
+    assert plan.row_groups * plan.rpt >= plan.strip_rows
+    assert plan.strips * plan.strip_rows >= oh > (plan.strips - 1) * plan.strip_rows
+    assert plan.blocks == -(-planes // plan.planes_per_block) * plan.strips
+    # Vector widths divide what they step over and the addresses.
+    assert w % plan.vec_in == 0 and (plan.out_cols * sw) % plan.vec_in == 0
+    assert ow % plan.vec_out == 0 and plan.out_cols % plan.vec_out == 0
+    assert x_align % plan.vec_copy == 0 and y_align % plan.vec_out == 0
+    assert plan.tile_floats % plan.vec_copy == 0 and plan.tile_floats % w == 0
+    for strip in range(plan.strips):
+        r0, r1, a, b = _strip_rows_staged(plan, h, oh, kh, sh, dh, pad_top, strip)
+        assert r0 < r1
+        if b > a:
+            assert (b - a) * w <= plan.tile_floats
+            # Every staged run starts and ends on a vector boundary.
+            assert (a * w) % plan.vec_copy == 0 and ((b - a) * w) % plan.vec_copy == 0
+            if plan.vec_copy > 1 and w % plan.vec_copy:
+                assert plan.strips == 1 and a == 0 and b == h      # whole planes, contiguous
+        # Every input row an output of the strip reads is staged (or outside the image).
+        for oh_ in range(r0, r1):
+            for i in range(kh):
+                ih = oh_ * sh - pad_top + i * dh
+                assert not 0 <= ih < h or a <= ih < b
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("channels,size,stride", MOBILENET_DEPTHWISE)
+def test_depthwise_plan_for_mobilenet_layers(batch, channels, size, stride):
+    planes, out = batch * channels, (size + 2 - 3) // stride + 1
+    plan = depthwise_module.forward_plan(planes, size, size, out, out, 3, stride, 1, 1, stride,
+                                         4, 4, 132)
+    _check_forward_plan(plan, planes, size, size, out, out, 3, stride, 1, 1, stride, 4, 4)
+    if size >= 14:                      # 16-byte copies wherever a plane has 4k floats
+        assert plan.vec_copy == 4
+    if out >= 14:                       # and 8- or 16-byte stores of even rows
+        assert plan.vec_out >= 2
+    if batch == 64:                     # enough blocks for every SM, several resident each
+        assert plan.blocks >= 4 * 132 and plan.threads >= 192
+    # backward-data at stride 1 through the same kernel (flipped filter, padding 1)
+    if stride == 1:
+        back = depthwise_module.forward_plan(planes, out, out, size, size, 3, 1, 1, 1, 1, 4, 4, 132)
+        _check_forward_plan(back, planes, out, out, size, size, 3, 1, 1, 1, 1, 4, 4)
+
+
+@pytest.mark.parametrize("h,w,k,s,d,pad_top", [
+    (13, 11, 3, 1, 1, 1), (37, 41, 7, 2, 1, 3), (70, 9, 5, 1, 2, 4), (9, 1100, 3, 1, 1, 1),
+    (300, 300, 3, 2, 1, 1), (8, 9, 3, 2, 1, 0), (6, 7, 3, 1, 1, -1), (2, 2, 1, 1, 1, 0),
+    (40, 2047, 3, 1, 1, 1), (5, 5, 5, 1, 2, 6), (30, 3001, 3, 1, 1, 1), (40, 1920, 5, 1, 1, 2)])
+@pytest.mark.parametrize("planes", [1, 7, 1000])
+@pytest.mark.parametrize("align", [1, 2, 4])
+def test_depthwise_plan_arithmetic(h, w, k, s, d, pad_top, planes, align):
+    # pad_top < 0 and padding past the kernel: backward-data's flipped geometry.
+    bottom = max(pad_top, 0)
+    oh = (h + pad_top + bottom - d * (k - 1) - 1) // s + 1
+    ow = (w + 2 * max(pad_top, 0) - d * (k - 1) - 1) // s + 1
+    plan = depthwise_module.forward_plan(planes, h, w, oh, ow, k, s, d, pad_top, s, align, align,
+                                         132)
+    _check_forward_plan(plan, planes, h, w, oh, ow, k, s, d, pad_top, s, align, align)
+
+
+def test_depthwise_plan_refuses_what_no_tiling_fits():
+    # Rows of more than 4096 outputs (256 threads of 16), and a 7x7 stride-2
+    # kernel on 1920-wide rows (7 staged rows of one thread: 53 KB).
+    assert depthwise_module.forward_plan(1, 3, 4100, 3, 4100, 3, 1, 1, 1, 1) is None
+    assert depthwise_module.forward_plan(1, 40, 1920, 20, 960, 7, 2, 1, 3, 2) is None
+    for g in (_geometry((1, 2, 3, 4100), (2, 1, 3, 3), 1, 1, 1, 2),
+              _geometry((1, 2, 40, 1920), (2, 1, 7, 7), 2, 3, 1, 2)):
+        assert not Depthwise.supports(g)
+        assert ConvPlanner(autotune=False).choose(g, "forward") is Im2colGemm
+    # 3x3 on a 4K row: one output row per thread, 16 outputs across, 48 KB.
+    plan = depthwise_module.forward_plan(8, 2160, 3840, 2160, 3840, 3, 1, 1, 1, 1, 4, 4)
+    assert (plan.rpt, plan.out_cols) == (1, 16)
+    assert plan.shared_bytes > depthwise_module.FORWARD_SHARED_BYTES
+
+
+# ------------------------------------ depthwise forward: CUDA code on host --
+
+NVCC = shutil.which("nvcc")
+
+# Before the source: count the violations DW_HOST_CHECK finds (host pass only).
+_DW_PRELUDE = """
+#include <cmath>
+#include <cstdlib>
+static int host_faults = 0;
+#ifdef __CUDA_ARCH__
+#define DW_HOST_CHECK(condition)
+#else
+#define DW_HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
+#endif
+"""
+# After it: every block of a launch, each staging all its threads' copies into
+# a poisoned shared tile, then running all its threads' outputs; blocks and
+# threads in reverse order when `backwards` (a write that lands in another
+# block's outputs then survives, as it may on the GPU).
+_DW_SHIM = """
+extern "C" int host_depthwise_forward(int backwards, int blocks, int threads, int shared_floats,
+        const float* x, const float* w, const float* bias, float* y,
+        int planes, int C, int H, int W, int OH, int OW, int pad_top, int act,
+        int planes_per_block, int strip_rows, int strips, int tile_floats,
+        int row_groups, int col_groups) {
+    host_faults = 0;
+    float* shared = static_cast<float*>(std::aligned_alloc(16, 4 * (shared_floats + 4)));
+    for (int i = 0; i < blocks; ++i) {
+        const int b = backwards ? blocks - 1 - i : i;
+        for (int k = 0; k < shared_floats + 4; ++k) shared[k] = NAN;
+        const Strip s = strip_of(b, planes, H, OH, pad_top, planes_per_block, strip_rows, strips);
+        for (int t = 0; t < threads; ++t) stage_strip(x, shared, s, t, threads, H, W, tile_floats);
+        for (int k = 0; k < threads; ++k)
+            compute_strip(shared, w, bias, y, s, backwards ? threads - 1 - k : k, C, H, W, OH, OW,
+                          pad_top, act, tile_floats, row_groups, col_groups);
+    }
+    std::free(shared);
+    return host_faults;
+}
+"""
+
+
+class _HostArray:
+    """A NumPy array in place of a CudaArray (shape, size, ptr), 256-byte aligned plus ``offset``
+    floats (to test unaligned views), poisoned with NaN so an unwritten element shows."""
+
+    def __init__(self, shape, values=None, offset=0):
+        self.shape, self.size = tuple(shape), int(np.prod(shape))
+        raw = np.full(self.size + 128, np.nan, np.float32)
+        start = (-raw.ctypes.data % 256) // 4 + offset
+        self.array = raw[start:start + self.size]
+        if values is not None:
+            self.array[:] = np.asarray(values, np.float32).ravel()
+        self.allocation = raw
+        self.ptr = self.array.ctypes.data
+
+    def get(self):
+        return self.array.reshape(self.shape).copy()
+
+    def guards_untouched(self):
+        """Nothing was written just before or after the array."""
+        start = (self.ptr - self.allocation.ctypes.data) // 4
+        return (np.isnan(self.allocation[:start]).all()
+                and np.isnan(self.allocation[start + self.size:]).all())
+
+
+@pytest.fixture(scope="module")
+def depthwise_host_build(tmp_path_factory):
+    """defines -> depthwise.cu built for the host with the shim (compiled on first use)."""
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    from gdnflow.backends.cuda.sources import expand_source
+    folder = tmp_path_factory.mktemp("depthwise_host")
+    source = _DW_PRELUDE + expand_source("depthwise.cu") + _DW_SHIM
+    built = {}
+
+    def build(defines):
+        if defines not in built:
+            name = f"dw{len(built)}"
+            (folder / f"{name}.cu").write_text(source)
+            result = subprocess.run(
+                [NVCC, "-arch=sm_90", "-O1", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+                + [f"-D{k}={v}" for k, v in defines]
+                + [str(folder / f"{name}.cu"), "-o", str(folder / f"lib{name}.so")],
+                capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, result.stderr
+            built[defines] = ctypes.CDLL(str(folder / f"lib{name}.so"))
+        return built[defines]
+    return build
+
+
+@pytest.fixture
+def depthwise_on_host(depthwise_host_build, monkeypatch):
+    """Depthwise's module launches depthwise_forward on the host build; returns the launches.
+
+    ``launched.backwards = True`` runs blocks and threads in reverse order.
+    """
+    kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+
+    class Launches(list):
+        backwards = False
+    launched = Launches()
+
+    class Kernel:
+        def __init__(self, file, name, arg_types, defines=()):
+            assert file == depthwise_module.SOURCE and name == "depthwise_forward"
+            self.function = depthwise_host_build(tuple(sorted(defines))).host_depthwise_forward
+            self.function.argtypes = [ctypes.c_int] * 4 + [kinds[k] for k in arg_types]
+            self.defines = dict(defines)
+
+        def __call__(self, grid, block, *args, shared_bytes=0):
+            assert grid[1:] == (1, 1) and block[1:] == (1, 1) and block[0] <= 256
+            assert shared_bytes <= depthwise_module.SHARED_LIMIT
+            launched.append(self.defines)
+            faults = self.function(int(launched.backwards), grid[0], block[0], shared_bytes // 4,
+                                   *args)
+            assert faults == 0, f"{faults} misaligned or out-of-tile accesses"
+
+    monkeypatch.setattr(depthwise_module, "cuda", types.SimpleNamespace(
+        empty=lambda shape, dtype=np.float32: _HostArray(shape), kernel=Kernel))
+    monkeypatch.setattr(depthwise_module, "_sm_count", lambda: 132)
+    return launched
+
+
+# (x shape, kernel, stride, padding, dilation): every path of forward_plan.
+DEPTHWISE_HOST_CASES = {
+    "mnv2_112_s1_strips": ((2, 3, 112, 112), 3, 1, 1, 1),
+    "mnv2_112_s2_strips": ((1, 3, 112, 112), 3, 2, 1, 1),
+    "mnv2_56_s2": ((2, 3, 56, 56), 3, 2, 1, 1),
+    "mnv2_28_s1": ((2, 5, 28, 28), 3, 1, 1, 1),
+    "mnv2_14_s2": ((3, 5, 14, 14), 3, 2, 1, 1),
+    "mnv2_7_s1": ((2, 5, 7, 7), 3, 1, 1, 1),
+    "odd_13x11": ((2, 3, 13, 11), 3, 1, 1, 1),
+    "k5_s2_odd": ((2, 3, 19, 23), 5, 2, 2, 1),
+    "k7_s2": ((1, 2, 37, 41), 7, 2, 3, 1),
+    "dilation2_k5": ((1, 3, 30, 26), 5, 1, 4, 2),
+    "asymmetric": ((1, 3, 8, 9), 3, 2, (0, 1, 0, 1), 1),
+    "rect_stride_1_2": ((2, 2, 17, 30), 3, (1, 2), 1, 1),
+    "rect_stride_2_1": ((2, 2, 30, 17), 3, (2, 1), 1, 1),
+    "padding_past_kernel": ((1, 2, 6, 8), 3, 1, 3, 1),      # backward padding -1
+    "tall_narrow": ((1, 2, 70, 9), 5, 1, 2, 1),
+    "wide_row": ((1, 1, 4, 1100), 3, 1, 1, 1),                # 8 outputs per thread
+    "wider_row": ((1, 1, 10, 3000), 3, 1, 1, 1),              # 16 across, 48 KB budget
+    "single_pixel": ((1, 3, 1, 1), 3, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_HOST_CASES)
+@pytest.mark.parametrize("sm_count", [132, 1])               # 1: many planes per block
+def test_depthwise_cuda_code_on_host_matches_numpy(case, sm_count, depthwise_on_host, rng,
+                                                   monkeypatch):
+    monkeypatch.setattr(depthwise_module, "_sm_count", lambda: sm_count)
+    depthwise_on_host.backwards = sm_count == 1
+    x_shape, k, stride, padding, dilation = DEPTHWISE_HOST_CASES[case]
+    c = x_shape[1]
+    g = _geometry(x_shape, (c, 1, k, k), stride, padding, dilation, c)
+    assert Depthwise.supports(g)
+    x, w, b = 3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape), \
+        rng.standard_normal(c)
+    want = epilogue_numpy(NumpyConv.forward(g, x, w), b, None, 2)
+    y = Depthwise.forward(g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w),
+                          _HostArray(b.shape, b), 2)
+    got = y.get()
+    assert relative_error(got, want) <= 1e-5            # NaN (an unwritten output) fails too
+    assert y.guards_untouched()
+    if got.size > 50:
+        assert (got == 6).any() and (got == 0).any()
+    assert depthwise_on_host[-1]["FLIP"] == 0
+    if g.stride == (1, 1):                              # backward-data through the forward kernel
+        gy = rng.standard_normal(g.y_shape)
+        gx = Depthwise.backward_data(g, _HostArray(g.y_shape, gy), _HostArray(g.w_shape, w))
+        assert relative_error(gx.get(), NumpyConv.backward_data(g, gy, w)) <= 1e-5
+        assert gx.guards_untouched() and depthwise_on_host[-1]["FLIP"] == 1
+
+
+@pytest.mark.parametrize("offset", [1, 2])
+def test_depthwise_cuda_code_on_host_unaligned_input(offset, depthwise_on_host, rng):
+    # A view starting 4 or 8 bytes past a 16-byte boundary: narrower copies.
+    g = _geometry((2, 3, 56, 56), (3, 1, 3, 3), 1, 1, 1, 3)
+    x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
+    got = Depthwise.forward(g, _HostArray(g.x_shape, x, offset), _HostArray(g.w_shape, w)).get()
+    assert depthwise_on_host[-1]["VEC_COPY"] == offset
+    assert relative_error(got, NumpyConv.forward(g, x, w)) <= 1e-5
+
+
+# -------------------------------------------- depthwise forward on the GPU --
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels,size,stride", MOBILENET_DEPTHWISE)
+def test_depthwise_cuda_matches_numpy_on_mobilenet_layers(channels, size, stride, rng):
+    # Batch 2 of the real layer with its bias, gradients too. No activation at
+    # this size: among millions of outputs a few lie within float32 rounding
+    # of 0, where relu's gradient may differ between the backends (the fused
+    # activations are checked at small sizes above).
+    x_shape = (2, channels, size, size)
+    kwargs = dict(stride=stride, padding=1, groups=channels)
+    x, w, b = _case_arrays(rng, x_shape, (channels, 1, 3, 3), channels)
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs), [x, w / 3, b],
+                          rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DEPTHWISE_HOST_CASES)
+@pytest.mark.parametrize("sm_count", [None, 1])              # 1: many planes per block
+def test_depthwise_cuda_matches_numpy_on_every_tiling(case, sm_count, rng, monkeypatch):
+    if sm_count is not None:
+        monkeypatch.setattr(depthwise_module, "_sm_count", lambda: sm_count)
+    x_shape, k, stride, padding, dilation = DEPTHWISE_HOST_CASES[case]
+    c = x_shape[1]
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
+    x, w, b = _case_arrays(rng, x_shape, (c, 1, k, k), c)
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs), [x, w, b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 2])
+def test_depthwise_cuda_with_an_unaligned_input(offset, rng):
+    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
+    g = _geometry((3, 4, 28, 28), (4, 1, 3, 3), 1, 1, 1, 4)
+    x, w = (rng.standard_normal(g.x_shape).astype(np.float32),
+            rng.standard_normal(g.w_shape).astype(np.float32))
+    base = get_runtime().from_numpy(np.concatenate([np.zeros(offset, np.float32), x.ravel()]))
+    view = CudaArray(g.x_shape, base.dtype, base.allocation, base.ptr + 4 * offset)
+    got = Depthwise.forward(g, view, get_runtime().from_numpy(w)).get()
+    want = NumpyConv.forward(g, x.astype(np.float64), w.astype(np.float64))
+    assert relative_error(got, want) <= 1e-4

@@ -1,0 +1,293 @@
+// 1x1 convolution (stride 1, no padding, groups 1), NCHW float32, as one
+// direct kernel: Python side gdnflow/ops/pointwise.py.
+//
+//     y[n, m, p] = act(bias[m] + residual[n, m, p] + sum_k A[m, k] * x[n, k, p])
+//
+// for every image n and pixel p < HW. Forward: A = w [C_out, C_in] (M = C_out,
+// K = C_in); backward-data: A = w^T (TRANS_A, M = C_in, K = C_out, x = gy).
+// It is a matrix product whose columns are all N*HW pixels of the batch:
+// column j is pixel p = j % HW of image n = j / HW, at x + n*K*HW + k*HW + p
+// and y + n*M*HW + m*HW + p. Taking the columns across images (not one GEMM
+// per image) keeps tiles full when HW is small (7x7, 14x14 planes).
+//
+// A block computes a BM x BN tile of y (BM = TM*TY rows of A, BN = TN*TX
+// pixels), looping over K in steps of BK with two shared-memory stages: while
+// the tile of step k is multiplied, the copies (cp.async) of step k+1 are in
+// flight. Each of the TX*TY threads accumulates TM x TN outputs in registers:
+// rows ty*TM .. ty*TM + TM-1 and, for h < TN/4, pixels h*4*TX + tx*4 .. +3 of
+// the tile (so the 4-float reads of a warp from the x tile are consecutive).
+// x is read once per block row of A (from L2 after the first, blocks of one
+// pixel tile are adjacent in launch order), y written once, bias, residual
+// and activation fused into the store.
+//
+// Compile-time (-D): TM, TN (thread tile; TM a multiple of 4, TN 4 or 8),
+// TX, TY (threads), BK, VEC_X (4: HW % 4 == 0 and 16-byte aligned x, y and
+// residual, so 4 consecutive columns are 4 pixels of one image; else 1) and
+// TRANS_A. The host keeps TX*TY a multiple of BN / VEC_X, so each thread
+// copies the same columns of x at every step of K.
+//
+// The per-thread steps are __host__ __device__: tests/ops/test_pointwise.py
+// compiles this file for the host and runs every block and thread through
+// them (PW_HOST_CHECK counts misaligned or out-of-bounds reads there).
+#ifndef TM
+#define TM 8
+#endif
+#ifndef TN
+#define TN 8
+#endif
+#ifndef TX
+#define TX 16
+#endif
+#ifndef TY
+#define TY 16
+#endif
+#ifndef BK
+#define BK 8
+#endif
+#ifndef VEC_X
+#define VEC_X 4
+#endif
+#ifndef TRANS_A
+#define TRANS_A 0
+#endif
+#ifndef PW_HOST_CHECK
+#define PW_HOST_CHECK(condition)
+#endif
+
+#define PW_THREADS (TX * TY)
+#define BM (TM * TY)
+#define BN (TN * TX)
+#define NH (TN / 4)
+// Vector slots of x per row of the tile, and rows of the tile a pass of all
+// threads copies.
+#define SLOTS (BN / VEC_X)
+#define KSTEP (PW_THREADS / SLOTS)
+
+static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tiles are read 4 floats at a time");
+static_assert(PW_THREADS % SLOTS == 0, "each thread copies fixed columns of x");
+static_assert(VEC_X == 1 || VEC_X == 4, "x is copied 1 or 4 floats at a time");
+
+#ifdef __CUDA_ARCH__
+#define PW_LOAD(p) __ldg(p)
+#else
+#define PW_LOAD(p) (*(p))
+#endif
+#define PW_HD __host__ __device__ __forceinline__
+
+// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
+#define PW_ACT_RELU 1
+#define PW_ACT_RELU6 2
+
+PW_HD float pw_activate(float v, int act) {
+    if (act == PW_ACT_RELU) return fmaxf(v, 0.0f);
+    if (act == PW_ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
+    return v;
+}
+
+// 4 floats between memory and registers in one 16-byte access.
+PW_HD void load4(float* r, const float* p) {
+    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}
+
+PW_HD void store4(float* p, const float* r) {
+    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
+    *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+}
+
+// Global -> shared copy of N floats (cp.async, sm_80+; 16-byte copies bypass
+// L1). On the host and older GPUs: a plain copy.
+template <int N>
+PW_HD void pw_copy_to_shared(float* dst, const float* src) {
+    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
+    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (N == 4)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
+                     :: "r"(s), "l"(src), "n"(4 * N) : "memory");
+#else
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+#endif
+}
+
+struct __align__(16) PointwiseShared {
+    float a[2][BK][BM];       // A tile, k-major: a thread's TM rows are contiguous
+    float b[2][BK][BN];       // x tile
+};
+
+// The block's tile: rows [m0, m0 + BM) of A, columns [j0, j0 + BN). Row tiles
+// of one column tile are adjacent blocks, so they share x through L2.
+struct Tile {
+    int m0, j0;
+};
+
+PW_HD Tile tile_of(int block, int m_tiles) {
+    Tile tile;
+    tile.m0 = (block % m_tiles) * BM;
+    tile.j0 = (block / m_tiles) * BN;
+    return tile;
+}
+
+// What thread t copies of x at every step: VEC_X columns from `col` of the
+// tile, rows k_first, k_first + KSTEP, ... of the step; x_off is column j's
+// offset in x without the row term, valid if j < NP.
+struct Copier {
+    size_t x_off;
+    int col, k_first;
+    bool valid;
+};
+
+PW_HD Copier copier_of(const Tile& tile, int t, int K, int HW, int NP) {
+    Copier c;
+    c.col = (t % SLOTS) * VEC_X;
+    c.k_first = t / SLOTS;
+    const int j = tile.j0 + c.col;
+    c.valid = j < NP;
+    c.x_off = c.valid ? (size_t)(j / HW) * K * HW + j % HW : 0;
+    return c;
+}
+
+// Thread t's share of the copies of step k0 into stage st. Rows and columns
+// past the matrices are written as zeros, so the product needs no bounds
+// (x holds NP*K floats, A M*K: checked on the host).
+PW_HD void load_step(const float* a, const float* x, PointwiseShared& sh, int st,
+                     const Tile& tile, const Copier& c, int k0, int t, int M, int K, int HW,
+                     int NP) {
+    for (int kk = c.k_first; kk < BK; kk += KSTEP) {
+        const int k = k0 + kk;
+        float* dst = &sh.b[st][kk][c.col];
+        if (c.valid && k < K) {
+            PW_HOST_CHECK(c.x_off + (size_t)k * HW + VEC_X <= (size_t)NP * K);
+            pw_copy_to_shared<VEC_X>(dst, x + c.x_off + (size_t)k * HW);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC_X; ++e) dst[e] = 0.0f;
+        }
+    }
+    for (int s = t; s < BM * BK; s += PW_THREADS) {
+        // Consecutive threads take consecutive addresses of A.
+        const int mm = TRANS_A ? s % BM : s / BK;
+        const int kk = TRANS_A ? s / BM : s % BK;
+        const int m = tile.m0 + mm, k = k0 + kk;
+        float* dst = &sh.a[st][kk][mm];
+        if (m < M && k < K) {
+            const size_t at = TRANS_A ? (size_t)k * M + m : (size_t)m * K + k;
+            PW_HOST_CHECK(at < (size_t)M * K);
+            pw_copy_to_shared<1>(dst, a + at);
+        } else {
+            *dst = 0.0f;
+        }
+    }
+}
+
+// acc += A tile x x tile of stage st for thread t's TM x TN outputs.
+PW_HD void multiply_step(const PointwiseShared& sh, int st, int t, float (&acc)[TM][TN]) {
+    const int tx = t % TX, ty = t / TX;
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+        float av[TM], bv[TN];
+#pragma unroll
+        for (int i = 0; i < TM; i += 4) load4(av + i, &sh.a[st][kk][ty * TM + i]);
+#pragma unroll
+        for (int h = 0; h < NH; ++h) load4(bv + 4 * h, &sh.b[st][kk][h * 4 * TX + tx * 4]);
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int n = 0; n < TN; ++n) acc[i][n] = fmaf(av[i], bv[n], acc[i][n]);
+    }
+}
+
+// y = act(acc + bias + residual) for thread t's outputs inside the matrices.
+PW_HD void store_outputs(const float (&acc)[TM][TN], const float* bias, const float* residual,
+                         float* y, const Tile& tile, int t, int M, int HW, int NP, int act) {
+    const int tx = t % TX, ty = t / TX;
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+        const int j = tile.j0 + h * 4 * TX + tx * 4;
+        if (VEC_X == 4) {
+            // HW % 4 == 0: the 4 columns are 4 pixels of one image.
+            if (j >= NP) continue;
+            const size_t base = (size_t)(j / HW) * M * HW + j % HW;
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = tile.m0 + ty * TM + i;
+                if (m >= M) break;
+                const float b = bias ? PW_LOAD(bias + m) : 0.0f;
+                float v[4], r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (residual) load4(r, residual + base + (size_t)m * HW);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = pw_activate(acc[i][4 * h + e] + b + r[e], act);
+                store4(y + base + (size_t)m * HW, v);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int je = j + e;
+                if (je >= NP) break;
+                const size_t base = (size_t)(je / HW) * M * HW + je % HW;
+#pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = tile.m0 + ty * TM + i;
+                    if (m >= M) break;
+                    const size_t at = base + (size_t)m * HW;
+                    float v = acc[i][4 * h + e];
+                    if (bias) v += PW_LOAD(bias + m);
+                    if (residual) v += PW_LOAD(residual + at);
+                    y[at] = pw_activate(v, act);
+                }
+            }
+        }
+    }
+}
+
+// cp.async bookkeeping: close this thread's group of copies; wait until at
+// most N groups are still in flight.
+__device__ __forceinline__ void copies_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copies_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+#endif
+}
+
+// Grid: m_tiles * ceil(NP / BN) blocks of TX*TY threads; bias and residual may
+// be null. NP = N*HW.
+extern "C" __global__ void __launch_bounds__(PW_THREADS) pointwise_conv(
+        const float* __restrict__ a, const float* __restrict__ x,
+        const float* __restrict__ bias, const float* __restrict__ residual,
+        float* __restrict__ y, int M, int K, int HW, int NP, int m_tiles, int act) {
+    __shared__ PointwiseShared sh;
+    const int t = threadIdx.x;
+    const Tile tile = tile_of(blockIdx.x, m_tiles);
+    const Copier c = copier_of(tile, t, K, HW, NP);
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int n = 0; n < TN; ++n) acc[i][n] = 0.0f;
+
+    const int steps = (K + BK - 1) / BK;
+    load_step(a, x, sh, 0, tile, c, 0, t, M, K, HW, NP);
+    copies_commit();
+    for (int step = 0; step < steps; ++step) {
+        if (step + 1 < steps) {
+            load_step(a, x, sh, (step + 1) & 1, tile, c, (step + 1) * BK, t, M, K, HW, NP);
+            copies_commit();
+            copies_wait<1>();           // this step's copies have landed
+        } else {
+            copies_wait<0>();
+        }
+        __syncthreads();
+        multiply_step(sh, step & 1, t, acc);
+        __syncthreads();                // the stage is free for the copies of step + 2
+    }
+    store_outputs(acc, bias, residual, y, tile, t, M, HW, NP, act);
+}

@@ -1,0 +1,20 @@
+"""An image codec from a trained factorized-prior autoencoder: real ``.gdn`` files.
+
+    from gdnflow.codec import Codec
+    codec = Codec.from_checkpoint("checkpoints/codec_q2.h5")
+    data = codec.compress(image)          # uint8 (H, W, 3) -> bytes
+    image_hat = codec.decompress(data)    # the model's evaluation-path reconstruction
+
+``tables``: per-channel integer CDFs of the entropy bottleneck, computed
+bit-identically on any machine; ``format``: the bitstream (header, range-coded
+latents via constriction, escape bits); ``codec``: compress / decompress;
+``evaluate`` and ``cli``: ``gdnflow compress``, ``decompress`` and ``eval``.
+"""
+from gdnflow.codec.codec import (Codec, compress, decompress, load_model, read_image,
+                                 to_uint8)
+from gdnflow.codec.format import CodecError, FormatError, ModelMismatchError
+from gdnflow.codec.tables import CodingTables, build_tables, model_id
+
+__all__ = ["Codec", "compress", "decompress", "load_model", "read_image", "to_uint8",
+           "CodecError", "FormatError", "ModelMismatchError", "CodingTables", "build_tables",
+           "model_id"]

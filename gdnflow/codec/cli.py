@@ -1,0 +1,228 @@
+"""``gdnflow compress``, ``gdnflow decompress`` and ``gdnflow eval``: the image codec's commands.
+
+    gdnflow compress photo.png -o photo.gdn --checkpoint checkpoints/codec_q2.h5
+    gdnflow decompress photo.gdn -o photo_hat.png      # finds the checkpoint by model id
+    gdnflow eval --checkpoint checkpoints/*.h5 --data photos/ --out results/
+
+:func:`add_codec_parsers` adds the three subcommands to the ``gdnflow``
+parser; ``python -m gdnflow.codec.cli`` runs them on their own. Every file is
+written atomically, and none is overwritten without ``--force``. Exit
+status 0, or 1 with one line naming the file on any error.
+
+``decompress`` without ``--checkpoint`` looks for the checkpoint whose
+model id the file names in the folders of ``GDNFLOW_CHECKPOINTS``
+(separated by ``os.pathsep``), then the file's own folder, then
+``./checkpoints``.
+"""
+import argparse
+import io
+import os
+import sys
+from pathlib import Path
+
+#: Environment variable: folders searched for checkpoints by ``decompress``.
+CHECKPOINT_PATH_VARIABLE = "GDNFLOW_CHECKPOINTS"
+
+
+def _errors():
+    """The exceptions a command reports as one line (anything else is a bug: traceback)."""
+    from gdnflow.codec.format import CodecError
+    from gdnflow.data.images import NoImagesError
+    from gdnflow.errors import BackendUnavailableError
+    # OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
+    # ValueError: bad images and arguments. Each message names its file.
+    return (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
+
+
+def output_paths(inputs, out, suffix):
+    """Where each input's result goes: ``out`` (a file for one input, a folder for several).
+
+    Without ``out``, next to each input with ``suffix``. ``out`` an existing
+    folder also works for one input. Raises ValueError if two inputs would
+    share an output.
+    """
+    inputs = [Path(p) for p in inputs]
+    if out is None:
+        paths = [p.with_suffix(suffix) for p in inputs]
+    elif len(inputs) == 1 and not Path(out).is_dir():
+        paths = [Path(out)]
+    else:
+        paths = [Path(out) / (p.stem + suffix) for p in inputs]
+    seen = {}
+    for source, target in zip(inputs, paths):
+        if target in seen:
+            raise ValueError(f"{seen[target]} and {source} would both be written to {target}")
+        seen[target] = source
+    return paths
+
+
+def _check_free(paths, force):
+    """Raise FileExistsError listing the outputs that exist (unless ``force``), before any write."""
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise FileExistsError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}: "
+                              "pass --force to overwrite")
+
+
+def save_image(path, image, overwrite=False):
+    """Write a uint8 (H, W, 3) image atomically, in the format of ``path``'s suffix (Pillow)."""
+    from PIL import Image
+    from gdnflow.codec.codec import write_bytes_atomic
+    path = Path(path)
+    formats = Image.registered_extensions()
+    if path.suffix.lower() not in formats:
+        raise ValueError(f"{path}: unknown image format {path.suffix!r} (use .png for a "
+                         "lossless copy of the reconstruction)")
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, formats[path.suffix.lower()])
+    write_bytes_atomic(path, buffer.getvalue(), overwrite=overwrite)
+
+
+# ---------------------------------------------------------------- commands --
+def cmd_compress(args):
+    """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding."""
+    from gdnflow.codec.codec import Codec, read_image, write_bytes_atomic
+    from gdnflow.codec.evaluate import quality_metrics
+    try:
+        if len(args.images) > 1 and args.output is not None:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        outputs = output_paths(args.images, args.output, ".gdn")
+        _check_free(outputs, args.force)
+        codec = Codec.from_checkpoint(args.checkpoint, args.device)
+        for source, target in zip(args.images, outputs):
+            image = read_image(source)
+            write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
+            data = target.read_bytes()
+            # Decoding the file just written checks it and gives the real PSNR.
+            decoded = codec.decompress(data, str(target))
+            height, width = image.shape[:2]
+            bpp = 8 * os.path.getsize(target) / (height * width)
+            print(f"{source} -> {target}: {height}x{width}, {len(data)} bytes, {bpp:.4f} bpp, "
+                  f"PSNR {quality_metrics(image, decoded)['psnr']:.2f} dB")
+    except _errors() as exc:
+        print(f"gdnflow compress: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def checkpoint_folders(file):
+    """Folders ``decompress`` searches for a file's checkpoint, in order (module docstring)."""
+    listed = os.environ.get(CHECKPOINT_PATH_VARIABLE, "")
+    return [Path(p) for p in listed.split(os.pathsep) if p] + [Path(file).parent,
+                                                               Path("checkpoints")]
+
+
+def cmd_decompress(args):
+    """Decode each ``.gdn`` file to an image; print its size and bpp."""
+    from gdnflow.codec.codec import Codec, find_checkpoint, read_header
+    from gdnflow.codec.format import CodecError
+    try:
+        if len(args.files) > 1 and args.output is not None:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        outputs = output_paths(args.files, args.output, ".png")
+        _check_free(outputs, args.force)
+        codecs = {}
+        for source, target in zip(args.files, outputs):
+            data = Path(source).read_bytes()
+            header = read_header(data, str(source))
+            checkpoint = args.checkpoint
+            if checkpoint is None:
+                folders = checkpoint_folders(source)
+                checkpoint = find_checkpoint(header, folders)
+                if checkpoint is None:
+                    raise CodecError(
+                        f"{source}: no checkpoint with model id {header.model_id.hex()} in "
+                        f"{', '.join(map(str, folders))}: pass --checkpoint")
+            if checkpoint not in codecs:
+                codecs[checkpoint] = Codec.from_checkpoint(checkpoint, args.device)
+            image = codecs[checkpoint].decompress(data, str(source))
+            save_image(target, image, overwrite=args.force)
+            bpp = 8 * len(data) / (header.height * header.width)
+            print(f"{source} -> {target}: {header.height}x{header.width}, {len(data)} bytes, "
+                  f"{bpp:.4f} bpp")
+    except _errors() as exc:
+        print(f"gdnflow decompress: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_eval(args):
+    """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
+    from gdnflow.codec.evaluate import evaluate, markdown_table
+    try:
+        results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
+    except _errors() as exc:
+        print(f"gdnflow eval: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print(markdown_table(results), end="")
+    if args.out is not None:
+        print(f"\nwritten: {Path(args.out) / 'eval.md'}, eval.json, rd.png and files/")
+    return 0
+
+
+# ------------------------------------------------------------------ parsers --
+def _device_option(parser):
+    parser.add_argument("--device", choices=["numpy", "cuda"],
+                        help="where the transforms run (default: GDNFLOW_DEVICE, else cuda when "
+                        "usable, else numpy); a file decodes to the same latents on either, "
+                        "to images within one level of each other")
+
+
+def add_codec_parsers(subparsers):
+    """Add ``compress``, ``decompress`` and ``eval`` to the ``gdnflow`` command's subparsers."""
+    compress = subparsers.add_parser(
+        "compress", help="compress images to .gdn files with a trained factorized-prior checkpoint",
+        description="Compress images (PNG, JPEG, ...) with a factorized-prior checkpoint; print "
+        "each file's bpp (8 x bytes / pixels) and the PSNR of its decoding.")
+    compress.add_argument("images", nargs="+", metavar="IMAGE")
+    compress.add_argument("-o", "--output", metavar="OUT",
+                          help="the .gdn file (one image) or a folder (several); default: "
+                          "IMAGE with the suffix .gdn")
+    compress.add_argument("--checkpoint", required=True, metavar="CKPT",
+                          help="a gdnflow checkpoint of a factorized prior (gdnflow train)")
+    compress.add_argument("--force", action="store_true", help="overwrite existing files")
+    _device_option(compress)
+    compress.set_defaults(run=cmd_compress)
+
+    decompress = subparsers.add_parser(
+        "decompress", help="decode .gdn files to images",
+        description="Decode .gdn files to images (the format by the suffix of -o; PNG by "
+        "default). Without --checkpoint, the checkpoint whose model id the file names is "
+        f"looked for in ${CHECKPOINT_PATH_VARIABLE}, the file's folder and ./checkpoints.")
+    decompress.add_argument("files", nargs="+", metavar="FILE")
+    decompress.add_argument("-o", "--output", metavar="IMAGE",
+                            help="the image (one file) or a folder (several); default: FILE "
+                            "with the suffix .png")
+    decompress.add_argument("--checkpoint", metavar="CKPT",
+                            help="the checkpoint the files were compressed with")
+    decompress.add_argument("--force", action="store_true", help="overwrite existing files")
+    _device_option(decompress)
+    decompress.set_defaults(run=cmd_decompress)
+
+    evaluation = subparsers.add_parser(
+        "eval", help="rate-distortion of codec checkpoints against JPEG on a folder of images",
+        description="Compress every image of a folder with each checkpoint; report bpp from the "
+        "real files, PSNR and MS-SSIM, and JPEG's PSNR and MS-SSIM at the same rates; write a "
+        "markdown table, a JSON file and a rate-distortion plot.")
+    evaluation.add_argument("--checkpoint", nargs="+", required=True, metavar="CKPT")
+    evaluation.add_argument("--data", required=True, metavar="DIR", help="folder of images")
+    evaluation.add_argument("--out", metavar="DIR",
+                            help="folder for eval.md, eval.json, rd.png and the .gdn files "
+                            "(default: only print the table)")
+    evaluation.add_argument("--force", action="store_true", help="overwrite earlier results")
+    _device_option(evaluation)
+    evaluation.set_defaults(run=cmd_eval)
+    return compress, decompress, evaluation
+
+
+def main(argv=None):
+    """``python -m gdnflow.codec.cli compress|decompress|eval ...``."""
+    parser = argparse.ArgumentParser(prog="gdnflow", description=__doc__.split("\n\n")[0])
+    add_codec_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

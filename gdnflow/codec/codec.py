@@ -1,0 +1,237 @@
+"""Compress images to ``.gdn`` files with a trained factorized-prior model, and back.
+
+::
+
+    codec = Codec.from_checkpoint("checkpoints/codec_q2.h5")
+    data = codec.compress(image)          # image: uint8 (H, W, 3); data: bytes
+    image_hat = codec.decompress(data)    # uint8 (H, W, 3)
+
+Compression: the image (as float32 in [0, 1], exactly as
+:func:`gdnflow.data.load_image` reads it) is padded at the bottom and right
+to multiples of 16 by reflection (as the trainer's evaluation pads), the
+analysis transform g_a gives the latent y, each channel is rounded around
+its median, q = round(y - median) (half to even), and q is entropy-coded
+with the model's coding tables (:mod:`gdnflow.codec.tables`) into the
+bitstream of :mod:`gdnflow.codec.format`.
+
+Decompression decodes q, forms y_hat = q + median in float32 (bit for bit
+the y_hat of the model's evaluation path, ``model(x)["y_hat"]``, on any
+device: one IEEE rounding and one IEEE addition), runs the synthesis g_s on
+the model's device, crops the padding and rounds to 8 bits
+(:func:`to_uint8`). The image therefore equals the evaluation path's
+``x_hat`` rounded the same way: exactly on the same device, within float
+tolerance (at most 1 level where a value straddles .5) on another.
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+
+from gdnflow.autograd import no_grad
+from gdnflow.codec.format import (DOWNSAMPLING, MAX_SIDE, MODEL_ID_BYTES, TABLES_DIGEST_BYTES,
+                                  CodecError, Header, check_model, decode_symbols,
+                                  encode_symbols, pack, unpack)
+from gdnflow.codec.tables import build_tables, model_id
+from gdnflow.data.images import pad_to_multiple
+from gdnflow.tensor import Tensor
+
+#: Largest |q| coded: the escape codes and the float32 round trip of q stay exact below it.
+MAX_SYMBOL = 2 ** 24
+
+
+def image_to_array(image):
+    """uint8 (H, W, 3) as float32 (3, H, W) in [0, 1]: what load_image gives for 8-bit files."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected an RGB image as uint8 of shape (H, W, 3), got "
+                         f"{image.dtype} {image.shape}")
+    if not image.shape[0] or not image.shape[1]:
+        raise ValueError(f"the image is empty ({image.shape[0]}x{image.shape[1]})")
+    if max(image.shape[:2]) > MAX_SIDE:
+        raise ValueError(f"the image is {image.shape[0]}x{image.shape[1]}: the format stores "
+                         f"sides up to {MAX_SIDE} pixels")
+    return np.ascontiguousarray(image.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
+
+
+def to_uint8(x):
+    """Pixels (3, H, W) in [0, 1] as uint8 (H, W, 3): round(255 clip(x, 0, 1)), halves up."""
+    x = np.clip(np.asarray(x, np.float32), 0, 1) * np.float32(255) + np.float32(0.5)
+    return np.ascontiguousarray(np.floor(x).astype(np.uint8).transpose(1, 2, 0))
+
+
+def read_image(path):
+    """The image file at ``path`` as uint8 (H, W, 3) RGB (grey, palette, alpha converted)."""
+    from gdnflow.data.images import load_image
+    # load_image gives k / 255 in float32 for 8-bit files: the round trip is exact.
+    return to_uint8(load_image(path))
+
+
+def model_device(model):
+    """The device of the model's parameters."""
+    for p in model.parameters():
+        return p.device
+    raise ValueError("the model has no parameters")
+
+
+class Codec:
+    """A factorized-prior model with its coding tables: compress and decompress images.
+
+    ``Codec(model)`` puts the model in eval mode and builds its tables (a few
+    milliseconds; rebuild the Codec after changing the weights). Images are
+    uint8 (H, W, 3) arrays of any size >= 1x1. Attributes: ``model``,
+    ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`), ``device``.
+    """
+
+    def __init__(self, model):
+        self.model = model.eval()
+        self.device = model_device(model)
+        self.tables = build_tables(model)
+        self._id = self.tables.model_id[:MODEL_ID_BYTES]
+        self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
+
+    @classmethod
+    def from_checkpoint(cls, path, device=None):
+        """A Codec of the model in the checkpoint at ``path`` (see :func:`load_model`)."""
+        return cls(load_model(path, device))
+
+    # --------------------------------------------------------- encode --
+    def analyse(self, image):
+        """The latent y (M, ceil(H/16), ceil(W/16)) float32 of a uint8 image (reflection-padded)."""
+        x = pad_to_multiple(image_to_array(image), DOWNSAMPLING)
+        with no_grad():
+            return self.model.g_a(Tensor(x[None], device=self.device)).numpy()[0]
+
+    def quantize(self, y):
+        """q = round(y - median) per channel, half to even, as int64 (the eval path's rounding)."""
+        q = np.rint(np.asarray(y, np.float32) - self.tables.medians[:, None, None])
+        if not np.all(np.abs(q) < MAX_SYMBOL):      # also catches NaN and infinity
+            raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a diverged "
+                             "model?): nothing to code")
+        return q.astype(np.int64)
+
+    def encode_latents(self, q, height, width):
+        """The file bytes for integer latents ``q`` (M, h, w) of an image of height x width."""
+        payload, escapes = encode_symbols(q, self.tables)
+        header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
+                        self._digest)
+        return pack(header, payload, escapes)
+
+    def compress(self, image):
+        """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
+        image = np.asarray(image)
+        q = self.quantize(self.analyse(image))
+        return self.encode_latents(q, image.shape[0], image.shape[1])
+
+    # --------------------------------------------------------- decode --
+    def decode_latents(self, data, source="<bytes>"):
+        """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
+        header, payload, escapes = unpack(data, source)
+        check_model(header, self.tables, source)
+        q = decode_symbols(payload, escapes, self.tables, header.latent_shape, source)
+        y_hat = q.astype(np.float32) + self.tables.medians[:, None, None]
+        return header, y_hat
+
+    def synthesise(self, y_hat, height, width):
+        """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w)."""
+        with no_grad():
+            x_hat = self.model.g_s(Tensor(np.asarray(y_hat, np.float32)[None],
+                                          device=self.device)).numpy()[0]
+        return to_uint8(x_hat[:, :height, :width])
+
+    def decompress(self, data, source="<bytes>"):
+        """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source``."""
+        header, y_hat = self.decode_latents(data, source)
+        return self.synthesise(y_hat, header.height, header.width)
+
+
+def compress(model, image):
+    """The ``.gdn`` bytes of a uint8 (H, W, 3) image under ``model`` (see :class:`Codec`)."""
+    return Codec(model).compress(image)
+
+
+def decompress(model, data, source="<bytes>"):
+    """The uint8 (H, W, 3) image coded in ``data`` (bytes) by ``model`` (see :class:`Codec`)."""
+    return Codec(model).decompress(data, source)
+
+
+# ----------------------------------------------------------------- files --
+def write_bytes_atomic(path, data, overwrite=False):
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsynced, renamed.
+
+    Raises FileExistsError if ``path`` exists and ``overwrite`` is false. A
+    failure (or a crash) leaves any earlier file at ``path`` as it was and
+    no temporary file behind.
+    """
+    import uuid
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists: pass --force to overwrite it")
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+# ----------------------------------------------------------- checkpoints --
+def load_model(path, device=None):
+    """The factorized-prior model stored in the gdnflow checkpoint at ``path``, in eval mode.
+
+    Raises CodecError naming the file if it is missing, unreadable or holds
+    another kind of model.
+    """
+    from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
+    from gdnflow.models.factorized_prior import FactorizedPrior
+    path = os.fspath(path)
+    try:
+        info = read_checkpoint_info(path)
+    except FileNotFoundError:
+        raise CodecError(f"no checkpoint at {path}") from None
+    except CheckpointError as exc:
+        raise CodecError(str(exc)) from None
+    config = info["config"]
+    if info["model_name"] != FactorizedPrior.name or "N" not in config or "M" not in config:
+        raise CodecError(f"{path}: holds a {info['model_name']!r} model, not a factorized "
+                         "prior (train one with gdnflow train)")
+    model = FactorizedPrior(config["N"], config["M"], seed=0, device=device)
+    try:
+        load_checkpoint(path, model)
+    except CheckpointError as exc:
+        raise CodecError(str(exc)) from None
+    return model.eval()
+
+
+def checkpoint_id(path):
+    """:func:`~gdnflow.codec.tables.model_id` of a checkpoint file's weights (no model built)."""
+    from gdnflow.io.checkpoint import load_checkpoint
+    saved = load_checkpoint(path)
+    return model_id({**saved["parameters"], **saved["buffers"]})
+
+
+def read_header(data, source="<bytes>"):
+    """The :class:`~gdnflow.codec.format.Header` of a file's bytes (checked as by ``unpack``)."""
+    return unpack(data, source)[0]
+
+
+def find_checkpoint(header, folders):
+    """The first ``*.h5`` checkpoint in ``folders`` whose model id is the header's, or None.
+
+    Folders are searched in order, files in sorted order; unreadable files
+    and missing folders are skipped.
+    """
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.h5")):
+            try:
+                if checkpoint_id(path)[:MODEL_ID_BYTES] == header.model_id:
+                    return path
+            except Exception:       # noqa: BLE001 (not a checkpoint: not the one sought)
+                continue
+    return None

@@ -1,0 +1,325 @@
+"""The ``.gdn`` bitstream: a small header, the range-coded latents, the escape bits.
+
+Layout of format version 1 (integers marked varint are unsigned LEB128: 7
+bits a byte, low bits first, high bit set on every byte but the last)::
+
+    magic          4 bytes   b"GDNF"
+    version        1 byte    1
+    model id      16 bytes   the first 16 bytes of SHA-256 of the model's
+                             parameters and buffers (tables.model_id)
+    tables         4 bytes   the first 4 bytes of the coding tables' digest
+                             (CodingTables.digest): readers with other tables refuse
+    height, width  varint    the image's size in pixels (before padding), each <= 65536
+    channels       varint    latent channels M
+    latent h, w    varint    latent rows and columns: ceil(height / 16), ceil(width / 16)
+    payload size   varint    bytes of the range-coded payload (a multiple of 4)
+    payload                  constriction's RangeEncoder words, little-endian uint32
+    escape bits              the rest of the file: Elias-gamma codes of the
+                             values outside the supports, most significant bit
+                             first, zero-padded to a whole byte
+
+The payload codes the integer latents q[c, i, j] channel by channel, each
+channel in raster order, every symbol with its channel's categorical model
+(:class:`~gdnflow.codec.tables.CodingTables`; values outside the support as
+the escape symbol, their distance past it in the escape bits, in the same
+order). A header is 30 to 40 bytes; bpp counts the whole file.
+
+Readers check everything they can: the magic, the version, the model and
+tables, that the sizes agree with each other, and that the file ends exactly
+where the payload and escape bits end (a truncated or extended file is an
+error, not a wrong image). The payload itself has no checksum: a flipped
+bit inside it decodes to a different image.
+"""
+import dataclasses
+
+import numpy as np
+
+MAGIC = b"GDNF"
+FORMAT_VERSION = 1
+MODEL_ID_BYTES = 16
+TABLES_DIGEST_BYTES = 4
+#: Latent side per image side: the analysis transform's downsampling.
+DOWNSAMPLING = 16
+#: Largest image side and latent channel count a file may declare: a corrupt
+#: header must not make the reader allocate gigabytes before it fails.
+MAX_SIDE = 1 << 16
+MAX_CHANNELS = 1 << 12
+# Elias-gamma codes longer than this are corrupt data, not latents (|q| < 2^31).
+_MAX_GAMMA_ZEROS = 40
+
+
+class CodecError(ValueError):
+    """A file or data the codec cannot code or decode; the message names the file."""
+
+
+class FormatError(CodecError):
+    """Not a complete gdnflow codec file: wrong magic, unknown version, truncated or corrupt."""
+
+
+class ModelMismatchError(CodecError):
+    """A file coded by another model (or with other tables) than the one given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """The header of a ``.gdn`` file (see the module docstring).
+
+    ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
+    ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
+    (channels, latent_height, latent_width).
+    """
+
+    height: int
+    width: int
+    channels: int
+    latent_height: int
+    latent_width: int
+    model_id: bytes
+    tables_digest: bytes
+    version: int = FORMAT_VERSION
+
+    @property
+    def latent_shape(self):
+        """(channels, latent_height, latent_width)."""
+        return (self.channels, self.latent_height, self.latent_width)
+
+
+# ------------------------------------------------------------ varints --
+def write_varint(value):
+    """The unsigned LEB128 bytes of a non-negative integer."""
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"write_varint: {value} is negative")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def read_varint(data, pos, source, what):
+    """(value, next position) of the LEB128 integer at ``data[pos]``; FormatError if cut short."""
+    value, shift = 0, 0
+    while True:
+        if pos >= len(data):
+            raise FormatError(f"{source}: truncated: the file ends inside the header ({what})")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise FormatError(f"{source}: corrupt header: {what} is not a valid number")
+
+
+# ------------------------------------------------------- whole stream --
+def pack(header, payload, escapes):
+    """The bytes of a file: ``header`` (a :class:`Header`), ``payload`` and ``escapes`` (bytes)."""
+    if len(header.model_id) != MODEL_ID_BYTES or len(header.tables_digest) != TABLES_DIGEST_BYTES:
+        raise ValueError(f"pack: model id and tables digest must be {MODEL_ID_BYTES} and "
+                         f"{TABLES_DIGEST_BYTES} bytes")
+    return b"".join([
+        MAGIC, bytes([header.version]), header.model_id, header.tables_digest,
+        *(write_varint(v) for v in (header.height, header.width, header.channels,
+                                    header.latent_height, header.latent_width, len(payload))),
+        payload, escapes])
+
+
+def unpack(data, source="<bytes>"):
+    """(Header, payload bytes, escape bytes) of a file's bytes; FormatError naming ``source``.
+
+    Checks the magic, the version, that the latent shape fits the image size,
+    and that the payload is complete. Whether the model fits is the
+    caller's check (:func:`check_model`).
+    """
+    data = bytes(data)
+    fixed = len(MAGIC) + 1 + MODEL_ID_BYTES + TABLES_DIGEST_BYTES
+    head = data[:len(MAGIC)]
+    if head != MAGIC:
+        if MAGIC.startswith(head):       # an empty file, or one cut inside the magic
+            raise FormatError(f"{source}: truncated: {len(data)} bytes is not even a header")
+        raise FormatError(f"{source}: not a gdnflow compressed image (magic {head!r}, "
+                          f"expected {MAGIC!r})")
+    if len(data) < len(MAGIC) + 1:
+        raise FormatError(f"{source}: truncated: the file ends inside the header")
+    version = data[len(MAGIC)]
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{source}: format version {version} is not supported (this gdnflow "
+                          f"reads version {FORMAT_VERSION})")
+    if len(data) < fixed:
+        raise FormatError(f"{source}: truncated: the file ends inside the header")
+    pos = len(MAGIC) + 1
+    model = data[pos:pos + MODEL_ID_BYTES]
+    pos += MODEL_ID_BYTES
+    digest = data[pos:pos + TABLES_DIGEST_BYTES]
+    pos += TABLES_DIGEST_BYTES
+    values = []
+    for what in ("height", "width", "channels", "latent height", "latent width", "payload size"):
+        value, pos = read_varint(data, pos, source, what)
+        values.append(value)
+    height, width, channels, latent_h, latent_w, size = values
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS):
+        raise FormatError(f"{source}: corrupt header: image {height}x{width} with "
+                          f"{channels} latent channels")
+    expected = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
+    if (latent_h, latent_w) != expected:
+        raise FormatError(f"{source}: corrupt header: a {latent_h}x{latent_w} latent for a "
+                          f"{height}x{width} image (expected {expected[0]}x{expected[1]})")
+    if size % 4:
+        raise FormatError(f"{source}: corrupt header: payload size {size} is not a multiple of 4")
+    if pos + size > len(data):
+        raise FormatError(f"{source}: truncated: the payload needs {size} bytes, the file has "
+                          f"{len(data) - pos} after its header ({len(data)} bytes in all)")
+    header = Header(height, width, channels, latent_h, latent_w, model, digest, version)
+    return header, data[pos:pos + size], data[pos + size:]
+
+
+def check_model(header, tables, source="<bytes>"):
+    """Raise ModelMismatchError unless ``header`` was written with ``tables``' model and tables."""
+    if header.model_id != tables.model_id[:MODEL_ID_BYTES]:
+        raise ModelMismatchError(
+            f"{source}: coded by another model (model id {header.model_id.hex()}, the "
+            f"checkpoint given is {tables.model_id[:MODEL_ID_BYTES].hex()}): decode it with "
+            "the checkpoint it was compressed with")
+    if header.channels != tables.channels:
+        raise ModelMismatchError(f"{source}: {header.channels} latent channels, the model has "
+                                 f"{tables.channels}")
+    if header.tables_digest != tables.digest()[:TABLES_DIGEST_BYTES]:
+        raise ModelMismatchError(
+            f"{source}: the model matches but its coding tables differ from the writer's "
+            "(written by another gdnflow version?)")
+
+
+# ------------------------------------------------------- escape bits --
+class BitWriter:
+    """Bits appended most significant first; :meth:`getvalue` pads the last byte with zeros."""
+
+    def __init__(self):
+        self.bits = []
+
+    def write(self, value, count):
+        """Append the ``count`` low bits of ``value``, highest first."""
+        self.bits.extend((value >> i) & 1 for i in range(count - 1, -1, -1))
+
+    def write_gamma(self, n):
+        """Append the Elias-gamma code of n >= 1: (bit length - 1) zeros, then n in binary."""
+        if n < 1:
+            raise ValueError(f"Elias gamma codes integers >= 1, got {n}")
+        length = int(n).bit_length()
+        self.write(0, length - 1)
+        self.write(int(n), length)
+
+    def getvalue(self):
+        """The bits as bytes."""
+        return np.packbits(np.array(self.bits, np.uint8)).tobytes() if self.bits else b""
+
+
+class BitReader:
+    """Reads what :class:`BitWriter` wrote; FormatError (naming ``source``) past the end."""
+
+    def __init__(self, data, source):
+        self.bits = np.unpackbits(np.frombuffer(data, np.uint8))
+        self.pos, self.source = 0, source
+
+    def read(self, count):
+        """The next ``count`` bits as an integer."""
+        if self.pos + count > len(self.bits):
+            raise FormatError(f"{self.source}: truncated: the escape bits end early")
+        value = 0
+        for bit in self.bits[self.pos:self.pos + count]:
+            value = (value << 1) | int(bit)
+        self.pos += count
+        return value
+
+    def read_gamma(self):
+        """The next Elias-gamma coded integer."""
+        zeros = 0
+        while self.read(1) == 0:
+            zeros += 1
+            if zeros > _MAX_GAMMA_ZEROS:
+                raise FormatError(f"{self.source}: corrupt escape bits")
+        return (1 << zeros) | self.read(zeros)
+
+    def check_end(self):
+        """Raise FormatError unless only the zero padding of the last byte is left."""
+        rest = self.bits[self.pos:]
+        if len(rest) >= 8 or rest.any():
+            raise FormatError(f"{self.source}: {len(rest) // 8} unexpected byte(s) after the "
+                              "coded data (another file appended, or a corrupt payload?)")
+
+
+# ---------------------------------------------------- entropy coding --
+def _models(tables):
+    """One constriction categorical model per channel.
+
+    ``perfect=True`` makes constriction choose the KL-optimal 24-bit
+    quantisation of the probabilities; ours are multiples of 2^-16 (each
+    >= 2^-16), which 24 bits represent exactly, so that optimum is our table
+    itself: the coder codes with exactly the tables' frequencies, whatever
+    constriction's heuristics (its "fast" quantiser shifts them slightly).
+    """
+    categorical = _constriction().stream.model.Categorical
+    return [categorical(tables.probabilities(c), perfect=True) for c in range(tables.channels)]
+
+
+def _constriction():
+    try:
+        import constriction
+    except ImportError:
+        raise CodecError("the codec needs the constriction package (pip install "
+                         "constriction)") from None
+    return constriction
+
+
+def encode_symbols(q, tables):
+    """Range-code integer latents ``q`` (C, h, w); returns (payload bytes, escape bytes)."""
+    constriction = _constriction()
+    q = np.asarray(q, np.int64)
+    if q.ndim != 3 or q.shape[0] != tables.channels:
+        raise ValueError(f"encode_symbols: expected latents of shape ({tables.channels}, h, w), "
+                         f"got {q.shape}")
+    encoder = constriction.stream.queue.RangeEncoder()
+    escapes = BitWriter()
+    for c, model in enumerate(_models(tables)):
+        values = q[c].ravel()
+        symbols = values - tables.low[c]
+        escape = len(tables.cdfs[c]) - 2
+        outside = (symbols < 0) | (symbols >= escape)
+        symbols[outside] = escape
+        encoder.encode(symbols.astype(np.int32), model)
+        for v in values[outside]:
+            d = int(v) - int(tables.high[c] if v > tables.high[c] else tables.low[c])
+            escapes.write_gamma(2 * d - 1 if d > 0 else -2 * d)
+    payload = encoder.get_compressed().astype("<u4").tobytes()
+    return payload, escapes.getvalue()
+
+
+def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
+    """The integer latents (C, h, w) int64 that :func:`encode_symbols` coded.
+
+    Raises FormatError if the escape bits run out or bytes are left over.
+    """
+    constriction = _constriction()
+    channels, h, w = latent_shape
+    words = np.frombuffer(payload, "<u4").astype(np.uint32)
+    try:
+        decoder = constriction.stream.queue.RangeDecoder(words)
+    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
+        raise FormatError(f"{source}: corrupt payload ({exc})") from None
+    reader = BitReader(escapes, source)
+    q = np.empty((channels, h * w), np.int64)
+    for c, model in enumerate(_models(tables)):
+        try:
+            symbols = np.asarray(decoder.decode(model, h * w), np.int64)
+        except Exception as exc:    # noqa: BLE001
+            raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
+        escape = len(tables.cdfs[c]) - 2
+        values = symbols + tables.low[c]
+        for i in np.flatnonzero(symbols == escape):
+            n = reader.read_gamma()
+            values[i] = tables.high[c] + (n + 1) // 2 if n % 2 else tables.low[c] - n // 2
+        q[c] = values
+    reader.check_end()
+    return q.reshape(channels, h, w)

@@ -1,0 +1,178 @@
+"""gdnflow compress / decompress / eval through their argument parser: printed
+bpp equals the file's size, clear errors naming the file, nothing overwritten
+without --force, and eval's JPEG bracketing."""
+import argparse
+import json
+import math
+import re
+
+import numpy as np
+
+from gdnflow.codec import Codec, read_image
+from gdnflow.codec.cli import add_codec_parsers
+from gdnflow.codec.evaluate import JpegReference
+
+
+def run(*argv):
+    parser = argparse.ArgumentParser(prog="gdnflow")
+    add_codec_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([str(a) for a in argv])
+    return args.run(args)
+
+
+def test_compress_then_decompress(model, checkpoint, image_files, tmp_path, capsys):
+    for kind, source in image_files.items():
+        out = tmp_path / f"{kind}.gdn"
+        assert run("compress", source, "-o", out, "--checkpoint", checkpoint,
+                   "--device", "numpy") == 0
+        printed = capsys.readouterr().out
+        h, w = read_image(source).shape[:2]
+        size = out.stat().st_size
+        match = re.search(r"(\d+) bytes, ([\d.]+) bpp, PSNR ([\d.]+) dB", printed)
+        assert int(match.group(1)) == size
+        assert match.group(2) == f"{8 * size / (h * w):.4f}"
+        image_out = tmp_path / f"{kind}.png"
+        assert run("decompress", out, "-o", image_out, "--checkpoint", checkpoint,
+                   "--device", "numpy") == 0
+        assert f"{8 * size / (h * w):.4f} bpp" in capsys.readouterr().out
+        expected = Codec(model).decompress(out.read_bytes())
+        assert np.array_equal(read_image(image_out), expected)
+
+
+def test_several_images_go_to_a_folder(checkpoint, image_files, tmp_path, capsys):
+    second = tmp_path / "images" / "second.png"
+    second.write_bytes(image_files["png"].read_bytes())
+    folder = tmp_path / "coded"
+    assert run("compress", image_files["png"], second, "-o", folder, "--checkpoint", checkpoint,
+               "--device", "numpy") == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["odd.gdn", "second.gdn"]
+    assert run("decompress", folder / "odd.gdn", folder / "second.gdn", "-o", tmp_path / "out",
+               "--checkpoint", checkpoint, "--device", "numpy") == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["odd.png", "second.png"]
+
+
+def test_same_stems_are_refused_before_writing(checkpoint, image_files, tmp_path, capsys):
+    folder = tmp_path / "coded"
+    assert run("compress", image_files["png"], image_files["jpg"], "-o", folder,
+               "--checkpoint", checkpoint, "--device", "numpy") == 1
+    assert "would both be written" in capsys.readouterr().err
+    assert not any(folder.iterdir())
+
+
+def test_decompress_finds_its_checkpoint(checkpoint, image_files, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "x.gdn"
+    assert run("compress", image_files["png"], "-o", out, "--checkpoint", checkpoint,
+               "--device", "numpy") == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GDNFLOW_CHECKPOINTS", raising=False)
+    assert run("decompress", out, "--device", "numpy") == 1
+    assert "no checkpoint with model id" in capsys.readouterr().err
+    monkeypatch.setenv("GDNFLOW_CHECKPOINTS", str(checkpoint.parent))
+    assert run("decompress", out, "--device", "numpy") == 0
+    assert (tmp_path / "x.png").exists()
+
+
+def test_nothing_is_overwritten_without_force(checkpoint, image_files, tmp_path, capsys):
+    out = tmp_path / "x.gdn"
+    out.write_bytes(b"keep me")
+    assert run("compress", image_files["png"], "-o", out, "--checkpoint", checkpoint,
+               "--device", "numpy") == 1
+    assert f"{out} exists: pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == b"keep me"
+    assert run("compress", image_files["png"], "-o", out, "--checkpoint", checkpoint,
+               "--device", "numpy", "--force") == 0
+    assert out.read_bytes()[:4] == b"GDNF"
+    image = tmp_path / "x.png"
+    image.write_bytes(b"keep me too")
+    assert run("decompress", out, "-o", image, "--checkpoint", checkpoint,
+               "--device", "numpy") == 1
+    assert image.read_bytes() == b"keep me too"
+    assert run("decompress", out, "-o", image, "--checkpoint", checkpoint, "--device", "numpy",
+               "--force") == 0
+    assert image.read_bytes()[:4] == b"\x89PNG"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_errors_name_the_file(checkpoint, image_files, other_model, tmp_path, capsys):
+    from gdnflow.io.checkpoint import save_checkpoint
+    out = tmp_path / "x.gdn"
+    assert run("compress", image_files["png"], "-o", out, "--checkpoint", checkpoint,
+               "--device", "numpy") == 0
+    data = out.read_bytes()
+    cases = {
+        "truncated.gdn": (data[:len(data) // 2], "truncated"),
+        "magic.gdn": (b"JUNK" + data[4:], "not a gdnflow compressed image"),
+        "version.gdn": (data[:4] + b"\x07" + data[5:], "format version 7 is not supported"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        assert run("decompress", tmp_path / name, "--checkpoint", checkpoint,
+                   "--device", "numpy") == 1
+        err = capsys.readouterr().err
+        assert f"{tmp_path / name}: " in err and message in err, err
+    other = tmp_path / "other.h5"
+    save_checkpoint(other, other_model)
+    assert run("decompress", out, "--checkpoint", other, "--device", "numpy") == 1
+    err = capsys.readouterr().err
+    assert f"{out}: coded by another model" in err
+    missing = tmp_path / "missing.h5"
+    assert run("compress", image_files["png"], "-o", tmp_path / "y.gdn", "--checkpoint",
+               missing, "--device", "numpy") == 1
+    assert f"no checkpoint at {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "y.gdn").exists()
+    assert run("compress", tmp_path / "nothing.png", "--checkpoint", checkpoint,
+               "--device", "numpy") == 1
+    assert "nothing.png" in capsys.readouterr().err
+
+
+def test_jpeg_bracketing_on_a_tiny_image(small_image):
+    reference = JpegReference(small_image)
+    low, high = reference.bpp[50], reference.bpp[60]
+    target = 0.5 * (low + high)
+    q_low, q_high = reference.bracket(target)
+    assert reference.bpp[q_low] < target <= reference.bpp[q_high] and q_high == q_low + 1
+    at = reference.at_rate(target)
+    a, b = reference.point(q_low), reference.point(q_high)
+    assert min(a["psnr"], b["psnr"]) <= at["psnr"] <= max(a["psnr"], b["psnr"])
+    assert math.isnan(at["ms_ssim"])               # 40x56 is too small for MS-SSIM
+    assert reference.at_rate(0.5 * reference.bpp[1]) is None      # below quality 1
+    assert reference.at_rate(2 * reference.bpp[100]) is None      # above quality 100
+
+
+def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("eval", "--checkpoint", checkpoint, "--data", image_files["png"].parent,
+               "--out", out, "--device", "numpy") == 0
+    printed = capsys.readouterr().out
+    assert "| odd.png | model (lambda 0.01) |" in printed and "**mean of 2**" in printed
+    results = json.loads((out / "eval.json").read_text())
+    for row in results["rows"]:
+        path = out / "files" / "model" / (row["image"] + ".gdn")
+        assert row["bpp"] == 8 * path.stat().st_size / np.prod(
+            read_image(image_files["png"].parent / row["image"]).shape[:2])
+    assert (out / "eval.md").read_text().startswith("| image |")
+    assert (out / "rd.png").read_bytes()[:4] == b"\x89PNG"
+    assert results["jpeg_curve"]
+    # A second run refuses to overwrite the results without --force.
+    assert run("eval", "--checkpoint", checkpoint, "--data", image_files["png"].parent,
+               "--out", out, "--device", "numpy") == 1
+    assert "pass --force" in capsys.readouterr().err
+
+
+def test_eval_keeps_checkpoints_of_one_name_apart(checkpoint, other_model, small_image, tmp_path):
+    from PIL import Image
+    from gdnflow.codec.evaluate import evaluate
+    from gdnflow.io.checkpoint import save_checkpoint
+    other = tmp_path / "elsewhere" / checkpoint.name
+    other.parent.mkdir()
+    save_checkpoint(other, other_model)
+    data = tmp_path / "tiny"
+    data.mkdir()
+    Image.fromarray(small_image).save(data / "tiny.png")
+    results = evaluate([checkpoint, other], data, tmp_path / "out", device="numpy",
+                       log=lambda line: None)
+    assert [m["model"] for m in results["means"]] == ["model (lambda 0.01)", "model-2"]
+    assert sorted(p.name for p in (tmp_path / "out" / "files").iterdir()) == ["model", "model-2"]
+    # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
+    assert results["rows"][0]["jpeg"] is None and "out of JPEG's range" in (
+        tmp_path / "out" / "eval.md").read_text()

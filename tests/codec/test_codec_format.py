@@ -1,0 +1,118 @@
+"""The .gdn bitstream: varints, Elias-gamma escape bits, range-coded symbols
+(escapes on both sides), and every malformed file refused with its name."""
+import numpy as np
+import pytest
+
+from gdnflow.codec import format as F
+from gdnflow.codec.codec import Codec
+from gdnflow.codec.tables import build_tables
+
+
+def test_varints_round_trip():
+    for value in (0, 1, 127, 128, 300, 2 ** 32 + 5, 2 ** 62):
+        data = F.write_varint(value) + b"\xff"
+        assert F.read_varint(data, 0, "x", "v") == (value, len(data) - 1)
+    with pytest.raises(F.FormatError, match="truncated"):
+        F.read_varint(b"\x80\x80", 0, "x.gdn", "width")
+
+
+def test_elias_gamma_round_trip(rng):
+    values = [1, 2, 3, 4, 7, 8, 255, 256, 2 ** 25 + 3] + list(rng.integers(1, 10 ** 6, 50))
+    writer = F.BitWriter()
+    for n in values:
+        writer.write_gamma(int(n))
+    reader = F.BitReader(writer.getvalue(), "x.gdn")
+    assert [reader.read_gamma() for _ in values] == [int(n) for n in values]
+    reader.check_end()
+    short = F.BitReader(writer.getvalue()[:-2], "x.gdn")
+    with pytest.raises(F.FormatError, match="x.gdn: truncated"):
+        for _ in values:
+            short.read_gamma()
+
+
+def test_symbols_round_trip_with_escapes_on_both_sides(model, rng):
+    tables = build_tables(model)
+    q = rng.integers(-3, 4, (tables.channels, 5, 7))
+    q[0, 0, 0] = tables.high[0] + 1               # just above the support
+    q[1, 2, 3] = tables.low[1] - 1                # just below
+    q[2, 4, 6] = 10 ** 6                          # far above
+    q[3, 1, 1] = -(10 ** 6)                       # far below
+    payload, escapes = F.encode_symbols(q, tables)
+    assert len(payload) % 4 == 0 and len(escapes) > 0
+    decoded = F.decode_symbols(payload, escapes, tables, q.shape, "x.gdn")
+    assert decoded.dtype == np.int64 and np.array_equal(decoded, q)
+
+
+def test_rate_is_the_tables_information_content(model, rng):
+    """The range coder spends what the quantised tables say (constriction codes with
+    exactly our 16-bit frequencies), plus a few words of termination."""
+    tables = build_tables(model)
+    q = rng.integers(-2, 3, (tables.channels, 16, 16))
+    payload, escapes = F.encode_symbols(q, tables)
+    bits = 0.0
+    for c in range(tables.channels):
+        frequencies = tables.frequencies(c)
+        symbols = np.clip(q[c].ravel() - tables.low[c], 0, len(frequencies) - 1)
+        bits -= np.log2(frequencies[symbols] / 2.0 ** 16).sum()
+    assert bits <= 8 * len(payload) <= bits + 64
+
+
+@pytest.fixture(scope="module")
+def coded(model, small_image):
+    """(codec, bytes of a 40x56 image)."""
+    codec = Codec(model)
+    return codec, codec.compress(small_image)
+
+
+def test_header_round_trip(coded):
+    codec, data = coded
+    header, payload, escapes = F.unpack(data, "x.gdn")
+    assert (header.height, header.width, header.latent_shape) == (40, 56, (12, 3, 4))
+    assert header.model_id == codec.tables.model_id[:16] and header.version == 1
+    assert F.pack(header, payload, escapes) == data
+
+
+def test_every_truncation_is_an_error_naming_the_file(coded):
+    codec, data = coded
+    for cut in range(len(data)):
+        with pytest.raises(F.FormatError, match=r"^x\.gdn: ") as error:
+            codec.decompress(data[:cut], "x.gdn")
+        assert "truncated" in str(error.value) or "unexpected" in str(error.value), cut
+
+
+def test_extra_bytes_are_an_error(coded):
+    codec, data = coded
+    with pytest.raises(F.FormatError, match="x.gdn: 1 unexpected byte"):
+        codec.decompress(data + b"\x00", "x.gdn")
+
+
+def test_wrong_magic_and_version(coded):
+    codec, data = coded
+    with pytest.raises(F.FormatError, match="x.png: not a gdnflow compressed image"):
+        codec.decompress(b"\x89PNG" + data[4:], "x.png")
+    with pytest.raises(F.FormatError, match="x.gdn: format version 2 is not supported"):
+        codec.decompress(data[:4] + b"\x02" + data[5:], "x.gdn")
+
+
+def test_another_model_or_other_tables_are_refused(coded, other_model):
+    codec, data = coded
+    other = Codec(other_model)
+    with pytest.raises(F.ModelMismatchError, match="x.gdn: coded by another model"):
+        other.decompress(data, "x.gdn")
+    digest = 4 + 1 + 16
+    forged = data[:digest] + bytes(b ^ 0xFF for b in data[digest:digest + 4]) + data[digest + 4:]
+    with pytest.raises(F.ModelMismatchError, match="coding tables differ"):
+        codec.decompress(forged, "x.gdn")
+
+
+def test_inconsistent_header_is_refused(coded):
+    codec, data = coded
+    header, payload, escapes = F.unpack(data)
+    bad = F.Header(header.height, header.width, header.channels, header.latent_height + 1,
+                   header.latent_width, header.model_id, header.tables_digest)
+    with pytest.raises(F.FormatError, match="corrupt header"):
+        codec.decompress(F.pack(bad, payload, escapes), "x.gdn")
+    huge = F.Header(10 ** 9, header.width, header.channels, -(-10 ** 9 // 16),
+                    header.latent_width, header.model_id, header.tables_digest)
+    with pytest.raises(F.FormatError, match="corrupt header: image 1000000000x56"):
+        codec.decompress(F.pack(huge, payload, escapes), "x.gdn")

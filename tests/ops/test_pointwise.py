@@ -1,0 +1,449 @@
+"""The direct 1x1 convolution kernel (gdnflow/ops/pointwise.py, cuda_src/pointwise.cu).
+
+On the CPU: the tile choice and the planner's choice; and, where nvcc is
+installed, the kernel's per-thread code compiled for the host and run over
+every block and thread (forced tile shapes, odd sizes, both vector widths,
+transposed weights, the fused epilogue), driven by the module's own Python,
+against NumPy. On the GPU: CUDA against NumPy with the kernel forced, at odd
+sizes and MobileNetV2's shapes, forward and gradients.
+"""
+import ctypes
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops
+from gdnflow.ops import conv as conv_module
+from gdnflow.ops import pointwise
+from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, conv_geometry,
+                              epilogue_numpy)
+from gdnflow.ops.pointwise import PointwiseConfig, PointwiseDirect
+from gdnflow.testing import assert_backends_match, relative_error
+
+# MobileNetV2's 1x1 layers: (C_in, size, C_out).
+MOBILENET_POINTWISE = [(32, 112, 16), (16, 112, 96), (96, 56, 24), (24, 56, 144), (144, 56, 24),
+                       (144, 28, 32), (32, 28, 192), (192, 28, 32), (192, 14, 64), (64, 14, 384),
+                       (384, 14, 64), (384, 14, 96), (96, 14, 576), (576, 14, 96), (576, 7, 160),
+                       (160, 7, 960), (960, 7, 160), (960, 7, 320), (320, 7, 1280)]
+
+
+def _geometry(x_shape, c_out, groups=1):
+    return conv_geometry("conv2d", x_shape, (c_out, x_shape[1] // groups, 1, 1), (1, 1),
+                         (0, 0, 0, 0), (1, 1), groups)
+
+
+# ------------------------------------------------------ choices on the CPU --
+def test_intensity_formula():
+    # 16 -> 96 per pixel: 16*96 multiply-adds (2 flop each) over 4*(16+96) bytes.
+    g = _geometry((64, 16, 112, 112), 96)
+    assert pointwise.intensity(g) == pytest.approx(2 * 16 * 96 / (4 * (16 + 96)))
+
+
+@pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
+def test_planner_takes_the_direct_kernel_for_memory_bound_layers(c_in, size, c_out):
+    g = _geometry((64, c_in, size, size), c_out)
+    planner = ConvPlanner(autotune=False)
+    memory_bound = pointwise.intensity(g) <= pointwise.MAX_INTENSITY
+    expected = PointwiseDirect if memory_bound else Pointwise
+    assert planner.choose(g, "forward") is expected
+    assert planner.choose(g, "backward_data") is expected
+    assert planner.choose(g, "backward_weight") is Pointwise           # always the GEMM
+    assert PointwiseDirect in ConvPlanner.supported(g, "forward")      # autotune may compare
+    assert PointwiseDirect not in ConvPlanner.supported(g, "backward_weight")
+
+
+def test_memory_bound_mobilenet_layers_are_the_narrow_ones():
+    chosen = [(c_in, c_out) for c_in, size, c_out in MOBILENET_POINTWISE
+              if PointwiseDirect.preferred(_geometry((64, c_in, size, size), c_out))]
+    assert chosen == [(32, 16), (16, 96), (96, 24), (24, 144), (144, 24), (144, 32), (32, 192),
+                      (192, 32)]
+
+
+def test_grouped_and_strided_1x1_stay_elsewhere():
+    planner = ConvPlanner(autotune=False)
+    grouped = _geometry((2, 8, 5, 5), 4, groups=2)
+    assert not PointwiseDirect.supports(grouped) and planner.choose(grouped, "forward") is Pointwise
+    strided = conv_geometry("conv2d", (1, 8, 9, 9), (4, 8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1)
+    assert not PointwiseDirect.supports(strided)
+    assert planner.choose(strided, "forward") is Im2colGemm
+
+
+@pytest.mark.parametrize("vec_x", [1, 4])
+def test_candidate_configs_satisfy_the_kernel_constraints(vec_x):
+    configs = pointwise.candidate_configs(vec_x)
+    assert configs
+    for c in configs:
+        slots = c.bn // vec_x
+        assert c.tm % 4 == 0 and c.tn in (4, 8)                 # 16-byte shared reads
+        assert c.threads % 32 == 0 and 64 <= c.threads <= 256
+        assert c.threads % slots == 0                           # fixed columns per thread
+        assert c.bk >= c.threads // slots                       # one pass covers a step
+        assert c.shared_bytes <= 48 * 1024
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
+def test_choose_config_fits_the_layer(batch, c_in, size, c_out):
+    hw = size * size
+    vec_x = 4 if hw % 4 == 0 else 1
+    for m, k in ((c_out, c_in), (c_in, c_out)):           # forward, backward-data
+        config = pointwise.choose_config(m, k, hw, batch * hw, vec_x, 132)
+        assert config in pointwise.candidate_configs(vec_x)
+        m_tiles = -(-m // config.bm)
+        # At most a third of the multiply-adds on rows past m.
+        assert m_tiles * config.bm <= 1.34 * m or m < 16
+        if batch == 64:
+            blocks = m_tiles * -(-batch * hw // config.bn)
+            assert blocks >= 132                             # every SM has work
+            floor = max(4 * batch * hw * (m + k) / pointwise.HBM_BYTES_PER_S,
+                        batch * hw * m * k / pointwise.FMA_PER_S)
+            assert pointwise.predicted_seconds(config, m, k, batch * hw) < 2.5 * floor
+
+
+def test_cost_model_prefers_exact_channel_tiles():
+    # 24 output channels: a 24-row tile beats 32 rows with a quarter idle.
+    config = pointwise.choose_config(24, 96, 3136, 64 * 3136, 4, 132)
+    assert config.bm == 24
+    wide = PointwiseConfig(8, 8, 32, 4, 8, 4)                # BM 32
+    assert pointwise.predicted_seconds(config, 24, 96, 64 * 3136) < \
+        pointwise.predicted_seconds(wide, 24, 96, 64 * 3136)
+
+
+# ---------------------------------------- CUDA code, run on the host (nvcc) --
+NVCC = shutil.which("nvcc")
+
+_PRELUDE = """
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+static int host_faults = 0;
+#ifdef __CUDA_ARCH__
+#define PW_HOST_CHECK(condition)
+#else
+#define PW_HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
+#endif
+"""
+# Every block in turn (in reverse order when `backwards`): all threads copy
+# step 0, then for each step all threads copy the next stage and multiply the
+# current one (the kernel's order, with its barriers between the phases),
+# then all threads store. Shared memory starts as NaN.
+_SHIM = """
+extern "C" int host_pointwise_conv(int backwards, int blocks, int threads,
+        const float* a, const float* x, const float* bias, const float* residual, float* y,
+        int M, int K, int HW, int NP, int m_tiles, int act) {
+    host_faults = 0;
+    PointwiseShared* sh = new PointwiseShared;
+    std::vector<Copier> copiers(threads);
+    float (*acc)[TM][TN] = new float[threads][TM][TN];
+    const int steps = (K + BK - 1) / BK;
+    for (int i = 0; i < blocks; ++i) {
+        const int b = backwards ? blocks - 1 - i : i;
+        float* raw = reinterpret_cast<float*>(sh);
+        for (size_t k = 0; k < sizeof(PointwiseShared) / 4; ++k) raw[k] = NAN;
+        const Tile tile = tile_of(b, m_tiles);
+        for (int t = 0; t < threads; ++t) {
+            copiers[t] = copier_of(tile, t, K, HW, NP);
+            for (int r = 0; r < TM; ++r)
+                for (int n = 0; n < TN; ++n) acc[t][r][n] = 0.0f;
+            load_step(a, x, *sh, 0, tile, copiers[t], 0, t, M, K, HW, NP);
+        }
+        for (int step = 0; step < steps; ++step) {
+            if (step + 1 < steps)
+                for (int t = 0; t < threads; ++t)
+                    load_step(a, x, *sh, (step + 1) & 1, tile, copiers[t], (step + 1) * BK, t,
+                              M, K, HW, NP);
+            for (int t = 0; t < threads; ++t) multiply_step(*sh, step & 1, t, acc[t]);
+        }
+        for (int k = 0; k < threads; ++k) {
+            const int t = backwards ? threads - 1 - k : k;
+            store_outputs(acc[t], bias, residual, y, tile, t, M, HW, NP, act);
+        }
+    }
+    delete[] acc;
+    delete sh;
+    return host_faults;
+}
+"""
+
+
+class _HostArray:
+    """A NumPy array in place of a CudaArray (shape, size, ptr), 256-byte aligned plus ``offset``
+    floats, poisoned with NaN so an unwritten element shows."""
+
+    def __init__(self, shape, values=None, offset=0):
+        self.shape, self.size = tuple(shape), int(np.prod(shape))
+        raw = np.full(self.size + 128, np.nan, np.float32)
+        start = (-raw.ctypes.data % 256) // 4 + offset
+        self.array = raw[start:start + self.size]
+        if values is not None:
+            self.array[:] = np.asarray(values, np.float32).ravel()
+        self.allocation = raw
+        self.ptr = self.array.ctypes.data
+
+    def get(self):
+        return self.array.reshape(self.shape).copy()
+
+    def guards_untouched(self):
+        start = (self.ptr - self.allocation.ctypes.data) // 4
+        return (np.isnan(self.allocation[:start]).all()
+                and np.isnan(self.allocation[start + self.size:]).all())
+
+
+@pytest.fixture(scope="module")
+def host_build(tmp_path_factory):
+    """defines -> pointwise.cu built for the host with the shim (compiled on first use)."""
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    from gdnflow.backends.cuda.sources import expand_source
+    folder = tmp_path_factory.mktemp("pointwise_host")
+    source = _PRELUDE + expand_source("pointwise.cu") + _SHIM
+    built = {}
+
+    def build(defines):
+        if defines not in built:
+            name = f"pw{len(built)}"
+            (folder / f"{name}.cu").write_text(source)
+            result = subprocess.run(
+                [NVCC, "-arch=sm_90", "-O1", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+                + [f"-D{k}={v}" for k, v in defines]
+                + [str(folder / f"{name}.cu"), "-o", str(folder / f"lib{name}.so")],
+                capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, result.stderr
+            built[defines] = ctypes.CDLL(str(folder / f"lib{name}.so"))
+        return built[defines]
+    return build
+
+
+@pytest.fixture
+def on_host(host_build, monkeypatch):
+    """The module launches pointwise_conv on the host build; returns the launches' defines.
+
+    ``launched.backwards = True`` runs blocks and storing threads in reverse order.
+    """
+    kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+
+    class Launches(list):
+        backwards = False
+    launched = Launches()
+
+    class Kernel:
+        def __init__(self, file, name, arg_types, defines=()):
+            assert file == pointwise.SOURCE and name == "pointwise_conv"
+            self.function = host_build(tuple(sorted(defines))).host_pointwise_conv
+            self.function.argtypes = [ctypes.c_int] * 3 + [kinds[k] for k in arg_types]
+            self.defines = dict(defines)
+
+        def __call__(self, grid, block, *args, shared_bytes=0):
+            d = self.defines
+            assert grid[1:] == (1, 1) and block == (d["TX"] * d["TY"], 1, 1)
+            launched.append(d)
+            faults = self.function(int(launched.backwards), grid[0], block[0], *args)
+            assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
+
+    monkeypatch.setattr(pointwise, "cuda", types.SimpleNamespace(
+        empty=lambda shape, dtype=np.float32: _HostArray(shape), kernel=Kernel))
+    monkeypatch.setattr(pointwise, "_sm_count", lambda: 132)
+    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.kernels",
+                        types.SimpleNamespace(check_index_range=lambda n, what: None))
+    return launched
+
+
+# (N, C_in, H, W, C_out): odd channel counts, planes of 63, 36, 20, 1 pixels,
+# tiles of pixels crossing images, more rows than one tile of channels.
+HOST_CASES = {
+    "odd_hw63": (3, 5, 7, 9, 6),
+    "hw36_24": (1, 16, 6, 6, 24),
+    "hw20_k37_m70": (3, 37, 4, 5, 70),
+    "m100_k20": (2, 20, 8, 8, 100),
+    "single_pixel": (1, 3, 1, 1, 2),
+    "k45_tiny_columns": (2, 45, 2, 2, 13),
+}
+# Forced tiles: every thread-tile shape, each thread count per row of x.
+FORCED = {
+    "24x256": PointwiseConfig(4, 8, 32, 6, 8, 4),
+    "96x64": PointwiseConfig(12, 8, 8, 8, 8, 4),
+    "128x64_bk16": PointwiseConfig(8, 4, 16, 16, 16, 4),
+    "32x32_scalar": PointwiseConfig(4, 4, 8, 8, 8, 1),
+    "64x64_scalar": PointwiseConfig(8, 8, 8, 8, 8, 1),
+    "48x64_scalar": PointwiseConfig(12, 4, 16, 4, 8, 1),
+}
+
+
+def _run_case(x_shape, c_out, rng, epilogue, offset=0):
+    """(forward got, want, backward-data got, want) through PointwiseDirect on host arrays."""
+    g = _geometry(x_shape, c_out)
+    x, w = 3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
+    bias = residual = None
+    activation = 0
+    if epilogue:
+        bias, residual, activation = rng.standard_normal(c_out), rng.standard_normal(g.y_shape), 2
+    want = epilogue_numpy(NumpyConv.forward(g, x, w), bias, residual, activation)
+    y = PointwiseDirect.forward(
+        g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w),
+        None if bias is None else _HostArray(bias.shape, bias), activation,
+        residual=None if residual is None else _HostArray(g.y_shape, residual, offset))
+    assert y.guards_untouched()
+    gy = rng.standard_normal(g.y_shape)
+    gx = PointwiseDirect.backward_data(g, _HostArray(g.y_shape, gy), _HostArray(g.w_shape, w))
+    assert gx.guards_untouched()
+    return y.get(), want, gx.get(), NumpyConv.backward_data(g, gy, w)
+
+
+@pytest.mark.parametrize("case", HOST_CASES)
+@pytest.mark.parametrize("tile", FORCED)
+def test_cuda_code_on_host_with_forced_tiles(case, tile, on_host, rng, monkeypatch):
+    n, c_in, h, w, c_out = HOST_CASES[case]
+    config = FORCED[tile]
+    assert config in pointwise.candidate_configs(config.vec_x)
+    if (h * w % 4 == 0) != (config.vec_x == 4):
+        pytest.skip("the kernel picks the other vector width for this plane")
+    monkeypatch.setattr(pointwise, "choose_config", lambda *args: config)
+    on_host.backwards = tile.endswith("scalar")
+    for epilogue in (False, True):
+        y, want, gx, gx_want = _run_case((n, c_in, h, w), c_out, rng, epilogue)
+        assert relative_error(y, want) <= 1e-5          # NaN (an unwritten output) fails too
+        if epilogue and y.size > 100:
+            assert (y == 6).any() and (y == 0).any()
+        assert relative_error(gx, gx_want) <= 1e-5
+    assert [d["TRANS_A"] for d in on_host[-2:]] == [0, 1]
+
+
+@pytest.mark.parametrize("x_shape,c_out", [((2, 16, 8, 8), 96), ((1, 96, 8, 8), 24),
+                                           ((3, 144, 4, 4), 32), ((2, 160, 3, 3), 96),
+                                           ((1, 64, 4, 4), 384)], ids=str)
+def test_cuda_code_on_host_with_chosen_tiles(x_shape, c_out, on_host, rng):
+    y, want, gx, gx_want = _run_case(x_shape, c_out, rng, epilogue=True)
+    assert relative_error(y, want) <= 1e-5 and relative_error(gx, gx_want) <= 1e-5
+
+
+def test_cuda_code_on_host_unaligned_residual(on_host, rng):
+    # A residual view 4 bytes off 16: the whole call falls back to 1-float columns.
+    y, want, _, _ = _run_case((2, 16, 8, 8), 24, rng, epilogue=True, offset=1)
+    assert on_host[0]["VEC_X"] == 1 and relative_error(y, want) <= 1e-5
+
+
+# -------------------------------------------------------------------- GPU --
+class _Fixed:
+    """A planner that answers ``algorithm`` wherever it offers the stage, else the GEMM path."""
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    def choose(self, g, stage):
+        if stage in getattr(self.algorithm, "stages", ()) and self.algorithm.supports(g):
+            return self.algorithm
+        return Pointwise
+
+
+# (x shape, C_out): HW not a multiple of 4, channels not multiples of any tile,
+# batch 1 and 3.
+ODD_CASES = [((1, 5, 7, 9), 6), ((3, 5, 7, 9), 13), ((3, 37, 6, 6), 70), ((1, 17, 11, 12), 33),
+             ((3, 200, 5, 5), 9), ((1, 3, 1, 1), 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_shape,c_out", ODD_CASES, ids=str)
+@pytest.mark.parametrize("activation,residual,bias", [(None, False, False), ("relu6", True, True),
+                                                      ("relu", False, True), (None, True, False)])
+def test_direct_cuda_matches_numpy_at_odd_sizes(x_shape, c_out, activation, residual, bias, rng,
+                                                monkeypatch):
+    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
+    g = _geometry(x_shape, c_out)
+    inputs = [3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)]
+    if bias:
+        inputs.append(rng.standard_normal(c_out))
+    if residual:
+        inputs.append(rng.standard_normal(g.y_shape))
+
+    def fn(x, w, *rest):
+        b = rest[0] if bias else None
+        r = rest[-1] if residual else None
+        return ops.conv2d(x, w, b, activation=activation, residual=r)
+    assert_backends_match(fn, inputs, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
+def test_direct_cuda_matches_numpy_on_mobilenet_layers(c_in, size, c_out, rng, monkeypatch):
+    # Batch 2 of the real layer with its bias, forced; gradients too. No
+    # activation at this size: a few of millions of outputs lie within float32
+    # rounding of 0, where relu's gradient may differ between the backends.
+    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
+    g = _geometry((2, c_in, size, size), c_out)
+    x, w, b = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape), \
+        rng.standard_normal(c_out)
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b), [x, w / np.sqrt(c_in), b],
+                          rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_heuristic_runs_the_direct_kernel_on_a_narrow_layer(rng, monkeypatch):
+    planner = ConvPlanner(autotune=False)
+    monkeypatch.setattr(conv_module, "planner", planner)
+    g = _geometry((3, 24, 20, 20), 144)
+    x, w, b, r = (rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape),
+                  rng.standard_normal(144), rng.standard_normal(g.y_shape))
+    assert_backends_match(lambda x, w, b, r: ops.conv2d(x, w, b, residual=r),
+                          [x, w / np.sqrt(24), b, r], rtol=1e-4)
+    assert planner.cache[(g, "forward")] is PointwiseDirect
+    assert planner.cache[(g, "backward_data")] is PointwiseDirect
+
+
+@pytest.mark.gpu
+def test_autotune_times_the_direct_kernel_too(rng, monkeypatch):
+    planner = ConvPlanner(autotune=True)
+    monkeypatch.setattr(conv_module, "planner", planner)
+    g = _geometry((2, 16, 12, 12), 48)
+    assert_backends_match(lambda x, w: ops.conv2d(x, w),
+                          [rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)],
+                          rtol=1e-4)
+    assert set(planner.timings[(g, "forward")]) == {"pointwise_direct", "pointwise",
+                                                    "im2col_gemm"}
+    assert set(planner.timings[(g, "backward_weight")]) == {"pointwise", "im2col_gemm"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1])
+def test_direct_cuda_with_unaligned_views(offset, rng):
+    # Arrays that start 4 bytes past a 16-byte boundary (as a planned buffer
+    # may): the kernel takes 1-float columns and must still be right.
+    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
+    runtime = get_runtime()
+    g = _geometry((2, 24, 8, 8), 40)
+    x, w, r = (rng.standard_normal(g.x_shape).astype(np.float32),
+               rng.standard_normal(g.w_shape).astype(np.float32),
+               rng.standard_normal(g.y_shape).astype(np.float32))
+
+    def view(values):
+        flat = np.concatenate([np.zeros(offset, np.float32), values.ravel()])
+        base = runtime.from_numpy(flat)
+        return CudaArray(values.shape, base.dtype, base.allocation, base.ptr + 4 * offset)
+    got = PointwiseDirect.forward(g, view(x), view(w), None, 1, residual=view(r)).get()
+    want = epilogue_numpy(NumpyConv.forward(g, x.astype(np.float64), w.astype(np.float64)),
+                          None, r, 1)
+    assert relative_error(got, want) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_conv_transpose2d_1x1_through_the_direct_kernel(rng, monkeypatch):
+    # conv_transpose2d's forward is conv2d's backward-data (the transposed weight).
+    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
+    x, w, b = rng.standard_normal((3, 20, 5, 7)), rng.standard_normal((20, 12, 1, 1)), \
+        rng.standard_normal(12)
+    assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b), [x, w, b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_direct_and_gemm_paths_agree_on_a_real_layer(rng):
+    # The same inputs through both algorithms, float32 on both sides.
+    g = _geometry((4, 96, 56, 56), 24)
+    x = gf.tensor(rng.standard_normal(g.x_shape), device="cuda")
+    w = gf.tensor(rng.standard_normal(g.w_shape) / np.sqrt(96), device="cuda")
+    direct = PointwiseDirect.forward(g, x.data, w.data).get()
+    gemm = Pointwise.forward(g, x.data, w.data).get()
+    assert relative_error(direct, gemm) <= 1e-5
