@@ -22,17 +22,6 @@
 #define KW 3
 #endif
 
-// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
-#define ACT_NONE 0
-#define ACT_RELU 1
-#define ACT_RELU6 2
-
-__device__ __forceinline__ float activate(float v, int act) {
-    if (act == ACT_RELU) return fmaxf(v, 0.0f);
-    if (act == ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
-    return v;
-}
-
 // cols <- the input under every kernel tap; zeros where a tap reads padding.
 // One thread per (n, c, oh, ow): it writes the KH*KW rows of its channel in
 // column p, so a warp writes consecutive addresses of each row.

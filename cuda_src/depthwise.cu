@@ -92,17 +92,6 @@
 #endif
 #define DW_HD __host__ __device__ __forceinline__
 
-// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
-#define ACT_NONE 0
-#define ACT_RELU 1
-#define ACT_RELU6 2
-
-DW_HD float activate(float v, int act) {
-    if (act == ACT_RELU) return fmaxf(v, 0.0f);
-    if (act == ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
-    return v;
-}
-
 // floor(a / b) for b > 0 and any sign of a.
 __device__ __forceinline__ int floor_div(int a, int b) {
     return a >= 0 ? a / b : -((-a + b - 1) / b);

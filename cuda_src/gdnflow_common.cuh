@@ -35,4 +35,17 @@ __device__ __forceinline__ float block_sum(float v) {
     return v;
 }
 
+// Activation codes of the fused convolution epilogues (conv2d, depthwise,
+// pointwise and Winograd kernels), as gdnflow/ops/conv.py's ACTIVATIONS maps
+// them. Host and device: kernels' tests compile their bodies for the CPU too.
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_RELU6 2
+
+__host__ __device__ __forceinline__ float activate(float v, int act) {
+    if (act == ACT_RELU) return fmaxf(v, 0.0f);
+    if (act == ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
+    return v;
+}
+
 #endif  // GDNFLOW_COMMON_CUH

@@ -29,6 +29,8 @@
 // The per-thread steps are __host__ __device__: tests/ops/test_pointwise.py
 // compiles this file for the host and runs every block and thread through
 // them (PW_HOST_CHECK counts misaligned or out-of-bounds reads there).
+#include "gdnflow_common.cuh"
+
 #ifndef TM
 #define TM 8
 #endif
@@ -73,16 +75,6 @@ static_assert(VEC_X == 1 || VEC_X == 4, "x is copied 1 or 4 floats at a time");
 #define PW_LOAD(p) (*(p))
 #endif
 #define PW_HD __host__ __device__ __forceinline__
-
-// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
-#define PW_ACT_RELU 1
-#define PW_ACT_RELU6 2
-
-PW_HD float pw_activate(float v, int act) {
-    if (act == PW_ACT_RELU) return fmaxf(v, 0.0f);
-    if (act == PW_ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
-    return v;
-}
 
 // 4 floats between memory and registers in one 16-byte access.
 PW_HD void load4(float* r, const float* p) {
@@ -220,7 +212,7 @@ PW_HD void store_outputs(const float (&acc)[TM][TN], const float* bias, const fl
                 float v[4], r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (residual) load4(r, residual + base + (size_t)m * HW);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) v[e] = pw_activate(acc[i][4 * h + e] + b + r[e], act);
+                for (int e = 0; e < 4; ++e) v[e] = activate(acc[i][4 * h + e] + b + r[e], act);
                 store4(y + base + (size_t)m * HW, v);
             }
         } else {
@@ -237,7 +229,7 @@ PW_HD void store_outputs(const float (&acc)[TM][TN], const float* bias, const fl
                     float v = acc[i][4 * h + e];
                     if (bias) v += PW_LOAD(bias + m);
                     if (residual) v += PW_LOAD(residual + at);
-                    y[at] = pw_activate(v, act);
+                    y[at] = activate(v, act);
                 }
             }
         }

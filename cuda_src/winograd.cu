@@ -42,16 +42,6 @@
 #endif
 #define WINOGRAD_HD __host__ __device__ __forceinline__
 
-// Activation codes, as gdnflow/ops/conv.py's ACTIVATIONS maps them.
-#define WINOGRAD_ACT_RELU 1
-#define WINOGRAD_ACT_RELU6 2
-
-WINOGRAD_HD float winograd_activate(float v, int act) {
-    if (act == WINOGRAD_ACT_RELU) return fmaxf(v, 0.0f);
-    if (act == WINOGRAD_ACT_RELU6) return fminf(fmaxf(v, 0.0f), 6.0f);
-    return v;
-}
-
 // The one-dimensional transforms, written out so that the compiler sees every
 // zero and one of the matrices. 2-D transforms apply them to the columns,
 // then to the rows. gdnflow/ops/winograd.py holds the same matrices as arrays
@@ -299,7 +289,7 @@ WINOGRAD_HD void output_transform_tile(const float* m, const float* bias, const 
             for (int j = 0; j < M; ++j) row[j] += r[j];
         }
 #pragma unroll
-        for (int j = 0; j < M; ++j) row[j] = winograd_activate(row[j] + b, act);
+        for (int j = 0; j < M; ++j) row[j] = activate(row[j] + b, act);
         RowStore<M>::store(y + offset, row, vector, w0, W);
     }
 }
