@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module

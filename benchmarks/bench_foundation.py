@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.backends.cuda import kernel

@@ -10,14 +10,14 @@ dL/dgamma, 4-byte elementwise kernels; see ``gdnflow.ops.gdn``'s switches);
 training forward). Before each forward+backward the gradients of x and the
 parameters are reset, so that neither side pays for accumulating into old
 ones. Timing: CUDA events on each library's own stream, warm-up, median (see
-``harness.py``).
+``gdnflow.benchmarking``).
 """
 import argparse
 import importlib
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow.nn import GDN
 from gdnflow.testing import relative_error

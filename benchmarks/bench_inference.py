@@ -7,7 +7,7 @@ benchmark mode, random weights shared by both sides).
         [--models mobilenet_v2,vgg16] [--batches 1,64] [--repeats 50] [--quick]
 
 The measurement itself is :mod:`gdnflow.inference_bench` (also behind
-``gdnflow bench``); this script times with the shared harness and writes the
+``gdnflow bench``); this script times with gdnflow.benchmarking and writes the
 table. Ratios are PyTorch's time over the plan's: above 1, gdnflow is faster.
 
 Prediction (before any GPU run; H200 figures of TARGETS.md as the baseline).
@@ -31,7 +31,7 @@ import argparse
 import sys
 import time
 
-import harness
+from gdnflow import benchmarking as harness
 from gdnflow import inference_bench
 
 

@@ -14,7 +14,7 @@ uniformly random pattern), one process times the forward (no gradient) of:
   default tiling (``blocks_per_sm`` = 4) and, at 90%, the best of two other
   tilings (``blocks_per_sm`` 1 and 16), to see what the heuristic leaves.
 
-CUDA events, warm-up, median (``harness.py``). ratio = dense / sparse (above
+CUDA events, warm-up, median (``gdnflow.benchmarking``). ratio = dense / sparse (above
 1: sparse is faster). "chosen" marks the layers where the dispatcher would
 run the sparse kernel (sparse faster than gdnflow dense); the brief's goal is
 ratio >= 2 at 90% on those. err: max |sparse - torch(pruned weight)| / max |torch|.
@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module

@@ -11,13 +11,13 @@ runs (it reads the step's scalars back once, to stop on NaN/inf); CompressAI's
 is the loop of its ``examples/train.py``. gdnflow starts from CompressAI's
 initial weights, and the two models' evaluation losses (rounded latents) on
 the batch are compared first. Timing: CUDA events on each library's stream,
-warm-up, median (see ``harness.py``); TF32 off.
+warm-up, median (see ``gdnflow.benchmarking``); TF32 off.
 """
 import argparse
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_state_dict
 from gdnflow.train import TrainConfig, Trainer

@@ -79,7 +79,7 @@ import time
 
 import numpy as np
 
-import harness
+from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow.nn import GDN
 from gdnflow.testing import relative_error

@@ -18,8 +18,6 @@ inputs. The torch models get random weights and non-trivial batch-norm
 statistics, and gdnflow's models load the same state dict, so the table also
 reports the plan's error against PyTorch.
 """
-import statistics
-
 import numpy as np
 
 #: Models and batch sizes timed by default.
@@ -39,54 +37,13 @@ HEADERS = ["model", "batch", "torch eager ms", "torch graph ms", "gdnflow eager 
 
 
 # ------------------------------------------------------------------ timing --
-def time_gdnflow(fn, warmup=10, repeats=50):
-    """Median milliseconds of ``fn()``, CUDA events on gdnflow's stream."""
-    import pycuda.driver as drv
-    from gdnflow.backends.cuda.runtime import get_runtime
-    stream = get_runtime().stream
-    for _ in range(warmup):
-        fn()
-    stream.synchronize()
-    start, end, times = drv.Event(), drv.Event(), []
-    for _ in range(repeats):
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(end.time_since(start))
-    return statistics.median(times)
-
-
-def time_torch(fn, warmup=10, repeats=50):
-    """Median milliseconds of ``fn()``, CUDA events on PyTorch's current stream."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from gdnflow.benchmarking import time_gdnflow, time_torch  # noqa: E402
 
 
 def torch_or_none():
-    """PyTorch set up as the baseline (TF32 off, cudnn.benchmark on), or None without a GPU."""
-    try:
-        import torch
-        import torchvision  # noqa: F401  (the baseline models)
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
-    return torch
+    """PyTorch and torchvision set up as the baseline, or None where they cannot run."""
+    from gdnflow.benchmarking import torch_or_none as baseline
+    return baseline(need_torchvision=True)
 
 
 def _cycle(items):

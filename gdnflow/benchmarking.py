@@ -1,4 +1,5 @@
-"""Timing helpers shared by gdnflow's benchmarks (GPU only).
+"""Timing helpers for benchmarks against PyTorch (GPU only): the scripts in
+``benchmarks/`` and the ``gdnflow bench`` command use them.
 
 Both sides are timed with CUDA events around the region, after a warm-up,
 and reported as the median over many runs, in one process: gdnflow's events
@@ -52,10 +53,13 @@ def time_torch(fn, warmup=10, repeats=50):
     return statistics.median(times)
 
 
-def torch_or_none():
-    """PyTorch with TF32 off and cuDNN in benchmark mode, or None if it cannot run here."""
+def torch_or_none(need_torchvision=False):
+    """PyTorch with TF32 off and cuDNN in benchmark mode, or None if it cannot run here
+    (or, with ``need_torchvision``, if torchvision is missing)."""
     try:
         import torch
+        if need_torchvision:
+            import torchvision  # noqa: F401  (the baseline models)
     except ImportError:
         return None
     if not torch.cuda.is_available():
