@@ -5,7 +5,6 @@
     gdnflow classify IMAGE... top-5 classes of images (gdnflow.classify)
     gdnflow convert IN OUT.h5 an ONNX or Keras file as a gdnflow checkpoint
     gdnflow train             train a GDN image-compression autoencoder (--resume continues a run)
-    gdnflow demo              the main job (see gdnflow.demo): trains on the default device
     gdnflow bench             MobileNetV2 and VGG16 inference: gdnflow against PyTorch
     gdnflow compress IMAGE... compress images to .gdn files with a codec checkpoint (gdnflow.codec)
     gdnflow decompress FILE.. decode .gdn files to images (finds the checkpoint by model id)
@@ -40,12 +39,6 @@ def cmd_info(args):
     from gdnflow.sparse import describe
     print(describe())
     return 0
-
-
-def cmd_demo(args):
-    """Run the main job."""
-    from gdnflow import demo
-    return demo.main(steps=args.steps, device=args.device, seed=args.seed)
 
 
 def cmd_plugins(args):
@@ -108,12 +101,6 @@ def build_parser():
                           "with FILE, what a checkpoint, Keras or ONNX file holds")
     info.add_argument("file", nargs="?", metavar="FILE")
     info.set_defaults(run=cmd_info)
-    demo = sub.add_parser("demo", help="the main job: train on the default device")
-    demo.add_argument("--steps", type=int, default=200, help="optimisation steps (default 200)")
-    demo.add_argument("--device", choices=["numpy", "cuda"], help="default: GDNFLOW_DEVICE, "
-                      "else cuda when usable, else numpy")
-    demo.add_argument("--seed", type=int, default=0, help="random seed")
-    demo.set_defaults(run=cmd_demo)
     from gdnflow.train.cli import add_train_parser
     add_train_parser(sub)
     sub.add_parser("plugins", help="list installed operator plugins, their operators, and "
