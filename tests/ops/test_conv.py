@@ -2,8 +2,6 @@
 finite differences, the adjoint identity, error messages, the algorithm
 choice, and CUDA against NumPy (every algorithm, real layer shapes)."""
 import ctypes
-import shutil
-import subprocess
 import types
 
 import numpy as np
@@ -17,6 +15,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, con
                               epilogue_numpy)
 from gdnflow.ops.depthwise import Depthwise
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
+from host_kernels import HostArray, host_builder
 
 
 # ------------------------------------------------------ naive references --
@@ -604,7 +603,6 @@ def test_depthwise_plan_refuses_what_no_tiling_fits():
 
 # ------------------------------------ depthwise forward: CUDA code on host --
 
-NVCC = shutil.which("nvcc")
 
 # Before the source: count the violations DW_HOST_CHECK finds (host pass only).
 _DW_PRELUDE = """
@@ -644,53 +642,11 @@ extern "C" int host_depthwise_forward(int backwards, int blocks, int threads, in
 """
 
 
-class _HostArray:
-    """A NumPy array in place of a CudaArray (shape, size, ptr), 256-byte aligned plus ``offset``
-    floats (to test unaligned views), poisoned with NaN so an unwritten element shows."""
-
-    def __init__(self, shape, values=None, offset=0):
-        self.shape, self.size = tuple(shape), int(np.prod(shape))
-        raw = np.full(self.size + 128, np.nan, np.float32)
-        start = (-raw.ctypes.data % 256) // 4 + offset
-        self.array = raw[start:start + self.size]
-        if values is not None:
-            self.array[:] = np.asarray(values, np.float32).ravel()
-        self.allocation = raw
-        self.ptr = self.array.ctypes.data
-
-    def get(self):
-        return self.array.reshape(self.shape).copy()
-
-    def guards_untouched(self):
-        """Nothing was written just before or after the array."""
-        start = (self.ptr - self.allocation.ctypes.data) // 4
-        return (np.isnan(self.allocation[:start]).all()
-                and np.isnan(self.allocation[start + self.size:]).all())
-
-
 @pytest.fixture(scope="module")
 def depthwise_host_build(tmp_path_factory):
     """defines -> depthwise.cu built for the host with the shim (compiled on first use)."""
-    if NVCC is None:
-        pytest.skip("nvcc is not installed")
-    from gdnflow.backends.cuda.sources import expand_source
-    folder = tmp_path_factory.mktemp("depthwise_host")
-    source = _DW_PRELUDE + expand_source("depthwise.cu") + _DW_SHIM
-    built = {}
-
-    def build(defines):
-        if defines not in built:
-            name = f"dw{len(built)}"
-            (folder / f"{name}.cu").write_text(source)
-            result = subprocess.run(
-                [NVCC, "-arch=sm_90", "-O1", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
-                + [f"-D{k}={v}" for k, v in defines]
-                + [str(folder / f"{name}.cu"), "-o", str(folder / f"lib{name}.so")],
-                capture_output=True, text=True, timeout=600)
-            assert result.returncode == 0, result.stderr
-            built[defines] = ctypes.CDLL(str(folder / f"lib{name}.so"))
-        return built[defines]
-    return build
+    return host_builder(tmp_path_factory.mktemp("depthwise_host"), "depthwise.cu",
+                        _DW_PRELUDE, _DW_SHIM)
 
 
 @pytest.fixture
@@ -721,7 +677,7 @@ def depthwise_on_host(depthwise_host_build, monkeypatch):
             assert faults == 0, f"{faults} misaligned or out-of-tile accesses"
 
     monkeypatch.setattr(depthwise_module, "cuda", types.SimpleNamespace(
-        empty=lambda shape, dtype=np.float32: _HostArray(shape), kernel=Kernel))
+        empty=lambda shape, dtype=np.float32: HostArray(shape), kernel=Kernel))
     monkeypatch.setattr(depthwise_module, "_sm_count", lambda: 132)
     return launched
 
@@ -762,8 +718,8 @@ def test_depthwise_cuda_code_on_host_matches_numpy(case, sm_count, depthwise_on_
     x, w, b = 3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape), \
         rng.standard_normal(c)
     want = epilogue_numpy(NumpyConv.forward(g, x, w), b, None, 2)
-    y = Depthwise.forward(g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w),
-                          _HostArray(b.shape, b), 2)
+    y = Depthwise.forward(g, HostArray(g.x_shape, x), HostArray(g.w_shape, w),
+                          HostArray(b.shape, b), 2)
     got = y.get()
     assert relative_error(got, want) <= 1e-5            # NaN (an unwritten output) fails too
     assert y.guards_untouched()
@@ -772,7 +728,7 @@ def test_depthwise_cuda_code_on_host_matches_numpy(case, sm_count, depthwise_on_
     assert depthwise_on_host[-1]["FLIP"] == 0
     if g.stride == (1, 1):                              # backward-data through the forward kernel
         gy = rng.standard_normal(g.y_shape)
-        gx = Depthwise.backward_data(g, _HostArray(g.y_shape, gy), _HostArray(g.w_shape, w))
+        gx = Depthwise.backward_data(g, HostArray(g.y_shape, gy), HostArray(g.w_shape, w))
         assert relative_error(gx.get(), NumpyConv.backward_data(g, gy, w)) <= 1e-5
         assert gx.guards_untouched() and depthwise_on_host[-1]["FLIP"] == 1
 
@@ -782,7 +738,7 @@ def test_depthwise_cuda_code_on_host_unaligned_input(offset, depthwise_on_host, 
     # A view starting 4 or 8 bytes past a 16-byte boundary: narrower copies.
     g = _geometry((2, 3, 56, 56), (3, 1, 3, 3), 1, 1, 1, 3)
     x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
-    got = Depthwise.forward(g, _HostArray(g.x_shape, x, offset), _HostArray(g.w_shape, w)).get()
+    got = Depthwise.forward(g, HostArray(g.x_shape, x, offset), HostArray(g.w_shape, w)).get()
     assert depthwise_on_host[-1]["VEC_COPY"] == offset
     assert relative_error(got, NumpyConv.forward(g, x, w)) <= 1e-5
 

@@ -8,8 +8,6 @@ against NumPy. On the GPU: CUDA against NumPy with the kernel forced, at odd
 sizes and MobileNetV2's shapes, forward and gradients.
 """
 import ctypes
-import shutil
-import subprocess
 import sys
 import types
 
@@ -24,6 +22,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, con
                               epilogue_numpy)
 from gdnflow.ops.pointwise import PointwiseConfig, PointwiseDirect
 from gdnflow.testing import assert_backends_match, relative_error
+from host_kernels import HostArray, host_builder
 
 # MobileNetV2's 1x1 layers: (C_in, size, C_out).
 MOBILENET_POINTWISE = [(32, 112, 16), (16, 112, 96), (96, 56, 24), (24, 56, 144), (144, 56, 24),
@@ -115,7 +114,6 @@ def test_cost_model_prefers_exact_channel_tiles():
 
 
 # ---------------------------------------- CUDA code, run on the host (nvcc) --
-NVCC = shutil.which("nvcc")
 
 _PRELUDE = """
 #include <cmath>
@@ -171,52 +169,11 @@ extern "C" int host_pointwise_conv(int backwards, int blocks, int threads,
 """
 
 
-class _HostArray:
-    """A NumPy array in place of a CudaArray (shape, size, ptr), 256-byte aligned plus ``offset``
-    floats, poisoned with NaN so an unwritten element shows."""
-
-    def __init__(self, shape, values=None, offset=0):
-        self.shape, self.size = tuple(shape), int(np.prod(shape))
-        raw = np.full(self.size + 128, np.nan, np.float32)
-        start = (-raw.ctypes.data % 256) // 4 + offset
-        self.array = raw[start:start + self.size]
-        if values is not None:
-            self.array[:] = np.asarray(values, np.float32).ravel()
-        self.allocation = raw
-        self.ptr = self.array.ctypes.data
-
-    def get(self):
-        return self.array.reshape(self.shape).copy()
-
-    def guards_untouched(self):
-        start = (self.ptr - self.allocation.ctypes.data) // 4
-        return (np.isnan(self.allocation[:start]).all()
-                and np.isnan(self.allocation[start + self.size:]).all())
-
-
 @pytest.fixture(scope="module")
 def host_build(tmp_path_factory):
     """defines -> pointwise.cu built for the host with the shim (compiled on first use)."""
-    if NVCC is None:
-        pytest.skip("nvcc is not installed")
-    from gdnflow.backends.cuda.sources import expand_source
-    folder = tmp_path_factory.mktemp("pointwise_host")
-    source = _PRELUDE + expand_source("pointwise.cu") + _SHIM
-    built = {}
-
-    def build(defines):
-        if defines not in built:
-            name = f"pw{len(built)}"
-            (folder / f"{name}.cu").write_text(source)
-            result = subprocess.run(
-                [NVCC, "-arch=sm_90", "-O1", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
-                + [f"-D{k}={v}" for k, v in defines]
-                + [str(folder / f"{name}.cu"), "-o", str(folder / f"lib{name}.so")],
-                capture_output=True, text=True, timeout=600)
-            assert result.returncode == 0, result.stderr
-            built[defines] = ctypes.CDLL(str(folder / f"lib{name}.so"))
-        return built[defines]
-    return build
+    return host_builder(tmp_path_factory.mktemp("pointwise_host"), "pointwise.cu",
+                        _PRELUDE, _SHIM)
 
 
 @pytest.fixture
@@ -246,7 +203,7 @@ def on_host(host_build, monkeypatch):
             assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
 
     monkeypatch.setattr(pointwise, "cuda", types.SimpleNamespace(
-        empty=lambda shape, dtype=np.float32: _HostArray(shape), kernel=Kernel))
+        empty=lambda shape, dtype=np.float32: HostArray(shape), kernel=Kernel))
     monkeypatch.setattr(pointwise, "_sm_count", lambda: 132)
     monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.kernels",
                         types.SimpleNamespace(check_index_range=lambda n, what: None))
@@ -284,12 +241,12 @@ def _run_case(x_shape, c_out, rng, epilogue, offset=0):
         bias, residual, activation = rng.standard_normal(c_out), rng.standard_normal(g.y_shape), 2
     want = epilogue_numpy(NumpyConv.forward(g, x, w), bias, residual, activation)
     y = PointwiseDirect.forward(
-        g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w),
-        None if bias is None else _HostArray(bias.shape, bias), activation,
-        residual=None if residual is None else _HostArray(g.y_shape, residual, offset))
+        g, HostArray(g.x_shape, x), HostArray(g.w_shape, w),
+        None if bias is None else HostArray(bias.shape, bias), activation,
+        residual=None if residual is None else HostArray(g.y_shape, residual, offset))
     assert y.guards_untouched()
     gy = rng.standard_normal(g.y_shape)
-    gx = PointwiseDirect.backward_data(g, _HostArray(g.y_shape, gy), _HostArray(g.w_shape, w))
+    gx = PointwiseDirect.backward_data(g, HostArray(g.y_shape, gy), HostArray(g.w_shape, w))
     assert gx.guards_untouched()
     return y.get(), want, gx.get(), NumpyConv.backward_data(g, gy, w)
 

@@ -9,8 +9,6 @@ every thread index, orchestrated by the module's own Python, matches NumPy.
 On the GPU: CUDA against NumPy with every Winograd variant forced.
 """
 import ctypes
-import shutil
-import subprocess
 import sys
 import types
 
@@ -25,6 +23,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, conv_geometry,
                               normalize_padding)
 from gdnflow.ops.winograd import TRANSFORMS, WinogradF2, WinogradF4, tiling
 from gdnflow.testing import assert_backends_match, relative_error
+from host_kernels import HostArray, host_builder
 
 WINOGRADS = (WinogradF4, WinogradF2)
 
@@ -182,7 +181,6 @@ def test_planner_keeps_im2col_elsewhere(x_shape, w_shape, kwargs):
 
 
 # ------------------------------------------- CUDA code, run on the host --
-NVCC = shutil.which("nvcc")
 
 _SHIM = """
 // Host loops over every thread index of each kernel (the bounds of their
@@ -210,34 +208,8 @@ HOST_KERNELS(4)
 @pytest.fixture(scope="module")
 def host_library(tmp_path_factory):
     """winograd.cu and host loops over its per-thread functions, as a shared library."""
-    if NVCC is None:
-        pytest.skip("nvcc is not installed")
-    from gdnflow.backends.cuda.sources import expand_source
-    folder = tmp_path_factory.mktemp("winograd_host")
-    (folder / "winograd_host.cu").write_text(expand_source("winograd.cu") + _SHIM)
-    result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-         str(folder / "winograd_host.cu"), "-o", str(folder / "libwinograd_host.so")],
-        capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return ctypes.CDLL(str(folder / "libwinograd_host.so"))
-
-
-class _HostArray:
-    """A NumPy array in place of a CudaArray (shape, size, ptr, allocation), aligned to 256 B."""
-
-    def __init__(self, shape, values=None):
-        self.shape, self.size = tuple(shape), int(np.prod(shape))
-        raw = np.full(self.size + 64, np.nan, np.float32)      # poison: unwritten shows as NaN
-        start = (-raw.ctypes.data % 256) // 4
-        self.array = raw[start:start + self.size]
-        if values is not None:
-            self.array[:] = np.asarray(values, np.float32).ravel()
-        self.allocation = raw
-        self.ptr = self.array.ctypes.data
-
-    def get(self):
-        return self.array.reshape(self.shape).copy()
+    return host_builder(tmp_path_factory.mktemp("winograd_host"), "winograd.cu",
+                        suffix=_SHIM, opt="-O2")()
 
 
 def _floats_at(ptr, count):
@@ -272,7 +244,7 @@ def on_host(host_library, monkeypatch):
             self.function(*args)
 
     monkeypatch.setattr(winograd, "cuda", types.SimpleNamespace(
-        empty=lambda shape, dtype=np.float32: _HostArray(shape), kernel=Kernel))
+        empty=lambda shape, dtype=np.float32: HostArray(shape), kernel=Kernel))
     monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.blas",
                         types.SimpleNamespace(matmul=_host_matmul))
     monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.kernels",
@@ -301,15 +273,15 @@ def test_cuda_code_on_host_matches_numpy(algorithm, case, epilogue, on_host, rng
     if epilogue != "plain":
         bias, residual, activation = rng.standard_normal(c_out), rng.standard_normal(g.y_shape), 2
     want = epilogue_numpy(NumpyConv.forward(g, x, w), bias, residual, activation)
-    got = algorithm.forward(g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w),
-                            None if bias is None else _HostArray(bias.shape, bias), activation,
-                            residual=None if residual is None else _HostArray(g.y_shape, residual))
+    got = algorithm.forward(g, HostArray(g.x_shape, x), HostArray(g.w_shape, w),
+                            None if bias is None else HostArray(bias.shape, bias), activation,
+                            residual=None if residual is None else HostArray(g.y_shape, residual))
     # float32 rounding, measured against the clipped output: an index slip is O(1).
     assert relative_error(got.get(), want) <= 1e-4
     if activation and got.size > 100:
         assert (got.get() == 6).any() and (got.get() == 0).any()
     gy = rng.standard_normal(g.y_shape)
-    got = algorithm.backward_data(g, _HostArray(g.y_shape, gy), _HostArray(g.w_shape, w))
+    got = algorithm.backward_data(g, HostArray(g.y_shape, gy), HostArray(g.w_shape, w))
     assert relative_error(got.get(), NumpyConv.backward_data(g, gy, w)) <= 1e-4
 
 
@@ -321,22 +293,22 @@ def test_cuda_code_on_host_in_chunks(on_host, rng, monkeypatch):
     assert [n for _, n in tiling(g, 4, "forward").chunks(winograd.WORKSPACE_BYTES)] == \
         [7, 7, 7, 7, 7, 5]
     x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
-    got = WinogradF4.forward(g, _HostArray(g.x_shape, x), _HostArray(g.w_shape, w))
+    got = WinogradF4.forward(g, HostArray(g.x_shape, x), HostArray(g.w_shape, w))
     assert relative_error(got.get(), NumpyConv.forward(g, x, w)) <= 1e-4
     assert on_host.count("winograd_filter_f4") == 1 and on_host.count("winograd_input_f4") == 6
 
 
 def test_frozen_weights_transform_each_weight_once(on_host, rng):
     g = _geometry((1, 3, 9, 9), (4, 3, 3, 3))
-    x = _HostArray(g.x_shape, rng.standard_normal(g.x_shape))
-    w = _HostArray(g.w_shape, rng.standard_normal(g.w_shape))
+    x = HostArray(g.x_shape, rng.standard_normal(g.x_shape))
+    w = HostArray(g.w_shape, rng.standard_normal(g.w_shape))
     with winograd.frozen_weights():
         first = WinogradF4.forward(g, x, w).get()
         w.array[:] = rng.standard_normal(w.size)     # a change the caller promised not to make
         again = WinogradF4.forward(g, x, w).get()
         with winograd.frozen_weights():             # nested: the same cache
             WinogradF4.forward(g, x, w)
-        WinogradF4.backward_data(g, _HostArray(g.y_shape, rng.standard_normal(g.y_shape)), w)
+        WinogradF4.backward_data(g, HostArray(g.y_shape, rng.standard_normal(g.y_shape)), w)
     np.testing.assert_array_equal(first, again)      # the cached U was used
     assert on_host.count("winograd_filter_f4") == 2  # once per pass (forward, backward-data)
     after = WinogradF4.forward(g, x, w).get()        # outside: transformed afresh

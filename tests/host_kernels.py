@@ -1,0 +1,67 @@
+"""Running CUDA kernel code on the CPU, for tests that check a kernel's index
+arithmetic without a GPU: the .cu file (with its header expanded, as the
+loader does) plus a test's host shim is built by nvcc into a shared library,
+and NumPy arrays stand where device arrays would.
+"""
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+NVCC = shutil.which("nvcc")
+
+
+def host_builder(folder, source_file, prefix="", suffix="", opt="-O1"):
+    """A function ``defines -> ctypes.CDLL`` building ``prefix + source_file + suffix``
+    for the host, once per set of defines (``defines``: a tuple of (name, value))."""
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    from gdnflow.backends.cuda.sources import expand_source
+    source = prefix + expand_source(source_file) + suffix
+    stem = source_file.rsplit(".", 1)[0]
+    built = {}
+
+    def build(defines=()):
+        if defines not in built:
+            name = f"{stem}{len(built)}"
+            (folder / f"{name}.cu").write_text(source)
+            result = subprocess.run(
+                [NVCC, "-arch=sm_90", opt, "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+                + [f"-D{k}={v}" for k, v in defines]
+                + [str(folder / f"{name}.cu"), "-o", str(folder / f"lib{name}.so")],
+                capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, result.stderr
+            built[defines] = ctypes.CDLL(str(folder / f"lib{name}.so"))
+        return built[defines]
+    return build
+
+
+class HostArray:
+    """A NumPy array in place of a CudaArray (shape, size, ptr, allocation).
+
+    256-byte aligned plus ``offset`` floats (to test unaligned views), and
+    poisoned with NaN around and inside, so an unwritten element shows and a
+    write outside the array is caught by :meth:`guards_untouched`.
+    """
+
+    def __init__(self, shape, values=None, offset=0):
+        self.shape, self.size = tuple(shape), int(np.prod(shape))
+        raw = np.full(self.size + 128, np.nan, np.float32)
+        start = (-raw.ctypes.data % 256) // 4 + offset
+        self.array = raw[start:start + self.size]
+        if values is not None:
+            self.array[:] = np.asarray(values, np.float32).ravel()
+        self.allocation = raw
+        self.ptr = self.array.ctypes.data
+
+    def get(self):
+        """The values as a new NumPy array of ``shape``."""
+        return self.array.reshape(self.shape).copy()
+
+    def guards_untouched(self):
+        """Nothing was written just before or after the array."""
+        start = (self.ptr - self.allocation.ctypes.data) // 4
+        return (np.isnan(self.allocation[:start]).all()
+                and np.isnan(self.allocation[start + self.size:]).all())
