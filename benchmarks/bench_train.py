@@ -87,6 +87,10 @@ def main():
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also list the GPU kernels of this many gdnflow steps by total "
+                             "time (through PyTorch's CUPTI profiler, which sees every "
+                             "kernel of the process)")
     args = parser.parse_args()
     torch = harness.torch_or_none()
     net = compressai_model(torch) if torch is not None else None
@@ -137,10 +141,38 @@ def main():
                  f"lambda {LMBDA}; medians of {args.repeats} CUDA-event timings after "
                  f"{args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above 1: "
                  "gdnflow faster; target >= 1.5 for the training step); TF32 off on both sides")
-    harness.emit(harness.markdown_table(
+    table = harness.markdown_table(
         "Factorized-prior training step: gdnflow against CompressAI",
         ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
-         "ratio"], rows, notes), args.out)
+         "ratio"], rows, notes)
+    if args.profile and torch is not None:
+        table += "\n" + kernel_profile(torch, lambda: trainer.train_step(x), args.profile)
+    harness.emit(table, args.out)
+
+
+def kernel_profile(torch, step, steps, top=25):
+    """A table of the GPU kernels (and copies) of ``steps`` calls of ``step``, by total time."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total, count = totals.get(event.name, (0.0, 0))
+            totals[event.name] = (total + event.time_range.elapsed_us(), count + 1)
+    every = sum(total for total, _ in totals.values())
+    rows = [[name[:70], f"{total / steps / 1000:.3f}", f"{count / steps:g}",
+             f"{100 * total / every:.1f}"]
+            for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
+    return harness.markdown_table(
+        "gdnflow training step: GPU kernels by total time", ["kernel", "ms per step",
+                                                             "launches per step", "% of GPU time"],
+        rows, [f"all kernels: {every / steps / 1000:.3f} ms of GPU time per step "
+               f"(over {steps} steps); top {top} shown"])
 
 
 if __name__ == "__main__":

@@ -26,9 +26,12 @@ and stage, between im2col + SGEMM (:class:`Im2colGemm`, any convolution), one
 GEMM per image for 1x1 convolutions (:class:`Pointwise`), a direct kernel for
 memory-bound 1x1 convolutions (:class:`gdnflow.ops.pointwise.PointwiseDirect`,
 forward and backward-data), the direct depthwise kernels
-(:class:`gdnflow.ops.depthwise.Depthwise`) and Winograd F(4x4, 3x3) /
+(:class:`gdnflow.ops.depthwise.Depthwise`), Winograd F(4x4, 3x3) /
 F(2x2, 3x3) for 3x3 stride-1 convolutions
-(:mod:`gdnflow.ops.winograd`, forward and backward-data).
+(:mod:`gdnflow.ops.winograd`, forward and backward-data), and strided
+convolutions rewritten as stride-1 ones on the sub-pixel grid
+(:mod:`gdnflow.ops.subpixel`, forward and backward-data: 5x5 / 2 becomes
+3x3 / 1, so Winograd).
 
 An algorithm is a class with ``name``, ``supports(g)``, the three maps and
 ``fuses_bias_activation`` (its forward takes ``bias`` and ``activation``);
@@ -491,7 +494,8 @@ class ConvPlanner:
     ``preferred`` for it, in the order depthwise (direct kernel), pointwise
     direct kernel (memory-bound 1x1 layers), pointwise (GEMM, no lowering),
     Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
-    never preferred), im2col + GEMM. With ``autotune`` on (or
+    never preferred), the sub-pixel rewrite (strided layers whose stride-1
+    form would run F(4x4)), im2col + GEMM. With ``autotune`` on (or
     ``GDNFLOW_CONV_AUTOTUNE=1``) every algorithm supporting the geometry and
     stage is timed once on random data with CUDA events and the fastest is
     kept. Either way the answer is cached per (geometry, stage), so it is
@@ -512,8 +516,10 @@ class ConvPlanner:
         """Every algorithm class, in the heuristic's order of preference."""
         from gdnflow.ops.depthwise import Depthwise
         from gdnflow.ops.pointwise import PointwiseDirect
+        from gdnflow.ops.subpixel import Subpixel
         from gdnflow.ops.winograd import WinogradF2, WinogradF4
-        return (Depthwise, PointwiseDirect, Pointwise, WinogradF4, WinogradF2, Im2colGemm)
+        return (Depthwise, PointwiseDirect, Pointwise, WinogradF4, WinogradF2, Subpixel,
+                Im2colGemm)
 
     @staticmethod
     def supported(g, stage):

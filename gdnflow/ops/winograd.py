@@ -208,7 +208,7 @@ def supports(g):
 
 
 # ------------------------------------------------------ filter transforms --
-_frozen = None                  # {key: (allocation, U)} inside frozen_weights()
+_frozen = None          # {key: (allocation, derived array)} inside frozen_weights()
 
 
 @contextlib.contextmanager
@@ -239,18 +239,27 @@ def filter_transform(w, m, c_y, c_x, flip):
     flip False: w [C_y, C_x, 3, 3], g = w[o, c] (forward). flip True: w
     [C_x, C_y, 3, 3], g = w[c, o] rotated by 180 degrees (backward-data).
     """
-    key = (w.ptr, w.shape, m, flip)
-    if _frozen is not None:
-        hit = _frozen.get(key)
-        if hit is not None and hit[0] is w.allocation:
-            return hit[1]
-    alpha2 = (m + 2) ** 2
-    u = cuda.empty((alpha2, c_y, c_x))
-    cuda.kernel(SOURCE, f"winograd_filter_f{m}", "PPiii").launch(
-        c_y * c_x, w.ptr, u.ptr, c_y, c_x, int(flip))
-    if _frozen is not None:
-        _frozen[key] = (w.allocation, u)
-    return u
+    def transform():
+        u = cuda.empty(((m + 2) ** 2, c_y, c_x))
+        cuda.kernel(SOURCE, f"winograd_filter_f{m}", "PPiii").launch(
+            c_y * c_x, w.ptr, u.ptr, c_y, c_x, int(flip))
+        return u
+    return derived_weight(("winograd", m, flip), w, transform)
+
+
+def derived_weight(kind, w, make):
+    """``make()``, an array computed from the weight ``w`` alone: once per weight
+    inside :func:`frozen_weights` (keyed on ``kind`` and w's address and shape,
+    guarded by w's allocation), on every call outside it."""
+    if _frozen is None:
+        return make()
+    key = (kind, w.ptr, w.shape)
+    hit = _frozen.get(key)
+    if hit is not None and hit[0] is w.allocation:
+        return hit[1]
+    value = make()
+    _frozen[key] = (w.allocation, value)
+    return value
 
 
 # ------------------------------------------------------------------ passes --

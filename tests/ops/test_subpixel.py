@@ -1,0 +1,170 @@
+"""Strided convolutions on the sub-pixel grid (gdnflow/ops/subpixel.py, cuda_src/subpixel.cu).
+
+On the CPU: a NumPy model of the rewrite, driven by the module's plan (the
+inner geometry and each axis's taps and paddings) and the kernels' tap
+formula, equals the reference strided convolution's forward and
+backward-data at odd sizes, asymmetric padding and several kernel/stride
+pairs; the heuristic's choices. On the GPU: conv2d and conv_transpose2d
+through the rewrite match NumPy, values and gradients.
+"""
+import numpy as np
+import pytest
+
+from gdnflow import ops
+from gdnflow.ops import conv as conv_module
+from gdnflow.ops.conv import ConvPlanner, NumpyConv, conv_geometry, normalize_padding
+from gdnflow.ops.subpixel import Subpixel, split_axis, subpixel_plan
+from gdnflow.ops.winograd import WinogradF4
+from gdnflow.testing import assert_backends_match
+
+
+def _geometry(x_shape, w_shape, stride, padding):
+    pair = (lambda v: (v, v) if isinstance(v, int) else tuple(v))
+    return conv_geometry("conv2d", x_shape, w_shape, pair(stride),
+                         normalize_padding("conv2d", padding), (1, 1), 1)
+
+
+def _phase_tap(r, t, axis):
+    """subpixel.cu's phase_tap: the kernel tap of inner tap t in phase r, or -1."""
+    a, b = divmod(r + axis.pad, axis.stride)
+    m = a + axis.inner_pad - t
+    tap = axis.stride * m + b
+    return tap if m >= 0 and tap < axis.kernel else -1
+
+
+def _weight_model(plan, g, w):
+    rows, cols = plan.rows, plan.cols
+    w_sub = np.zeros(plan.inner.w_shape)
+    for rh in range(rows.stride):
+        for rw in range(cols.stride):
+            phase = rh * cols.stride + rw
+            for th in range(rows.taps):
+                for tw in range(cols.taps):
+                    kh, kw = _phase_tap(rh, th, rows), _phase_tap(rw, tw, cols)
+                    if kh >= 0 and kw >= 0:
+                        w_sub[phase * g.c_in:(phase + 1) * g.c_in, :, th, tw] = w[:, :, kh, kw].T
+    return w_sub
+
+
+def _split_model(plan, g, x):
+    rows, cols = plan.rows, plan.cols
+    padded = np.zeros((g.n, g.c_in, rows.cells * rows.stride, cols.cells * cols.stride))
+    padded[:, :, :g.h, :g.w] = x
+    phases = [padded[:, :, rh::rows.stride, rw::cols.stride]
+              for rh in range(rows.stride) for rw in range(cols.stride)]
+    return np.concatenate(phases, axis=1)
+
+
+def _interleave_model(plan, g, x_sub):
+    rows, cols = plan.rows, plan.cols
+    full = np.empty((g.n, g.c_in, rows.cells * rows.stride, cols.cells * cols.stride))
+    for rh in range(rows.stride):
+        for rw in range(cols.stride):
+            phase = rh * cols.stride + rw
+            full[:, :, rh::rows.stride, rw::cols.stride] = x_sub[:, phase * g.c_in:
+                                                                 (phase + 1) * g.c_in]
+    return full[:, :, :g.h, :g.w]
+
+
+CASES = {
+    "gdn_5x5_s2_even": ((2, 3, 16, 12), (4, 3, 5, 5), 2, 2),
+    "gdn_5x5_s2_odd": ((2, 3, 17, 13), (4, 3, 5, 5), 2, 2),
+    "5x5_s2_asymmetric": ((1, 2, 11, 14), (3, 2, 5, 5), 2, (1, 2, 2, 0)),
+    "4x4_s2": ((2, 2, 9, 10), (3, 2, 4, 4), 2, 1),
+    "3x3_s2": ((1, 3, 15, 8), (2, 3, 3, 3), 2, 1),
+    "3x3_s2_unpadded": ((1, 2, 9, 7), (2, 2, 3, 3), 2, 0),
+    "5x5_s3": ((1, 2, 13, 11), (2, 2, 5, 5), 3, 2),
+    "5x3_s21": ((1, 2, 10, 9), (3, 2, 5, 3), (2, 1), (2, 1)),
+    "tiny": ((1, 1, 1, 2), (1, 1, 5, 5), 2, 2),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rewrite_model_equals_the_strided_convolution(case, rng):
+    x_shape, w_shape, stride, padding = CASES[case]
+    g = _geometry(x_shape, w_shape, stride, padding)
+    plan = subpixel_plan(g)
+    assert plan is not None
+    assert (plan.inner.oh, plan.inner.ow) == (plan.rows.cells, plan.cols.cells)
+    assert plan.inner.x_shape == g.y_shape
+    x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
+    gy = rng.standard_normal(g.y_shape)
+    w_sub = _weight_model(plan, g, w)
+    # Each tap of w sits exactly once in w', everything else is zero.
+    assert np.count_nonzero(w_sub) == w.size
+    np.testing.assert_allclose(np.sort(w_sub[w_sub != 0]), np.sort(w.ravel()))
+    gx = _interleave_model(plan, g, NumpyConv.forward(plan.inner, gy, w_sub))
+    np.testing.assert_allclose(gx, NumpyConv.backward_data(g, gy, w), rtol=1e-10, atol=1e-10)
+    y = NumpyConv.backward_data(plan.inner, _split_model(plan, g, x), w_sub)
+    np.testing.assert_allclose(y, NumpyConv.forward(g, x, w), rtol=1e-10, atol=1e-10)
+
+
+def test_autoencoder_layer_becomes_a_3x3_stride_1_convolution():
+    g = _geometry((16, 128, 128, 128), (128, 128, 5, 5), 2, 2)
+    plan = subpixel_plan(g)
+    assert (plan.rows.taps, plan.cols.taps) == (3, 3)
+    assert plan.inner.stride == (1, 1) and plan.inner.padding == (1, 1, 1, 1)
+    assert plan.inner.w_shape == (512, 128, 3, 3) and plan.inner.x_shape == (16, 128, 64, 64)
+
+
+def test_split_axis_refuses_a_negative_padding_after():
+    # Bottom padding so large that C's output has rows no phase cell reaches.
+    assert split_axis(size=4, out_size=6, kernel=3, stride=2, pad=1) is None
+
+
+@pytest.mark.parametrize("stride,dilation,groups", [(1, 1, 1), (2, 2, 1), (2, 1, 2)])
+def test_not_supported(stride, dilation, groups):
+    g = conv_geometry("conv2d", (1, 4, 9, 9), (4, 4 // groups, 3, 3), (stride, stride),
+                      (1, 1, 1, 1), (dilation, dilation), groups)
+    assert not Subpixel.supports(g)
+
+
+def test_heuristic_takes_the_rewrite_where_the_inner_convolution_is_winograd():
+    planner = ConvPlanner(autotune=False)
+    wide = _geometry((16, 128, 128, 128), (128, 128, 5, 5), 2, 2)
+    assert WinogradF4.preferred(subpixel_plan(wide).inner)
+    assert planner.choose(wide, "forward") is Subpixel
+    assert planner.choose(wide, "backward_data") is Subpixel
+    assert planner.choose(wide, "backward_weight") is not Subpixel
+    rgb = _geometry((16, 3, 256, 256), (128, 3, 5, 5), 2, 2)       # 12 inner output channels
+    assert planner.choose(rgb, "forward") is not Subpixel
+
+
+# --------------------------------------------------------------------- GPU --
+class _ForcedSubpixel:
+    """A planner that runs Subpixel wherever it can and the default choice elsewhere."""
+
+    def __init__(self):
+        self.default = ConvPlanner(autotune=False)
+
+    def choose(self, g, stage):
+        if stage in Subpixel.stages and Subpixel.supports(g):
+            return Subpixel
+        return self.default.choose(g, stage)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_through_subpixel_cuda_matches_numpy(case, rng, monkeypatch):
+    x_shape, w_shape, stride, padding = CASES[case]
+    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel())
+    x, w, b = (rng.standard_normal(x_shape), rng.standard_normal(w_shape),
+               rng.standard_normal(w_shape[0]))
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, stride=stride, padding=padding),
+                          [x, w, b], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 6, 9, 11), (3, 96, 8, 8), (2, 128, 7, 9)], ids=str)
+@pytest.mark.parametrize("output_padding", [0, 1])
+def test_conv_transpose2d_through_subpixel_cuda_matches_numpy(shape, output_padding, rng,
+                                                              monkeypatch):
+    # 96 and 128 channels: the inner 3x3 convolution runs Winograd F(4x4).
+    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel())
+    c_in = shape[1]
+    x, w, b = (rng.standard_normal(shape), rng.standard_normal((c_in, c_in, 5, 5)) / c_in,
+               rng.standard_normal(c_in))
+    assert_backends_match(
+        lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=2,
+                                             output_padding=output_padding),
+        [x, w, b], rtol=1e-4)
