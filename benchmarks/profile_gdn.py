@@ -15,8 +15,8 @@ version) and "after" (the GEMM cut into chunks, 16-byte kernels). Four tables:
    bytes / 4.1 TB/s (each operand read once, each result written once) and
    FLOPs / 50 TFLOP/s (measured FP32 SGEMM, no TF32; TARGETS.md).
 2. Whole calls. The operator alone (effective beta and gamma given) and the
-   layer (with its reparameterisation: three small launches per parameter
-   each way): "events" brackets the Python dispatch like bench_gdn.py,
+   layer (with its reparameterisation, fused into the operator since: one
+   small launch in the forward, none in the backward): "events" brackets the Python dispatch like bench_gdn.py,
    "GPU busy" queues a 2 GB memset first so that only device time counts,
    "host" is the Python time of one call (no waiting). Launches that Python
    queues faster than the GPU runs them are hidden; events - GPU busy is
@@ -70,6 +70,9 @@ So: the layer's fwd+bwd at 8x192x64x64 from 0.53 to ~0.40-0.45 ms
 the ~70-90 us Python prefix of the reparameterisation (outside
 gdnflow/ops/gdn.py: one fused launch per parameter, or computing the
 effective beta and gamma once per optimizer step), and the K = 192 GEMMs.
+(Later: the reparameterisation went into the GDN operator itself, one
+launch for both parameters in the forward and the chain rule inside the
+gradient reduction; see gdnflow/ops/gdn.py.)
 """
 import argparse
 import importlib

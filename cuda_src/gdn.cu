@@ -25,6 +25,15 @@
 //   gdn_simplified      s = |x|   a = -1                    n^(a-1) = D^2
 //   igdn_simplified     s = |x|   a = +1                    n^(a-1) = 1
 // so that D = n^a is the only array the backward needs from the forward.
+//
+// Stored parameters. The GDN layer trains beta and gamma in a stored form p
+// and uses v = max(p, bound)^2 - pedestal (gdnflow/ops/parametrize.py). The
+// operator then takes the stored forms: gdn_effective_params turns them into
+// effective values (one small launch in the forward, between the statistic
+// and the norm GEMM), and gdn_reduce_param_grads_parametrized applies the
+// chain rule to p as it writes the parameter gradients (no extra launch in
+// the backward). The formulas (nonnegative_value and its gradient) are in
+// gdnflow_common.cuh, shared with parametrize.cu.
 #include "gdnflow_common.cuh"
 
 template <bool INVERSE, bool SIMPLIFIED>
@@ -213,15 +222,33 @@ GDN_VARIANT(igdn,            true,  false)
 GDN_VARIANT(gdn_simplified,  false, true)
 GDN_VARIANT(igdn_simplified, true,  true)
 
+// Effective beta (C) and gamma (C x C) from their stored forms, one thread per
+// element of both.
+extern "C" __global__ void gdn_effective_params(
+        const float* __restrict__ beta, const float* __restrict__ gamma,
+        float* __restrict__ beta_eff, float* __restrict__ gamma_eff,
+        int channels, float beta_bound, float gamma_bound, float pedestal) {
+    const int weights = channels * channels;
+    GRID_STRIDE_LOOP(i, weights + channels) {
+        if (i < weights) gamma_eff[i] = nonnegative_value(gamma[i], gamma_bound, pedestal);
+        else beta_eff[i - weights] = nonnegative_value(beta[i - weights], beta_bound, pedestal);
+    }
+}
+
 // The per-chunk products [dL/dgamma | dL/dbeta], partial = [chunks][C][C + 1],
 // summed over the chunks and split into their two parts. Launched with
 // blockDim = (32, GDN_REDUCE_ROWS): a warp's lanes read 32 consecutive
 // elements of one chunk (coalesced), the block's warps take every
 // GDN_REDUCE_ROWS-th chunk, and shared memory adds the warps' sums.
+// PARAMETRIZED: beta and gamma are the stored forms (otherwise unused, may be
+// null), and the gradients written are with respect to them.
 #define GDN_REDUCE_ROWS 8
-extern "C" __global__ void __launch_bounds__(32 * GDN_REDUCE_ROWS)
-gdn_reduce_param_grads(const float* __restrict__ partial, float* __restrict__ ggamma,
-                       float* __restrict__ gbeta, int channels, int chunks) {
+template <bool PARAMETRIZED>
+__device__ __forceinline__ void reduce_param_grads(
+        const float* __restrict__ partial, float* __restrict__ ggamma,
+        float* __restrict__ gbeta, const float* __restrict__ beta,
+        const float* __restrict__ gamma, int channels, int chunks,
+        float beta_bound, float gamma_bound) {
     __shared__ float sums[GDN_REDUCE_ROWS][33];
     const int size = channels * (channels + 1);
     const int k = blockIdx.x * 32 + threadIdx.x;
@@ -234,6 +261,29 @@ gdn_reduce_param_grads(const float* __restrict__ partial, float* __restrict__ gg
 #pragma unroll
     for (int row = 1; row < GDN_REDUCE_ROWS; ++row) sum += sums[row][threadIdx.x];
     const int i = k / (channels + 1), j = k - i * (channels + 1);
-    if (j < channels) ggamma[i * channels + j] = sum;
-    else gbeta[i] = sum;
+    if (j < channels) {
+        const int e = i * channels + j;
+        if constexpr (PARAMETRIZED) sum = nonnegative_value_grad(gamma[e], sum, gamma_bound);
+        ggamma[e] = sum;
+    } else {
+        if constexpr (PARAMETRIZED) sum = nonnegative_value_grad(beta[i], sum, beta_bound);
+        gbeta[i] = sum;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GDN_REDUCE_ROWS)
+gdn_reduce_param_grads(const float* __restrict__ partial, float* __restrict__ ggamma,
+                       float* __restrict__ gbeta, int channels, int chunks) {
+    reduce_param_grads<false>(partial, ggamma, gbeta, nullptr, nullptr, channels, chunks,
+                              0.0f, 0.0f);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GDN_REDUCE_ROWS)
+gdn_reduce_param_grads_parametrized(const float* __restrict__ partial,
+                                    float* __restrict__ ggamma, float* __restrict__ gbeta,
+                                    const float* __restrict__ beta,
+                                    const float* __restrict__ gamma, int channels, int chunks,
+                                    float beta_bound, float gamma_bound) {
+    reduce_param_grads<true>(partial, ggamma, gbeta, beta, gamma, channels, chunks,
+                             beta_bound, gamma_bound);
 }

@@ -48,4 +48,18 @@ __host__ __device__ __forceinline__ float activate(float v, int act) {
     return v;
 }
 
+// GDN's non-negative reparameterisation (gdnflow/ops/parametrize.py): the
+// effective value v = max(p, bound)^2 - pedestal of a stored parameter p, and
+// dL/dp from gv = dL/dv: 2 max(p, bound) gv where the bound lets the gradient
+// pass (p >= bound, or gv < 0 so that descent raises p toward the bound).
+// Used by parametrize.cu and, fused into the GDN layer, gdn.cu.
+__device__ __forceinline__ float nonnegative_value(float p, float bound, float pedestal) {
+    const float m = fmaxf(p, bound);
+    return m * m - pedestal;
+}
+
+__device__ __forceinline__ float nonnegative_value_grad(float p, float gv, float bound) {
+    return (p >= bound || gv < 0.0f) ? 2.0f * fmaxf(p, bound) * gv : 0.0f;
+}
+
 #endif  // GDNFLOW_COMMON_CUH

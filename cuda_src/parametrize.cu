@@ -24,10 +24,7 @@ extern "C" __global__ void lower_bound_backward(const float* __restrict__ x,
 // v = max(p, bound)^2 - pedestal.
 extern "C" __global__ void nonnegative_forward(const float* __restrict__ p, float* __restrict__ v,
                                                int n, float bound, float pedestal) {
-    GRID_STRIDE_LOOP(i, n) {
-        const float m = fmaxf(p[i], bound);
-        v[i] = m * m - pedestal;
-    }
+    GRID_STRIDE_LOOP(i, n) v[i] = nonnegative_value(p[i], bound, pedestal);
 }
 
 // gp = 2 max(p, bound) gv, where lower_bound_backward lets the gradient pass
@@ -35,8 +32,5 @@ extern "C" __global__ void nonnegative_forward(const float* __restrict__ p, floa
 extern "C" __global__ void nonnegative_backward(const float* __restrict__ p,
                                                 const float* __restrict__ gv,
                                                 float* __restrict__ gp, int n, float bound) {
-    GRID_STRIDE_LOOP(i, n) {
-        const float g = gv[i], x = p[i];
-        gp[i] = (x >= bound || g < 0.0f) ? 2.0f * fmaxf(x, bound) * g : 0.0f;
-    }
+    GRID_STRIDE_LOOP(i, n) gp[i] = nonnegative_value_grad(p[i], gv[i], bound);
 }

@@ -20,7 +20,9 @@ Building a plan:
    ``forward`` is frozen, and a tensor that ``forward`` creates is frozen as a
    constant (with a warning when it is not a parameter or buffer).
 2. **Rewrite.** Steps that read only constants (weights) are evaluated
-   once and become constants (GDN's reparameterised beta and gamma). Then
+   once and become constants; so does the reparameterisation that a GDN
+   operator applies to its stored beta and gamma (the step then takes the
+   effective values, see :func:`fold_constants`). Then
    three local passes, each fusing a producer into its only consumer (a value
    that something else also reads, or that the model returns, is never
    fused away):
@@ -491,28 +493,50 @@ def drop_unused(program):
 
 def _new_constant(program, array, like):
     """A new constant value holding ``array`` on the device of tensor ``like``."""
+    return _add_constant(program, Tensor(array, device=like.device, dtype=like.dtype))
+
+
+def _add_constant(program, tensor):
+    """A new constant value holding ``tensor``."""
     v = max(program.shapes) + 1
-    program.constants[v] = Tensor(array, device=like.device, dtype=like.dtype)
-    program.shapes[v] = tuple(array.shape)
+    program.constants[v] = tensor
+    program.shapes[v] = tuple(tensor.shape)
     return v
 
 
 def fold_constants(program):
     """Evaluate once, at build time, every step whose inputs are all constants; returns the count.
 
-    Such steps compute from weights alone (GDN's reparameterised beta and
-    gamma, for instance): their results become constants of the plan.
+    Such steps compute from weights alone: their results become constants
+    of the plan. A GDN operator that takes stored beta and gamma
+    (``ops.gdn(..., parametrized=...)``, as the GDN layer calls it) computes
+    their effective values inside; with both constant, those two values are
+    evaluated here (counted as two) and the step becomes a GDN of the
+    effective values.
     """
-    count = 0
+    from gdnflow.ops.gdn import GDNOperator
+    constants = program.constants
+    count, steps = 0, []
     with no_grad():
         for step in program.steps:
-            if all(v in program.constants for v in step.inputs):
-                value = step.call(*[program.constants[v] for v in step.inputs])
+            if all(v in constants for v in step.inputs):
+                value = step.call(*[constants[v] for v in step.inputs])
                 if isinstance(step.call, Operator):
                     step.call.release()
-                program.constants[step.output] = value
+                constants[step.output] = value
                 count += 1
-    program.steps = [s for s in program.steps if s.output not in program.constants]
+                continue
+            op = step.call
+            if (type(op) is GDNOperator and op.parametrized is not None
+                    and step.inputs[1] in constants and step.inputs[2] in constants):
+                x, beta, gamma = step.inputs
+                plain, beta_eff, gamma_eff = op.fold_parameters(constants[beta],
+                                                                constants[gamma])
+                step = dataclasses.replace(step, call=plain, inputs=(
+                    x, _add_constant(program, beta_eff), _add_constant(program, gamma_eff)))
+                count += 2
+            steps.append(step)
+    program.steps = steps
     program.refresh()
     return count
 

@@ -158,14 +158,19 @@ def broadcast_to(x, shape):
     return BroadcastTo(shape)(x)
 
 
-def gdn(x, beta, gamma, inverse=False, simplified=False):
+def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
     """Generalized divisive normalization of NCHW ``x``: y = x * (beta + gamma s(x))^a per pixel.
 
     gamma is (C, C), laid out [output channel, input channel]; beta is (C,).
     s(x) = x^2 and a = -1/2 (GDN) or +1/2 (``inverse``); ``simplified`` uses
-    s(x) = |x| and a = -1 or +1. See :mod:`gdnflow.ops.gdn`.
+    s(x) = |x| and a = -1 or +1. With ``parametrized`` = (beta_bound,
+    gamma_bound, pedestal), beta and gamma are stored forms p used as
+    max(p, bound)^2 - pedestal, as the GDN layer trains them (the
+    reparameterisation of :mod:`gdnflow.ops.parametrize` fused into the
+    operator), and their gradients are with respect to p. See
+    :mod:`gdnflow.ops.gdn`.
     """
-    return GDNOperator(inverse, simplified)(x, beta, gamma)
+    return GDNOperator(inverse, simplified, parametrized)(x, beta, gamma)
 
 
 def transpose(x, perm):

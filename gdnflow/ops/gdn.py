@@ -26,6 +26,18 @@ exponent a:
     igdn_simplified     |x|      +1      n
     ==================  =======  ======  ===========================
 
+Stored parameters. With ``parametrized=(beta_bound, gamma_bound, pedestal)``
+the operator's beta and gamma inputs are the stored forms p that the GDN
+layer trains (:mod:`gdnflow.ops.parametrize`), and the normalisation uses
+the effective values::
+
+    beta  = max(p_beta,  beta_bound)^2  - pedestal
+    gamma = max(p_gamma, gamma_bound)^2 - pedestal
+
+computed inside the operator: one autograd node per layer instead of three
+(two reparameterisations and the normalisation), and on the GPU one small
+launch instead of four (two each way).
+
 Backward
 --------
 For a loss L with output gradient gy, only n_i depends on beta and gamma, and
@@ -56,18 +68,35 @@ n^(a-1) = D^((a-1)/a), i.e. D^3, 1/D, D^2 or 1, so D = n^a cached by the
 forward is all the backward needs: the norm is never recomputed. Both backends
 compute U = dL/dn (= a t) once and take every gradient from it.
 
+With stored parameters, the chain rule through v = max(p, bound)^2 - pedestal
+is applied to dL/dbeta and dL/dgamma as they are written::
+
+    dL/dp = 2 max(p, bound) dL/dv    where p >= bound or dL/dv < 0, else 0
+
+(the gradient of :class:`~gdnflow.ops.parametrize.NonNegativeParametrize`,
+which passes below the bound when negative). The input gradient needs the
+effective gamma, which the forward keeps.
+
 The GPU path
 ------------
 With P = N*H*W pixels, cut into P / K chunks of K pixels (see below)::
 
     forward   S = s(x)                          kernel <variant>_statistic
+              beta, gamma = max(p, bound)^2     kernel gdn_effective_params
+                            - pedestal            (stored parameters only)
               NORM = gamma @ S                  SGEMM [C, C] @ [C, K], per chunk
               D = (NORM + beta)^a, y = x * D    kernel <variant>_forward (D over NORM)
     backward  U = dL/dn, S1 = [s(x); 1]         kernel <variant>_backward_norm
               PART_j = U_j @ S1_j^T             SGEMM [C, K] @ [K, C + 1], per chunk
-              [ggamma | gbeta] = sum_j PART_j   kernel gdn_reduce_param_grads
+              [ggamma | gbeta] = sum_j PART_j   kernel gdn_reduce_param_grads, or
+                (then dL/dp, stored parameters)   gdn_reduce_param_grads_parametrized
               G = gamma^T @ U (into S1)         SGEMM [C, C]^T @ [C, K], per chunk
               gx = gy D + s'(x) G               kernel <variant>_backward_input
+
+The statistic is queued before the parameters' transform so that the GPU
+starts on the large kernel while Python still queues the small one, and the
+transform's chain rule costs the backward nothing: the reduction that writes
+the parameter gradients applies it to each element on its way out.
 
 Each "per chunk" SGEMM is one strided-batched cuBLAS call. S, NORM/D, U, S1
 and G are stored channel-major in chunks, [P / K][C][K] (S1: [P / K][C + 1][K]),
@@ -101,9 +130,13 @@ float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
 
 - kept from forward to backward: D (M floats; the forward's GEMM output buffer,
   overwritten in place), and references to x (M floats, alive until the backward
-  unless something else holds it anyway) and gamma (C*C). Nothing is kept when
-  no input requires a gradient or under ``no_grad``: D is then not even written.
-- transient in the forward: S (M), freed once the GEMM has read it.
+  unless something else holds it anyway) and gamma (C*C). With stored
+  parameters that gamma is the effective one, an array of the forward's own
+  (C*C floats), and references to the stored beta and gamma are kept too.
+  Nothing is kept when no input requires a gradient or under ``no_grad``: D
+  is then not even written.
+- transient in the forward: S (M), freed once the GEMM has read it; with
+  stored parameters the effective beta (C).
 - transient in the backward: U (M), S1 (M + P, later reused for G), the
   partial products (P / K * C * (C + 1): 9.5 MB at 8x192x64x64, against 25 MB
   for M), and the gradients themselves.
@@ -116,6 +149,8 @@ import numpy as np
 from gdnflow.autograd import Operator, grad_enabled
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
+from gdnflow.ops.parametrize import (NonNegativeParametrize, nonnegative_value,
+                                     nonnegative_value_grad)
 from gdnflow.registry import register
 
 SOURCE = "gdn.cu"
@@ -234,8 +269,12 @@ class CudaPlan:
             for stage, arg_types in self.KERNELS.items():
                 self.kernels[stage, vec] = (
                     cuda.kernel(SOURCE, f"{variant}{suffix}_{stage}", arg_types), grid)
-        self.reduce_kernel = cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPii")
+        self.reduce_kernels = {
+            False: cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPii"),
+            True: cuda.kernel(SOURCE, "gdn_reduce_param_grads_parametrized", "PPPPPiiff")}
         self.reduce_grid = (-(-channels * (channels + 1) // 32), 1, 1)
+        self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPifff")
+        self.params_grid = launch_grid(channels * (channels + 1), BLOCK)
         self.sizes = (self.total, channels, self.hw, self.chunk)
 
     def vectorized(self, *arrays):
@@ -257,6 +296,12 @@ class CudaPlan:
     def statistic(self, x, s, vec):
         """S = s(x), chunked."""
         self._launch("statistic", vec, x.ptr, s.ptr, *self.sizes)
+
+    def effective_params(self, beta, gamma, beta_eff, gamma_eff, parametrized):
+        """beta_eff, gamma_eff = max(p, bound)^2 - pedestal of the stored ``beta`` and
+        ``gamma``, with ``parametrized`` = (beta_bound, gamma_bound, pedestal)."""
+        self.params_kernel(self.params_grid, (BLOCK, 1, 1), beta.ptr, gamma.ptr, beta_eff.ptr,
+                           gamma_eff.ptr, self.channels, *parametrized)
 
     def norm_gemm(self, gamma, s, norm):
         """NORM = gamma @ S, one product per chunk."""
@@ -280,10 +325,21 @@ class CudaPlan:
         self.matmul(u.ptr, s1.ptr, partial.ptr, c, c + 1, k, trans_b=True, batch=self.chunks,
                     stride_a=c * k, stride_b=(c + 1) * k, stride_c=c * (c + 1))
 
-    def reduce_param_grads(self, partial, ggamma, gbeta):
-        """[ggamma | gbeta] = the sum of the partial products over the chunks."""
-        self.reduce_kernel(self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr, ggamma.ptr,
-                           gbeta.ptr, self.channels, self.chunks)
+    def reduce_param_grads(self, partial, ggamma, gbeta, stored=None):
+        """[ggamma | gbeta] = the sum of the partial products over the chunks.
+
+        With ``stored`` = (beta, gamma, beta_bound, gamma_bound), the stored
+        parameters and their bounds, the gradients with respect to the stored
+        forms instead (see the module docstring's backward).
+        """
+        if stored is None:
+            self.reduce_kernels[False](self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr,
+                                       ggamma.ptr, gbeta.ptr, self.channels, self.chunks)
+        else:
+            beta, gamma, beta_bound, gamma_bound = stored
+            self.reduce_kernels[True](self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr,
+                                      ggamma.ptr, gbeta.ptr, beta.ptr, gamma.ptr, self.channels,
+                                      self.chunks, beta_bound, gamma_bound)
 
     def input_gemm(self, gamma, u, g):
         """G = gamma^T @ U, one product per chunk."""
@@ -304,14 +360,23 @@ class GDNOperator(Operator):
     [output channel, input channel]. Output: the shape of x. ``inverse``
     selects a = +1/2 (inverse GDN) over -1/2; ``simplified`` uses s = |x| and
     a = -1 (or +1 inverse) instead of s = x^2. beta should be positive and
-    gamma non-negative (see :mod:`gdnflow.ops.parametrize`); the operator
-    itself does not enforce it.
+    gamma non-negative; the operator itself does not enforce it, unless
+    ``parametrized`` = (beta_bound, gamma_bound, pedestal) is given: beta and
+    gamma are then stored forms p, used as max(p, bound)^2 - pedestal
+    (:mod:`gdnflow.ops.parametrize`), and their gradients are with respect
+    to p.
     """
 
-    def __init__(self, inverse=False, simplified=False):
+    def __init__(self, inverse=False, simplified=False, parametrized=None):
         self.inverse = bool(inverse)
         self.simplified = bool(simplified)
         self.variant, self.exponent = VARIANTS[self.inverse, self.simplified]
+        if parametrized is not None:
+            parametrized = tuple(float(v) for v in parametrized)
+            if len(parametrized) != 3:
+                raise ValueError(f"{self.label}: parametrized must be (beta_bound, gamma_bound, "
+                                 f"pedestal), got {len(parametrized)} values")
+        self.parametrized = parametrized
 
     @property
     def label(self):
@@ -333,6 +398,19 @@ class GDNOperator(Operator):
         self.keep_for_backward = grad_enabled() and (
             x.requires_grad or beta.requires_grad or gamma.requires_grad)
 
+    def fold_parameters(self, beta, gamma):
+        """(operator, effective beta, effective gamma) from stored beta and gamma Tensors.
+
+        The operator computes the same normalisation from the effective
+        values; for inference plans, which evaluate the reparameterisation
+        of constant weights once (:func:`gdnflow.inference.fold_constants`).
+        Only for a ``parametrized`` operator.
+        """
+        beta_bound, gamma_bound, pedestal = self.parametrized
+        return (GDNOperator(self.inverse, self.simplified),
+                NonNegativeParametrize(beta_bound, pedestal)(beta),
+                NonNegativeParametrize(gamma_bound, pedestal)(gamma))
+
     # ------------------------------------------------------------- NumPy --
     def statistic(self, x):
         """s(x): x^2, or |x| for the simplified variants (NumPy)."""
@@ -343,12 +421,18 @@ class GDNOperator(Operator):
         return np.sign(x) if self.simplified else 2 * x
 
     def forward_numpy(self, x, beta, gamma):
+        stored = None
+        if self.parametrized is not None:
+            beta_bound, gamma_bound, pedestal = self.parametrized
+            stored = (beta, gamma)
+            beta = nonnegative_value(beta, beta_bound, pedestal)
+            gamma = nonnegative_value(gamma, gamma_bound, pedestal)
         batch, channels, height, width = x.shape
         s = self.statistic(x).reshape(batch, channels, height * width)
         norm = (gamma @ s).reshape(x.shape) + beta[:, None, None]
         d = np.power(norm, x.dtype.type(self.exponent))
         if self.keep_for_backward:
-            self.saved = (x, gamma, d)
+            self.saved = (x, gamma, d, stored)
         return x * d
 
     def backward(self, grad_output):
@@ -356,7 +440,7 @@ class GDNOperator(Operator):
                      for g in self.dispatch("backward", grad_output.data))
 
     def backward_numpy(self, gy):
-        x, gamma, d = self.saved
+        x, gamma, d, stored = self.saved
         a = self.exponent
         batch, channels, height, width = x.shape
         # dL/dn = a gy x n^(a-1), with n^(a-1) = D^((a-1)/a) from the cache.
@@ -371,30 +455,42 @@ class GDNOperator(Operator):
         if need_gamma:
             s3 = self.statistic(x).reshape(batch, channels, height * width)
             ggamma = np.tensordot(u3, s3, axes=([0, 2], [0, 2]))
+        if stored is not None:      # gradients of the stored forms
+            beta_bound, gamma_bound, _ = self.parametrized
+            if need_beta:
+                gbeta = nonnegative_value_grad(stored[0], gbeta, beta_bound)
+            if need_gamma:
+                ggamma = nonnegative_value_grad(stored[1], ggamma, gamma_bound)
         return gx, gbeta, ggamma
 
     # -------------------------------------------------------------- CUDA --
     def forward_cuda(self, x, beta, gamma):
         y = cuda.empty(x.shape, x.dtype)
         keep = self.keep_for_backward
+        stored = None if self.parametrized is None else (beta, gamma)
         if x.size == 0:
             if keep:
-                self.saved = (x, gamma, None, None)
+                self.saved = (x, gamma, None, None, stored)
             return y
         plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS)
         vec = plan.vectorized(x, y)
         s = plan.empty(plan.channels)
         plan.statistic(x, s, vec)
+        if stored is not None:
+            # After the statistic: the GPU runs that while Python queues this.
+            beta = cuda.empty(beta.shape, beta.dtype)
+            gamma = cuda.empty(gamma.shape, gamma.dtype)
+            plan.effective_params(*stored, beta, gamma, self.parametrized)
         norm = plan.empty(plan.channels)
         plan.norm_gemm(gamma, s, norm)
         del s       # back to the pool; stream order keeps the GEMM's reads first
         plan.forward(x, norm, beta, y, keep, vec)
         if keep:
-            self.saved = (x, gamma, norm, plan)   # norm now holds D
+            self.saved = (x, gamma, norm, plan, stored)   # norm now holds D
         return y
 
     def backward_cuda(self, gy):
-        x, gamma, d, plan = self.saved
+        x, gamma, d, plan, stored = self.saved
         channels = x.shape[1]
         need_x, need_beta, need_gamma = self.needs_grad
         need_params = need_beta or need_gamma
@@ -415,7 +511,8 @@ class GDNOperator(Operator):
             plan.param_gemm(u, s1, partial)
             ggamma = cuda.empty((channels, channels), x.dtype)
             gbeta = cuda.empty((channels,), x.dtype)
-            plan.reduce_param_grads(partial, ggamma, gbeta)
+            plan.reduce_param_grads(partial, ggamma, gbeta,
+                                    None if stored is None else stored + self.parametrized[:2])
             del partial
         if need_x:
             # S1 is free once the GEMM above has read it (same stream): G goes

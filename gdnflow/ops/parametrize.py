@@ -15,6 +15,11 @@ Training p instead of v scales the step a gradient makes on v with sqrt(v)
 v >= m. The max is :class:`LowerBound`, whose gradient also passes *below*
 the bound when it is negative: gradient descent then raises p (and so v) back
 toward the bound, instead of p being stuck under it with a zero gradient.
+
+:func:`nonnegative_value` and :func:`nonnegative_value_grad` are the two
+formulas on NumPy arrays; :class:`NonNegativeParametrize` applies them as an
+operator of its own, and the GDN operator (:mod:`gdnflow.ops.gdn`) inside its
+own forward and backward when given stored parameters.
 """
 import numpy as np
 
@@ -26,6 +31,23 @@ SOURCE = "parametrize.cu"
 
 #: (2^-18)^2, as in CompressAI and tensorflow-compression.
 PEDESTAL = (2.0 ** -18) ** 2
+
+
+def nonnegative_value(p, bound, pedestal):
+    """v = max(p, bound)^2 - pedestal of a stored NumPy array ``p``, in p's dtype."""
+    kind = p.dtype.type
+    return np.maximum(p, kind(bound)) ** 2 - kind(pedestal)
+
+
+def nonnegative_value_grad(p, gv, bound):
+    """dL/dp from gv = dL/dv for v = max(p, bound)^2 - pedestal (NumPy arrays).
+
+    2 max(p, bound) gv where the gradient passes the bound (p >= bound, or
+    gv < 0: see the module docstring), 0 elsewhere.
+    """
+    bound = p.dtype.type(bound)
+    passes = (p >= bound) | (gv < 0)
+    return np.where(passes, 2 * np.maximum(p, bound) * gv, gv.dtype.type(0))
 
 
 @register("lower_bound")
@@ -78,9 +100,11 @@ class NonNegativeParametrize(Operator):
     The gradient is that of the three composed: dv/dp = 2 max(p, bound), kept
     where p >= bound or where the incoming gradient is negative (the sign of
     LowerBound's incoming gradient, 2 max(p, bound) > 0 times it). One
-    kernel each way instead of three: a GDN layer evaluates this for beta and
-    gamma on every forward, and at ~10 µs of Python per launch the composed
-    form cost more than the GDN kernels' own small-layer time.
+    kernel each way instead of three: at ~10 µs of Python per launch the
+    composed form cost more than the GDN kernels' own small-layer time. (The
+    GDN layer's forward goes further and folds these formulas into the GDN
+    operator itself, ``ops.gdn(..., parametrized=...)``; this operator gives
+    its ``effective_beta`` and ``effective_gamma``.)
     """
 
     def __init__(self, bound, pedestal):
@@ -89,7 +113,7 @@ class NonNegativeParametrize(Operator):
 
     def forward_numpy(self, p):
         self.saved = (p,)
-        return np.maximum(p, p.dtype.type(self.bound)) ** 2 - p.dtype.type(self.pedestal)
+        return nonnegative_value(p, self.bound, self.pedestal)
 
     def forward_cuda(self, p):
         v = cuda.empty(p.shape, p.dtype)
@@ -103,9 +127,7 @@ class NonNegativeParametrize(Operator):
 
     def backward_numpy(self, gv):
         (p,) = self.saved
-        bound = p.dtype.type(self.bound)
-        passes = (p >= bound) | (gv < 0)
-        return np.where(passes, 2 * np.maximum(p, bound) * gv, gv.dtype.type(0))
+        return nonnegative_value_grad(p, gv, self.bound)
 
     def backward_cuda(self, gv):
         (p,) = self.saved

@@ -1,12 +1,14 @@
 """The GDN layer: initialisation (CompressAI's stored values and the closed
-form), shape errors, gradients through the reparameterisation, and the
-comparison with CompressAI's GDN where PyTorch and CompressAI are installed."""
+form), shape errors, gradients through the reparameterisation (fused into the
+GDN operator, and against the composed operators), and the comparison with
+CompressAI's GDN where PyTorch and CompressAI are installed."""
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.nn import GDN
+from gdnflow.ops.gdn import GDNOperator
 from gdnflow.ops.parametrize import PEDESTAL
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
@@ -90,6 +92,74 @@ def test_gradients_through_the_reparameterisation(variant, rng):
     gradcheck(fn, [x, rng.uniform(0.5, 1.5, 3), rng.uniform(0.05, 0.7, (3, 3))], directions=4)
 
 
+def layer_fn(layer):
+    """What the layer's forward computes, as a function of x and the stored
+    beta and gamma: the GDN operator with the reparameterisation fused in."""
+    bounds = (layer.beta_reparam.bound, layer.gamma_reparam.bound, PEDESTAL)
+    return lambda x, beta, gamma: ops.gdn(x, beta, gamma, inverse=layer.inverse,
+                                          simplified=layer.simplified, parametrized=bounds)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_gradients_through_the_fused_reparameterisation(variant, rng):
+    layer = GDN(3, inverse=variant[0], simplified=variant[1])
+    x = rng.standard_normal((2, 3, 5, 7))
+    x = np.sign(x) * (np.abs(x) + 0.05)
+    gradcheck(layer_fn(layer), [x, rng.uniform(0.5, 1.5, 3), rng.uniform(0.05, 0.7, (3, 3))],
+              directions=4)
+
+
+def test_forward_is_one_operator_on_the_stored_parameters(rng):
+    # One autograd node per layer: the GDN operator reads the parameters
+    # themselves, not reparameterised copies.
+    layer = GDN(4, simplified=True).to("numpy")
+    y = layer(gf.tensor(rng.standard_normal((1, 4, 3, 3)), device="numpy", requires_grad=True))
+    op = y.creator
+    assert type(op) is GDNOperator and op.variant == "gdn_simplified"
+    assert op.parametrized == (layer.beta_reparam.bound, layer.gamma_reparam.bound, PEDESTAL)
+    assert op.parents[1] is layer.beta and op.parents[2] is layer.gamma
+
+
+def below_the_bounds(layer, rng):
+    """A state dict with beta and gamma away from initialisation, about a third of
+    each stored below its bound (where the gradient passes only when negative)."""
+    channels = layer.channels
+    beta = layer.beta_reparam.init(rng.uniform(0.5, 1.5, channels))
+    gamma = layer.gamma_reparam.init(rng.uniform(0.0, 2.0 / channels, (channels, channels)))
+    for p, bound in ((beta, layer.beta_reparam.bound), (gamma, layer.gamma_reparam.bound)):
+        mask = rng.uniform(size=p.shape) < 0.3
+        p[mask] = bound - rng.uniform(0.05, 0.5, np.count_nonzero(mask))
+    return {"beta": beta, "gamma": gamma}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_layer_equals_the_composed_operators(variant, device, rng):
+    # The layer's output and gradients are those of its parametrizers
+    # followed by gdn (the layer's forward before the fusion).
+    channels = 7
+    layer = GDN(channels, inverse=variant[0], simplified=variant[1], beta_min=0.1).to(device)
+    layer.load_state_dict(below_the_bounds(layer, rng))
+    x = rng.standard_normal((2, channels, 4, 6)).astype(np.float32)
+    gy = gf.tensor(rng.standard_normal(x.shape), device=device)
+    results = []
+    for composed in (False, True):
+        layer.zero_grad()
+        xt = gf.tensor(x, device=device, requires_grad=True)
+        if composed:
+            y = ops.gdn(xt, layer.effective_beta, layer.effective_gamma,
+                        inverse=variant[0], simplified=variant[1])
+        else:
+            y = layer(xt)
+        y.backward(gy)
+        results.append([y.numpy(), xt.grad.numpy(), layer.beta.grad.numpy(),
+                        layer.gamma.grad.numpy()])
+    for name, fused, composed in zip(["output", "input gradient", "stored beta gradient",
+                                      "stored gamma gradient"], *results):
+        error = relative_error(fused, composed)
+        assert error <= 1e-6, f"{name}: relative error {error:.3g}"
+
+
 def test_backward_reaches_the_stored_parameters(rng):
     layer = GDN(5).to("numpy")
     x = gf.tensor(rng.standard_normal((2, 5, 3, 4)), device="numpy", requires_grad=True)
@@ -114,6 +184,8 @@ def test_layer_cuda_matches_numpy(variant, rng):
                        inverse=variant[0], simplified=variant[1])
 
     assert_backends_match(fn, [rng.standard_normal((2, 192, 17, 19)), beta, gamma], rtol=1e-4)
+    assert_backends_match(layer_fn(layer), [rng.standard_normal((2, 192, 17, 19)), beta, gamma],
+                          rtol=1e-4)
 
 
 # ------------------------------------------------------------- CompressAI --

@@ -1,6 +1,7 @@
 """gdn (GDN, inverse GDN, simplified forms): forward against a naive loop over
-pixels, gradients against finite differences, gamma's layout, errors, and
-CUDA against NumPy."""
+pixels, gradients against finite differences, gamma's layout, errors, stored
+(reparameterised) parameters against the composed operators, and CUDA
+against NumPy."""
 import importlib
 import math
 
@@ -10,7 +11,8 @@ import pytest
 import gdnflow as gf
 from gdnflow import ops, registry
 from gdnflow.ops.gdn import GDNOperator
-from gdnflow.testing import assert_backends_match, gradcheck
+from gdnflow.ops.parametrize import PEDESTAL, NonNegativeParametrize, NonNegativeParametrizer
+from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 # (inverse, simplified)
 VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
@@ -155,6 +157,131 @@ def test_nothing_is_kept_when_no_backward_can_follow(rng):
     assert op.saved == ()
 
 
+# ------------------------------------------------------ stored parameters --
+# (beta_bound, gamma_bound, pedestal): gamma >= 0 as in the GDN layer, and
+# beta >= 0.2 rather than its 1e-6, so that a beta held at its bound keeps
+# the norm of O(1).
+BETA_MIN = 0.2
+BOUNDS = (NonNegativeParametrizer(BETA_MIN).bound, NonNegativeParametrizer(0.0).bound, PEDESTAL)
+
+
+def stored(rng, beta, gamma, below=0.0):
+    """The stored forms of effective ``beta`` and ``gamma``, with about a fraction
+    ``below`` of each (at least one where below > 0) moved 0.05 to 0.5 under its
+    bound: there the effective value is the minimum and the gradient passes only
+    when negative. Nothing on the bound, where the function has a kink: the
+    others are effective values at least 1e-6 above the minimum, stored at least
+    ~1e-3 above the bound."""
+    out = []
+    for effective, minimum, bound in ((beta, BETA_MIN, BOUNDS[0]), (gamma, 0.0, BOUNDS[1])):
+        p = NonNegativeParametrizer(minimum).init(np.maximum(effective, minimum + 1e-6))
+        if below:
+            mask = rng.uniform(size=p.shape) < below
+            mask.flat[rng.integers(p.size)] = True
+            p[mask] = bound - rng.uniform(0.05, 0.5, np.count_nonzero(mask))
+        out.append(p)
+    return out
+
+
+def effective(p, bound):
+    """max(p, bound)^2 - pedestal, spelled out."""
+    return np.maximum(p, bound) ** 2 - PEDESTAL
+
+
+def gdn_stored_fn(inverse, simplified):
+    """gdn of x and the stored beta and gamma: the reparameterisation fused in."""
+    return lambda x, beta, gamma: ops.gdn(x, beta, gamma, inverse=inverse, simplified=simplified,
+                                          parametrized=BOUNDS)
+
+
+def gdn_composed_fn(inverse, simplified):
+    """The same as ``gdn_stored_fn`` from three operators: each parameter's
+    reparameterisation, then gdn of the effective values."""
+    def fn(x, beta, gamma):
+        return ops.gdn(x, NonNegativeParametrize(BOUNDS[0], PEDESTAL)(beta),
+                       NonNegativeParametrize(BOUNDS[1], PEDESTAL)(gamma),
+                       inverse=inverse, simplified=simplified)
+    return fn
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_stored_parameters_forward_matches_naive_loop(variant, rng):
+    x, beta, gamma = sample(rng, (2, 3, 4, 5))
+    beta_p, gamma_p = stored(rng, beta, gamma, below=0.3)
+    y = gdn_stored_fn(*variant)(*tensors(x, beta_p, gamma_p))
+    want = naive_gdn(x, effective(beta_p, BOUNDS[0]), effective(gamma_p, BOUNDS[1]), *variant)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=str)
+def test_stored_parameter_gradients(variant, shape, rng):
+    # Every stored value above its bound: finite differences see the
+    # function's derivative there. Below the bound the gradient is by design
+    # not the derivative (0); the next tests check it there.
+    x, beta, gamma = sample(rng, shape)
+    gradcheck(gdn_stored_fn(*variant), [x, *stored(rng, beta, gamma)], directions=4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_stored_parameters_below_the_bound_input_gradient(variant, rng):
+    x, beta, gamma = sample(rng, (2, 3, 5, 7))
+    gradcheck(gdn_stored_fn(*variant), [x, *stored(rng, beta, gamma, below=0.3)],
+              requires_grad=[True, False, False], directions=4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("wanted", [(False, True, False), (False, False, True),
+                                    (True, True, False)], ids=str)
+def test_stored_parameter_gradients_of_some_inputs_only(variant, wanted, rng):
+    x, beta, gamma = sample(rng, (2, 3, 3, 5))
+    gradcheck(gdn_stored_fn(*variant), [x, *stored(rng, beta, gamma)], requires_grad=list(wanted))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_stored_parameters_equal_the_composed_operators(variant, rng):
+    # A third of the stored values below their bounds, where the gradient
+    # passes (2 bound dL/dv) only when dL/dv < 0: fused, composed and the
+    # rule spelled out from the effective values' gradient must all agree.
+    x, beta, gamma = sample(rng, (2, 6, 4, 5))
+    beta_p, gamma_p = stored(rng, beta, gamma, below=0.35)
+    weight = rng.standard_normal(x.shape)
+    results = []
+    for fn in (gdn_stored_fn(*variant), gdn_composed_fn(*variant)):
+        inputs = tensors(x, beta_p, gamma_p, requires_grad=True)
+        y = fn(*inputs)
+        y.backward(gf.tensor(weight, device="numpy", dtype=np.float64))
+        results.append([y.numpy()] + [t.grad.numpy() for t in inputs])
+    for name, fused, composed in zip(["y", "gx", "gbeta", "ggamma"], *results):
+        np.testing.assert_allclose(fused, composed, rtol=1e-12, atol=1e-15, err_msg=name)
+
+    inputs = tensors(x, effective(beta_p, BOUNDS[0]), effective(gamma_p, BOUNDS[1]),
+                     requires_grad=True)
+    gdn_fn(*variant)(*inputs).backward(gf.tensor(weight, device="numpy", dtype=np.float64))
+    below_signs = set()
+    for p, bound, t, fused in ((beta_p, BOUNDS[0], inputs[1], results[0][2]),
+                               (gamma_p, BOUNDS[1], inputs[2], results[0][3])):
+        gv = t.grad.numpy()
+        want = np.where((p >= bound) | (gv < 0), 2 * np.maximum(p, bound) * gv, 0.0)
+        np.testing.assert_allclose(fused, want, rtol=1e-12, atol=1e-15)
+        below_signs.update(np.sign(gv[p < bound]).tolist())
+    assert below_signs == {-1.0, 1.0}, "the sample must hold both cases below the bound"
+
+
+def test_stored_parameters_must_be_three_numbers():
+    with pytest.raises(ValueError, match=r"gdn: parametrized must be \(beta_bound, gamma_bound, "
+                                         r"pedestal\), got 2 values"):
+        ops.gdn(*tensors(np.ones((1, 3, 2, 2)), np.ones(3), np.eye(3)), parametrized=(0.1, 0.0))
+
+
+def test_stored_parameters_keep_nothing_when_no_backward_can_follow(rng):
+    x, beta, gamma = sample(rng, (1, 3, 2, 2))
+    op = GDNOperator(parametrized=BOUNDS)
+    with gf.no_grad():
+        op(*tensors(x, *stored(rng, beta, gamma), requires_grad=True))
+    assert op.saved == ()
+
+
 # ----------------------------------------------------------------- errors --
 def test_input_must_be_4d():
     with pytest.raises(gf.ShapeError,
@@ -221,6 +348,57 @@ def test_cuda_forward_without_gradient(variant, rng):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def gpu_stored_sample(rng, shape, below=0.3):
+    """As ``gpu_sample``, with beta and gamma stored and some below their bounds."""
+    x, beta, gamma = gpu_sample(rng, shape)
+    return [x, *stored(rng, beta, gamma, below)]
+
+
+# Odd sizes (4-byte kernels only), H*W % 4 == 0 (16-byte kernels), C = 192 both ways.
+GPU_STORED_SHAPES = [(2, 3, 5, 7), (1, 7, 3, 5), (2, 6, 4, 8), (2, 192, 17, 19), (2, 192, 16, 16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape", GPU_STORED_SHAPES, ids=str)
+def test_cuda_stored_parameters_match_numpy(shape, variant, vectorize, rng, monkeypatch):
+    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
+    assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("wanted", ["x", "beta", "gamma"])
+def test_cuda_stored_parameters_gradient_of_one_input_only(variant, wanted, rng):
+    arrays = dict(zip(["x", "beta", "gamma"], gpu_stored_sample(rng, (2, 5, 4, 9))))
+    fn = gdn_stored_fn(*variant)
+
+    def only(t):
+        args = {name: t if name == wanted else
+                gf.tensor(a, device=t.device, dtype=t.dtype) for name, a in arrays.items()}
+        return fn(args["x"], args["beta"], args["gamma"])
+
+    assert_backends_match(only, [arrays[wanted]], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cuda_stored_parameters_equal_the_composed_operators(variant, rng):
+    # Both in float32 on the GPU: the fused kernels compute what the separate
+    # reparameterisation kernels did.
+    arrays = gpu_stored_sample(rng, (2, 8, 6, 6))
+    weight = rng.standard_normal(arrays[0].shape)
+    results = []
+    for fn in (gdn_stored_fn(*variant), gdn_composed_fn(*variant)):
+        inputs = tensors(*arrays, device="cuda", dtype=np.float32, requires_grad=True)
+        y = fn(*inputs)
+        y.backward(gf.tensor(weight, device="cuda"))
+        results.append([y.numpy()] + [t.grad.numpy() for t in inputs])
+    for name, fused, composed in zip(["y", "gx", "gbeta", "ggamma"], *results):
+        assert relative_error(fused, composed) <= 1e-6, name
+
+
 # ----------------------------------------------- chunked GPU path (choice) --
 # The module, not the function ``ops.gdn`` that ``from gdnflow.ops import gdn`` gives.
 gdn_module = importlib.import_module("gdnflow.ops.gdn")
@@ -269,6 +447,15 @@ def test_cuda_chunked_path_matches_numpy(shape, chunks, variant, vectorize, rng,
     monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
     monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
     assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape,chunks", CHUNKED_CASES, ids=str)
+def test_cuda_chunked_path_with_stored_parameters(shape, chunks, variant, rng, monkeypatch):
+    # The reduction over chunks is where the chain rule to the stored forms runs.
+    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
+    assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
 
 
 @pytest.mark.gpu
