@@ -1,41 +1,44 @@
 #!/usr/bin/env bash
-# Train the two demonstration codec checkpoints and evaluate them against JPEG.
+# Train the codec checkpoints and evaluate them against JPEG.
 #
 #   source .gpu/env.sh && bash checkpoints/train_codec_checkpoints.sh [DEST]
 #
-# Trains two FactorizedPrior(N=64, M=96) models with `gdnflow train` on random
-# 256x256 crops of three photos (astronaut, chelsea, rocket), one per lambda
-# (CompressAI's qualities 2 and 4), both at once on the one GPU (each alone
-# leaves it mostly idle), then runs `gdnflow eval` on the held-out photo
-# (coffee) and, for reference only, on the training photos. A demonstration
-# on four images, not a benchmark. About 7 minutes on an H200: training is
-# capped at TRAIN_SECONDS wall-clock (an interrupted run saves the checkpoint
-# of its last step; the log says so).
+# Trains the default FactorizedPrior(N=128, M=192) with `gdnflow train` on
+# random 256x256 crops of twelve of scikit-image's sample images, one model
+# per lambda (CompressAI's qualities 1, 2 and 3), all at once on the one GPU
+# (each alone leaves it partly idle), then runs `gdnflow eval` on the two
+# held-out photos (coffee, chelsea) and, for reference only, on the training
+# images. A demonstration on fourteen images, not a benchmark. About 9
+# minutes on an H200: training is capped at TRAIN_SECONDS wall-clock (an
+# interrupted run saves the checkpoint of its last step; the log says so).
 #
-# Writes to DEST (default: checkpoints/), 7 files, at most one folder down:
-#   codec_q2.h5 codec_q4.h5          weights only (no optimiser state), ~4.2 MiB each
-#   train.log                        both trainings, the export, both evaluations
-#   results/eval.md results/eval.json results/rd.png    held-out image
+# Writes to DEST (default: checkpoints/), 8 files, at most one folder down:
+#   codec_q1.h5 codec_q2.h5 codec_q3.h5   weights only (no optimiser state), ~12 MiB each
+#   train.log                        the trainings, the export, both evaluations
+#   results/eval.md results/eval.json results/rd.png    held-out images
 #   results/eval_train.md            the training images (seen in training)
 #
 # Settings (environment): IMAGES (folder holding the photos, default
-# .gpu/images), STEPS, BATCH, CROP, N, M, LR, WARMUP, LAMBDAS ("q2:0.0035 q4:0.0130"),
-# TRAIN_SECONDS, DEVICE (cuda), PYTHON (python3), SCRATCH.
+# .gpu/images), TRAIN_IMAGES, HELDOUT, STEPS, BATCH, CROP, N, M, LR, WARMUP,
+# LAMBDAS ("q1:0.0018 q2:0.0035 q3:0.0067"), TRAIN_SECONDS, DEVICE (cuda),
+# PYTHON (python3), SCRATCH.
 set -uo pipefail
 
 DEST=${1:-checkpoints}
 IMAGES=${IMAGES:-.gpu/images}
-TRAIN_IMAGES=${TRAIN_IMAGES:-"astronaut.png chelsea.png rocket.jpg"}
-HELDOUT=${HELDOUT:-coffee.png}
+# Gray ones (brick, camera, grass, gravel) are read as RGB with equal channels.
+TRAIN_IMAGES=${TRAIN_IMAGES:-"astronaut.png rocket.jpg motorcycle_left.png motorcycle_right.png
+  hubble_deep_field.jpg retina.jpg ihc.png brick.png camera.png grass.png gravel.png"}
+HELDOUT=${HELDOUT:-"coffee.png chelsea.png"}
 STEPS=${STEPS:-12000}
 BATCH=${BATCH:-8}
 CROP=${CROP:-256}
-N=${N:-64}
-M=${M:-96}
+N=${N:-128}
+M=${M:-192}
 LR=${LR:-3e-4}
 WARMUP=${WARMUP:-500}
-LAMBDAS=${LAMBDAS:-"q2:0.0035 q4:0.0130"}
-TRAIN_SECONDS=${TRAIN_SECONDS:-300}
+LAMBDAS=${LAMBDAS:-"q1:0.0018 q2:0.0035 q3:0.0067"}
+TRAIN_SECONDS=${TRAIN_SECONDS:-350}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 SCRATCH=${SCRATCH:-/tmp/gdnflow_codec_run}
@@ -48,14 +51,14 @@ say() { echo "$@" | tee -a "$LOG"; }
 
 rm -rf "$SCRATCH" && mkdir -p "$SCRATCH/train" "$SCRATCH/heldout" || exit 1
 for name in $TRAIN_IMAGES; do cp "$IMAGES/$name" "$SCRATCH/train/" || exit 1; done
-cp "$IMAGES/$HELDOUT" "$SCRATCH/heldout/" || exit 1
+for name in $HELDOUT; do cp "$IMAGES/$name" "$SCRATCH/heldout/" || exit 1; done
 say "gdnflow codec checkpoints: N=$N M=$M, $STEPS steps of $BATCH x ${CROP}x${CROP} crops, lr $LR" \
     "(cosine), lambdas $LAMBDAS; train: $TRAIN_IMAGES; held out: $HELDOUT; device $DEVICE"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 
 # Warm-up: two steps (and the final evaluation) of the same configuration, so
-# that PyCUDA compiles every kernel once into its disk cache before the two
-# runs start; side by side they would both compile and write the same cache
+# that PyCUDA compiles every kernel once into its disk cache before the
+# runs start; side by side they would all compile and write the same cache
 # files at once (PyCUDA writes them in place). It also stops the script early
 # if the GPU or the data are not usable.
 say "== warm-up (compiles the kernels)"
