@@ -30,6 +30,15 @@
 // One thread per (channel, tile): consecutive threads take consecutive tiles,
 // so the V and M accesses of a warp are contiguous for every xi.
 //
+// Phase views. The input the input transform reads and the output the output
+// transform writes may each be a phase split of a real tensor (the sub-pixel
+// rewrite of strided convolutions, gdnflow/ops/subpixel.py): channel
+// c = (rh * SW + rw) * C0 + c0, cell (h, w) of the pass's [C, H, W] planes is
+// element (c0, h * SH + rh, w * SW + rw) of the real [C0, HS, WS] image, and
+// cells past the real tensor's edge are zeros when read and not written.
+// SH = SW = 1 (C0 = C, HS = H, WS = W) is the tensor itself. So the rewrite
+// needs no pass of its own to split x or interleave y.
+//
 // The per-thread work is __host__ __device__: tests/ops/test_winograd.py
 // compiles this file for the host and runs every thread index through it, so
 // the index arithmetic is checked on machines without a GPU.
@@ -120,6 +129,24 @@ WINOGRAD_HD TileIndex tile_index(int t, int TH, int TW) {
     return i;
 }
 
+// Where the cells of channel c of a phase-viewed tensor live (see the top).
+struct PhasePlane {
+    size_t base;        // offset of the real plane (image n, channel c0)
+    int row0, col0;     // the phase: real row = h * SH + row0, column = w * SW + col0
+    int rows, cols;     // cells of this phase inside the real tensor
+};
+
+WINOGRAD_HD PhasePlane phase_plane(int n, int c, int C0, int SH, int SW, int HS, int WS) {
+    PhasePlane p;
+    const int phase = c / C0, c0 = c - phase * C0;
+    p.row0 = phase / SW;
+    p.col0 = phase - p.row0 * SW;
+    p.rows = (HS - p.row0 + SH - 1) / SH;
+    p.cols = (WS - p.col0 + SW - 1) / SW;
+    p.base = ((size_t)n * C0 + c0) * HS * WS;
+    return p;
+}
+
 // U[xi][o][c] <- G g G^T for the pair idx = o * C_x + c of a [C_y, C_x] grid.
 // flip = 0: g = w[o, c] of w [C_y, C_x, 3, 3] (the forward).
 // flip = 1: g = w[c, o] rotated by 180 degrees, of w [C_x, C_y, 3, 3]
@@ -155,26 +182,29 @@ WINOGRAD_HD void filter_transform_pair(const float* w, float* u, int idx, int C_
     }
 }
 
-// V[xi][c][tl] <- B^T d B for the input tile of (channel c, tile tl), idx = c * T + tl.
+// V[xi][c][tl] <- B^T d B for the input tile of (channel c, tile tl), idx = c * T + tl;
+// x: C channels, phase-viewed through (C0, SH, SW, HS, WS).
 template <int M>
-WINOGRAD_HD void input_transform_tile(const float* x, float* v, int idx, int C, int H, int W,
-                                      int TH, int TW, int t_begin, int T, int pad_top,
-                                      int pad_left) {
+WINOGRAD_HD void input_transform_tile(const float* x, float* v, int idx, int C, int C0, int SH,
+                                      int SW, int HS, int WS, int TH, int TW, int t_begin,
+                                      int T, int pad_top, int pad_left) {
     constexpr int A = Transform<M>::A;
     const int c = idx / T, tl = idx - c * T;
     const TileIndex ti = tile_index(t_begin + tl, TH, TW);
     const int h0 = ti.th * M - pad_top, w0 = ti.tw * M - pad_left;
-    const float* xp = x + ((size_t)ti.n * C + c) * H * W;
+    const PhasePlane p = phase_plane(ti.n, c, C0, SH, SW, HS, WS);
+    const float* xp = x + p.base;
     float d[A][A];
 #pragma unroll
     for (int i = 0; i < A; ++i) {
         const int h = h0 + i;
-        const bool row_inside = h >= 0 && h < H;
+        const bool row_inside = h >= 0 && h < p.rows;
+        const int row = h * SH + p.row0;
 #pragma unroll
         for (int j = 0; j < A; ++j) {
             const int w = w0 + j;
-            d[i][j] = (row_inside && w >= 0 && w < W) ? WINOGRAD_LOAD(xp + (size_t)h * W + w)
-                                                      : 0.0f;
+            d[i][j] = (row_inside && w >= 0 && w < p.cols)
+                          ? WINOGRAD_LOAD(xp + (size_t)row * WS + w * SW + p.col0) : 0.0f;
         }
     }
 #pragma unroll
@@ -196,43 +226,47 @@ WINOGRAD_HD void input_transform_tile(const float* x, float* v, int idx, int C, 
     }
 }
 
-// Stores one row of a tile's outputs: M values at y + offset (columns w0 ..
-// w0 + M - 1), only those with column < W unless vector (then all M are
-// inside and the address is aligned to M floats).
+// Stores one row of a tile's outputs: M values at y, y + step, ... (columns
+// w0 .. w0 + M - 1 of the plane), only those with column < W unless vector
+// (then all M are inside, step is 1 and the address is aligned to M floats).
 template <int M> struct RowStore;
 
 template <> struct RowStore<2> {
-    WINOGRAD_HD static void store(float* y, const float (&r)[2], bool vector, int w0, int W) {
+    WINOGRAD_HD static void store(float* y, const float (&r)[2], bool vector, int w0, int W,
+                                  int step) {
         if (vector) {
             *reinterpret_cast<float2*>(y) = make_float2(r[0], r[1]);
             return;
         }
-        y[0] = r[0];
-        if (w0 + 1 < W) y[1] = r[1];
+        if (w0 < W) y[0] = r[0];         // a phase may end a column before the tiles do
+        if (w0 + 1 < W) y[step] = r[1];
     }
-    WINOGRAD_HD static void load(const float* p, float (&r)[2], bool vector, int w0, int W) {
+    WINOGRAD_HD static void load(const float* p, float (&r)[2], bool vector, int w0, int W,
+                                 int step) {
         if (vector) {
             const float2 f = *reinterpret_cast<const float2*>(p);
             r[0] = f.x;
             r[1] = f.y;
             return;
         }
-        r[0] = WINOGRAD_LOAD(p);
-        r[1] = w0 + 1 < W ? WINOGRAD_LOAD(p + 1) : 0.0f;
+        r[0] = w0 < W ? WINOGRAD_LOAD(p) : 0.0f;
+        r[1] = w0 + 1 < W ? WINOGRAD_LOAD(p + step) : 0.0f;
     }
 };
 
 template <> struct RowStore<4> {
-    WINOGRAD_HD static void store(float* y, const float (&r)[4], bool vector, int w0, int W) {
+    WINOGRAD_HD static void store(float* y, const float (&r)[4], bool vector, int w0, int W,
+                                  int step) {
         if (vector) {
             *reinterpret_cast<float4*>(y) = make_float4(r[0], r[1], r[2], r[3]);
             return;
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (w0 + j < W) y[j] = r[j];
+            if (w0 + j < W) y[j * step] = r[j];
     }
-    WINOGRAD_HD static void load(const float* p, float (&r)[4], bool vector, int w0, int W) {
+    WINOGRAD_HD static void load(const float* p, float (&r)[4], bool vector, int w0, int W,
+                                 int step) {
         if (vector) {
             const float4 f = *reinterpret_cast<const float4*>(p);
             r[0] = f.x;
@@ -242,17 +276,20 @@ template <> struct RowStore<4> {
             return;
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) r[j] = w0 + j < W ? WINOGRAD_LOAD(p + j) : 0.0f;
+        for (int j = 0; j < 4; ++j) r[j] = w0 + j < W ? WINOGRAD_LOAD(p + j * step) : 0.0f;
     }
 };
 
-// y tile <- act(A^T M A + bias[o] + residual) for (output channel o, tile tl),
-// idx = o * T + tl; bias and residual may be null. vector: W % M == 0 and y,
-// residual aligned to M floats, so every row of a tile is stored whole.
+// y tile <- act(A^T M A + bias[o0] + residual) for (output channel o, tile tl),
+// idx = o * T + tl, y (and residual) phase-viewed through (C0, SH, SW, HS, WS)
+// and o0 = o % C0 the real channel; bias and residual may be null. vector:
+// no phases, W % M == 0 and y, residual aligned to M floats, so every row of a
+// tile is stored whole.
 template <int M>
 WINOGRAD_HD void output_transform_tile(const float* m, const float* bias, const float* residual,
-                                       float* y, int idx, int C, int H, int W, int TH, int TW,
-                                       int t_begin, int T, int act, int vector) {
+                                       float* y, int idx, int C, int C0, int SH, int SW, int HS,
+                                       int WS, int TH, int TW, int t_begin, int T, int act,
+                                       int vector) {
     constexpr int A = Transform<M>::A;
     const int o = idx / T, tl = idx - o * T;
     const TileIndex ti = tile_index(t_begin + tl, TH, TW);
@@ -272,25 +309,25 @@ WINOGRAD_HD void output_transform_tile(const float* m, const float* bias, const 
 #pragma unroll
         for (int i = 0; i < M; ++i) at[i][j] = out[i];
     }
-    const float b = bias ? WINOGRAD_LOAD(bias + o) : 0.0f;
+    const PhasePlane p = phase_plane(ti.n, o, C0, SH, SW, HS, WS);
+    const float b = bias ? WINOGRAD_LOAD(bias + o % C0) : 0.0f;
     const int h0 = ti.th * M, w0 = ti.tw * M;
-    const size_t image = ((size_t)ti.n * C + o) * H * W;
 #pragma unroll
     for (int i = 0; i < M; ++i) {         // (A^T a) A: the rows, then the epilogue
         const int h = h0 + i;
-        if (h >= H) break;
+        if (h >= p.rows) break;
         float row[M];
         Transform<M>::output(at[i], row);
-        const size_t offset = image + (size_t)h * W + w0;
+        const size_t offset = p.base + (size_t)(h * SH + p.row0) * WS + (size_t)w0 * SW + p.col0;
         if (residual) {
             float r[M];
-            RowStore<M>::load(residual + offset, r, vector, w0, W);
+            RowStore<M>::load(residual + offset, r, vector, w0, p.cols, SW);
 #pragma unroll
             for (int j = 0; j < M; ++j) row[j] += r[j];
         }
 #pragma unroll
         for (int j = 0; j < M; ++j) row[j] = activate(row[j] + b, act);
-        RowStore<M>::store(y + offset, row, vector, w0, W);
+        RowStore<M>::store(y + offset, row, vector, w0, p.cols, SW);
     }
 }
 
@@ -303,18 +340,19 @@ WINOGRAD_HD void output_transform_tile(const float* m, const float* bias, const 
         GRID_STRIDE_LOOP(idx, C_y * C_x) filter_transform_pair<M>(w, u, idx, C_y, C_x, flip);   \
     }                                                                                            \
     extern "C" __global__ void winograd_input_f##M(                                              \
-            const float* __restrict__ x, float* __restrict__ v, int C, int H, int W, int TH,     \
-            int TW, int t_begin, int T, int pad_top, int pad_left) {                             \
+            const float* __restrict__ x, float* __restrict__ v, int C, int C0, int SH, int SW,   \
+            int HS, int WS, int TH, int TW, int t_begin, int T, int pad_top, int pad_left) {     \
         GRID_STRIDE_LOOP(idx, C * T)                                                             \
-            input_transform_tile<M>(x, v, idx, C, H, W, TH, TW, t_begin, T, pad_top, pad_left);  \
+            input_transform_tile<M>(x, v, idx, C, C0, SH, SW, HS, WS, TH, TW, t_begin, T,        \
+                                    pad_top, pad_left);                                          \
     }                                                                                            \
     extern "C" __global__ void winograd_output_f##M(                                             \
             const float* __restrict__ m, const float* __restrict__ bias,                        \
-            const float* __restrict__ residual, float* __restrict__ y, int C, int H, int W,      \
-            int TH, int TW, int t_begin, int T, int act, int vector) {                           \
+            const float* __restrict__ residual, float* __restrict__ y, int C, int C0, int SH,    \
+            int SW, int HS, int WS, int TH, int TW, int t_begin, int T, int act, int vector) {   \
         GRID_STRIDE_LOOP(idx, C * T)                                                             \
-            output_transform_tile<M>(m, bias, residual, y, idx, C, H, W, TH, TW, t_begin, T,     \
-                                     act, vector);                                               \
+            output_transform_tile<M>(m, bias, residual, y, idx, C, C0, SH, SW, HS, WS, TH, TW,   \
+                                     t_begin, T, act, vector);                                   \
     }
 
 WINOGRAD_KERNELS(2)

@@ -15,6 +15,10 @@ whose output is x split into its s_h * s_w phases::
 so both run as stride-1 convolutions, and C' takes the stride-1 3x3 paths
 (Winograd F(4x4, 3x3)) where C (5x5 / 2, the GDN autoencoders' layers) had
 only im2col + GEMM, whose column matrix is 25 floats per pixel and channel.
+Winograd's transforms read x' and write x through a phase view of x
+(:class:`gdnflow.ops.winograd.PhaseView`), so split and interleave then cost
+no pass of their own; the kernels of this module do them for any other
+inner algorithm.
 
 Index arithmetic, one axis (stride s, C's padding p before, kernel k). C's
 backward-data sends y[o] * w[kk] to x[o*s - p + kk]. Write x's index as
@@ -30,10 +34,10 @@ padding 2, P = 1 and taps = 3: w' is [4 C_x, C_y, 3, 3], 36 taps of which 25
 are w's. C' is supported when that padding after is not negative.
 
 Cost against im2col + GEMM for C (both GEMM-bound): 36/25 the multiply-adds
-before Winograd's 4x saving, plus one pass over x (split or interleave) and
-a weight rearrangement (36/25 the weight's size). The heuristic prefers this
-path where C' would run F(4x4) (:meth:`Subpixel.preferred`); autotune times
-it against the others. The weight gradient stays with the other algorithms.
+before Winograd's 4x saving, plus a weight rearrangement (36/25 the
+weight's size). The heuristic prefers this path where C' would run F(4x4)
+(:meth:`Subpixel.preferred`); autotune times it against the others. The
+weight gradient stays with the other algorithms.
 """
 import dataclasses
 import functools
@@ -148,6 +152,19 @@ def _inner_algorithm(plan, stage):
     return conv.planner.choose(plan.inner, stage)
 
 
+def _reads_phases(algorithm):
+    """Whether ``algorithm`` reads and writes phase splits itself (Winograd's
+    transforms do: no split or interleave pass)."""
+    from gdnflow.ops.winograd import WinogradF2, WinogradF4
+    return algorithm in (WinogradF4, WinogradF2)
+
+
+def _phases(plan, g):
+    """C's input x as the phase split C' produces or reads (a Winograd PhaseView)."""
+    from gdnflow.ops.winograd import PhaseView
+    return PhaseView(g.c_in, plan.rows.stride, plan.cols.stride, g.h, g.w)
+
+
 class Subpixel:
     """Strided conv2d (groups 1, no dilation) through a stride-1 convolution on
     the sub-pixel grid: forward and backward-data (so conv_transpose2d's
@@ -174,14 +191,20 @@ class Subpixel:
         """y = C'.backward_data(split(x), w') (bias and activation: the caller's epilogue)."""
         plan = subpixel_plan(g)
         algorithm = _inner_algorithm(plan, "backward_data")
-        return algorithm.backward_data(plan.inner, split(plan, g, x), subpixel_weight(plan, g, w))
+        w_sub = subpixel_weight(plan, g, w)
+        if _reads_phases(algorithm):
+            return algorithm.backward_data(plan.inner, x, w_sub, input_phases=_phases(plan, g))
+        return algorithm.backward_data(plan.inner, split(plan, g, x), w_sub)
 
     @staticmethod
     def backward_data(g, gy, w):
         """gx = interleave(C'.forward(gy, w'))."""
         plan = subpixel_plan(g)
         algorithm = _inner_algorithm(plan, "forward")
-        return interleave(plan, g, algorithm.forward(plan.inner, gy, subpixel_weight(plan, g, w)))
+        w_sub = subpixel_weight(plan, g, w)
+        if _reads_phases(algorithm):
+            return algorithm.forward(plan.inner, gy, w_sub, output_phases=_phases(plan, g))
+        return interleave(plan, g, algorithm.forward(plan.inner, gy, w_sub))
 
     @staticmethod
     def backward_weight(g, x, gy):

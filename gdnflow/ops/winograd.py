@@ -263,11 +263,40 @@ def derived_weight(kind, w, make):
 
 
 # ------------------------------------------------------------------ passes --
-def _winograd_pass(t, x, u, bias=None, residual=None, activation=0):
-    """y [N, C_y, H_y, W_y] for tiling t from x and the transformed filter u (see winograd.cu)."""
+@dataclasses.dataclass(frozen=True)
+class PhaseView:
+    """A pass's input or output seen as the phase split of a real tensor
+    [N, ``channels``, ``h``, ``w``] (see winograd.cu): pass channel
+    (rh * sw + rw) * channels + c, cell (i, j) is the real element
+    (c, i * sh + rh, j * sw + rw). :mod:`gdnflow.ops.subpixel` passes these."""
+
+    channels: int
+    sh: int
+    sw: int
+    h: int
+    w: int
+
+
+def _view_args(view, channels, h, w):
+    """The (C0, SH, SW, HS, WS) kernel arguments of ``view``, or of no view."""
+    if view is None:
+        return channels, 1, 1, h, w
+    return view.channels, view.sh, view.sw, view.h, view.w
+
+
+def _winograd_pass(t, x, u, bias=None, residual=None, activation=0, input_phases=None,
+                   output_phases=None):
+    """y [N, C_y, H_y, W_y] for tiling t from x and the transformed filter u (see winograd.cu).
+
+    With ``input_phases`` / ``output_phases`` (:class:`PhaseView`), x / y
+    (and the residual) are the real tensors whose phase split the pass reads
+    / writes; y then has the real shape and the bias is per real channel.
+    """
     from gdnflow.backends.cuda import blas
     from gdnflow.backends.cuda.kernels import check_index_range
-    y = cuda.empty((t.n, t.c_y, t.h_y, t.w_y))
+    x_view = _view_args(input_phases, t.c_x, t.h_x, t.w_x)
+    y_view = _view_args(output_phases, t.c_y, t.h_y, t.w_y)
+    y = cuda.empty((t.n, y_view[0], y_view[3], y_view[4]))
     chunks = t.chunks(WORKSPACE_BYTES)
     if not chunks:
         return y
@@ -279,18 +308,18 @@ def _winograd_pass(t, x, u, bias=None, residual=None, activation=0):
     mm = cuda.empty((alpha2 * t.c_y * size,))
     # Whole rows of a tile in one vector store: every tile inside the width
     # and every row start aligned to m floats.
-    vector = int(t.w_y % m == 0 and y.ptr % (FLOAT * m) == 0
+    vector = int(output_phases is None and t.w_y % m == 0 and y.ptr % (FLOAT * m) == 0
                  and (residual is None or residual.ptr % (FLOAT * m) == 0))
-    forward_input = cuda.kernel(SOURCE, f"winograd_input_f{m}", "PP" + "i" * 9)
-    forward_output = cuda.kernel(SOURCE, f"winograd_output_f{m}", "PPPP" + "i" * 9)
+    forward_input = cuda.kernel(SOURCE, f"winograd_input_f{m}", "PP" + "i" * 12)
+    forward_output = cuda.kernel(SOURCE, f"winograd_output_f{m}", "PPPP" + "i" * 12)
     for t0, count in chunks:
-        forward_input.launch(t.c_x * count, x.ptr, v.ptr, t.c_x, t.h_x, t.w_x, t.tiles_h,
+        forward_input.launch(t.c_x * count, x.ptr, v.ptr, t.c_x, *x_view, t.tiles_h,
                              t.tiles_w, t0, count, t.pad_top, t.pad_left)
         blas.matmul(u.ptr, v.ptr, mm.ptr, t.c_y, count, t.c_x, batch=alpha2,
                     stride_a=t.c_y * t.c_x, stride_b=t.c_x * count, stride_c=t.c_y * count)
         forward_output.launch(t.c_y * count, mm.ptr, 0 if bias is None else bias.ptr,
-                              0 if residual is None else residual.ptr, y.ptr, t.c_y, t.h_y,
-                              t.w_y, t.tiles_h, t.tiles_w, t0, count, activation, vector)
+                              0 if residual is None else residual.ptr, y.ptr, t.c_y, *y_view,
+                              t.tiles_h, t.tiles_w, t0, count, activation, vector)
     return y
 
 
@@ -308,17 +337,20 @@ class _Winograd:
         return supports(g)
 
     @classmethod
-    def forward(cls, g, x, w, bias=None, activation=0, residual=None):
-        """y = act(conv(x, w) + bias + residual), the epilogue fused into the output transform."""
+    def forward(cls, g, x, w, bias=None, activation=0, residual=None, output_phases=None):
+        """y = act(conv(x, w) + bias + residual), the epilogue fused into the output
+        transform; y written through ``output_phases`` (a :class:`PhaseView`) if given."""
         return _winograd_pass(tiling(g, cls.m, "forward"), x,
                               filter_transform(w, cls.m, g.c_out, g.c_in, flip=False),
-                              bias, residual, activation)
+                              bias, residual, activation, output_phases=output_phases)
 
     @classmethod
-    def backward_data(cls, g, gy, w):
-        """gx = conv(gy, w rotated 180 degrees with its channel axes swapped), padding 2 - p."""
+    def backward_data(cls, g, gy, w, input_phases=None):
+        """gx = conv(gy, w rotated 180 degrees with its channel axes swapped), padding 2 - p;
+        gy read through ``input_phases`` (a :class:`PhaseView`) if given."""
         return _winograd_pass(tiling(g, cls.m, "backward_data"), gy,
-                              filter_transform(w, cls.m, g.c_in, g.c_out, flip=True))
+                              filter_transform(w, cls.m, g.c_in, g.c_out, flip=True),
+                              input_phases=input_phases)
 
     @staticmethod
     def backward_weight(g, x, gy):

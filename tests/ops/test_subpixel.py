@@ -16,6 +16,7 @@ from gdnflow.ops.conv import ConvPlanner, NumpyConv, conv_geometry, normalize_pa
 from gdnflow.ops.subpixel import Subpixel, split_axis, subpixel_plan
 from gdnflow.ops.winograd import WinogradF4
 from gdnflow.testing import assert_backends_match
+from phase_layout import interleave_phases, split_phases
 
 
 def _geometry(x_shape, w_shape, stride, padding):
@@ -47,23 +48,11 @@ def _weight_model(plan, g, w):
 
 
 def _split_model(plan, g, x):
-    rows, cols = plan.rows, plan.cols
-    padded = np.zeros((g.n, g.c_in, rows.cells * rows.stride, cols.cells * cols.stride))
-    padded[:, :, :g.h, :g.w] = x
-    phases = [padded[:, :, rh::rows.stride, rw::cols.stride]
-              for rh in range(rows.stride) for rw in range(cols.stride)]
-    return np.concatenate(phases, axis=1)
+    return split_phases(x, plan.rows.stride, plan.cols.stride, plan.rows.cells, plan.cols.cells)
 
 
 def _interleave_model(plan, g, x_sub):
-    rows, cols = plan.rows, plan.cols
-    full = np.empty((g.n, g.c_in, rows.cells * rows.stride, cols.cells * cols.stride))
-    for rh in range(rows.stride):
-        for rw in range(cols.stride):
-            phase = rh * cols.stride + rw
-            full[:, :, rh::rows.stride, rw::cols.stride] = x_sub[:, phase * g.c_in:
-                                                                 (phase + 1) * g.c_in]
-    return full[:, :, :g.h, :g.w]
+    return interleave_phases(x_sub, plan.rows.stride, plan.cols.stride, g.h, g.w)
 
 
 CASES = {

@@ -24,6 +24,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, conv_geometry,
 from gdnflow.ops.winograd import TRANSFORMS, WinogradF2, WinogradF4, tiling
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HostArray, host_builder
+from phase_layout import interleave_phases, split_phases
 
 WINOGRADS = (WinogradF4, WinogradF2)
 
@@ -190,15 +191,17 @@ extern "C" void host_winograd_filter_f##M(const float* w, float* u, int C_y, int
                                           int flip) {                                      \\
     for (int i = 0; i < C_y * C_x; ++i) filter_transform_pair<M>(w, u, i, C_y, C_x, flip); \\
 }                                                                                          \\
-extern "C" void host_winograd_input_f##M(const float* x, float* v, int C, int H, int W,  \\
-        int TH, int TW, int t0, int T, int pt, int pl) {                                   \\
+extern "C" void host_winograd_input_f##M(const float* x, float* v, int C, int C0, int SH, \\
+        int SW, int HS, int WS, int TH, int TW, int t0, int T, int pt, int pl) {           \\
     for (int i = 0; i < C * T; ++i)                                                        \\
-        input_transform_tile<M>(x, v, i, C, H, W, TH, TW, t0, T, pt, pl);                  \\
+        input_transform_tile<M>(x, v, i, C, C0, SH, SW, HS, WS, TH, TW, t0, T, pt, pl);    \\
 }                                                                                          \\
 extern "C" void host_winograd_output_f##M(const float* m, const float* b, const float* r, \\
-        float* y, int C, int H, int W, int TH, int TW, int t0, int T, int act, int vec) {  \\
+        float* y, int C, int C0, int SH, int SW, int HS, int WS, int TH, int TW, int t0,   \\
+        int T, int act, int vec) {                                                         \\
     for (int i = 0; i < C * T; ++i)                                                        \\
-        output_transform_tile<M>(m, b, r, y, i, C, H, W, TH, TW, t0, T, act, vec);         \\
+        output_transform_tile<M>(m, b, r, y, i, C, C0, SH, SW, HS, WS, TH, TW, t0, T, act, \\
+                                 vec);                                                     \\
 }
 HOST_KERNELS(2)
 HOST_KERNELS(4)
@@ -283,6 +286,41 @@ def test_cuda_code_on_host_matches_numpy(algorithm, case, epilogue, on_host, rng
     gy = rng.standard_normal(g.y_shape)
     got = algorithm.backward_data(g, HostArray(g.y_shape, gy), HostArray(g.w_shape, w))
     assert relative_error(got.get(), NumpyConv.backward_data(g, gy, w)) <= 1e-4
+
+
+# (real N, C0, H, W; phase strides; inner C_y, padding): H, W give ceil(H / sh) cells.
+PHASE_CASES = {
+    "2x2_odd": ((2, 3, 17, 13), (2, 2), 5, 1),
+    "2x2_even": ((1, 2, 16, 12), (2, 2), 4, 1),
+    "3x1_asymmetric": ((1, 2, 10, 7), (3, 1), 3, (0, 2, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS, ids=lambda a: a.name)
+@pytest.mark.parametrize("case", PHASE_CASES)
+def test_cuda_code_on_host_through_phase_views(algorithm, case, on_host, rng):
+    # The sub-pixel rewrite's use: the forward writes, and the backward-data
+    # pass reads, the phase split of a real tensor (PhaseView) instead of an
+    # NCHW tensor of the pass's own shape; against NumPy on the split.
+    (n, c0, h, w), (sh, sw), c_y, padding = PHASE_CASES[case]
+    cells = (-(-h // sh), -(-w // sw))
+    pad = normalize_padding("conv2d", padding)
+    inner_in = (cells[0] - pad[0] - pad[1] + 2, cells[1] - pad[2] - pad[3] + 2)
+    g = _geometry((n, c_y) + inner_in, (sh * sw * c0, c_y, 3, 3), padding)
+    assert (g.oh, g.ow) == cells
+    view = winograd.PhaseView(c0, sh, sw, h, w)
+    gy, w_sub = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
+    bias = rng.standard_normal(c0)
+    got = algorithm.forward(g, HostArray(g.x_shape, gy), HostArray(g.w_shape, w_sub),
+                            HostArray(bias.shape, bias), output_phases=view)
+    want = interleave_phases(NumpyConv.forward(g, gy, w_sub), sh, sw, h, w) + bias[:, None, None]
+    assert got.shape == (n, c0, h, w) and got.guards_untouched()
+    assert relative_error(got.get(), want) <= 1e-4
+    x = rng.standard_normal((n, c0, h, w))
+    got = algorithm.backward_data(g, HostArray(x.shape, x), HostArray(g.w_shape, w_sub),
+                                  input_phases=view)
+    want = NumpyConv.backward_data(g, split_phases(x, sh, sw, *cells), w_sub)
+    assert got.guards_untouched() and relative_error(got.get(), want) <= 1e-4
 
 
 def test_cuda_code_on_host_in_chunks(on_host, rng, monkeypatch):
