@@ -28,7 +28,8 @@
 //     V[xi][c][tl]  at (xi * C_x + c) * T + tl
 //     M[xi][o][tl]  at (xi * C_y + o) * T + tl
 // One thread per (channel, tile): consecutive threads take consecutive tiles,
-// so the V and M accesses of a warp are contiguous for every xi.
+// so the V and M accesses of a warp are contiguous for every xi (with column
+// phases, see below, the SW phases of a tile come first: runs of tiles still).
 //
 // Phase views. The input the input transform reads and the output the output
 // transform writes may each be a phase split of a real tensor (the sub-pixel
@@ -147,6 +148,25 @@ WINOGRAD_HD PhasePlane phase_plane(int n, int c, int C0, int SH, int SW, int HS,
     return p;
 }
 
+// The (channel, chunk-local tile) of thread idx of a transform over C * T
+// (channel, tile) pairs. Channel-major (c = idx / T) without column phases
+// (SW = 1); with them, the SW column phases of one (row phase, real channel,
+// tile) go to adjacent threads, so that their strided accesses to the real
+// tensor together cover whole 32-byte sectors (HBM writes a partly written
+// sector as a read-modify-write), while their V / M accesses stay runs of
+// consecutive tiles.
+WINOGRAD_HD void channel_and_tile(int idx, int T, int C0, int SW, int& c, int& tl) {
+    if (SW == 1) {
+        c = idx / T;
+        tl = idx - c * T;
+        return;
+    }
+    const int rw = idx % SW, rest = idx / SW;
+    tl = rest % T;
+    const int q = rest / T, rh = q / C0, c0 = q - rh * C0;
+    c = (rh * SW + rw) * C0 + c0;
+}
+
 // U[xi][o][c] <- G g G^T for the pair idx = o * C_x + c of a [C_y, C_x] grid.
 // flip = 0: g = w[o, c] of w [C_y, C_x, 3, 3] (the forward).
 // flip = 1: g = w[c, o] rotated by 180 degrees, of w [C_x, C_y, 3, 3]
@@ -189,7 +209,9 @@ WINOGRAD_HD void input_transform_tile(const float* x, float* v, int idx, int C, 
                                       int SW, int HS, int WS, int TH, int TW, int t_begin,
                                       int T, int pad_top, int pad_left) {
     constexpr int A = Transform<M>::A;
-    const int c = idx / T, tl = idx - c * T;
+    int c, tl;
+    channel_and_tile(idx, T, C0, SW, c, tl);
+    const size_t slot = (size_t)c * T + tl;     // its place in V[xi]
     const TileIndex ti = tile_index(t_begin + tl, TH, TW);
     const int h0 = ti.th * M - pad_top, w0 = ti.tw * M - pad_left;
     const PhasePlane p = phase_plane(ti.n, c, C0, SH, SW, HS, WS);
@@ -222,7 +244,7 @@ WINOGRAD_HD void input_transform_tile(const float* x, float* v, int idx, int C, 
         float out[A];
         Transform<M>::input(d[i], out);
 #pragma unroll
-        for (int j = 0; j < A; ++j) v[(i * A + j) * plane + idx] = out[j];
+        for (int j = 0; j < A; ++j) v[(i * A + j) * plane + slot] = out[j];
     }
 }
 
@@ -291,14 +313,16 @@ WINOGRAD_HD void output_transform_tile(const float* m, const float* bias, const 
                                        int WS, int TH, int TW, int t_begin, int T, int act,
                                        int vector) {
     constexpr int A = Transform<M>::A;
-    const int o = idx / T, tl = idx - o * T;
+    int o, tl;
+    channel_and_tile(idx, T, C0, SW, o, tl);
+    const size_t slot = (size_t)o * T + tl;     // its place in M[xi]
     const TileIndex ti = tile_index(t_begin + tl, TH, TW);
     const size_t plane = (size_t)C * T;
     float a[A][A];
 #pragma unroll
     for (int i = 0; i < A; ++i)
 #pragma unroll
-        for (int j = 0; j < A; ++j) a[i][j] = m[(i * A + j) * plane + idx];
+        for (int j = 0; j < A; ++j) a[i][j] = m[(i * A + j) * plane + slot];
     float at[M][A];                       // A^T a: the columns
 #pragma unroll
     for (int j = 0; j < A; ++j) {

@@ -37,7 +37,9 @@ An algorithm is a class with ``name``, ``supports(g)``, the three maps and
 ``fuses_bias_activation`` (its forward takes ``bias`` and ``activation``);
 optionally ``stages`` (the maps it offers the planner, default all three),
 ``preferred(g)`` (whether the heuristic takes it for a geometry it supports,
-default yes) and ``fuses_residual`` (its forward also takes ``residual``).
+default yes), ``fuses_residual`` (its forward also takes ``residual``) and
+``backward_data_fuses_bias`` (its backward_data takes ``bias``, for
+conv_transpose2d).
 """
 import dataclasses
 import functools

@@ -10,7 +10,10 @@ the same stride, padding, dilation and groups:
                               gradient swapped (gw from gy and x)
 
 so every algorithm of conv2d (im2col + GEMM, pointwise GEMM, depthwise
-kernels) serves it too, chosen by the same planner.
+kernels, Winograd, the sub-pixel rewrite) serves it too, chosen by the same
+planner. An algorithm whose ``backward_data_fuses_bias`` is true takes the
+bias into that pass (the sub-pixel rewrite adds it in Winograd's output
+transform); otherwise the bias is one pass after it.
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
@@ -81,9 +84,13 @@ class ConvTranspose2d(Operator):
 
     def _forward(self, x, w, *extras):
         g = self.geometry
-        y = conv_algorithm(self.device, g, "backward_data").backward_data(g, x, w)
-        if self.has_bias:
-            y = self.dispatch("epilogue", y, extras[0])
+        algorithm = conv_algorithm(self.device, g, "backward_data")
+        if self.has_bias and getattr(algorithm, "backward_data_fuses_bias", False):
+            y = algorithm.backward_data(g, x, w, bias=extras[0])
+        else:
+            y = algorithm.backward_data(g, x, w)
+            if self.has_bias:
+                y = self.dispatch("epilogue", y, extras[0])
         keep_x, keep_w, _ = self.keep
         self.saved = (x if keep_x else None, w if keep_w else None)
         return y

@@ -159,6 +159,14 @@ def _reads_phases(algorithm):
     return algorithm in (WinogradF4, WinogradF2)
 
 
+def _epilogue(y, bias, activation):
+    """y <- act(y + bias) in one pass where there is anything to do; returns y."""
+    if bias is None and not activation:
+        return y
+    from gdnflow.ops.conv import epilogue_cuda
+    return epilogue_cuda(y, bias, None, activation)
+
+
 def _phases(plan, g):
     """C's input x as the phase split C' produces or reads (a Winograd PhaseView)."""
     from gdnflow.ops.winograd import PhaseView
@@ -172,7 +180,9 @@ class Subpixel:
 
     name = "subpixel"
     stages = ("forward", "backward_data")
-    fuses_bias_activation = False
+    fuses_bias_activation = True
+    #: backward_data takes a bias too (conv_transpose2d's forward passes its own).
+    backward_data_fuses_bias = True
 
     @staticmethod
     def supports(g):
@@ -188,23 +198,27 @@ class Subpixel:
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
-        """y = C'.backward_data(split(x), w') (bias and activation: the caller's epilogue)."""
+        """y = act(C'.backward_data(split(x), w') + bias), the epilogue in Winograd's
+        output transform (or one pass after another inner algorithm)."""
         plan = subpixel_plan(g)
         algorithm = _inner_algorithm(plan, "backward_data")
         w_sub = subpixel_weight(plan, g, w)
         if _reads_phases(algorithm):
-            return algorithm.backward_data(plan.inner, x, w_sub, input_phases=_phases(plan, g))
-        return algorithm.backward_data(plan.inner, split(plan, g, x), w_sub)
+            return algorithm.backward_data(plan.inner, x, w_sub, input_phases=_phases(plan, g),
+                                           bias=bias, activation=activation)
+        y = algorithm.backward_data(plan.inner, split(plan, g, x), w_sub)
+        return _epilogue(y, bias, activation)
 
     @staticmethod
-    def backward_data(g, gy, w):
-        """gx = interleave(C'.forward(gy, w'))."""
+    def backward_data(g, gy, w, bias=None):
+        """gx = interleave(C'.forward(gy, w')) + bias (conv_transpose2d's bias, per
+        channel of gx; in Winograd's output transform where it runs)."""
         plan = subpixel_plan(g)
         algorithm = _inner_algorithm(plan, "forward")
         w_sub = subpixel_weight(plan, g, w)
         if _reads_phases(algorithm):
-            return algorithm.forward(plan.inner, gy, w_sub, output_phases=_phases(plan, g))
-        return interleave(plan, g, algorithm.forward(plan.inner, gy, w_sub))
+            return algorithm.forward(plan.inner, gy, w_sub, bias, output_phases=_phases(plan, g))
+        return _epilogue(interleave(plan, g, algorithm.forward(plan.inner, gy, w_sub)), bias, 0)
 
     @staticmethod
     def backward_weight(g, x, gy):

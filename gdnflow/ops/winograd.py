@@ -345,12 +345,14 @@ class _Winograd:
                               bias, residual, activation, output_phases=output_phases)
 
     @classmethod
-    def backward_data(cls, g, gy, w, input_phases=None):
+    def backward_data(cls, g, gy, w, input_phases=None, bias=None, activation=0):
         """gx = conv(gy, w rotated 180 degrees with its channel axes swapped), padding 2 - p;
-        gy read through ``input_phases`` (a :class:`PhaseView`) if given."""
+        gy read through ``input_phases`` (a :class:`PhaseView`) if given. ``bias`` and
+        ``activation``: an epilogue fused into the output transform (the sub-pixel
+        rewrite's forward uses this pass as a forward)."""
         return _winograd_pass(tiling(g, cls.m, "backward_data"), gy,
                               filter_transform(w, cls.m, g.c_in, g.c_out, flip=True),
-                              input_phases=input_phases)
+                              bias, None, activation, input_phases=input_phases)
 
     @staticmethod
     def backward_weight(g, x, gy):

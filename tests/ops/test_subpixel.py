@@ -12,7 +12,8 @@ import pytest
 
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module
-from gdnflow.ops.conv import ConvPlanner, NumpyConv, conv_geometry, normalize_padding
+from gdnflow.ops.conv import (STAGES, ConvPlanner, Im2colGemm, NumpyConv, conv_geometry,
+                              normalize_padding)
 from gdnflow.ops.subpixel import Subpixel, split_axis, subpixel_plan
 from gdnflow.ops.winograd import WinogradF4
 from gdnflow.testing import assert_backends_match
@@ -121,39 +122,53 @@ def test_heuristic_takes_the_rewrite_where_the_inner_convolution_is_winograd():
 
 # --------------------------------------------------------------------- GPU --
 class _ForcedSubpixel:
-    """A planner that runs Subpixel wherever it can and the default choice elsewhere."""
+    """A planner that runs Subpixel wherever it can and ``inner`` for the
+    stride-1 convolution inside it where that applies (Winograd: through phase
+    views; im2col: explicit split and interleave kernels); the default elsewhere."""
 
-    def __init__(self):
+    def __init__(self, inner):
+        self.inner = inner
         self.default = ConvPlanner(autotune=False)
 
     def choose(self, g, stage):
-        if stage in Subpixel.stages and Subpixel.supports(g):
-            return Subpixel
+        for algorithm in (Subpixel, self.inner):
+            if stage in getattr(algorithm, "stages", STAGES) and algorithm.supports(g):
+                return algorithm
         return self.default.choose(g, stage)
 
 
+INNER = {"winograd": WinogradF4, "im2col": Im2colGemm}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("inner", INNER)
 @pytest.mark.parametrize("case", CASES)
-def test_conv2d_through_subpixel_cuda_matches_numpy(case, rng, monkeypatch):
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_conv2d_through_subpixel_cuda_matches_numpy(case, activation, inner, rng, monkeypatch):
     x_shape, w_shape, stride, padding = CASES[case]
-    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel())
+    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel(INNER[inner]))
     x, w, b = (rng.standard_normal(x_shape), rng.standard_normal(w_shape),
                rng.standard_normal(w_shape[0]))
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, stride=stride, padding=padding),
+    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, stride=stride, padding=padding,
+                                                     activation=activation),
                           [x, w, b], rtol=1e-4)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 6, 9, 11), (3, 96, 8, 8), (2, 128, 7, 9)], ids=str)
+@pytest.mark.parametrize("inner", INNER)
+@pytest.mark.parametrize("shape", [(2, 6, 9, 11), (3, 96, 8, 8), (1, 5, 1, 2)], ids=str)
 @pytest.mark.parametrize("output_padding", [0, 1])
-def test_conv_transpose2d_through_subpixel_cuda_matches_numpy(shape, output_padding, rng,
-                                                              monkeypatch):
-    # 96 and 128 channels: the inner 3x3 convolution runs Winograd F(4x4).
-    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel())
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose2d_through_subpixel_cuda_matches_numpy(shape, output_padding, bias, inner,
+                                                              rng, monkeypatch):
+    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel(INNER[inner]))
     c_in = shape[1]
     x, w, b = (rng.standard_normal(shape), rng.standard_normal((c_in, c_in, 5, 5)) / c_in,
                rng.standard_normal(c_in))
-    assert_backends_match(
-        lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=2,
-                                             output_padding=output_padding),
-        [x, w, b], rtol=1e-4)
+    kwargs = dict(stride=2, padding=2, output_padding=output_padding)
+    if bias:
+        assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kwargs),
+                              [x, w, b], rtol=1e-4)
+    else:
+        assert_backends_match(lambda x, w: ops.conv_transpose2d(x, w, **kwargs), [x, w],
+                              rtol=1e-4)

@@ -316,10 +316,12 @@ def test_cuda_code_on_host_through_phase_views(algorithm, case, on_host, rng):
     want = interleave_phases(NumpyConv.forward(g, gy, w_sub), sh, sw, h, w) + bias[:, None, None]
     assert got.shape == (n, c0, h, w) and got.guards_untouched()
     assert relative_error(got.get(), want) <= 1e-4
-    x = rng.standard_normal((n, c0, h, w))
+    x, bias = rng.standard_normal((n, c0, h, w)), rng.standard_normal(c_y)
     got = algorithm.backward_data(g, HostArray(x.shape, x), HostArray(g.w_shape, w_sub),
-                                  input_phases=view)
-    want = NumpyConv.backward_data(g, split_phases(x, sh, sw, *cells), w_sub)
+                                  input_phases=view, bias=HostArray(bias.shape, bias),
+                                  activation=1)
+    want = epilogue_numpy(NumpyConv.backward_data(g, split_phases(x, sh, sw, *cells), w_sub),
+                          bias, None, 1)
     assert got.guards_untouched() and relative_error(got.get(), want) <= 1e-4
 
 
