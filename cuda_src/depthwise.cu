@@ -36,7 +36,7 @@
 // tests/ops/test_conv.py compiles this file for the host and runs
 // every block and thread through them, so the index arithmetic, the vector
 // alignment and the shared-memory bounds are checked without a GPU
-// (DW_HOST_CHECK counts violations there; it is empty on the device).
+// (HOST_CHECK counts violations there; it is empty on the device).
 #include "gdnflow_common.cuh"
 
 #ifndef KH
@@ -78,9 +78,6 @@
 #ifndef FLIP
 #define FLIP 0
 #endif
-#ifndef DW_HOST_CHECK
-#define DW_HOST_CHECK(condition)
-#endif
 
 // Threads per block the forward is compiled for (the host never asks for more).
 #define DW_MAX_THREADS 256
@@ -101,7 +98,7 @@ __device__ __forceinline__ int floor_div(int a, int b) {
 // address must be aligned to 4*N bytes (checked on the host).
 template <int N>
 DW_HD void load_floats(float* r, const float* p) {
-    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
+    HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
     if constexpr (N == 4) {
         const float4 v = *reinterpret_cast<const float4*>(p);
         r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
@@ -115,7 +112,7 @@ DW_HD void load_floats(float* r, const float* p) {
 
 template <int N>
 DW_HD void store_floats(float* p, const float* r) {
-    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
+    HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
     if constexpr (N == 4) {
         *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
     } else if constexpr (N == 2) {
@@ -123,31 +120,6 @@ DW_HD void store_floats(float* p, const float* r) {
     } else {
         *p = r[0];
     }
-}
-
-// Global -> shared copy of N floats without a register round trip (cp.async,
-// sm_80+; 16-byte copies bypass L1). On the host and older GPUs: a plain copy.
-template <int N>
-DW_HD void copy_to_shared(float* dst, const float* src) {
-    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
-    DW_HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    if constexpr (N == 4)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
-                     :: "r"(s), "l"(src), "n"(4 * N) : "memory");
-#else
-    for (int i = 0; i < N; ++i) dst[i] = src[i];
-#endif
-}
-
-// Waits for this thread's cp.async copies (the barrier after it publishes them).
-__device__ __forceinline__ void copies_done() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
 }
 
 // One block's share of the forward: planes [p0, p0 + np), output rows
@@ -178,7 +150,7 @@ DW_HD void stage_strip(const float* x, float* tile, const Strip& s, int t, int t
                        int H, int W, int tile_floats) {
     const int rows = s.b - s.a;
     if (rows <= 0) return;
-    DW_HOST_CHECK(rows * W % VEC_COPY == 0 && rows * W <= tile_floats);
+    HOST_CHECK(rows * W % VEC_COPY == 0 && rows * W <= tile_floats);
     const int per_plane = rows * W / VEC_COPY;
     const int total = s.np * per_plane;
     const float* src = x + ((size_t)s.p0 * H + s.a) * W;
@@ -237,7 +209,7 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
 #pragma unroll
         for (int m = 0; m < CHUNK; m += VEC_IN) {
             if (row_ok && cs + m < W) {
-                DW_HOST_CHECK((ih - s.a) * W + cs + m + VEC_IN <= tile_floats);
+                HOST_CHECK((ih - s.a) * W + cs + m + VEC_IN <= tile_floats);
                 load_floats<VEC_IN>(in + (m - REL_LO), row + cs + m);
             } else {
 #pragma unroll
@@ -249,7 +221,7 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
             if (rel >= 0 && rel < CHUNK) continue;             // an own column, read above
             const int col = cs + rel;
             const bool inside = row_ok && col >= 0 && col < W;
-            DW_HOST_CHECK(!inside || (ih - s.a) * W + col < tile_floats);
+            HOST_CHECK(!inside || (ih - s.a) * W + col < tile_floats);
             in[rel - REL_LO] = inside ? row[col] : 0.0f;
         }
         // Output row r reads this input row through tap i = (t_row - r*SH) / DH.

@@ -48,6 +48,54 @@ __host__ __device__ __forceinline__ float activate(float v, int act) {
     return v;
 }
 
+// Host checks. Tests that compile a kernel's per-thread steps for the host
+// (tests/host_kernels.py) define HOST_CHECK(condition) before the source, to
+// count misaligned or out-of-bounds accesses there; elsewhere it is empty.
+#ifndef HOST_CHECK
+#define HOST_CHECK(condition)
+#endif
+
+// cp.async (sm_80+): a global -> shared copy of N floats without a register
+// round trip (16-byte copies bypass L1), and its bookkeeping. On the host and
+// older GPUs: a plain copy, and nothing to wait for.
+template <int N>
+__host__ __device__ __forceinline__ void copy_to_shared(float* dst, const float* src) {
+    HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
+    HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (N == 4)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
+                     :: "r"(s), "l"(src), "n"(4 * N) : "memory");
+#else
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+#endif
+}
+
+// Closes this thread's group of copies.
+__device__ __forceinline__ void copies_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's groups of copies are in flight.
+template <int N>
+__device__ __forceinline__ void copies_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+#endif
+}
+
+// Waits for all of this thread's copies (the barrier after it publishes them).
+__device__ __forceinline__ void copies_done() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // GDN's non-negative reparameterisation (gdnflow/ops/parametrize.py): the
 // effective value v = max(p, bound)^2 - pedestal of a stored parameter p, and
 // dL/dp from gv = dL/dv: 2 max(p, bound) gv where the bound lets the gradient

@@ -28,7 +28,7 @@
 //
 // The per-thread steps are __host__ __device__: tests/ops/test_pointwise.py
 // compiles this file for the host and runs every block and thread through
-// them (PW_HOST_CHECK counts misaligned or out-of-bounds reads there).
+// them (HOST_CHECK counts misaligned or out-of-bounds reads there).
 #include "gdnflow_common.cuh"
 
 #ifndef TM
@@ -51,9 +51,6 @@
 #endif
 #ifndef TRANS_A
 #define TRANS_A 0
-#endif
-#ifndef PW_HOST_CHECK
-#define PW_HOST_CHECK(condition)
 #endif
 
 #define PW_THREADS (TX * TY)
@@ -78,32 +75,14 @@ static_assert(VEC_X == 1 || VEC_X == 4, "x is copied 1 or 4 floats at a time");
 
 // 4 floats between memory and registers in one 16-byte access.
 PW_HD void load4(float* r, const float* p) {
-    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
+    HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
     const float4 v = *reinterpret_cast<const float4*>(p);
     r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
 }
 
 PW_HD void store4(float* p, const float* r) {
-    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
+    HOST_CHECK(reinterpret_cast<unsigned long long>(p) % 16 == 0);
     *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-}
-
-// Global -> shared copy of N floats (cp.async, sm_80+; 16-byte copies bypass
-// L1). On the host and older GPUs: a plain copy.
-template <int N>
-PW_HD void pw_copy_to_shared(float* dst, const float* src) {
-    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(dst) % (4 * N) == 0);
-    PW_HOST_CHECK(reinterpret_cast<unsigned long long>(src) % (4 * N) == 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    if constexpr (N == 4)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
-                     :: "r"(s), "l"(src), "n"(4 * N) : "memory");
-#else
-    for (int i = 0; i < N; ++i) dst[i] = src[i];
-#endif
 }
 
 struct __align__(16) PointwiseShared {
@@ -153,8 +132,8 @@ PW_HD void load_step(const float* a, const float* x, PointwiseShared& sh, int st
         const int k = k0 + kk;
         float* dst = &sh.b[st][kk][c.col];
         if (c.valid && k < K) {
-            PW_HOST_CHECK(c.x_off + (size_t)k * HW + VEC_X <= (size_t)NP * K);
-            pw_copy_to_shared<VEC_X>(dst, x + c.x_off + (size_t)k * HW);
+            HOST_CHECK(c.x_off + (size_t)k * HW + VEC_X <= (size_t)NP * K);
+            copy_to_shared<VEC_X>(dst, x + c.x_off + (size_t)k * HW);
         } else {
 #pragma unroll
             for (int e = 0; e < VEC_X; ++e) dst[e] = 0.0f;
@@ -168,8 +147,8 @@ PW_HD void load_step(const float* a, const float* x, PointwiseShared& sh, int st
         float* dst = &sh.a[st][kk][mm];
         if (m < M && k < K) {
             const size_t at = TRANS_A ? (size_t)k * M + m : (size_t)m * K + k;
-            PW_HOST_CHECK(at < (size_t)M * K);
-            pw_copy_to_shared<1>(dst, a + at);
+            HOST_CHECK(at < (size_t)M * K);
+            copy_to_shared<1>(dst, a + at);
         } else {
             *dst = 0.0f;
         }
@@ -234,20 +213,6 @@ PW_HD void store_outputs(const float (&acc)[TM][TN], const float* bias, const fl
             }
         }
     }
-}
-
-// cp.async bookkeeping: close this thread's group of copies; wait until at
-// most N groups are still in flight.
-__device__ __forceinline__ void copies_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void copies_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-#endif
 }
 
 // Grid: m_tiles * ceil(NP / BN) blocks of TX*TY threads; bias and residual may

@@ -604,15 +604,15 @@ def test_depthwise_plan_refuses_what_no_tiling_fits():
 # ------------------------------------ depthwise forward: CUDA code on host --
 
 
-# Before the source: count the violations DW_HOST_CHECK finds (host pass only).
+# Before the source: count the violations HOST_CHECK finds (host pass only).
 _DW_PRELUDE = """
 #include <cmath>
 #include <cstdlib>
 static int host_faults = 0;
 #ifdef __CUDA_ARCH__
-#define DW_HOST_CHECK(condition)
+#define HOST_CHECK(condition)
 #else
-#define DW_HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
+#define HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
 #endif
 """
 # After it: every block of a launch, each staging all its threads' copies into

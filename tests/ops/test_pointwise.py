@@ -121,9 +121,9 @@ _PRELUDE = """
 #include <vector>
 static int host_faults = 0;
 #ifdef __CUDA_ARCH__
-#define PW_HOST_CHECK(condition)
+#define HOST_CHECK(condition)
 #else
-#define PW_HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
+#define HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
 #endif
 """
 # Every block in turn (in reverse order when `backwards`): all threads copy
