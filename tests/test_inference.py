@@ -549,3 +549,24 @@ def test_changed_weights_rebuild_or_refuse_on_the_gpu(rng):
     model.eval()
     assert relative_error(compiled(x).numpy(), eager(model, x)) <= 1e-4
     assert compiled.rebuilds == 2
+
+
+@pytest.mark.gpu
+def test_gdn_autoencoder_transforms_run_as_graph_plans(rng):
+    # 5x5 / 2 convolutions and transposed convolutions through the sub-pixel
+    # rewrite (Winograd with phase views, bias fused) and GDN layers, each
+    # transform captured in one CUDA graph, against the eager modules.
+    from gdnflow.models.factorized_prior import FactorizedPrior
+    from gdnflow.ops import conv as conv_module
+    from gdnflow.ops.subpixel import Subpixel
+    model = FactorizedPrior(64, 96, seed=0, device="cuda").eval()
+    inputs = {"g_a": tensor(rng, (2, 3, 128, 128), "cuda"),
+              "g_s": tensor(rng, (2, 96, 8, 8), "cuda")}
+    for name, x in inputs.items():
+        transform = getattr(model, name)
+        compiled = inference.compile(transform, x.shape)
+        assert compiled.plan(x.shape).graph is not None
+        for _ in range(2):
+            assert relative_error(compiled(x).numpy(), eager(transform, x)) <= 1e-4
+            x = tensor(rng, x.shape, "cuda")
+    assert Subpixel in conv_module.planner.cache.values()
