@@ -153,10 +153,9 @@ def _inner_algorithm(plan, stage):
 
 
 def _reads_phases(algorithm):
-    """Whether ``algorithm`` reads and writes phase splits itself (Winograd's
-    transforms do: no split or interleave pass)."""
-    from gdnflow.ops.winograd import WinogradF2, WinogradF4
-    return algorithm in (WinogradF4, WinogradF2)
+    """Whether ``algorithm`` reads and writes phase splits itself (its forward takes
+    ``output_phases`` and its backward_data ``input_phases``: Winograd's do)."""
+    return getattr(algorithm, "reads_phases", False)
 
 
 def _epilogue(y, bias, activation):

@@ -330,6 +330,8 @@ class _Winograd:
     stages = ("forward", "backward_data")
     fuses_bias_activation = True
     fuses_residual = True
+    #: Reads / writes phase views (:class:`PhaseView`) for the sub-pixel rewrite.
+    reads_phases = True
 
     @staticmethod
     def supports(g):
