@@ -12,6 +12,21 @@ import pytest
 
 NVCC = shutil.which("nvcc")
 
+#: Put before a source whose per-thread steps use HOST_CHECK (gdnflow_common.cuh):
+#: on the host pass each failed check counts in ``host_faults``, which the
+#: test's shim returns.
+HOST_CHECK_PRELUDE = """
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+static int host_faults = 0;
+#ifdef __CUDA_ARCH__
+#define HOST_CHECK(condition)
+#else
+#define HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
+#endif
+"""
+
 
 def host_builder(folder, source_file, prefix="", suffix="", opt="-O1"):
     """A function ``defines -> ctypes.CDLL`` building ``prefix + source_file + suffix``

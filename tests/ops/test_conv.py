@@ -15,7 +15,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, con
                               epilogue_numpy)
 from gdnflow.ops.depthwise import Depthwise
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
-from host_kernels import HostArray, host_builder
+from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
 
 
 # ------------------------------------------------------ naive references --
@@ -604,17 +604,6 @@ def test_depthwise_plan_refuses_what_no_tiling_fits():
 # ------------------------------------ depthwise forward: CUDA code on host --
 
 
-# Before the source: count the violations HOST_CHECK finds (host pass only).
-_DW_PRELUDE = """
-#include <cmath>
-#include <cstdlib>
-static int host_faults = 0;
-#ifdef __CUDA_ARCH__
-#define HOST_CHECK(condition)
-#else
-#define HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
-#endif
-"""
 # After it: every block of a launch, each staging all its threads' copies into
 # a poisoned shared tile, then running all its threads' outputs; blocks and
 # threads in reverse order when `backwards` (a write that lands in another
@@ -646,7 +635,7 @@ extern "C" int host_depthwise_forward(int backwards, int blocks, int threads, in
 def depthwise_host_build(tmp_path_factory):
     """defines -> depthwise.cu built for the host with the shim (compiled on first use)."""
     return host_builder(tmp_path_factory.mktemp("depthwise_host"), "depthwise.cu",
-                        _DW_PRELUDE, _DW_SHIM)
+                        HOST_CHECK_PRELUDE, _DW_SHIM)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, con
                               epilogue_numpy)
 from gdnflow.ops.pointwise import PointwiseConfig, PointwiseDirect
 from gdnflow.testing import assert_backends_match, relative_error
-from host_kernels import HostArray, host_builder
+from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
 
 # MobileNetV2's 1x1 layers: (C_in, size, C_out).
 MOBILENET_POINTWISE = [(32, 112, 16), (16, 112, 96), (96, 56, 24), (24, 56, 144), (144, 56, 24),
@@ -115,17 +115,6 @@ def test_cost_model_prefers_exact_channel_tiles():
 
 # ---------------------------------------- CUDA code, run on the host (nvcc) --
 
-_PRELUDE = """
-#include <cmath>
-#include <cstdlib>
-#include <vector>
-static int host_faults = 0;
-#ifdef __CUDA_ARCH__
-#define HOST_CHECK(condition)
-#else
-#define HOST_CHECK(condition) do { if (!(condition)) ++host_faults; } while (0)
-#endif
-"""
 # Every block in turn (in reverse order when `backwards`): all threads copy
 # step 0, then for each step all threads copy the next stage and multiply the
 # current one (the kernel's order, with its barriers between the phases),
@@ -173,7 +162,7 @@ extern "C" int host_pointwise_conv(int backwards, int blocks, int threads,
 def host_build(tmp_path_factory):
     """defines -> pointwise.cu built for the host with the shim (compiled on first use)."""
     return host_builder(tmp_path_factory.mktemp("pointwise_host"), "pointwise.cu",
-                        _PRELUDE, _SHIM)
+                        HOST_CHECK_PRELUDE, _SHIM)
 
 
 @pytest.fixture
