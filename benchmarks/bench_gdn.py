@@ -4,9 +4,9 @@
 
 Both layers include their parameter reparameterisation, as they do in
 training. gdnflow is timed twice in the same run: its current GPU path and,
-in the "before" columns, the first version (one GEMM over all pixels for
-dL/dgamma, 4-byte elementwise kernels; see ``gdnflow.ops.gdn``'s switches);
-``--no-before`` skips that. x requires a gradient in every timing (a
+in the "before" columns, the path before the last change (dL/dbeta through
+the ones row of the parameter GEMM instead of segment sums of U; see
+``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a gradient in every timing (a
 training forward). Before each forward+backward the gradients of x and the
 parameters are reset, so that neither side pays for accumulating into old
 ones. Timing: CUDA events on each library's own stream, warm-up, median (see
@@ -23,8 +23,8 @@ from gdnflow.nn import GDN
 from gdnflow.testing import relative_error
 
 gdn_module = importlib.import_module("gdnflow.ops.gdn")    # the module, not ops.gdn
-#: gdnflow.ops.gdn's (PARAM_GEMM_CHUNKS, VECTORIZE) of its first version.
-BEFORE = (1, False)
+#: gdnflow.ops.gdn's switches for the "before" columns.
+BEFORE = {"BETA_SUMS": False}
 
 CHANNELS = (128, 192)
 BATCHES = (8, 16)
@@ -51,13 +51,15 @@ def time_gdnflow(layer, x, gy, repeats):
 
 
 def time_gdnflow_before(layer, x, gy, repeats):
-    """time_gdnflow with gdnflow.ops.gdn switched to its first version."""
-    current = (gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE)
-    gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = BEFORE
+    """time_gdnflow with gdnflow.ops.gdn's switches set to BEFORE."""
+    current = {name: getattr(gdn_module, name) for name in BEFORE}
+    for name, value in BEFORE.items():
+        setattr(gdn_module, name, value)
     try:
         return time_gdnflow(layer, x, gy, repeats)
     finally:
-        gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = current
+        for name, value in current.items():
+            setattr(gdn_module, name, value)
 
 
 def time_compressai(torch, layer, x, gy, repeats):
@@ -140,7 +142,8 @@ def main():
         notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
     notes.append("times are medians of CUDA-event timings (ms) after warm-up; "
                  "ratio = CompressAI / gdnflow (above 1: gdnflow faster); TF32 off on both sides; "
-                 "before: gdnflow's first GPU path (one GEMM for dL/dgamma, 4-byte kernels)")
+                 "before: gdnflow with dL/dbeta through the ones row of the parameter GEMM "
+                 "(gdnflow.ops.gdn.BETA_SUMS off)")
     name = "inverse GDN" if args.inverse else "GDN"
     harness.emit(harness.markdown_table(
         f"{name} layer: gdnflow against CompressAI",

@@ -2,9 +2,13 @@
 
     python benchmarks/profile_gdn.py --out benchmarks/results/gdn_profile.md
 
-For 8x192x64x64 and 16x128x128x128, both GPU paths of ``gdnflow.ops.gdn``:
-"before" (one GEMM over all pixels for dL/dgamma, 4-byte kernels: the first
-version) and "after" (the GEMM cut into chunks, 16-byte kernels). Four tables:
+For 8x192x64x64 and 16x128x128x128, two GPU paths of ``gdnflow.ops.gdn``
+(its module switches): "before" takes dL/dbeta through the ones row of S1
+(the parameter GEMM has C + 1 columns) and "after" from the segment sums of
+U that the backward_norm kernel writes (``BETA_SUMS``); both cut the
+parameter GEMM into chunks and run the 16-byte kernels. (The first version,
+one GEMM over all pixels and 4-byte kernels, is the sweep's one-chunk row.)
+Four tables:
 
 1. Stages. Each stage method of :class:`gdnflow.ops.gdn.CudaPlan` alone:
    CUDA events on gdnflow's stream around the one call, with a 256 MB memset
@@ -73,6 +77,13 @@ effective beta and gamma once per optimizer step), and the K = 192 GEMMs.
 (Later: the reparameterisation went into the GDN operator itself, one
 launch for both parameters in the forward and the chain rule inside the
 gradient reduction; see gdnflow/ops/gdn.py.)
+
+Prediction for the segment sums of dL/dbeta (before the run): the sweep
+priced the ones row at ~11 us of the param GEMM at 64 chunks (91.7 against
+80.4 us without it, H200). The backward_norm kernel adds a warp sum and one
+store per 128 values (under 1 us) and writes no ones row (P floats less);
+the reduce reads 49k more floats (~1 us). So ~10 us less per fwd+bwd at
+8x192x64x64, and at C = 128, where the ones row makes N = 129, more.
 """
 import argparse
 import importlib
@@ -94,7 +105,8 @@ HBM_BYTES_PER_S = 4.1e12        # measured copy, read + write (TARGETS.md)
 SGEMM_FLOP_PER_S = 50e12        # measured 8192^3 SGEMM, no TF32 (TARGETS.md)
 FLUSH_FLOATS = 64 << 20         # 256 MB > L2 (50 MB), ~80 us of memset: covers a launch
 BUSY_FLUSHES = 8                # 2 GB, ~0.6 ms: covers a whole fwd+bwd call's Python
-PATHS = {"before": (1, False), "after": ("auto", True)}    # (PARAM_GEMM_CHUNKS, VECTORIZE)
+#: (PARAM_GEMM_CHUNKS, VECTORIZE, BETA_SUMS) of gdnflow.ops.gdn per path
+PATHS = {"before": ("auto", True, False), "after": ("auto", True, True)}
 SWEEP_CHUNKS = (1, 8, 16, 32, 64, 128, 256)
 
 
@@ -135,7 +147,7 @@ class Timer:
 
 def set_path(path):
     """Select a GPU path of gdnflow.ops.gdn for every later call."""
-    gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = PATHS[path]
+    gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS = PATHS[path]
 
 
 def device(array):
@@ -161,15 +173,19 @@ def inputs(rng, shape):
 
 def stage_rows(timer, shape, path, host):
     """One row per stage of ``path`` at ``shape``; also returns the summed device ms."""
-    chunks_request, vectorize = PATHS[path]
+    chunks_request, vectorize, beta_sums_on = PATHS[path]
     plan = gdn_module.cuda_plan("gdn", shape, chunks_request)
     vec = vectorize and plan.can_vectorize
     x, gy, beta, gamma = (device(a) for a in host)
     c, p, m = plan.channels, plan.pixels, plan.total
     y, gx = empty(shape), empty(shape)
     s, norm, u, g = (plan.empty(c) for _ in range(4))
-    s1 = plan.empty(c + 1)
-    partial = device(np.zeros((plan.chunks, c, c + 1)))
+    segments = plan.beta_segments(vec) if beta_sums_on else 0
+    columns = c if segments else c + 1
+    s1 = plan.empty(columns)
+    beta_sums = empty((shape[0] * c * segments,)) if segments else None
+    sums_floats = shape[0] * c * segments
+    partial = device(np.zeros((plan.chunks, c, columns)))
     ggamma, gbeta = device(np.zeros((c, c))), device(np.zeros(c))
     # The forward first (it fills D), then every stage on its own.
     plan.statistic(x, s, vec)
@@ -182,13 +198,13 @@ def stage_rows(timer, shape, path, host):
         ("norm GEMM", lambda: plan.norm_gemm(gamma, s, norm), f4 * 2 * m, gemm),
         # Writes D over D: values stay positive and finite, the work is the same.
         ("forward", lambda: plan.forward(x, norm, beta, y, True, vec), f4 * 4 * m, 0),
-        ("backward_norm", lambda: plan.backward_norm(x, gy, norm, u, s1, vec),
-         f4 * (5 * m + p), 0),
-        ("param GEMM", lambda: plan.param_gemm(u, s1, partial),
-         f4 * (2 * m + p + plan.chunks * c * (c + 1)), 2 * c * (c + 1) * p),
+        ("backward_norm", lambda: plan.backward_norm(x, gy, norm, u, s1, beta_sums, vec),
+         f4 * (5 * m + (columns - c) * p + sums_floats), 0),
+        ("param GEMM", lambda: plan.param_gemm(u, s1, partial, columns),
+         f4 * (2 * m + (columns - c) * p + plan.chunks * c * columns), 2 * c * columns * p),
         ("split" if plan.chunks == 1 else "reduce",
-         lambda: plan.reduce_param_grads(partial, ggamma, gbeta),
-         f4 * (plan.chunks + 1) * c * (c + 1), 0),
+         lambda: plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta),
+         f4 * (plan.chunks * c * columns + sums_floats + c * (c + 1)), 0),
         ("input GEMM", lambda: plan.input_gemm(gamma, u, g), f4 * 2 * m, gemm),
         ("backward_input", lambda: plan.backward_input(x, gy, norm, g, gx, vec), f4 * 5 * m, 0),
     ]
@@ -203,7 +219,8 @@ def stage_rows(timer, shape, path, host):
                      f"{floor_ms * 1e3:.1f}", f"{100 * floor_ms / ms:.0f}%"])
     rows.append(["sum of stages", f"{total_ms * 1e3:.1f}", "", "", "", ""])
     layout = f"{plan.chunks} chunk{'s' if plan.chunks > 1 else ''} of {plan.chunk} px, " \
-             f"{'16' if vec else '4'}-byte kernels"
+             f"{'16' if vec else '4'}-byte kernels, dL/dbeta " + \
+             (f"from {segments} segment sums per row" if segments else "by the ones row")
     return rows, layout, total_ms
 
 
@@ -257,14 +274,14 @@ def sweep_rows(timer, shape, host):
                                        timer.stream)
         partial = device(np.zeros((plan.chunks, c, c + 1)))
         ggamma, gbeta = device(np.zeros((c, c))), device(np.zeros(c))
-        gemm_ms, host_us = timer.time(lambda: plan.param_gemm(u, s1, partial))
+        gemm_ms, host_us = timer.time(lambda: plan.param_gemm(u, s1, partial, c + 1))
         k = plan.chunk
 
         def without_ones_row():     # gamma's part alone: N = C, S1's first C rows per chunk
             plan.matmul(u.ptr, s1.ptr, partial.ptr, c, c, k, trans_b=True, batch=plan.chunks,
                         stride_a=c * k, stride_b=(c + 1) * k, stride_c=c * (c + 1))
         no_ones_ms, _ = timer.time(without_ones_row)
-        reduce_ms, _ = timer.time(lambda: plan.reduce_param_grads(partial, ggamma, gbeta))
+        reduce_ms, _ = timer.time(lambda: plan.reduce_param_grads(partial, None, ggamma, gbeta))
         norm_ms, _ = timer.time(lambda: plan.norm_gemm(gamma, s, u))
         flops = 2 * c * (c + 1) * p
         rows.append([str(plan.chunks), str(k), f"{gemm_ms * 1e3:.1f}",
@@ -297,7 +314,7 @@ def main():
     timer = Timer(args.repeats)
     rng = np.random.default_rng(0)
     tables, summary = [], []
-    saved_path = (gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE)
+    saved_path = (gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS)
     try:
         for shape in SHAPES:
             name = "×".join(map(str, shape))
@@ -341,7 +358,7 @@ def main():
                 ["y", "gx", "gbeta", "ggamma"], [agreement(shape, host)],
                 ["relative error (max |difference| / max |before|), float32 on both"]))
     finally:
-        gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE = saved_path
+        gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS = saved_path
     tables.append(harness.markdown_table(
         "GDN profile: summary (us)",
         ["shape", "path", "sum of stages", "op fwd+bwd events", "layer fwd+bwd events",

@@ -133,13 +133,20 @@ __device__ void forward(const float* __restrict__ x, float* __restrict__ norm_d,
     }
 }
 
-// u = dL/dn. When the parameters need gradients (s_ones != nullptr) also
-// s_ones = [s(x); 1], whose product with u^T gives [dL/dgamma | dL/dbeta]
-// in one GEMM per chunk, the ones row doing beta's sum.
+// u = dL/dn. When the parameters need gradients (s != nullptr) also s = s(x),
+// the right-hand side of dL/dgamma's GEMM, and dL/dbeta's pixel sum of u in
+// one of two ways:
+// - beta_sums != nullptr: each warp adds its 32 W consecutive values of u
+//   and writes the sum to beta_sums[group / 32] (lane 0's group). The caller
+//   passes it only when H*W % (32 W) == 0: every warp then runs whole, on one
+//   image and channel, and beta_sums holds H*W / (32 W) segment sums per NCHW
+//   row, which gdn_reduce_param_grads adds up (fixed order: deterministic).
+// - otherwise s is S1 = [s(x); 1] ([P/K][C + 1][K]): the ones row makes the
+//   sum a column of the same GEMM (one column past C, so a costlier GEMM).
 template <class V, int W>
 __device__ void backward_norm(const float* __restrict__ x, const float* __restrict__ gy,
                               const float* __restrict__ d, float* __restrict__ u,
-                              float* __restrict__ s_ones,
+                              float* __restrict__ s, float* __restrict__ beta_sums,
                               int total, int channels, int hw, int chunk) {
     GRID_STRIDE_LOOP(group, total / W) {
         const int i = group * W;
@@ -149,16 +156,24 @@ __device__ void backward_norm(const float* __restrict__ x, const float* __restri
 #pragma unroll
         for (int e = 0; e < W; ++e) uv.v[e] = V::grad_norm(gv.v[e], xv.v[e], dv.v[e]);
         store<W>(u + t.k, uv);
-        if (s_ones != nullptr) {
-            Floats<W> sv;
+        if (s == nullptr) continue;
+        Floats<W> sv;
 #pragma unroll
-            for (int e = 0; e < W; ++e) sv.v[e] = V::statistic(xv.v[e]);
-            store<W>(s_ones + t.k1, sv);
+        for (int e = 0; e < W; ++e) sv.v[e] = V::statistic(xv.v[e]);
+        if (beta_sums != nullptr) {
+            store<W>(s + t.k, sv);
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < W; ++e) sum += uv.v[e];
+            sum = warp_sum(sum);
+            if ((threadIdx.x & 31) == 0) beta_sums[group / 32] = sum;
+        } else {
+            store<W>(s + t.k1, sv);
             // Channel 0's threads write the chunk's ones row, C rows further down.
             if (t.c == 0) {
 #pragma unroll
                 for (int e = 0; e < W; ++e) sv.v[e] = 1.0f;
-                store<W>(s_ones + t.k1 + channels * chunk, sv);
+                store<W>(s + t.k1 + channels * chunk, sv);
             }
         }
     }
@@ -200,9 +215,9 @@ extern "C" __global__ void NAME##_forward(                                      
 }                                                                                       \
 extern "C" __global__ void NAME##_backward_norm(                                        \
         const float* __restrict__ x, const float* __restrict__ gy,                      \
-        const float* __restrict__ d, float* __restrict__ u, float* __restrict__ s_ones, \
-        int total, int channels, int hw, int chunk) {                                   \
-    backward_norm<Variant<INVERSE, SIMPLIFIED>, W>(x, gy, d, u, s_ones, total,          \
+        const float* __restrict__ d, float* __restrict__ u, float* __restrict__ s,      \
+        float* __restrict__ beta_sums, int total, int channels, int hw, int chunk) {    \
+    backward_norm<Variant<INVERSE, SIMPLIFIED>, W>(x, gy, d, u, s, beta_sums, total,    \
                                                    channels, hw, chunk);                \
 }                                                                                       \
 extern "C" __global__ void NAME##_backward_input(                                       \
@@ -235,32 +250,60 @@ extern "C" __global__ void gdn_effective_params(
     }
 }
 
-// The per-chunk products [dL/dgamma | dL/dbeta], partial = [chunks][C][C + 1],
-// summed over the chunks and split into their two parts. Launched with
-// blockDim = (32, GDN_REDUCE_ROWS): a warp's lanes read 32 consecutive
-// elements of one chunk (coalesced), the block's warps take every
-// GDN_REDUCE_ROWS-th chunk, and shared memory adds the warps' sums.
-// PARAMETRIZED: beta and gamma are the stored forms (otherwise unused, may be
-// null), and the gradients written are with respect to them.
+// The parameter gradients from the per-chunk products, partial =
+// [chunks][C][columns], summed over the chunks:
+// - columns = C + 1 (the ones-row GEMM): [dL/dgamma | dL/dbeta], split on
+//   the way out;
+// - columns = C: dL/dgamma only; dL/dbeta[c] is then the sum of beta_sums'
+//   `segments` values per NCHW row (n, c) over the images.
+// Launched with blockDim = (32, GDN_REDUCE_ROWS). The first
+// ceil(C * columns / 32) blocks take 32 consecutive elements of the products
+// each: a warp's lanes read 32 consecutive elements of one chunk (coalesced),
+// the block's warps every GDN_REDUCE_ROWS-th chunk. With columns = C, C more
+// blocks follow, one per channel, whose threads stride over that channel's
+// segment sums (consecutive within a row). Shared memory adds the warps'
+// sums. PARAMETRIZED: beta and gamma are the stored forms (otherwise unused,
+// may be null), and the gradients written are with respect to them.
 #define GDN_REDUCE_ROWS 8
 template <bool PARAMETRIZED>
 __device__ __forceinline__ void reduce_param_grads(
-        const float* __restrict__ partial, float* __restrict__ ggamma,
-        float* __restrict__ gbeta, const float* __restrict__ beta,
-        const float* __restrict__ gamma, int channels, int chunks,
-        float beta_bound, float gamma_bound) {
+        const float* __restrict__ partial, const float* __restrict__ beta_sums,
+        float* __restrict__ ggamma, float* __restrict__ gbeta,
+        const float* __restrict__ beta, const float* __restrict__ gamma, int channels,
+        int columns, int chunks, int images, int segments, float beta_bound,
+        float gamma_bound) {
     __shared__ float sums[GDN_REDUCE_ROWS][33];
-    const int size = channels * (channels + 1);
+    const int size = channels * columns;
+    const int product_blocks = (size + 31) / 32;
+    const bool beta_block = (int)blockIdx.x >= product_blocks;
     const int k = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.0f;
-    if (k < size)
+    if (beta_block) {
+        const int c = blockIdx.x - product_blocks;
+        for (int r = threadIdx.y * 32 + threadIdx.x; r < images * segments;
+             r += 32 * GDN_REDUCE_ROWS) {
+            const int n = r / segments;
+            sum += beta_sums[(n * channels + c) * segments + (r - n * segments)];
+        }
+    } else if (k < size) {
+#pragma unroll 4
         for (int j = threadIdx.y; j < chunks; j += GDN_REDUCE_ROWS) sum += partial[j * size + k];
+    }
     sums[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
-    if (threadIdx.y != 0 || k >= size) return;
+    if (threadIdx.y != 0 || (!beta_block && k >= size)) return;
 #pragma unroll
     for (int row = 1; row < GDN_REDUCE_ROWS; ++row) sum += sums[row][threadIdx.x];
-    const int i = k / (channels + 1), j = k - i * (channels + 1);
+    int i, j;
+    if (beta_block) {
+        sum = warp_sum(sum);
+        if (threadIdx.x != 0) return;
+        i = blockIdx.x - product_blocks;
+        j = channels;
+    } else {
+        i = k / columns;
+        j = k - i * columns;
+    }
     if (j < channels) {
         const int e = i * channels + j;
         if constexpr (PARAMETRIZED) sum = nonnegative_value_grad(gamma[e], sum, gamma_bound);
@@ -272,18 +315,21 @@ __device__ __forceinline__ void reduce_param_grads(
 }
 
 extern "C" __global__ void __launch_bounds__(32 * GDN_REDUCE_ROWS)
-gdn_reduce_param_grads(const float* __restrict__ partial, float* __restrict__ ggamma,
-                       float* __restrict__ gbeta, int channels, int chunks) {
-    reduce_param_grads<false>(partial, ggamma, gbeta, nullptr, nullptr, channels, chunks,
-                              0.0f, 0.0f);
+gdn_reduce_param_grads(const float* __restrict__ partial, const float* __restrict__ beta_sums,
+                       float* __restrict__ ggamma, float* __restrict__ gbeta, int channels,
+                       int columns, int chunks, int images, int segments) {
+    reduce_param_grads<false>(partial, beta_sums, ggamma, gbeta, nullptr, nullptr, channels,
+                              columns, chunks, images, segments, 0.0f, 0.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * GDN_REDUCE_ROWS)
 gdn_reduce_param_grads_parametrized(const float* __restrict__ partial,
+                                    const float* __restrict__ beta_sums,
                                     float* __restrict__ ggamma, float* __restrict__ gbeta,
                                     const float* __restrict__ beta,
-                                    const float* __restrict__ gamma, int channels, int chunks,
-                                    float beta_bound, float gamma_bound) {
-    reduce_param_grads<true>(partial, ggamma, gbeta, beta, gamma, channels, chunks,
-                             beta_bound, gamma_bound);
+                                    const float* __restrict__ gamma, int channels, int columns,
+                                    int chunks, int images, int segments, float beta_bound,
+                                    float gamma_bound) {
+    reduce_param_grads<true>(partial, beta_sums, ggamma, gbeta, beta, gamma, channels, columns,
+                             chunks, images, segments, beta_bound, gamma_bound);
 }

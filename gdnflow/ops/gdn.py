@@ -86,10 +86,12 @@ With P = N*H*W pixels, cut into P / K chunks of K pixels (see below)::
                             - pedestal            (stored parameters only)
               NORM = gamma @ S                  SGEMM [C, C] @ [C, K], per chunk
               D = (NORM + beta)^a, y = x * D    kernel <variant>_forward (D over NORM)
-    backward  U = dL/dn, S1 = [s(x); 1]         kernel <variant>_backward_norm
-              PART_j = U_j @ S1_j^T             SGEMM [C, K] @ [K, C + 1], per chunk
-              [ggamma | gbeta] = sum_j PART_j   kernel gdn_reduce_param_grads, or
-                (then dL/dp, stored parameters)   gdn_reduce_param_grads_parametrized
+    backward  U = dL/dn, S = s(x),             kernel <variant>_backward_norm
+                B = U's sums per 32 W pixels
+              PART_j = U_j @ S_j^T              SGEMM [C, K] @ [K, C], per chunk
+              ggamma = sum_j PART_j,            kernel gdn_reduce_param_grads, or
+                gbeta = the sum of B              gdn_reduce_param_grads_parametrized
+                (then dL/dp, stored parameters)
               G = gamma^T @ U (into S1)         SGEMM [C, C]^T @ [C, K], per chunk
               gx = gy D + s'(x) G               kernel <variant>_backward_input
 
@@ -97,6 +99,15 @@ The statistic is queued before the parameters' transform so that the GPU
 starts on the large kernel while Python still queues the small one, and the
 transform's chain rule costs the backward nothing: the reduction that writes
 the parameter gradients applies it to each element on its way out.
+
+dL/dbeta is U's sum over the pixels. The backward_norm kernel, W floats per
+thread, adds each warp's 32 W values of U and writes the sum to B (1/128 of
+U's size at W = 4); the reduction adds B's H*W / (32 W) sums per image and
+channel. That needs H*W % (32 W) == 0 (a warp then lies in one image and
+channel: :func:`beta_segments`). Elsewhere S1 = [S; 1] replaces S, and the
+ones row makes the pixel sum a last column of the same GEMM (C + 1
+columns: at C = 192 that column cost ~11 us of the product's ~90 on an
+H200, which is why it is avoided where it can be).
 
 Each "per chunk" SGEMM is one strided-batched cuBLAS call. S, NORM/D, U, S1
 and G are stored channel-major in chunks, [P / K][C][K] (S1: [P / K][C + 1][K]),
@@ -108,19 +119,19 @@ one GEMM with K = N*H*W and 4 output tiles, and its speed is up to how
 cuBLAS splits that K. Cut into chunks, the split is ours: :func:`choose_chunks`
 takes K, a divisor of P, so that chunks x tiles is about
 ``PARAM_GEMM_CTAS_PER_SM`` per SM (64 chunks of 512 pixels at 8x192x64x64),
-and one small kernel sums the [C, C + 1] partial products, splitting off
-gbeta on the way (the ones row of S1 makes beta's pixel sum part of the same
-GEMM). The forward and input GEMMs are the same products either way, one
+and one small kernel sums the [C, C] partial products (with S1: [C, C + 1],
+splitting off gbeta on the way). The forward and input GEMMs are the same products either way, one
 per chunk. The kernels that produce S, D, U and S1 write them in the
 chunked layout at no extra traffic (only their index arithmetic changes;
 pixels stay contiguous in both layouts, so accesses stay coalesced), and
 move 16 bytes per access where H*W % 4 == 0 (K is then kept a multiple of
 4 too).
 
-Module switches, read on every call, keep the first version selectable for
+Module switches, read on every call, keep earlier versions selectable for
 an A/B in one process (``benchmarks/bench_gdn.py``, ``benchmarks/profile_gdn.py``):
 ``PARAM_GEMM_CHUNKS`` ("auto", or a chunk count to aim at; 1 is one GEMM
-over all pixels) and ``VECTORIZE`` (False: 4-byte accesses). Each variant and
+over all pixels), ``VECTORIZE`` (False: 4-byte accesses) and ``BETA_SUMS``
+(False: always the ones row). Each variant and
 input shape gets a :class:`CudaPlan`, built once, that holds the kernels,
 grids and GEMM shapes and runs the stages above one method each.
 
@@ -137,7 +148,8 @@ float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
   is then not even written.
 - transient in the forward: S (M), freed once the GEMM has read it; with
   stored parameters the effective beta (C).
-- transient in the backward: U (M), S1 (M + P, later reused for G), the
+- transient in the backward: U (M), S (M; S1: M + P; later reused for G),
+  B (M / 128 at W = 4), the
   partial products (P / K * C * (C + 1): 9.5 MB at 8x192x64x64, against 25 MB
   for M), and the gradients themselves.
 """
@@ -170,6 +182,10 @@ PARAM_GEMM_CHUNKS = "auto"
 #: 16-byte accesses in the elementwise kernels where H*W % 4 == 0 (False: 4-byte,
 #: the first version). Read on every call.
 VECTORIZE = True
+#: dL/dbeta from segment sums of U written by the backward_norm kernel where
+#: :func:`beta_segments` allows (False: always the ones row of S1, the first
+#: version). Read on every call.
+BETA_SUMS = True
 #: "auto" aims at this many CTAs of the parameter-gradient GEMM per SM ...
 PARAM_GEMM_CTAS_PER_SM = 2
 #: ... counting output tiles of this edge (cuBLAS's large FP32 tiles) ...
@@ -224,6 +240,14 @@ def choose_chunks(pixels, channels, sm_count, granule=1, request="auto"):
     return best
 
 
+def beta_segments(hw, width):
+    """How many segment sums of U per NCHW row the backward_norm kernel writes
+    for dL/dbeta, with ``width`` floats per thread: H*W / (32 width) when that
+    divides evenly (each warp's 32 * width values then lie in one row), else
+    0 (the ones row of S1 instead)."""
+    return hw // (32 * width) if hw % (32 * width) == 0 else 0
+
+
 @functools.lru_cache(maxsize=256)
 def cuda_plan(variant, shape, chunks="auto"):
     """The :class:`CudaPlan` of ``variant`` for inputs of ``shape``, built once."""
@@ -243,7 +267,7 @@ class CudaPlan:
 
     #: The elementwise stages: kernel <variant>[_vec4]_<stage> and its argument types.
     KERNELS = {"statistic": "PPiiii", "forward": "PPPPiiiii",
-               "backward_norm": "PPPPPiiii", "backward_input": "PPPPPiiii"}
+               "backward_norm": "PPPPPPiiii", "backward_input": "PPPPPiiii"}
 
     def __init__(self, variant, shape, chunks_request="auto"):
         from gdnflow.backends.cuda import blas
@@ -270,9 +294,8 @@ class CudaPlan:
                 self.kernels[stage, vec] = (
                     cuda.kernel(SOURCE, f"{variant}{suffix}_{stage}", arg_types), grid)
         self.reduce_kernels = {
-            False: cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPii"),
-            True: cuda.kernel(SOURCE, "gdn_reduce_param_grads_parametrized", "PPPPPiiff")}
-        self.reduce_grid = (-(-channels * (channels + 1) // 32), 1, 1)
+            False: cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPPiiiii"),
+            True: cuda.kernel(SOURCE, "gdn_reduce_param_grads_parametrized", "PPPPPPiiiiiff")}
         self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPifff")
         self.params_grid = launch_grid(channels * (channels + 1), BLOCK)
         self.sizes = (self.total, channels, self.hw, self.chunk)
@@ -283,6 +306,11 @@ class CudaPlan:
         if not (VECTORIZE and self.can_vectorize):
             return False
         return not any(a.ptr & 15 for a in arrays)
+
+    def beta_segments(self, vec):
+        """Segment sums of U per NCHW row that the backward_norm kernel of width
+        4 (``vec``) or 1 writes for dL/dbeta: :func:`beta_segments`."""
+        return beta_segments(self.hw, 4 if vec else 1)
 
     def empty(self, rows):
         """An uninitialised chunked matrix [chunks, rows, K] (rows = C, or C + 1 for S1)."""
@@ -314,32 +342,43 @@ class CudaPlan:
         self._launch("forward", vec, x.ptr, norm_d.ptr, beta.ptr, y.ptr, *self.sizes, int(save_d))
 
     # -- backward
-    def backward_norm(self, x, gy, d, u, s1, vec):
-        """U = dL/dn and, unless ``s1`` is None, S1 = [s(x); 1], both chunked."""
+    def backward_norm(self, x, gy, d, u, s, beta_sums, vec):
+        """U = dL/dn, chunked, and unless ``s`` is None the parameters' operands:
+        S = s(x) and U's segment sums into ``beta_sums``, or (``beta_sums``
+        None) S1 = [s(x); 1] into ``s``."""
         self._launch("backward_norm", vec, x.ptr, gy.ptr, d.ptr, u.ptr,
-                     0 if s1 is None else s1.ptr, *self.sizes)
+                     0 if s is None else s.ptr, 0 if beta_sums is None else beta_sums.ptr,
+                     *self.sizes)
 
-    def param_gemm(self, u, s1, partial):
-        """partial[j] = U_j @ S1_j^T, [chunks, C, C + 1]."""
+    def param_gemm(self, u, s, partial, columns):
+        """partial[j] = U_j @ S_j^T, [chunks, C, columns]: columns = C + 1 when
+        ``s`` is S1 (the last column is then dL/dbeta's pixel sum)."""
         c, k = self.channels, self.chunk
-        self.matmul(u.ptr, s1.ptr, partial.ptr, c, c + 1, k, trans_b=True, batch=self.chunks,
-                    stride_a=c * k, stride_b=(c + 1) * k, stride_c=c * (c + 1))
+        self.matmul(u.ptr, s.ptr, partial.ptr, c, columns, k, trans_b=True, batch=self.chunks,
+                    stride_a=c * k, stride_b=columns * k, stride_c=c * columns)
 
-    def reduce_param_grads(self, partial, ggamma, gbeta, stored=None):
-        """[ggamma | gbeta] = the sum of the partial products over the chunks.
+    def reduce_param_grads(self, partial, beta_sums, ggamma, gbeta, stored=None):
+        """ggamma (and gbeta) = the sum of the partial products over the chunks;
+        gbeta from ``beta_sums``' segments instead where it is not None.
 
         With ``stored`` = (beta, gamma, beta_bound, gamma_bound), the stored
         parameters and their bounds, the gradients with respect to the stored
         forms instead (see the module docstring's backward).
         """
+        columns = partial.shape[2]
+        sums = (0, 0) if beta_sums is None else (beta_sums.ptr, beta_sums.size // (
+            self.shape[0] * self.channels))
+        args = (self.channels, columns, self.chunks, self.shape[0], sums[1])
+        # Blocks of 32 product elements, then (segment sums) one per channel.
+        grid = (-(-self.channels * columns // 32) + (self.channels if sums[1] else 0), 1, 1)
         if stored is None:
-            self.reduce_kernels[False](self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr,
-                                       ggamma.ptr, gbeta.ptr, self.channels, self.chunks)
+            self.reduce_kernels[False](grid, (32, REDUCE_ROWS, 1), partial.ptr,
+                                       sums[0], ggamma.ptr, gbeta.ptr, *args)
         else:
             beta, gamma, beta_bound, gamma_bound = stored
-            self.reduce_kernels[True](self.reduce_grid, (32, REDUCE_ROWS, 1), partial.ptr,
-                                      ggamma.ptr, gbeta.ptr, beta.ptr, gamma.ptr, self.channels,
-                                      self.chunks, beta_bound, gamma_bound)
+            self.reduce_kernels[True](grid, (32, REDUCE_ROWS, 1), partial.ptr,
+                                      sums[0], ggamma.ptr, gbeta.ptr, beta.ptr, gamma.ptr,
+                                      *args, beta_bound, gamma_bound)
 
     def input_gemm(self, gamma, u, g):
         """G = gamma^T @ U, one product per chunk."""
@@ -503,17 +542,23 @@ class GDNOperator(Operator):
         gx = cuda.empty(x.shape, x.dtype) if need_x else None
         vec = plan.vectorized(x, gy, *([gx] if need_x else []))
         u = plan.empty(channels)
-        s1 = plan.empty(channels + 1) if need_params else None
-        plan.backward_norm(x, gy, d, u, s1, vec)
+        s1 = beta_sums = None
+        if need_params:
+            segments = plan.beta_segments(vec) if BETA_SUMS else 0
+            columns = channels if segments else channels + 1
+            s1 = plan.empty(columns)
+            if segments:
+                beta_sums = cuda.empty((x.shape[0] * channels * segments,), x.dtype)
+        plan.backward_norm(x, gy, d, u, s1, beta_sums, vec)
         gbeta = ggamma = None
         if need_params:
-            partial = cuda.empty((plan.chunks, channels, channels + 1), x.dtype)
-            plan.param_gemm(u, s1, partial)
+            partial = cuda.empty((plan.chunks, channels, columns), x.dtype)
+            plan.param_gemm(u, s1, partial, columns)
             ggamma = cuda.empty((channels, channels), x.dtype)
             gbeta = cuda.empty((channels,), x.dtype)
-            plan.reduce_param_grads(partial, ggamma, gbeta,
+            plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta,
                                     None if stored is None else stored + self.parametrized[:2])
-            del partial
+            del partial, beta_sums
         if need_x:
             # S1 is free once the GEMM above has read it (same stream): G goes
             # there, saving an M-float allocation at the backward's peak.

@@ -404,6 +404,15 @@ def test_chunks_divide_the_pixels_in_granules(pixels, channels, granule):
             assert chunks == 1 or pixels // chunks >= gdn_module.MIN_CHUNK_PIXELS
 
 
+def test_beta_segments_need_whole_warps_in_one_row():
+    # 32 threads x 4 floats = 128 pixels per warp at 64 x 64: 32 segments per row.
+    assert gdn_module.beta_segments(64 * 64, 4) == 32
+    assert gdn_module.beta_segments(16 * 16, 1) == 8
+    # A warp would straddle two rows: the ones row instead.
+    assert gdn_module.beta_segments(8 * 8, 4) == 0
+    assert gdn_module.beta_segments(17 * 19, 1) == 0
+
+
 def test_auto_chunks_give_about_two_ctas_per_sm():
     # 4 output tiles of 128 x 128 at C = 192: 64 chunks of 512 pixels -> 256 CTAs.
     assert gdn_module.choose_chunks(8 * 64 * 64, 192, 132, 4) == 64
@@ -445,6 +454,17 @@ def test_cuda_chunked_path_with_stored_parameters(shape, chunks, variant, rng, m
     # The reduction over chunks is where the chain rule to the stored forms runs.
     monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
     assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beta_sums", [True, False], ids=["segment sums", "ones row"])
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
+@pytest.mark.parametrize("shape", [(3, 5, 16, 16), (2, 7, 8, 8)], ids=str)
+def test_cuda_beta_gradient_both_ways(shape, vectorize, beta_sums, rng, monkeypatch):
+    # 16x16: segment sums at both widths (2 or 8 per row); 8x8: only at width 1.
+    monkeypatch.setattr(gdn_module, "BETA_SUMS", beta_sums)
+    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
+    assert_backends_match(gdn_stored_fn(False, False), gpu_stored_sample(rng, shape), rtol=1e-4)
 
 
 @pytest.mark.gpu
