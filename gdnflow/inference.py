@@ -37,7 +37,12 @@ Building a plan:
 
    Results nothing reads are dropped.
 3. **Memory (GPU).** The rewritten program runs once to warm up (kernels
-   compile, the convolution planner decides, the cuBLAS handle is made), then
+   compile, the convolution planner decides, the cuBLAS handle is made, and
+   the filter transforms of the constant weights, Winograd's U and the
+   sub-pixel rewrite's weight, are made once into a cache the plan keeps:
+   every later run, the capture included, reads them through
+   :func:`gdnflow.ops.winograd.frozen_weights`, so replays never transform
+   a filter; ``stats["derived_weight_bytes"]`` is their size), then
    once more with the runtime's memory pool replaced by a recorder that notes,
    for every allocation, its size and when Python freed it: the buffers'
    lifetimes in allocation order. :func:`plan_memory` places every buffer at an
@@ -75,9 +80,9 @@ runs gdnflow operations.
 """
 import contextlib
 import dataclasses
+import functools
 import gc
 import math
-import sys
 import time
 import warnings
 from collections import OrderedDict
@@ -722,11 +727,13 @@ class InferencePlan:
         self.input_shape = tuple(int(s) for s in input_shape)
         self.graph = None
         self._input = self._outputs = self._arena = None
+        #: Filter transforms (Winograd U, the sub-pixel rewrite's weight) of the
+        #: plan's constant weights, made once by the warm-up run: the graph reads them.
+        self._derived_weights = None
         self.version, self.closed = None, False
         rng = np.random.default_rng(0)
         host = rng.standard_normal(self.input_shape).astype(np.float32)
         if self.device == "cuda" and graph:
-            _check_no_frozen_weights()
             x = self._static_input(host)
         else:
             x = Tensor(host, device=self.device)
@@ -773,8 +780,15 @@ class InferencePlan:
         import pycuda.driver as drv
         from gdnflow.backends.cuda.graphs import CudaGraph
         from gdnflow.backends.cuda.runtime import get_runtime
+        from gdnflow.ops.winograd import frozen_weights
         runtime = get_runtime()
-        with no_grad():
+        self._derived_weights = {}
+        # Every run below inside the plan's own frozen-weights cache: the warm-up
+        # makes the filter transforms (from the pool, kept by the plan), the
+        # recording run and the capture find them, so the graph has no
+        # transform kernels and the arena no transformed filters.
+        frozen = functools.partial(frozen_weights, self._derived_weights)
+        with no_grad(), frozen():
             self.program.run(x)
             recorder = _RecordingPool(runtime.pool)
             with _pool_replaced(runtime, recorder):
@@ -786,7 +800,7 @@ class InferencePlan:
         arena_pool = _ArenaPool(self._arena, offsets, sizes)
         self.graph = CudaGraph(runtime.stream)
         try:
-            with no_grad(), _pool_replaced(runtime, arena_pool), _gc_paused():
+            with no_grad(), frozen(), _pool_replaced(runtime, arena_pool), _gc_paused():
                 self._outputs = self.graph.capture(lambda: self.program.run(x))
         except Exception as exc:
             self.close()
@@ -798,7 +812,8 @@ class InferencePlan:
             raise PlanError(f"inference plan: the captured run made {arena_pool.count} "
                             f"allocations, the recording run {len(sizes)}")
         self.stats.update(allocations=len(sizes), allocated_bytes=sum(sizes),
-                          arena_bytes=total)
+                          arena_bytes=total, derived_weight_bytes=sum(
+                              derived.nbytes for _, derived in self._derived_weights.values()))
 
     # ---------------------------------------------------------------- run --
     @property
@@ -870,26 +885,13 @@ class InferencePlan:
             self._stream.synchronize()
             self.graph.close()
         self.graph = None
-        self._outputs = self._arena = self._input = None
+        self._outputs = self._arena = self._input = self._derived_weights = None
         self.closed = True
 
     def __repr__(self):
         mode = "cuda graph" if self.graph is not None else f"{self.device}, step by step"
         return (f"InferencePlan(input {self.input_shape}, {self.stats.get('steps')} steps, "
                 f"{mode})")
-
-
-def _check_no_frozen_weights():
-    """Refuse to capture inside ``winograd.frozen_weights()``.
-
-    Filters transformed inside that block are freed when it ends, and a graph
-    captured in it would go on reading them. Outside it the graph transforms
-    the (folded, constant) filters itself on every replay.
-    """
-    winograd = sys.modules.get("gdnflow.ops.winograd")
-    if winograd is not None and getattr(winograd, "_frozen", None) is not None:
-        raise PlanError("compile: cannot capture a CUDA graph inside winograd.frozen_weights() "
-                        "(the cached filter transforms are freed when the block ends)")
 
 
 class CompiledModel:

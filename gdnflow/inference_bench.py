@@ -183,7 +183,8 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
                          "—" if error is None else f"{error:.1e}"])
             s = plan.stats
             memory = (f"; arena {s['arena_bytes'] / 2**20:.1f} MiB for {s['allocations']} "
-                      f"buffers of {s['allocated_bytes'] / 2**20:.1f} MiB"
+                      f"buffers of {s['allocated_bytes'] / 2**20:.1f} MiB, filter transforms "
+                      f"{s['derived_weight_bytes'] / 2**20:.1f} MiB"
                       if "arena_bytes" in s else "")
             notes.append(f"{name} batch {batch}: {s['traced_steps']} traced operators -> "
                          f"{s['steps']} ({s['folded_batch_norm']} batch norms folded, "

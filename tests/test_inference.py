@@ -513,6 +513,26 @@ def test_replaying_twice_gives_identical_results_and_follows_the_input(rng):
 
 
 @pytest.mark.gpu
+def test_graph_reads_the_filter_transforms_made_at_build(rng):
+    # Winograd's U of each layer is made once, by the warm-up run, and kept by
+    # the plan: zeroing the kept transforms changes what the next replay gives
+    # (a graph that transformed the filters itself would not notice).
+    import pycuda.driver as drv
+    model = nn.Sequential(nn.Conv2d(64, 128, 3, padding=1, rng=rng),
+                          nn.Conv2d(128, 64, 3, padding=1, rng=rng)).to("cuda").eval()
+    x = tensor(rng, (4, 64, 28, 28), "cuda")
+    plan = InferencePlan(model, x.shape)
+    # F(4x4, 3x3): 36 floats per channel pair, two layers of 64 x 128.
+    assert plan.stats["derived_weight_bytes"] == 2 * 36 * 64 * 128 * 4
+    assert relative_error(plan(x).numpy(), eager(model, x)) <= 1e-4
+    for _, derived in plan._derived_weights.values():
+        drv.memset_d32(derived.ptr, 0, derived.size)
+    assert relative_error(plan(x).numpy(), eager(model, x)) > 0.5
+    plan.close()
+    assert plan._derived_weights is None
+
+
+@pytest.mark.gpu
 def test_a_new_input_shape_builds_a_new_graph_plan(rng):
     model = gpu_model("mobilenet_v2", rng)
     compiled = inference.compile(model)

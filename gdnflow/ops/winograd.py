@@ -212,7 +212,7 @@ _frozen = None          # {key: (allocation, derived array)} inside frozen_weigh
 
 
 @contextlib.contextmanager
-def frozen_weights():
+def frozen_weights(cache=None):
     """Within this block, transform each weight array once and reuse its U.
 
     For inference: the caller promises that no weight changes inside the
@@ -220,17 +220,21 @@ def frozen_weights():
     weight's address, shape, tile size and pass, and holds a reference to the
     weight's allocation, so the address cannot be handed to another array
     while the cached U exists. Everything cached is dropped when the
-    outermost block ends.
+    outermost block ends, unless ``cache`` (a dict of the caller's) is given:
+    the transforms then go there, live as long as the caller keeps it, and
+    replace any enclosing block's cache until this block ends (an inference
+    plan keeps the transforms its CUDA graph reads this way).
     """
     global _frozen
-    outermost = _frozen is None
-    if outermost:
+    enclosing = _frozen
+    if cache is not None:
+        _frozen = cache
+    elif _frozen is None:
         _frozen = {}
     try:
         yield
     finally:
-        if outermost:
-            _frozen = None
+        _frozen = enclosing
 
 
 def filter_transform(w, m, c_y, c_x, flip):

@@ -357,6 +357,26 @@ def test_frozen_weights_transform_each_weight_once(on_host, rng):
     assert on_host.count("winograd_filter_f4") == 3 and winograd._frozen is None
 
 
+def test_frozen_weights_into_a_cache_of_the_callers(on_host, rng):
+    # An inference plan keeps its transforms: they outlive the block, and the
+    # block neither reads nor fills an enclosing block's cache.
+    g = _geometry((1, 3, 9, 9), (4, 3, 3, 3))
+    x = HostArray(g.x_shape, rng.standard_normal(g.x_shape))
+    w = HostArray(g.w_shape, rng.standard_normal(g.w_shape))
+    kept = {}
+    with winograd.frozen_weights():
+        enclosing = winograd._frozen
+        with winograd.frozen_weights(kept):
+            first = WinogradF4.forward(g, x, w).get()
+            assert winograd._frozen is kept and enclosing == {}
+        assert winograd._frozen is enclosing
+    assert winograd._frozen is None and len(kept) == 1
+    w.array[:] = rng.standard_normal(w.size)         # the cached U is the old weight's
+    with winograd.frozen_weights(kept):
+        np.testing.assert_array_equal(WinogradF4.forward(g, x, w).get(), first)
+    assert on_host.count("winograd_filter_f4") == 1
+
+
 # --------------------------------------------------------------------- GPU --
 class _Forced:
     """A planner that runs ``algorithm`` wherever it can, and the default choice elsewhere."""
