@@ -6,8 +6,8 @@ Both layers include their parameter reparameterisation, as they do in
 training. gdnflow is timed twice in the same run: its current GPU path and,
 in the "before" columns, the path before the last change (dL/dbeta through
 the ones row of the parameter GEMM instead of segment sums of U; see
-``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a gradient in every timing (a
-training forward). Before each forward+backward the gradients of x and the
+``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a
+gradient in every timing (a training forward). Before each forward+backward the gradients of x and the
 parameters are reset, so that neither side pays for accumulating into old
 ones. Timing: CUDA events on each library's own stream, warm-up, median (see
 ``gdnflow.benchmarking``).

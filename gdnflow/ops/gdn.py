@@ -120,12 +120,12 @@ cuBLAS splits that K. Cut into chunks, the split is ours: :func:`choose_chunks`
 takes K, a divisor of P, so that chunks x tiles is about
 ``PARAM_GEMM_CTAS_PER_SM`` per SM (64 chunks of 512 pixels at 8x192x64x64),
 and one small kernel sums the [C, C] partial products (with S1: [C, C + 1],
-splitting off gbeta on the way). The forward and input GEMMs are the same products either way, one
-per chunk. The kernels that produce S, D, U and S1 write them in the
-chunked layout at no extra traffic (only their index arithmetic changes;
-pixels stay contiguous in both layouts, so accesses stay coalesced), and
-move 16 bytes per access where H*W % 4 == 0 (K is then kept a multiple of
-4 too).
+splitting off gbeta on the way). The forward and input GEMMs are the same
+products either way, one per chunk. The kernels that produce S, D, U and S1
+write them in the chunked layout at no extra traffic (only their index
+arithmetic changes; pixels stay contiguous in both layouts, so accesses stay
+coalesced), and move 16 bytes per access where H*W % 4 == 0 (K is then kept
+a multiple of 4 too).
 
 Module switches, read on every call, keep earlier versions selectable for
 an A/B in one process (``benchmarks/bench_gdn.py``, ``benchmarks/profile_gdn.py``):
@@ -149,9 +149,9 @@ float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
 - transient in the forward: S (M), freed once the GEMM has read it; with
   stored parameters the effective beta (C).
 - transient in the backward: U (M), S (M; S1: M + P; later reused for G),
-  B (M / 128 at W = 4), the
-  partial products (P / K * C * (C + 1): 9.5 MB at 8x192x64x64, against 25 MB
-  for M), and the gradients themselves.
+  B (M / 128 at W = 4), the partial products (P / K * C * C: 9.4 MB at
+  8x192x64x64, against 25 MB for M; C + 1 columns with S1), and the
+  gradients themselves.
 """
 import functools
 import math
