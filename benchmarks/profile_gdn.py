@@ -198,9 +198,11 @@ def stage_rows(timer, shape, path, host):
         ("norm GEMM", lambda: plan.norm_gemm(gamma, s, norm), f4 * 2 * m, gemm),
         # Writes D over D: values stay positive and finite, the work is the same.
         ("forward", lambda: plan.forward(x, norm, beta, y, True, vec), f4 * 4 * m, 0),
-        ("backward_norm", lambda: plan.backward_norm(x, gy, norm, u, s1, beta_sums, vec),
-         f4 * (5 * m + (columns - c) * p + sums_floats), 0),
-        ("param GEMM", lambda: plan.param_gemm(u, s1, partial, columns),
+        # With segment sums the operator keeps the forward's S: not written again.
+        ("backward_norm", lambda: plan.backward_norm(x, gy, norm, u, None if segments else s1,
+                                                     beta_sums, vec),
+         f4 * ((4 if segments else 5) * m + (columns - c) * p + sums_floats), 0),
+        ("param GEMM", lambda: plan.param_gemm(u, s if segments else s1, partial, columns),
          f4 * (2 * m + (columns - c) * p + plan.chunks * c * columns), 2 * c * columns * p),
         ("split" if plan.chunks == 1 else "reduce",
          lambda: plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta),

@@ -133,14 +133,15 @@ __device__ void forward(const float* __restrict__ x, float* __restrict__ norm_d,
     }
 }
 
-// u = dL/dn. When the parameters need gradients (s != nullptr) also s = s(x),
-// the right-hand side of dL/dgamma's GEMM, and dL/dbeta's pixel sum of u in
-// one of two ways:
+// u = dL/dn. When the parameters need gradients, also dL/dbeta's pixel sum
+// of u and, unless the forward kept it, s = s(x), the right-hand side of
+// dL/dgamma's GEMM, in one of two ways:
 // - beta_sums != nullptr: each warp adds its 32 W consecutive values of u
 //   and writes the sum to beta_sums[group / 32] (lane 0's group). The caller
 //   passes it only when H*W % (32 W) == 0: every warp then runs whole, on one
 //   image and channel, and beta_sums holds H*W / (32 W) segment sums per NCHW
 //   row, which gdn_reduce_param_grads adds up (fixed order: deterministic).
+//   s (if not null) gets S, [P/K][C][K].
 // - otherwise s is S1 = [s(x); 1] ([P/K][C + 1][K]): the ones row makes the
 //   sum a column of the same GEMM (one column past C, so a costlier GEMM).
 template <class V, int W>
@@ -156,17 +157,19 @@ __device__ void backward_norm(const float* __restrict__ x, const float* __restri
 #pragma unroll
         for (int e = 0; e < W; ++e) uv.v[e] = V::grad_norm(gv.v[e], xv.v[e], dv.v[e]);
         store<W>(u + t.k, uv);
+        if (beta_sums != nullptr) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < W; ++e) sum += uv.v[e];
+            sum = warp_sum(sum);
+            if ((threadIdx.x & 31) == 0) beta_sums[group / 32] = sum;
+        }
         if (s == nullptr) continue;
         Floats<W> sv;
 #pragma unroll
         for (int e = 0; e < W; ++e) sv.v[e] = V::statistic(xv.v[e]);
         if (beta_sums != nullptr) {
             store<W>(s + t.k, sv);
-            float sum = 0.0f;
-#pragma unroll
-            for (int e = 0; e < W; ++e) sum += uv.v[e];
-            sum = warp_sum(sum);
-            if ((threadIdx.x & 31) == 0) beta_sums[group / 32] = sum;
         } else {
             store<W>(s + t.k1, sv);
             // Channel 0's threads write the chunk's ones row, C rows further down.

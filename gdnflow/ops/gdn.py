@@ -140,15 +140,18 @@ Memory per layer
 float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
 
 - kept from forward to backward: D (M floats; the forward's GEMM output buffer,
-  overwritten in place), and references to x (M floats, alive until the backward
-  unless something else holds it anyway) and gamma (C*C). With stored
+  overwritten in place); S (M floats) when beta or gamma needs a gradient and
+  dL/dbeta comes from segment sums (the backward then does not write it
+  again, ~6 us at 8x192x64x64); and references to x (M floats, alive until
+  the backward unless something else holds it anyway) and gamma (C*C). With stored
   parameters that gamma is the effective one, an array of the forward's own
   (C*C floats), and references to the stored beta and gamma are kept too.
   Nothing is kept when no input requires a gradient or under ``no_grad``: D
   is then not even written.
-- transient in the forward: S (M), freed once the GEMM has read it; with
-  stored parameters the effective beta (C).
-- transient in the backward: U (M), S (M; S1: M + P; later reused for G),
+- transient in the forward: S (M) unless kept, freed once the GEMM has read
+  it; with stored parameters the effective beta (C).
+- transient in the backward: U (M), S1 where written (M + P; later reused for
+  G, else G: M),
   B (M / 128 at W = 4), the partial products (P / K * C * C: 9.4 MB at
   8x192x64x64, against 25 MB for M; C + 1 columns with S1), and the
   gradients themselves.
@@ -343,9 +346,9 @@ class CudaPlan:
 
     # -- backward
     def backward_norm(self, x, gy, d, u, s, beta_sums, vec):
-        """U = dL/dn, chunked, and unless ``s`` is None the parameters' operands:
-        S = s(x) and U's segment sums into ``beta_sums``, or (``beta_sums``
-        None) S1 = [s(x); 1] into ``s``."""
+        """U = dL/dn, chunked; U's segment sums into ``beta_sums`` unless it is
+        None; S = s(x) into ``s`` unless it is None (S1 = [s(x); 1] where
+        ``beta_sums`` is None)."""
         self._launch("backward_norm", vec, x.ptr, gy.ptr, d.ptr, u.ptr,
                      0 if s is None else s.ptr, 0 if beta_sums is None else beta_sums.ptr,
                      *self.sizes)
@@ -509,7 +512,7 @@ class GDNOperator(Operator):
         stored = None if self.parametrized is None else (beta, gamma)
         if x.size == 0:
             if keep:
-                self.saved = (x, gamma, None, None, stored)
+                self.saved = (x, gamma, None, None, None, stored)
             return y
         plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS)
         vec = plan.vectorized(x, y)
@@ -522,14 +525,18 @@ class GDNOperator(Operator):
             plan.effective_params(*stored, beta, gamma, self.parametrized)
         norm = plan.empty(plan.channels)
         plan.norm_gemm(gamma, s, norm)
-        del s       # back to the pool; stream order keeps the GEMM's reads first
+        # S is dL/dgamma's right-hand side too: kept when that product will
+        # read it as it is (segment sums for dL/dbeta), else back to the pool
+        # (stream order keeps the GEMM's reads first).
+        keep_s = (keep and any(self.needs_grad[1:]) and BETA_SUMS
+                  and plan.beta_segments(vec) > 0)
         plan.forward(x, norm, beta, y, keep, vec)
         if keep:
-            self.saved = (x, gamma, norm, plan, stored)   # norm now holds D
+            self.saved = (x, gamma, norm, s if keep_s else None, plan, stored)  # norm holds D
         return y
 
     def backward_cuda(self, gy):
-        x, gamma, d, plan, stored = self.saved
+        x, gamma, d, kept_s, plan, stored = self.saved
         channels = x.shape[1]
         need_x, need_beta, need_gamma = self.needs_grad
         need_params = need_beta or need_gamma
@@ -542,14 +549,17 @@ class GDNOperator(Operator):
         gx = cuda.empty(x.shape, x.dtype) if need_x else None
         vec = plan.vectorized(x, gy, *([gx] if need_x else []))
         u = plan.empty(channels)
-        s1 = beta_sums = None
+        s1 = beta_sums = written = None
         if need_params:
             segments = plan.beta_segments(vec) if BETA_SUMS else 0
             columns = channels if segments else channels + 1
-            s1 = plan.empty(columns)
+            if segments and kept_s is not None:
+                s1 = kept_s         # the forward's S, already in place
+            else:
+                s1 = written = plan.empty(columns)
             if segments:
                 beta_sums = cuda.empty((x.shape[0] * channels * segments,), x.dtype)
-        plan.backward_norm(x, gy, d, u, s1, beta_sums, vec)
+        plan.backward_norm(x, gy, d, u, written, beta_sums, vec)
         gbeta = ggamma = None
         if need_params:
             partial = cuda.empty((plan.chunks, channels, columns), x.dtype)
@@ -560,9 +570,10 @@ class GDNOperator(Operator):
                                     None if stored is None else stored + self.parametrized[:2])
             del partial, beta_sums
         if need_x:
-            # S1 is free once the GEMM above has read it (same stream): G goes
-            # there, saving an M-float allocation at the backward's peak.
-            g = s1 if s1 is not None else plan.empty(channels)
+            # S1 written here is free once the GEMM above has read it (same
+            # stream): G goes there, saving an M-float allocation at the
+            # backward's peak. (Not the kept S: a retained graph reads it again.)
+            g = written if written is not None else plan.empty(channels)
             plan.input_gemm(gamma, u, g)
             plan.backward_input(x, gy, d, g, gx, vec)
         return (gx, gbeta if need_beta else None, ggamma if need_gamma else None)

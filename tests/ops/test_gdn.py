@@ -468,6 +468,24 @@ def test_cuda_beta_gradient_both_ways(shape, vectorize, beta_sums, rng, monkeypa
 
 
 @pytest.mark.gpu
+def test_cuda_backward_twice_through_a_retained_graph(rng):
+    # The forward keeps S for dL/dgamma (segment sums at 16x16): the second
+    # backward must find it as the first left it.
+    x, beta, gamma = gpu_sample(rng, (2, 6, 16, 16))
+    inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
+    y = gdn_fn(False, False)(*inputs)
+    weight = gf.tensor(rng.standard_normal(x.shape), device="cuda")
+    y.backward(weight, retain_graph=True)
+    first = [t.grad.numpy().copy() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    y.backward(weight)
+    for name, before, again in zip(["gx", "gbeta", "ggamma"], first,
+                                   [t.grad.numpy() for t in inputs]):
+        np.testing.assert_allclose(again, before, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.gpu
 def test_cuda_plan_cuts_as_asked():
     plan = gdn_module.cuda_plan("gdn", (3, 5, 4, 4), 4)
     assert (plan.chunks, plan.chunk, plan.can_vectorize) == (4, 12, True)
