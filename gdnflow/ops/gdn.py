@@ -86,13 +86,13 @@ With P = N*H*W pixels, cut into P / K chunks of K pixels (see below)::
                             - pedestal            (stored parameters only)
               NORM = gamma @ S                  SGEMM [C, C] @ [C, K], per chunk
               D = (NORM + beta)^a, y = x * D    kernel <variant>_forward (D over NORM)
-    backward  U = dL/dn, S = s(x),             kernel <variant>_backward_norm
-                B = U's sums per 32 W pixels
+    backward  U = dL/dn,                        kernel <variant>_backward_norm
+                B = U's sums per 32 W pixels      (S: the forward's, kept, or here)
               PART_j = U_j @ S_j^T              SGEMM [C, K] @ [K, C], per chunk
               ggamma = sum_j PART_j,            kernel gdn_reduce_param_grads, or
                 gbeta = the sum of B              gdn_reduce_param_grads_parametrized
                 (then dL/dp, stored parameters)
-              G = gamma^T @ U (into S1)         SGEMM [C, C]^T @ [C, K], per chunk
+              G = gamma^T @ U                   SGEMM [C, C]^T @ [C, K], per chunk
               gx = gy D + s'(x) G               kernel <variant>_backward_input
 
 The statistic is queued before the parameters' transform so that the GPU
@@ -107,7 +107,8 @@ channel. That needs H*W % (32 W) == 0 (a warp then lies in one image and
 channel: :func:`beta_segments`). Elsewhere S1 = [S; 1] replaces S, and the
 ones row makes the pixel sum a last column of the same GEMM (C + 1
 columns: at C = 192 that column cost ~11 us of the product's ~90 on an
-H200, which is why it is avoided where it can be).
+H200, which is why it is avoided where it can be), and the backward_norm
+kernel writes S1 (the forward's S is not kept then).
 
 Each "per chunk" SGEMM is one strided-batched cuBLAS call. S, NORM/D, U, S1
 and G are stored channel-major in chunks, [P / K][C][K] (S1: [P / K][C + 1][K]),
@@ -131,9 +132,9 @@ Module switches, read on every call, keep earlier versions selectable for
 an A/B in one process (``benchmarks/bench_gdn.py``, ``benchmarks/profile_gdn.py``):
 ``PARAM_GEMM_CHUNKS`` ("auto", or a chunk count to aim at; 1 is one GEMM
 over all pixels), ``VECTORIZE`` (False: 4-byte accesses) and ``BETA_SUMS``
-(False: always the ones row). Each variant and
-input shape gets a :class:`CudaPlan`, built once, that holds the kernels,
-grids and GEMM shapes and runs the stages above one method each.
+(False: always the ones row, S never kept). Each variant and input shape
+gets a :class:`CudaPlan`, built once, that holds the kernels, grids and GEMM
+shapes and runs the stages above one method each.
 
 Memory per layer
 ----------------
@@ -143,18 +144,18 @@ float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
   overwritten in place); S (M floats) when beta or gamma needs a gradient and
   dL/dbeta comes from segment sums (the backward then does not write it
   again, ~6 us at 8x192x64x64); and references to x (M floats, alive until
-  the backward unless something else holds it anyway) and gamma (C*C). With stored
-  parameters that gamma is the effective one, an array of the forward's own
-  (C*C floats), and references to the stored beta and gamma are kept too.
+  the backward unless something else holds it anyway) and gamma (C*C). With
+  stored parameters that gamma is the effective one, an array of the
+  forward's own (C*C floats), and references to the stored beta and gamma
+  are kept too.
   Nothing is kept when no input requires a gradient or under ``no_grad``: D
   is then not even written.
 - transient in the forward: S (M) unless kept, freed once the GEMM has read
   it; with stored parameters the effective beta (C).
-- transient in the backward: U (M), S1 where written (M + P; later reused for
-  G, else G: M),
-  B (M / 128 at W = 4), the partial products (P / K * C * C: 9.4 MB at
-  8x192x64x64, against 25 MB for M; C + 1 columns with S1), and the
-  gradients themselves.
+- transient in the backward: U (M); G (M), in S1's buffer where S1 was
+  written (M + P); B (M / 128 at W = 4); the partial products (P / K * C * C:
+  9.4 MB at 8x192x64x64, against 25 MB for M; C + 1 columns with S1); and
+  the gradients themselves.
 """
 import functools
 import math
