@@ -60,6 +60,9 @@
 
 #define WARPS 8
 #define THREADS (WARPS * 32)
+// Blocks per SM the register allocation must allow (64 registers a thread):
+// the staging batch below would otherwise take registers up to occupancy 2.
+#define MIN_BLOCKS 4
 #define LY (32 / TW)                       // row groups of lanes
 #define TH (ROWS * LY)                     // tile height in outputs
 #define IN_H ((TH - 1) * SH + SPAN_H)      // staged rows per plane
@@ -93,28 +96,45 @@ __device__ __forceinline__ TileIndex tile_index(int groups, int tiles_u, int til
 }
 
 // tile[cl][r][q] <- in_image[c0 + cl][row0 + r][col0 + q], zero outside the
-// image and for channels >= C. One warp per staged row, lanes along it.
+// image and for channels >= C. The CC*IN_H*IN_W elements are numbered row by
+// row (consecutive threads, consecutive columns: coalesced) and each thread
+// issues STAGE_BATCH loads before it stores any: with one load in flight per
+// thread, each staged row cost a full L2 round trip, and staging bounded the
+// kernel on layers with short CSR rows (an RGB first layer).
+#define STAGE_ELEMENTS (CC * IN_H * IN_W)
+#define STAGE_PER_THREAD ((STAGE_ELEMENTS + THREADS - 1) / THREADS)
+#define STAGE_BATCH 4
 __device__ __forceinline__ void stage_tile(float* __restrict__ tile,
                                            const float* __restrict__ in_image, int C, int IH,
                                            int IW, int c0, int row0, int col0) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int rr = warp; rr < CC * IN_H; rr += WARPS) {
-        const int cl = rr / IN_H, r = rr - cl * IN_H;
-        const int c = c0 + cl, ih = row0 + r;
-        const bool row_ok = c < C && ih >= 0 && ih < IH;
-        const float* src = in_image + (row_ok ? ((size_t)c * IH + ih) * IW : 0);
-        float* dst = tile + cl * IN_PLANE + r * PITCH;
-        for (int q = lane; q < IN_W; q += 32) {
-            const int iw = col0 + q;
-            dst[q] = (row_ok && iw >= 0 && iw < IW) ? __ldg(src + iw) : 0.0f;
+#pragma unroll 1
+    for (int b0 = 0; b0 < STAGE_PER_THREAD; b0 += STAGE_BATCH) {
+        float value[STAGE_BATCH];
+        int slot[STAGE_BATCH];
+#pragma unroll
+        for (int b = 0; b < STAGE_BATCH; ++b) {
+            const int e = (b0 + b) * THREADS + threadIdx.x;
+            slot[b] = -1;
+            value[b] = 0.0f;
+            if (b0 + b < STAGE_PER_THREAD && e < STAGE_ELEMENTS) {
+                const int cl = e / (IN_H * IN_W), rest = e - cl * (IN_H * IN_W);
+                const int r = rest / IN_W, q = rest - r * IN_W;
+                const int c = c0 + cl, ih = row0 + r, iw = col0 + q;
+                slot[b] = cl * IN_PLANE + r * PITCH + q;
+                if (c < C && ih >= 0 && ih < IH && iw >= 0 && iw < IW)
+                    value[b] = __ldg(in_image + ((size_t)c * IH + ih) * IW + iw);
+            }
         }
+#pragma unroll
+        for (int b = 0; b < STAGE_BATCH; ++b)
+            if (slot[b] >= 0) tile[slot[b]] = value[b];
     }
 }
 
 // out <- the sparse convolution above (bias may be null). Launch with
 // THREADS threads and groups * tiles_u * tiles_v * N blocks, where
 // groups = ceil(C_out / (WARPS*CPW)), tiles_u = ceil(U / TH), tiles_v = ceil(V / TW).
-extern "C" __global__ void __launch_bounds__(THREADS) sparse_conv_forward(
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) sparse_conv_forward(
         const float* __restrict__ in, const float2* __restrict__ entries,
         const int* __restrict__ chunk_ptr, const float* __restrict__ bias,
         float* __restrict__ out,
@@ -177,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sparse_conv_forward(
 // output (u, v)): the gradient of the forward's values, for the forward's
 // geometry (out_row0 = out_col0 = 0, out_sh = out_sw = 1). gvalues must be
 // zeroed first: each warp adds its tile's partial sum with one atomic.
-extern "C" __global__ void __launch_bounds__(THREADS) sparse_conv_values_grad(
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) sparse_conv_values_grad(
         const float* __restrict__ in, const float* __restrict__ gout,
         const int* __restrict__ offsets, const int* __restrict__ chunk_ptr,
         float* __restrict__ gvalues,

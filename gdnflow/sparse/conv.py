@@ -285,6 +285,7 @@ class TilePlan:
         self.chunk_ptr_host = np.searchsorted(key, targets, side="left").astype(np.int32)
         self._device = None
         self._packed = None
+        self._launch = None
         #: (C_in, IH, IW, C_out, OH, OW, U, V, row0, col0, out_row0, out_col0, out_sh, out_sw)
         self.geometry = geometry
         c_out, u, v = geometry[3], geometry[6], geometry[7]
@@ -329,11 +330,14 @@ class TilePlan:
         """out <- the tiled sparse convolution of the input (see sparse_conv.cu)."""
         if self.blocks(n) == 0:
             return
-        kernel = cuda.kernel(SOURCE, "sparse_conv_forward", "PPPPP" + "i" * 18,
-                             self.tiling.defines)
+        if self._launch is None:        # the kernel and its fixed arguments, found once
+            self._launch = (cuda.kernel(SOURCE, "sparse_conv_forward", "PPPPP" + "i" * 18,
+                                        self.tiling.defines),
+                            self.geometry + (self.groups, self.tiles_u, self.tiles_v,
+                                             self.n_chunks))
+        kernel, fixed = self._launch
         kernel((self.blocks(n), 1, 1), (WARPS * 32, 1, 1), in_ptr, entries_ptr,
-               self.device_arrays[1].ptr, bias_ptr, out_ptr, *self.geometry,
-               self.groups, self.tiles_u, self.tiles_v, self.n_chunks)
+               self.device_arrays[1].ptr, bias_ptr, out_ptr, *fixed)
 
     def values_grad(self, n, in_ptr, gout_ptr, gvalues_ptr):
         if self.blocks(n) == 0:
