@@ -177,18 +177,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) sparse_conv_fo
         __syncthreads();
     }
 
+    // The stores step a pointer by one output row (out_sh*OW) each: indexing
+    // every row from the plane's start took ~15 instructions a store, about a
+    // third of the kernel's issue slots on layers with short CSR rows.
     const int v = t.v0 + lx;
-    if (v >= V) return;
+    const int u_first = t.u0 + ly * ROWS;
+    if (v >= V || u_first >= U) return;
+    const int rows_here = min(ROWS, U - u_first);
+    const size_t row_step = (size_t)out_sh * OW;
 #pragma unroll
     for (int m = 0; m < CPW; ++m) {
         const int o = o_first + m;
         if (o >= C_out) break;
         const float b = bias ? __ldg(bias + o) : 0.0f;
-        float* yp = out + ((size_t)t.n * C_out + o) * OH * OW + out_col0 + (size_t)v * out_sw;
+        float* yp = out + ((size_t)t.n * C_out + o) * OH * OW
+                    + (size_t)(out_row0 + u_first * out_sh) * OW + out_col0 + (size_t)v * out_sw;
+        if (rows_here == ROWS) {
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const int u = t.u0 + ly * ROWS + r;
-            if (u < U) yp[(size_t)(out_row0 + u * out_sh) * OW] = acc[m][r] + b;
+            for (int r = 0; r < ROWS; ++r, yp += row_step) *yp = acc[m][r] + b;
+        } else {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r, yp += row_step)
+                if (r < rows_here) *yp = acc[m][r] + b;
         }
     }
 }
