@@ -10,7 +10,8 @@ layer, 3 -> 64 at 224², 90% sparse) at batch 1 and 16, one process times:
 - the same calls with a memset queued before the start event ("GPU busy":
   device time only, Python hidden) and their host time;
 - the forward kernel alone for each tiling in ``TILINGS`` (events around
-  ``REPEATS`` back-to-back launches behind a memset, divided).
+  ``REPEATS`` back-to-back launches behind a memset, divided), and the
+  values-gradient kernel of the default tiling the same way.
 
 The write floor is the output's bytes at the measured copy bandwidth.
 """
@@ -80,6 +81,15 @@ def main():
                 g = op.geometry
                 plan = sparse_module.forward_plan(g, csr)
                 floor_us = y.size * 4 / HBM_BYTES_PER_S * 1e6
+                gy = gf.tensor(rng.standard_normal(y.shape, dtype=np.float32), device="cuda")
+                gvalues = timer.runtime.full((csr.nnz,), 0.0, np.float32)
+
+                def values_grads():
+                    for _ in range(REPEATS):
+                        plan.values_grad(n, x.data.ptr, gy.data.ptr, gvalues.ptr)
+                device_ms, _ = timer.time(values_grads, flushes=2)
+                rows.append([label, "values-gradient kernel (default tiling)", "",
+                             f"{device_ms / REPEATS * 1e3:.1f}", ""])
                 t = plan.tiling
                 for tile_rows, cpw in TILINGS:
                     tiling = sparse_module.Tiling(t.tw, tile_rows, cpw, t.cc, t.sh, t.sw,
