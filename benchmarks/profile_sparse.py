@@ -22,11 +22,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sparse import magnitude_prune  # noqa: E402
 from profile_gdn import HBM_BYTES_PER_S, Timer  # noqa: E402
 
 import gdnflow as gf  # noqa: E402
 from gdnflow import benchmarking as harness  # noqa: E402
 from gdnflow import ops  # noqa: E402
+from gdnflow.errors import KernelCompileError  # noqa: E402
 from gdnflow.sparse import conv as sparse_module  # noqa: E402
 from gdnflow.sparse.csr import to_csr  # noqa: E402
 
@@ -38,11 +40,11 @@ TILINGS = ((8, 4), (4, 8), (8, 2), (8, 1))
 REPEATS = 20
 
 
-def kernel_ms(timer, plan, n, x, entries, y):
-    """Device ms of one forward launch: REPEATS launches behind a memset, divided."""
+def per_launch_ms(timer, launch):
+    """Device ms of one ``launch()``: REPEATS launches behind a memset, divided."""
     def launches():
         for _ in range(REPEATS):
-            plan.forward(n, x.ptr, entries.ptr, 0, y.ptr)
+            launch()
     device, _ = timer.time(launches, flushes=2)
     return device / REPEATS
 
@@ -59,9 +61,8 @@ def main():
     for c_in, c_out, side in LAYERS:
         for n in BATCHES:
             x_host = rng.standard_normal((n, c_in, side, side), dtype=np.float32)
-            w_host = rng.standard_normal((c_out, c_in, 3, 3), dtype=np.float32)
-            flat = w_host.ravel()
-            flat[np.argsort(np.abs(flat))[:int(round(SPARSITY * flat.size))]] = 0.0
+            w_host = magnitude_prune(rng.standard_normal((c_out, c_in, 3, 3), dtype=np.float32),
+                                     SPARSITY)
             csr = to_csr(w_host, (side + 2, side + 2))
             x = gf.tensor(x_host, device="cuda")
             w = gf.tensor(w_host, device="cuda")
@@ -84,12 +85,10 @@ def main():
                 gy = gf.tensor(rng.standard_normal(y.shape, dtype=np.float32), device="cuda")
                 gvalues = timer.runtime.full((csr.nnz,), 0.0, np.float32)
 
-                def values_grads():
-                    for _ in range(REPEATS):
-                        plan.values_grad(n, x.data.ptr, gy.data.ptr, gvalues.ptr)
-                device_ms, _ = timer.time(values_grads, flushes=2)
+                ms = per_launch_ms(timer, lambda: plan.values_grad(n, x.data.ptr, gy.data.ptr,
+                                                                   gvalues.ptr))
                 rows.append([label, "values-gradient kernel (default tiling)", "",
-                             f"{device_ms / REPEATS * 1e3:.1f}", ""])
+                             f"{ms * 1e3:.1f}", ""])
                 t = plan.tiling
                 for tile_rows, cpw in TILINGS:
                     tiling = sparse_module.Tiling(t.tw, tile_rows, cpw, t.cc, t.sh, t.sw,
@@ -101,8 +100,9 @@ def main():
                                                      plan.geometry)
                     ventries = variant.entries(values.data)
                     try:
-                        ms = kernel_ms(timer, variant, n, x.data, ventries, y.data)
-                    except Exception as error:       # a variant that does not compile
+                        ms = per_launch_ms(timer, lambda: variant.forward(
+                            n, x.data.ptr, ventries.ptr, 0, y.data.ptr))
+                    except KernelCompileError as error:
                         rows.append([label, f"kernel {tile_rows}/{cpw}", str(error)[:60], "", ""])
                         continue
                     default = " (default)" if (tile_rows, cpw) == (t.rows, t.cpw) else ""
@@ -113,9 +113,8 @@ def main():
         import cProfile
         import pstats
         x = gf.tensor(rng.standard_normal((16, 3, 224, 224), dtype=np.float32), device="cuda")
-        w_host = rng.standard_normal((64, 3, 3, 3), dtype=np.float32)
-        w_host[np.abs(w_host) < np.quantile(np.abs(w_host), SPARSITY)] = 0.0
-        csr = to_csr(w_host, (226, 226))
+        csr = to_csr(magnitude_prune(rng.standard_normal((64, 3, 3, 3), dtype=np.float32),
+                                     SPARSITY), (226, 226))
         with gf.no_grad():
             profile = cProfile.Profile()
             profile.enable()
