@@ -4,9 +4,9 @@
 
 Both layers include their parameter reparameterisation, as they do in
 training. gdnflow is timed twice in the same run: its current GPU path and,
-in the "before" columns, the path before the last change (dL/dbeta through
-the ones row of the parameter GEMM instead of segment sums of U; see
-``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a
+in the "before" columns, the path before the last change (cuBLAS for the
+channel sums, with elementwise kernels around them, instead of the fused
+GEMM kernels; see ``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a
 gradient in every timing (a training forward). Before each forward+backward the gradients of x and the
 parameters are reset, so that neither side pays for accumulating into old
 ones. Timing: CUDA events on each library's own stream, warm-up, median (see
@@ -24,7 +24,7 @@ from gdnflow.testing import relative_error
 
 gdn_module = importlib.import_module("gdnflow.ops.gdn")    # the module, not ops.gdn
 #: gdnflow.ops.gdn's switches for the "before" columns.
-BEFORE = {"BETA_SUMS": False}
+BEFORE = {"FUSED": False}
 
 CHANNELS = (128, 192)
 BATCHES = (8, 16)
@@ -142,8 +142,8 @@ def main():
         notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
     notes.append("times are medians of CUDA-event timings (ms) after warm-up; "
                  "ratio = CompressAI / gdnflow (above 1: gdnflow faster); TF32 off on both sides; "
-                 "before: gdnflow with dL/dbeta through the ones row of the parameter GEMM "
-                 "(gdnflow.ops.gdn.BETA_SUMS off)")
+                 "before: gdnflow with cuBLAS for the channel sums and elementwise kernels "
+                 "around them instead of the fused GEMM kernels (gdnflow.ops.gdn.FUSED off)")
     name = "inverse GDN" if args.inverse else "GDN"
     harness.emit(harness.markdown_table(
         f"{name} layer: gdnflow against CompressAI",

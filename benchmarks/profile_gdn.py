@@ -105,9 +105,12 @@ HBM_BYTES_PER_S = 4.1e12        # measured copy, read + write (TARGETS.md)
 SGEMM_FLOP_PER_S = 50e12        # measured 8192^3 SGEMM, no TF32 (TARGETS.md)
 FLUSH_FLOATS = 64 << 20         # 256 MB > L2 (50 MB), ~80 us of memset: covers a launch
 BUSY_FLUSHES = 8                # 2 GB, ~0.6 ms: covers a whole fwd+bwd call's Python
-#: (PARAM_GEMM_CHUNKS, VECTORIZE, BETA_SUMS) of gdnflow.ops.gdn per path
-PATHS = {"before": ("auto", True, False), "after": ("auto", True, True)}
+#: gdnflow.ops.gdn's switches per path: "before" the cuBLAS products with
+#: elementwise kernels around them, "after" the fused GEMM kernels.
+PATHS = {"before": {"FUSED": False}, "after": {"FUSED": True}}
+SWITCHES = ("FUSED", "PARAM_GEMM_CHUNKS", "VECTORIZE", "BETA_SUMS")
 SWEEP_CHUNKS = (1, 8, 16, 32, 64, 128, 256)
+FUSED_TILES = (64, 128)
 
 
 class Timer:
@@ -147,7 +150,8 @@ class Timer:
 
 def set_path(path):
     """Select a GPU path of gdnflow.ops.gdn for every later call."""
-    gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS = PATHS[path]
+    for name, value in PATHS[path].items():
+        setattr(gdn_module, name, value)
 
 
 def device(array):
@@ -173,14 +177,14 @@ def inputs(rng, shape):
 
 def stage_rows(timer, shape, path, host):
     """One row per stage of ``path`` at ``shape``; also returns the summed device ms."""
-    chunks_request, vectorize, beta_sums_on = PATHS[path]
-    plan = gdn_module.cuda_plan("gdn", shape, chunks_request)
-    vec = vectorize and plan.can_vectorize
+    plan = gdn_module.cuda_plan("gdn", shape, gdn_module.PARAM_GEMM_CHUNKS)
+    vec = plan.can_vectorize
+    fused = PATHS[path]["FUSED"] and plan.fusable
     x, gy, beta, gamma = (device(a) for a in host)
     c, p, m = plan.channels, plan.pixels, plan.total
     y, gx = empty(shape), empty(shape)
     s, norm, u, g = (plan.empty(c) for _ in range(4))
-    segments = plan.beta_segments(vec) if beta_sums_on else 0
+    segments = plan.fused_segments if fused else plan.beta_segments(vec)
     columns = c if segments else c + 1
     s1 = plan.empty(columns)
     beta_sums = empty((shape[0] * c * segments,)) if segments else None
@@ -193,7 +197,21 @@ def stage_rows(timer, shape, path, host):
     plan.forward(x, norm, beta, y, True, vec)
     gemm = 2 * c * c * p
     f4 = 4.0
-    stages = [
+    gemm_stages = [
+        ("param GEMM", lambda: plan.param_gemm(u, s if segments else s1, partial, columns),
+         f4 * (2 * m + (columns - c) * p + plan.chunks * c * columns), 2 * c * columns * p),
+        ("split" if plan.chunks == 1 else "reduce",
+         lambda: plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta),
+         f4 * (plan.chunks * c * columns + sums_floats + c * (c + 1)), 0)]
+    # The fused forward reads x (and again, from L2, in its epilogue) and
+    # writes y, D and S; the fused backward reads x, gy and D (again from L2
+    # in its epilogue) and writes U, gx and the segment sums.
+    fused_stages = [
+        ("fused forward", lambda: plan.fused_forward(x, gamma, beta, y, norm, s), f4 * 4 * m,
+         gemm),
+        ("fused backward", lambda: plan.fused_backward(x, gy, norm, gamma, u, None, beta_sums, gx),
+         f4 * (5 * m + sums_floats), gemm)] + gemm_stages
+    stages = fused_stages if fused else [
         ("statistic", lambda: plan.statistic(x, s, vec), f4 * 2 * m, 0),
         ("norm GEMM", lambda: plan.norm_gemm(gamma, s, norm), f4 * 2 * m, gemm),
         # Writes D over D: values stay positive and finite, the work is the same.
@@ -202,11 +220,7 @@ def stage_rows(timer, shape, path, host):
         ("backward_norm", lambda: plan.backward_norm(x, gy, norm, u, None if segments else s1,
                                                      beta_sums, vec),
          f4 * ((4 if segments else 5) * m + (columns - c) * p + sums_floats), 0),
-        ("param GEMM", lambda: plan.param_gemm(u, s if segments else s1, partial, columns),
-         f4 * (2 * m + (columns - c) * p + plan.chunks * c * columns), 2 * c * columns * p),
-        ("split" if plan.chunks == 1 else "reduce",
-         lambda: plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta),
-         f4 * (plan.chunks * c * columns + sums_floats + c * (c + 1)), 0),
+    ] + gemm_stages + [
         ("input GEMM", lambda: plan.input_gemm(gamma, u, g), f4 * 2 * m, gemm),
         ("backward_input", lambda: plan.backward_input(x, gy, norm, g, gx, vec), f4 * 5 * m, 0),
     ]
@@ -221,7 +235,8 @@ def stage_rows(timer, shape, path, host):
                      f"{floor_ms * 1e3:.1f}", f"{100 * floor_ms / ms:.0f}%"])
     rows.append(["sum of stages", f"{total_ms * 1e3:.1f}", "", "", "", ""])
     layout = f"{plan.chunks} chunk{'s' if plan.chunks > 1 else ''} of {plan.chunk} px, " \
-             f"{'16' if vec else '4'}-byte kernels, dL/dbeta " + \
+             f"{'fused GEMM kernels' if fused else 'cuBLAS products, 16-byte kernels'}, " \
+             "dL/dbeta " + \
              (f"from {segments} segment sums per row" if segments else "by the ones row")
     return rows, layout, total_ms
 
@@ -293,6 +308,27 @@ def sweep_rows(timer, shape, host):
     return rows
 
 
+def fused_tile_rows(timer, shape, host):
+    """The fused kernels alone against their pixel tile (FUSED_PIXELS)."""
+    rows = []
+    for pixels in FUSED_TILES:
+        plan = gdn_module.cuda_plan("gdn", shape, "auto", pixels)
+        if not plan.fusable:
+            continue
+        x, gy, beta, gamma = (device(a) for a in host)
+        c, flops = plan.channels, 2 * plan.channels ** 2 * plan.pixels
+        y, gx = empty(shape), empty(shape)
+        d, s, u = (plan.empty(c) for _ in range(3))
+        beta_sums = empty((shape[0] * c * plan.fused_segments,))
+        plan.fused_forward(x, gamma, beta, y, d, s)
+        forward_ms, _ = timer.time(lambda: plan.fused_forward(x, gamma, beta, y, d, s))
+        backward_ms, _ = timer.time(
+            lambda: plan.fused_backward(x, gy, d, gamma, u, None, beta_sums, gx))
+        rows.append([str(pixels), f"{forward_ms * 1e3:.1f}", f"{flops / forward_ms / 1e9:.1f}",
+                     f"{backward_ms * 1e3:.1f}", f"{flops / backward_ms / 1e9:.1f}"])
+    return rows
+
+
 def agreement(shape, host):
     """Relative errors of the after path against the before path: y, gx, gbeta, ggamma."""
     results = {}
@@ -316,7 +352,7 @@ def main():
     timer = Timer(args.repeats)
     rng = np.random.default_rng(0)
     tables, summary = [], []
-    saved_path = (gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS)
+    saved_path = {name: getattr(gdn_module, name) for name in SWITCHES}
     try:
         for shape in SHAPES:
             name = "×".join(map(str, shape))
@@ -356,11 +392,17 @@ def main():
                  "the same GEMM with N = C instead of C + 1 (no gbeta), to price the ones row "
                  "(C + 1 = 129 is one column past a 128-wide tile at C = 128)"]))
             tables.append(harness.markdown_table(
+                f"GDN {name}: fused kernels against the pixel tile",
+                ["pixels per block", "fused forward us", "TFLOP/s", "fused backward us",
+                 "TFLOP/s"], fused_tile_rows(timer, shape, host),
+                ["64-pixel tiles: half the accumulators per thread, two blocks per SM"]))
+            tables.append(harness.markdown_table(
                 f"GDN {name}: after against before",
                 ["y", "gx", "gbeta", "ggamma"], [agreement(shape, host)],
                 ["relative error (max |difference| / max |before|), float32 on both"]))
     finally:
-        gdn_module.PARAM_GEMM_CHUNKS, gdn_module.VECTORIZE, gdn_module.BETA_SUMS = saved_path
+        for name, value in saved_path.items():
+            setattr(gdn_module, name, value)
     tables.append(harness.markdown_table(
         "GDN profile: summary (us)",
         ["shape", "path", "sum of stages", "op fwd+bwd events", "layer fwd+bwd events",

@@ -196,6 +196,15 @@ PARAM_GEMM_CTAS_PER_SM = 2
 GEMM_TILE = 128
 #: ... and cuts no chunk shorter than this many pixels (each product's K).
 MIN_CHUNK_PIXELS = 256
+#: The fused GEMM kernels (``<variant>_fused_forward`` and ``_fused_backward``)
+#: where :attr:`CudaPlan.fusable` (False: cuBLAS and the elementwise kernels
+#: around it, the previous version). Read on every call.
+FUSED = True
+#: Channel counts the fused kernels are built for (GDN_CHANNELS in gdn.cu).
+FUSED_CHANNELS = (64, 128, 192, 256)
+#: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu): 64 or 128.
+#: Read on every call.
+FUSED_PIXELS = 128
 #: Threads per block of the elementwise kernels.
 BLOCK = 256
 #: Warps per block of gdn_reduce_param_grads (GDN_REDUCE_ROWS in gdn.cu).
@@ -253,9 +262,9 @@ def beta_segments(hw, width):
 
 
 @functools.lru_cache(maxsize=256)
-def cuda_plan(variant, shape, chunks="auto"):
+def cuda_plan(variant, shape, chunks="auto", fused_pixels=FUSED_PIXELS):
     """The :class:`CudaPlan` of ``variant`` for inputs of ``shape``, built once."""
-    return CudaPlan(variant, shape, chunks)
+    return CudaPlan(variant, shape, chunks, fused_pixels)
 
 
 class CudaPlan:
@@ -273,7 +282,7 @@ class CudaPlan:
     KERNELS = {"statistic": "PPiiii", "forward": "PPPPiiiii",
                "backward_norm": "PPPPPPiiii", "backward_input": "PPPPPiiii"}
 
-    def __init__(self, variant, shape, chunks_request="auto"):
+    def __init__(self, variant, shape, chunks_request="auto", fused_pixels=FUSED_PIXELS):
         from gdnflow.backends.cuda import blas
         from gdnflow.backends.cuda.kernels import check_index_range, launch_grid
         from gdnflow.backends.cuda.runtime import get_runtime
@@ -300,6 +309,18 @@ class CudaPlan:
         self.reduce_kernels = {
             False: cuda.kernel(SOURCE, "gdn_reduce_param_grads", "PPPPiiiii"),
             True: cuda.kernel(SOURCE, "gdn_reduce_param_grads_parametrized", "PPPPPPiiiiiff")}
+        # The fused kernels: one module per C; D, S and U stay chunked, so
+        # either path's backward reads the other's forward.
+        self.fusable = (channels in FUSED_CHANNELS and self.can_vectorize
+                        and self.chunk % 4 == 0)
+        if self.fusable:
+            defines = (("GDN_CHANNELS", channels), ("FUSED_PIXELS", fused_pixels))
+            self.fused_kernels = (
+                cuda.kernel(SOURCE, f"{variant}_fused_forward", "PPPPPPii", defines),
+                cuda.kernel(SOURCE, f"{variant}_fused_backward", "PPPPPPPPii", defines))
+            #: Segment sums of U per NCHW row from the fused backward: one per block.
+            self.fused_segments = -(-self.hw // fused_pixels)
+            self.fused_grid = (self.fused_segments, batch, 1)
         self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPifff")
         self.params_grid = launch_grid(channels * (channels + 1), BLOCK)
         self.sizes = (self.total, channels, self.hw, self.chunk)
@@ -310,6 +331,12 @@ class CudaPlan:
         if not (VECTORIZE and self.can_vectorize):
             return False
         return not any(a.ptr & 15 for a in arrays)
+
+    def fused(self, *arrays):
+        """Whether the fused kernels may run on these arrays (NCHW tensors and
+        gamma): ``FUSED`` is on, C is one they are built for, and
+        :meth:`vectorized` holds."""
+        return FUSED and self.fusable and self.vectorized(*arrays)
 
     def beta_segments(self, vec):
         """Segment sums of U per NCHW row that the backward_norm kernel of width
@@ -345,7 +372,23 @@ class CudaPlan:
         """y = x * D, D = (NORM + beta)^a written over NORM when ``save_d``."""
         self._launch("forward", vec, x.ptr, norm_d.ptr, beta.ptr, y.ptr, *self.sizes, int(save_d))
 
+    def fused_forward(self, x, gamma, beta, y, d, s):
+        """y = x * D with NORM = gamma @ s(x) in one kernel; D into ``d`` and S
+        into ``s`` (chunked) unless they are None."""
+        self.fused_kernels[0](self.fused_grid, (BLOCK, 1, 1), x.ptr, gamma.ptr, beta.ptr, y.ptr,
+                              0 if d is None else d.ptr, 0 if s is None else s.ptr,
+                              self.hw, self.chunk)
+
     # -- backward
+    def fused_backward(self, x, gy, d, gamma, u, s, beta_sums, gx):
+        """gx = gy D + s'(x) (gamma^T @ U) in one kernel, U = dL/dn from (gy, x, D);
+        unless None, U into ``u``, S into ``s`` (chunked) and U's sums over each
+        block's pixels into ``beta_sums`` (``fused_segments`` per NCHW row)."""
+        self.fused_kernels[1](self.fused_grid, (BLOCK, 1, 1), x.ptr, gy.ptr, d.ptr, gamma.ptr,
+                              0 if u is None else u.ptr, 0 if s is None else s.ptr,
+                              0 if beta_sums is None else beta_sums.ptr, gx.ptr,
+                              self.hw, self.chunk)
+
     def backward_norm(self, x, gy, d, u, s, beta_sums, vec):
         """U = dL/dn, chunked; U's segment sums into ``beta_sums`` unless it is
         None; S = s(x) into ``s`` unless it is None (S1 = [s(x); 1] where
@@ -515,7 +558,9 @@ class GDNOperator(Operator):
             if keep:
                 self.saved = (x, gamma, None, None, None, stored)
             return y
-        plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS)
+        plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS, FUSED_PIXELS)
+        if plan.fused(x, y, gamma):
+            return self.forward_fused(plan, x, beta, gamma, y, stored)
         vec = plan.vectorized(x, y)
         s = plan.empty(plan.channels)
         plan.statistic(x, s, vec)
@@ -536,6 +581,21 @@ class GDNOperator(Operator):
             self.saved = (x, gamma, norm, s if keep_s else None, plan, stored)  # norm holds D
         return y
 
+    def forward_fused(self, plan, x, beta, gamma, y, stored):
+        """The forward as one fused kernel (after the parameters' transform)."""
+        keep = self.keep_for_backward
+        if stored is not None:
+            beta = cuda.empty(beta.shape, beta.dtype)
+            gamma = cuda.empty(gamma.shape, gamma.dtype)
+            plan.effective_params(*stored, beta, gamma, self.parametrized)
+        d = plan.empty(plan.channels) if keep else None
+        # S for dL/dgamma's product, written as the kernel reads x anyway.
+        s = plan.empty(plan.channels) if keep and any(self.needs_grad[1:]) else None
+        plan.fused_forward(x, gamma, beta, y, d, s)
+        if keep:
+            self.saved = (x, gamma, d, s, plan, stored)
+        return y
+
     def backward_cuda(self, gy):
         x, gamma, d, kept_s, plan, stored = self.saved
         channels = x.shape[1]
@@ -548,6 +608,8 @@ class GDNOperator(Operator):
                     zeros((channels,), 0.0, x.dtype) if need_beta else None,
                     zeros((channels, channels), 0.0, x.dtype) if need_gamma else None)
         gx = cuda.empty(x.shape, x.dtype) if need_x else None
+        if need_x and plan.fused(x, gy, gx, gamma):
+            return self.backward_fused(gy, gx)
         vec = plan.vectorized(x, gy, *([gx] if need_x else []))
         u = plan.empty(channels)
         s1 = beta_sums = written = None
@@ -561,15 +623,9 @@ class GDNOperator(Operator):
             if segments:
                 beta_sums = cuda.empty((x.shape[0] * channels * segments,), x.dtype)
         plan.backward_norm(x, gy, d, u, written, beta_sums, vec)
-        gbeta = ggamma = None
-        if need_params:
-            partial = cuda.empty((plan.chunks, channels, columns), x.dtype)
-            plan.param_gemm(u, s1, partial, columns)
-            ggamma = cuda.empty((channels, channels), x.dtype)
-            gbeta = cuda.empty((channels,), x.dtype)
-            plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta,
-                                    None if stored is None else stored + self.parametrized[:2])
-            del partial, beta_sums
+        gbeta, ggamma = (self.param_grads(plan, u, s1, columns, beta_sums) if need_params
+                         else (None, None))
+        del beta_sums
         if need_x:
             # S1 written here is free once the GEMM above has read it (same
             # stream): G goes there, saving an M-float allocation at the
@@ -578,3 +634,34 @@ class GDNOperator(Operator):
             plan.input_gemm(gamma, u, g)
             plan.backward_input(x, gy, d, g, gx, vec)
         return (gx, gbeta if need_beta else None, ggamma if need_gamma else None)
+
+    def backward_fused(self, gy, gx):
+        """The backward with dL/dx from one fused kernel, which also writes U
+        (and S, unless the forward kept it) for the parameter gradients."""
+        x, gamma, d, kept_s, plan, stored = self.saved
+        _, need_beta, need_gamma = self.needs_grad
+        u = s = beta_sums = None
+        if need_beta or need_gamma:
+            u = plan.empty(plan.channels)
+            s = None if kept_s is not None else plan.empty(plan.channels)
+            beta_sums = cuda.empty((x.shape[0] * plan.channels * plan.fused_segments,), x.dtype)
+        plan.fused_backward(x, gy, d, gamma, u, s, beta_sums, gx)
+        if u is None:
+            return gx, None, None
+        gbeta, ggamma = self.param_grads(plan, u, kept_s if s is None else s, plan.channels,
+                                         beta_sums)
+        return gx, gbeta if need_beta else None, ggamma if need_gamma else None
+
+    def param_grads(self, plan, u, s1, columns, beta_sums):
+        """(dL/dbeta, dL/dgamma) from U and S (or S1, ``columns`` = C + 1) through
+        the chunked product and its reduction; with stored parameters, with
+        respect to the stored forms."""
+        x, stored = self.saved[0], self.saved[5]
+        channels = plan.channels
+        partial = cuda.empty((plan.chunks, channels, columns), x.dtype)
+        plan.param_gemm(u, s1, partial, columns)
+        ggamma = cuda.empty((channels, channels), x.dtype)
+        gbeta = cuda.empty((channels,), x.dtype)
+        plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta,
+                                None if stored is None else stored + self.parametrized[:2])
+        return gbeta, ggamma

@@ -532,3 +532,106 @@ def test_cuda_empty_batch_has_gradients_of_zeros(variant):
     assert inputs[0].grad.shape == (0, 3, 2, 2)
     np.testing.assert_array_equal(inputs[1].grad.numpy(), np.zeros(3))
     np.testing.assert_array_equal(inputs[2].grad.numpy(), np.zeros((3, 3)))
+
+
+# ------------------------------------------------------ fused GPU kernels --
+# (shape, chunk count asked for), all with C in FUSED_CHANNELS and H*W % 4 == 0:
+# one partial block of 60 pixels; 156 pixels (the second block partial);
+# three whole blocks; C = 256; blocks straddling chunks of 20 pixels.
+FUSED_CASES = [((2, 64, 5, 12), "auto"), ((3, 128, 12, 13), "auto"), ((2, 192, 16, 24), "auto"),
+               ((1, 256, 8, 20), "auto"), ((3, 64, 6, 10), 9)]
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the fused kernels' launches: {"forward": n, "backward": n}."""
+    calls = {"forward": 0, "backward": 0}
+    for stage in calls:
+        method = getattr(gdn_module.CudaPlan, f"fused_{stage}")
+
+        def spy(*args, _method=method, _stage=stage):
+            calls[_stage] += 1
+            return _method(*args)
+        monkeypatch.setattr(gdn_module.CudaPlan, f"fused_{stage}", spy)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pixels", [64, 128], ids=lambda p: f"{p} px")
+@pytest.mark.parametrize("parameters", ["effective", "stored"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("shape,chunks", FUSED_CASES, ids=str)
+def test_cuda_fused_kernels_match_numpy(shape, chunks, variant, parameters, pixels, fused_calls,
+                                        rng, monkeypatch):
+    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
+    monkeypatch.setattr(gdn_module, "FUSED_PIXELS", pixels)
+    if parameters == "stored":
+        assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
+    else:
+        assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+    assert fused_calls["forward"] >= 1 and fused_calls["backward"] >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wanted", ["x", "beta", "gamma"])
+def test_cuda_fused_forward_gradient_of_one_input_only(wanted, fused_calls, rng):
+    # Without dL/dx the backward is the unfused one, reading the fused forward's D.
+    arrays = dict(zip(["x", "beta", "gamma"], gpu_sample(rng, (2, 64, 4, 9))))
+
+    def only(t):
+        args = {name: t if name == wanted else
+                gf.tensor(a, device=t.device, dtype=t.dtype) for name, a in arrays.items()}
+        return gdn_fn(False, False)(args["x"], args["beta"], args["gamma"])
+
+    assert_backends_match(only, [arrays[wanted]], rtol=1e-4)
+    assert fused_calls["forward"] >= 1
+    assert fused_calls["backward"] == (1 if wanted == "x" else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("forward_fused", [True, False], ids=["fused forward", "cuBLAS forward"])
+def test_cuda_fused_and_unfused_halves_combine(variant, forward_fused, rng, monkeypatch):
+    # D and S are chunked on both paths: either backward reads either forward's.
+    x, beta, gamma = gpu_sample(rng, (2, 128, 6, 10))
+    weight = rng.standard_normal(x.shape)
+    monkeypatch.setattr(gdn_module, "FUSED", forward_fused)
+    inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
+    y = gdn_fn(*variant)(*inputs)
+    monkeypatch.setattr(gdn_module, "FUSED", not forward_fused)
+    y.backward(gf.tensor(weight, device="cuda"))
+    ref = tensors(x, beta, gamma, requires_grad=True)
+    y_ref = gdn_fn(*variant)(*ref)
+    y_ref.backward(gf.tensor(weight, device="numpy", dtype=np.float64))
+    assert relative_error(y.numpy(), y_ref.numpy()) <= 1e-5
+    for name, got, want in zip(["gx", "gbeta", "ggamma"], inputs, ref):
+        assert relative_error(got.grad.numpy(), want.grad.numpy()) <= 1e-4, name
+
+
+@pytest.mark.gpu
+def test_cuda_fused_backward_twice_through_a_retained_graph(fused_calls, rng):
+    # The fused forward keeps S; the fused backward must not write over it.
+    x, beta, gamma = gpu_sample(rng, (2, 64, 16, 16))
+    inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
+    y = gdn_fn(False, False)(*inputs)
+    weight = gf.tensor(rng.standard_normal(x.shape), device="cuda")
+    y.backward(weight, retain_graph=True)
+    first = [t.grad.numpy().copy() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    y.backward(weight)
+    for name, before, again in zip(["gx", "gbeta", "ggamma"], first,
+                                   [t.grad.numpy() for t in inputs]):
+        np.testing.assert_allclose(again, before, rtol=1e-6, err_msg=name)
+    assert fused_calls == {"forward": 1, "backward": 2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cuda_fused_forward_without_gradient(variant, fused_calls, rng):
+    x, beta, gamma = gpu_sample(rng, (2, 192, 4, 9))
+    with gf.no_grad():
+        got = gdn_fn(*variant)(*tensors(x, beta, gamma, device="cuda", dtype=np.float32)).numpy()
+    want = naive_gdn(*(a.astype(np.float32).astype(np.float64) for a in (x, beta, gamma)), *variant)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert fused_calls["forward"] == 1
