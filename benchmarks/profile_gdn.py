@@ -110,7 +110,6 @@ BUSY_FLUSHES = 8                # 2 GB, ~0.6 ms: covers a whole fwd+bwd call's P
 PATHS = {"before": {"FUSED": False}, "after": {"FUSED": True}}
 SWITCHES = ("FUSED", "PARAM_GEMM_CHUNKS", "VECTORIZE", "BETA_SUMS")
 SWEEP_CHUNKS = (1, 8, 16, 32, 64, 128, 256)
-FUSED_TILES = (64, 128)
 
 
 class Timer:
@@ -191,6 +190,8 @@ def stage_rows(timer, shape, path, host):
     sums_floats = shape[0] * c * segments
     partial = device(np.zeros((plan.chunks, c, columns)))
     ggamma, gbeta = device(np.zeros((c, c))), device(np.zeros(c))
+    gamma_t = empty((c, c))
+    plan.transpose_gamma(gamma, gamma_t)
     # The forward first (it fills D), then every stage on its own.
     plan.statistic(x, s, vec)
     plan.norm_gemm(gamma, s, norm)
@@ -207,7 +208,7 @@ def stage_rows(timer, shape, path, host):
     # writes y, D and S; the fused backward reads x, gy and D (again from L2
     # in its epilogue) and writes U, gx and the segment sums.
     fused_stages = [
-        ("fused forward", lambda: plan.fused_forward(x, gamma, beta, y, norm, s), f4 * 4 * m,
+        ("fused forward", lambda: plan.fused_forward(x, gamma_t, beta, y, norm, s), f4 * 4 * m,
          gemm),
         ("fused backward", lambda: plan.fused_backward(x, gy, norm, gamma, u, None, beta_sums, gx),
          f4 * (5 * m + sums_floats), gemm)] + gemm_stages
@@ -308,27 +309,6 @@ def sweep_rows(timer, shape, host):
     return rows
 
 
-def fused_tile_rows(timer, shape, host):
-    """The fused kernels alone against their pixel tile (FUSED_PIXELS)."""
-    rows = []
-    for pixels in FUSED_TILES:
-        plan = gdn_module.cuda_plan("gdn", shape, "auto", pixels)
-        if not plan.fusable:
-            continue
-        x, gy, beta, gamma = (device(a) for a in host)
-        c, flops = plan.channels, 2 * plan.channels ** 2 * plan.pixels
-        y, gx = empty(shape), empty(shape)
-        d, s, u = (plan.empty(c) for _ in range(3))
-        beta_sums = empty((shape[0] * c * plan.fused_segments,))
-        plan.fused_forward(x, gamma, beta, y, d, s)
-        forward_ms, _ = timer.time(lambda: plan.fused_forward(x, gamma, beta, y, d, s))
-        backward_ms, _ = timer.time(
-            lambda: plan.fused_backward(x, gy, d, gamma, u, None, beta_sums, gx))
-        rows.append([str(pixels), f"{forward_ms * 1e3:.1f}", f"{flops / forward_ms / 1e9:.1f}",
-                     f"{backward_ms * 1e3:.1f}", f"{flops / backward_ms / 1e9:.1f}"])
-    return rows
-
-
 def agreement(shape, host):
     """Relative errors of the after path against the before path: y, gx, gbeta, ggamma."""
     results = {}
@@ -391,11 +371,6 @@ def main():
                 ["chunks = 1 is one GEMM over all pixels (the before path); without ones row: "
                  "the same GEMM with N = C instead of C + 1 (no gbeta), to price the ones row "
                  "(C + 1 = 129 is one column past a 128-wide tile at C = 128)"]))
-            tables.append(harness.markdown_table(
-                f"GDN {name}: fused kernels against the pixel tile",
-                ["pixels per block", "fused forward us", "TFLOP/s", "fused backward us",
-                 "TFLOP/s"], fused_tile_rows(timer, shape, host),
-                ["64-pixel tiles: half the accumulators per thread, two blocks per SM"]))
             tables.append(harness.markdown_table(
                 f"GDN {name}: after against before",
                 ["y", "gx", "gbeta", "ggamma"], [agreement(shape, host)],

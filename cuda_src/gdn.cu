@@ -241,16 +241,31 @@ GDN_VARIANT(gdn_simplified,  false, true)
 GDN_VARIANT(igdn_simplified, true,  true)
 
 // Effective beta (C) and gamma (C x C) from their stored forms, one thread per
-// element of both.
+// element of both; gamma's transpose too into gamma_t unless it is null (the
+// fused forward's operand).
 extern "C" __global__ void gdn_effective_params(
         const float* __restrict__ beta, const float* __restrict__ gamma,
         float* __restrict__ beta_eff, float* __restrict__ gamma_eff,
-        int channels, float beta_bound, float gamma_bound, float pedestal) {
+        float* __restrict__ gamma_t, int channels, float beta_bound, float gamma_bound,
+        float pedestal) {
     const int weights = channels * channels;
     GRID_STRIDE_LOOP(i, weights + channels) {
-        if (i < weights) gamma_eff[i] = nonnegative_value(gamma[i], gamma_bound, pedestal);
-        else beta_eff[i - weights] = nonnegative_value(beta[i - weights], beta_bound, pedestal);
+        if (i < weights) {
+            const float v = nonnegative_value(gamma[i], gamma_bound, pedestal);
+            gamma_eff[i] = v;
+            if (gamma_t != nullptr) gamma_t[(i % channels) * channels + i / channels] = v;
+        } else {
+            beta_eff[i - weights] = nonnegative_value(beta[i - weights], beta_bound, pedestal);
+        }
     }
+}
+
+// gamma_t[j][i] = gamma[i][j]: the fused forward's operand, where gamma is
+// given as is (no stored form to transform).
+extern "C" __global__ void gdn_transpose_gamma(const float* __restrict__ gamma,
+                                               float* __restrict__ gamma_t, int channels) {
+    GRID_STRIDE_LOOP(i, channels * channels)
+        gamma_t[(i % channels) * channels + i / channels] = gamma[i];
 }
 
 // The parameter gradients from the per-chunk products, partial =
@@ -352,48 +367,43 @@ gdn_reduce_param_grads_parametrized(const float* __restrict__ partial,
 // (and transformed) exactly once: the kernels can write S = s(x), U and U's
 // segment sums (for the parameter-gradient product, still a cuBLAS GEMM)
 // on the way, at no extra read. C = GDN_CHANNELS is fixed at compile time
-// (a multiple of 64 up to 256: the thread tile is C/16 rows by 8 pixels);
-// the loader builds one module per C. Requirements checked by the caller:
-// H*W % 4 == 0, chunk % 4 == 0, 16-byte aligned pointers.
+// (64, 128 or 192: the thread tile is C/16 rows by 4 pixels); the loader
+// builds one module per C. Requirements checked by the caller: H*W % 4 == 0,
+// chunk % 4 == 0, 16-byte aligned pointers.
 //
 // Thread tile: the 256 threads form 16 row groups (ty) by 16 column groups
-// (tx); thread (ty, tx) owns rows ty*ROWS .. ty*ROWS + ROWS - 1 and the
-// pixels tx*4 .. tx*4 + 3 of the tile, and with FUSED_PIXELS = 128 also
-// 64 + tx*4 .. 64 + tx*4 + 3 (the split keeps a warp's shared-memory reads
-// of the right-hand tile on 16 consecutive float4s). The channel sum runs in steps of FUSED_K channels
-// through double-buffered shared memory, the next step's global loads in
-// registers while this step's FMAs run. Layouts as above: x, gy, y, gx
-// NCHW; D, S, U chunked [P/K][C][K].
+// (tx); thread (ty, tx) owns rows ty*ROWS .. ty*ROWS + ROWS - 1 and pixels
+// tx*4 .. tx*4 + 3 of the tile. The channel sum runs in steps of FUSED_K
+// channels. Operands travel global -> shared by cp.async, two buffers deep:
+// the copies for step s + 1 are issued before step s's FMAs and have a whole
+// step to land. (Loads into registers were moved by the compiler to the end
+// of the FMAs, next to their use, exposing their latency; see
+// docs/performance.md.) The forward squares (or takes |x| of) the operand
+// as it reads it from shared memory; the backward first turns each step's
+// (gy, x, D) into U in shared memory, each thread its own copies. Layouts
+// as above: x, gy, y, gx NCHW; D, S, U chunked [P/K][C][K]. The forward
+// reads gamma transposed (gamma_t[k][i] = gamma[i][k], written by
+// gdn_effective_params or gdn_transpose_gamma), the backward as it is.
 #ifndef GDN_CHANNELS
 #define GDN_CHANNELS 192
 #endif
-#ifndef FUSED_PIXELS
-#define FUSED_PIXELS 128
-#endif
+#define FUSED_PIXELS 64
 #define FUSED_THREADS 256
 #define FUSED_K 16
-#define FUSED_COLUMNS (FUSED_PIXELS / 16)          // pixels per thread
-#define FUSED_ROW_LANES (FUSED_PIXELS / 4)         // threads loading one operand row
-#define FUSED_RHS_LOADS (FUSED_PIXELS / 64)        // float4s of each operand per thread and step
-// 64-pixel tiles halve the accumulators, so that two blocks fit on an SM.
-#define FUSED_MIN_BLOCKS (FUSED_PIXELS == 64 ? 2 : 1)
 #define FUSED_ROWS (GDN_CHANNELS / 16)
 #define FUSED_STEPS (GDN_CHANNELS / FUSED_K)
-#define FUSED_GAMMA_LOADS (GDN_CHANNELS / 64)   // float4s of gamma per thread and step
-static_assert(GDN_CHANNELS % 64 == 0 && GDN_CHANNELS <= 256,
-              "the fused GDN kernels take C = 64, 128, 192 or 256");
-static_assert(FUSED_PIXELS == 64 || FUSED_PIXELS == 128, "FUSED_PIXELS is 64 or 128");
+#define FUSED_GAMMA_COPIES (GDN_CHANNELS / 64)   // float4s of gamma per thread and step
+#define FUSED_ROW_LANES (FUSED_PIXELS / 4)       // threads copying one operand row
+static_assert(GDN_CHANNELS % 64 == 0 && GDN_CHANNELS <= 192,
+              "the fused GDN kernels take C = 64, 128 or 192");
+static_assert(FUSED_K * FUSED_PIXELS / 4 == FUSED_THREADS,
+              "one float4 of each operand per thread and step");
 
-struct FusedShared {
-    float gamma[2][FUSED_K][GDN_CHANNELS];    // [buffer][k][output channel]
-    float rhs[2][FUSED_K][FUSED_PIXELS];      // [buffer][k][pixel]
-};
-
-__device__ __forceinline__ float4 load4(const float* __restrict__ p) {
+__device__ __forceinline__ float4 load4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
 
-__device__ __forceinline__ void store4(float* __restrict__ p, float4 v) {
+__device__ __forceinline__ void store4(float* p, float4 v) {
     *reinterpret_cast<float4*>(p) = v;
 }
 
@@ -405,97 +415,40 @@ __device__ __forceinline__ int chunked_pixel(int n, int p, int hw, int chunk) {
     return (int)(j * GDN_CHANNELS * (unsigned)chunk + (q - j * (unsigned)chunk));
 }
 
-// gamma's step k0: the left-hand operand a[k][i] for k in [k0, k0 + FUSED_K).
-// TRANSPOSED (the backward's gamma^T): a[k][i] = gamma[k][i], rows of gamma
-// as they lie. Otherwise a[k][i] = gamma[i][k], read as float4s along k and
-// stored transposed (scalar shared stores with some bank conflicts: a few
-// per thread and step, against FUSED_ROWS * 8 * FUSED_K FMAs).
-template <bool TRANSPOSED>
-__device__ __forceinline__ void load_gamma(const float* __restrict__ gamma, int k0,
-                                           float4 (&r)[FUSED_GAMMA_LOADS]) {
-#pragma unroll
-    for (int l = 0; l < FUSED_GAMMA_LOADS; ++l) {
-        const int f = threadIdx.x + l * FUSED_THREADS;
-        if constexpr (TRANSPOSED)
-            r[l] = load4(gamma + (k0 + f / (GDN_CHANNELS / 4)) * GDN_CHANNELS
-                         + 4 * (f % (GDN_CHANNELS / 4)));
-        else
-            r[l] = load4(gamma + (f >> 2) * GDN_CHANNELS + k0 + 4 * (f & 3));
-    }
-}
-
-template <bool TRANSPOSED>
-__device__ __forceinline__ void store_gamma(float (*a)[GDN_CHANNELS],
-                                            const float4 (&r)[FUSED_GAMMA_LOADS]) {
-#pragma unroll
-    for (int l = 0; l < FUSED_GAMMA_LOADS; ++l) {
-        const int f = threadIdx.x + l * FUSED_THREADS;
-        if constexpr (TRANSPOSED) {
-            store4(&a[f / (GDN_CHANNELS / 4)][4 * (f % (GDN_CHANNELS / 4))], r[l]);
-        } else {
-            const int i = f >> 2, k = 4 * (f & 3);
-            a[k][i] = r[l].x;
-            a[k + 1][i] = r[l].y;
-            a[k + 2][i] = r[l].z;
-            a[k + 3][i] = r[l].w;
-        }
-    }
-}
-
-// acc[r][e] += sum over the step's k of a[k][row r] * rhs[k][pixel e].
-__device__ __forceinline__ void multiply_step(const float (*a)[GDN_CHANNELS],
-                                              const float (*b)[FUSED_PIXELS],
-                                              float (&acc)[FUSED_ROWS][FUSED_COLUMNS]) {
-    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-#pragma unroll
-    for (int k = 0; k < FUSED_K; ++k) {
-        float av[FUSED_ROWS];
-#pragma unroll
-        for (int q = 0; q < FUSED_ROWS / 4; ++q) {
-            const float4 v = load4(&a[k][ty * FUSED_ROWS + 4 * q]);
-            av[4 * q] = v.x;
-            av[4 * q + 1] = v.y;
-            av[4 * q + 2] = v.z;
-            av[4 * q + 3] = v.w;
-        }
-        float bv[FUSED_COLUMNS];
-#pragma unroll
-        for (int h = 0; h < FUSED_COLUMNS / 4; ++h) {
-            const float4 v = load4(&b[k][64 * h + 4 * tx]);
-            bv[4 * h] = v.x;
-            bv[4 * h + 1] = v.y;
-            bv[4 * h + 2] = v.z;
-            bv[4 * h + 3] = v.w;
-        }
-#pragma unroll
-        for (int r = 0; r < FUSED_ROWS; ++r)
-#pragma unroll
-            for (int e = 0; e < FUSED_COLUMNS; ++e) acc[r][e] = fmaf(av[r], bv[e], acc[r][e]);
-    }
-}
-
-// The right-hand operand's loads, FUSED_RHS_LOADS float4s per thread and
-// step: FUSED_ROW_LANES consecutive threads read one channel row of the tile
-// (512 or 256 bytes), thread t its pixels 4 q .. 4 q + 3, q = t % FUSED_ROW_LANES.
-struct RhsSlot {
-    int p;          // pixel in the image
+// This thread's operand float4 in every step: row `row` of the step, pixels
+// 4 q .. 4 q + 3 of the tile. Past the image's end it copies the image's last
+// 4 pixels instead (valid = false: their results are never stored).
+struct OperandSlot {
+    int row, q;
+    int p;          // pixel in the image (clamped to the last 4)
     int chunked;    // chunked_pixel of p
-    bool valid;     // p < H*W (whole float4s: H*W % 4 == 0)
+    bool valid;
 };
 
-__device__ __forceinline__ RhsSlot rhs_slot(int n, int p0, int hw, int chunk) {
-    RhsSlot s;
-    s.p = p0 + 4 * (threadIdx.x % FUSED_ROW_LANES);
+__device__ __forceinline__ OperandSlot operand_slot(int n, int p0, int hw, int chunk) {
+    OperandSlot s;
+    s.row = threadIdx.x / FUSED_ROW_LANES;
+    s.q = threadIdx.x % FUSED_ROW_LANES;
+    s.p = p0 + 4 * s.q;
     s.valid = s.p < hw;
-    s.chunked = s.valid ? chunked_pixel(n, s.p, hw, chunk) : 0;
+    s.p = min(s.p, hw - 4);
+    s.chunked = chunked_pixel(n, s.p, hw, chunk);
     return s;
 }
 
-__device__ __forceinline__ int rhs_row(int l) {
-    return (threadIdx.x + l * FUSED_THREADS) / FUSED_ROW_LANES;
+// Rows k0 .. k0 + FUSED_K - 1 of a C x C matrix (C / 4 float4s per row)
+// into shared memory as they lie.
+__device__ __forceinline__ void copy_gamma_rows(float (*dst)[GDN_CHANNELS],
+                                                const float* __restrict__ src, int k0) {
+#pragma unroll
+    for (int l = 0; l < FUSED_GAMMA_COPIES; ++l) {
+        const int f = threadIdx.x + l * FUSED_THREADS;
+        const int k = f / (GDN_CHANNELS / 4), i = 4 * (f % (GDN_CHANNELS / 4));
+        copy_to_shared<4>(&dst[k][i], src + (k0 + k) * GDN_CHANNELS + i);
+    }
 }
 
-// The sum of v over the FUSED_ROW_LANES threads that load one row; the row's
+// The sum of v over the FUSED_ROW_LANES threads that copy one row; the row's
 // first thread holds it.
 __device__ __forceinline__ float row_sum(float v) {
 #pragma unroll
@@ -510,171 +463,195 @@ __device__ __forceinline__ float4 statistic4(float4 v) {
                        V::statistic(v.w));
 }
 
-// y = x * D and (save_d) D for this thread's outputs, from acc = gamma s.
-// s_out (unless null) gets S as the operand is loaded.
-template <class V>
-__device__ void fused_forward(const float* __restrict__ x, const float* __restrict__ gamma,
-                              const float* __restrict__ beta, float* __restrict__ y,
-                              float* __restrict__ d_out, float* __restrict__ s_out,
-                              int hw, int chunk) {
-    __shared__ __align__(16) FusedShared sh;
-    const int n = blockIdx.y, p0 = blockIdx.x * FUSED_PIXELS;
-    const float* image = x + (size_t)n * GDN_CHANNELS * hw;
-    const RhsSlot slot = rhs_slot(n, p0, hw, chunk);
-    float4 gamma_regs[FUSED_GAMMA_LOADS], rhs_regs[FUSED_RHS_LOADS];
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-    auto load = [&](int k0) {
-        load_gamma<false>(gamma, k0, gamma_regs);
-#pragma unroll
-        for (int l = 0; l < FUSED_RHS_LOADS; ++l)
-            rhs_regs[l] = slot.valid ? load4(image + (k0 + rhs_row(l)) * hw + slot.p) : zero;
-    };
-    auto store = [&](int k0, int buffer) {
-        store_gamma<false>(sh.gamma[buffer], gamma_regs);
-#pragma unroll
-        for (int l = 0; l < FUSED_RHS_LOADS; ++l) {
-            const float4 s = statistic4<V>(rhs_regs[l]);
-            store4(&sh.rhs[buffer][rhs_row(l)][4 * (threadIdx.x % FUSED_ROW_LANES)], s);
-            if (s_out != nullptr && slot.valid)
-                store4(s_out + slot.chunked + (k0 + rhs_row(l)) * chunk, s);
-        }
-    };
-
-    float acc[FUSED_ROWS][FUSED_COLUMNS] = {};
-    load(0);
-    store(0, 0);
-    __syncthreads();
-#pragma unroll 1
-    for (int step = 0; step < FUSED_STEPS; ++step) {
-        const bool more = step + 1 < FUSED_STEPS;
-        if (more) load((step + 1) * FUSED_K);
-        multiply_step(sh.gamma[step & 1], sh.rhs[step & 1], acc);
-        if (more) store((step + 1) * FUSED_K, (step + 1) & 1);
-        __syncthreads();
-    }
-
+// acc[r][e] += sum over the step's k of a[k][row r] * f(b[k][pixel e]), f
+// the operand's transform (the forward's statistic, or none).
+template <class F>
+__device__ __forceinline__ void multiply_step(const float (*a)[GDN_CHANNELS],
+                                              const float (*b)[FUSED_PIXELS],
+                                              float (&acc)[FUSED_ROWS][4], F f) {
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
-    for (int h = 0; h < FUSED_COLUMNS / 4; ++h) {
-        const int p = p0 + 64 * h + 4 * tx;
-        if (p >= hw) continue;
-        const int chunked = chunked_pixel(n, p, hw, chunk);
+    for (int k = 0; k < FUSED_K; ++k) {
+        float av[FUSED_ROWS];
 #pragma unroll
-        for (int r = 0; r < FUSED_ROWS; ++r) {
-            const int c = ty * FUSED_ROWS + r;
-            const float b = beta[c];
-            const float4 xv = load4(image + c * hw + p);
-            float4 d;
-            d.x = V::power(acc[r][4 * h] + b);
-            d.y = V::power(acc[r][4 * h + 1] + b);
-            d.z = V::power(acc[r][4 * h + 2] + b);
-            d.w = V::power(acc[r][4 * h + 3] + b);
-            store4(y + (size_t)n * GDN_CHANNELS * hw + c * hw + p,
-                   make_float4(xv.x * d.x, xv.y * d.y, xv.z * d.z, xv.w * d.w));
-            if (d_out != nullptr) store4(d_out + chunked + c * chunk, d);
+        for (int q = 0; q < FUSED_ROWS / 4; ++q) {
+            const float4 v = load4(&a[k][ty * FUSED_ROWS + 4 * q]);
+            av[4 * q] = v.x;
+            av[4 * q + 1] = v.y;
+            av[4 * q + 2] = v.z;
+            av[4 * q + 3] = v.w;
         }
+        const float4 v = load4(&b[k][4 * tx]);
+        const float bv[4] = {f(v.x), f(v.y), f(v.z), f(v.w)};
+#pragma unroll
+        for (int r = 0; r < FUSED_ROWS; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(av[r], bv[e], acc[r][e]);
     }
 }
 
-// gx = gy * D + s'(x) * (gamma^T U) for this thread's outputs, U = dL/dn
-// computed from (gy, x, D) as the operand is loaded. When not null, u_out
-// gets U, s_out gets S = s(x), and beta_sums gets U's sum over each tile's
-// pixels per channel: beta_sums[(n * C + c) * gridDim.x + tile], for
-// gdn_reduce_param_grads with gridDim.x segments per row.
+struct FusedForwardShared {
+    float gamma_t[2][FUSED_K][GDN_CHANNELS];  // [buffer][k][output channel]
+    float x[2][FUSED_K][FUSED_PIXELS];        // [buffer][k][pixel]
+};
+
+// y = x * D and (d_out) D for this block's outputs, from acc = gamma s.
+// s_out (unless null) gets S = s(x).
+template <class V>
+__device__ void fused_forward(const float* __restrict__ x, const float* __restrict__ gamma_t,
+                              const float* __restrict__ beta, float* __restrict__ y,
+                              float* __restrict__ d_out, float* __restrict__ s_out,
+                              int hw, int chunk) {
+    __shared__ __align__(16) FusedForwardShared sh;
+    const int n = blockIdx.y, p0 = blockIdx.x * FUSED_PIXELS;
+    const size_t image_offset = (size_t)n * GDN_CHANNELS * hw;
+    const float* image = x + image_offset;
+    const OperandSlot slot = operand_slot(n, p0, hw, chunk);
+
+    auto copy_step = [&](int step) {
+        const int k0 = step * FUSED_K, buffer = step & 1;
+        copy_gamma_rows(sh.gamma_t[buffer], gamma_t, k0);
+        copy_to_shared<4>(&sh.x[buffer][slot.row][4 * slot.q],
+                          image + (k0 + slot.row) * hw + slot.p);
+        copies_commit();
+    };
+
+    float acc[FUSED_ROWS][4] = {};
+    copy_step(0);
+#pragma unroll 1
+    for (int step = 0; step < FUSED_STEPS; ++step) {
+        if (step + 1 < FUSED_STEPS) {
+            copy_step(step + 1);
+            copies_wait<1>();
+        } else {
+            copies_wait<0>();
+        }
+        const int buffer = step & 1;
+        if (s_out != nullptr && slot.valid)     // this thread's own copy has landed
+            store4(s_out + slot.chunked + (step * FUSED_K + slot.row) * chunk,
+                   statistic4<V>(load4(&sh.x[buffer][slot.row][4 * slot.q])));
+        __syncthreads();
+        multiply_step(sh.gamma_t[buffer], sh.x[buffer], acc,
+                      [](float v) { return V::statistic(v); });
+        __syncthreads();    // before the next step's copies overwrite this buffer
+    }
+
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    const int p = p0 + 4 * tx;
+    if (p >= hw) return;
+    const int chunked = chunked_pixel(n, p, hw, chunk);
+#pragma unroll
+    for (int r = 0; r < FUSED_ROWS; ++r) {
+        const int c = ty * FUSED_ROWS + r;
+        const float b = beta[c];
+        const float4 xv = load4(image + c * hw + p);
+        float4 d;
+        d.x = V::power(acc[r][0] + b);
+        d.y = V::power(acc[r][1] + b);
+        d.z = V::power(acc[r][2] + b);
+        d.w = V::power(acc[r][3] + b);
+        store4(y + image_offset + c * hw + p,
+               make_float4(xv.x * d.x, xv.y * d.y, xv.z * d.z, xv.w * d.w));
+        if (d_out != nullptr) store4(d_out + chunked + c * chunk, d);
+    }
+}
+
+struct FusedBackwardShared {
+    float gamma[2][FUSED_K][GDN_CHANNELS];    // [buffer][k][input channel]
+    float x[2][FUSED_K][FUSED_PIXELS];
+    float gy[2][FUSED_K][FUSED_PIXELS];       // U replaces gy before the FMAs read it
+    float d[2][FUSED_K][FUSED_PIXELS];
+};
+
+// gx = gy * D + s'(x) * (gamma^T U) for this block's outputs, U = dL/dn
+// computed from (gy, x, D) in shared memory, step by step. When not null,
+// u_out gets U, s_out gets S = s(x), and beta_sums gets U's sum over each
+// block's pixels per channel: beta_sums[(n * C + c) * gridDim.x + block],
+// for gdn_reduce_param_grads with gridDim.x segments per row.
 template <class V>
 __device__ void fused_backward(const float* __restrict__ x, const float* __restrict__ gy,
                                const float* __restrict__ d, const float* __restrict__ gamma,
                                float* __restrict__ u_out, float* __restrict__ s_out,
                                float* __restrict__ beta_sums, float* __restrict__ gx,
                                int hw, int chunk) {
-    __shared__ __align__(16) FusedShared sh;
+    __shared__ __align__(16) FusedBackwardShared sh;
     const int n = blockIdx.y, p0 = blockIdx.x * FUSED_PIXELS;
     const size_t image_offset = (size_t)n * GDN_CHANNELS * hw;
     const float* x_image = x + image_offset;
     const float* gy_image = gy + image_offset;
-    const RhsSlot slot = rhs_slot(n, p0, hw, chunk);
-    float4 gamma_regs[FUSED_GAMMA_LOADS], x_regs[FUSED_RHS_LOADS], gy_regs[FUSED_RHS_LOADS],
-        d_regs[FUSED_RHS_LOADS];
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const OperandSlot slot = operand_slot(n, p0, hw, chunk);
+    const int column = 4 * slot.q;
 
-    auto load = [&](int k0) {
-        load_gamma<true>(gamma, k0, gamma_regs);
-#pragma unroll
-        for (int l = 0; l < FUSED_RHS_LOADS; ++l) {
-            const int row = k0 + rhs_row(l);
-            x_regs[l] = slot.valid ? load4(x_image + row * hw + slot.p) : zero;
-            gy_regs[l] = slot.valid ? load4(gy_image + row * hw + slot.p) : zero;
-            d_regs[l] = slot.valid ? load4(d + slot.chunked + row * chunk) : zero;
-        }
-    };
-    auto store = [&](int k0, int buffer) {
-        store_gamma<true>(sh.gamma[buffer], gamma_regs);
-#pragma unroll
-        for (int l = 0; l < FUSED_RHS_LOADS; ++l) {
-            const int row = k0 + rhs_row(l);
-            const float4 xv = x_regs[l], gv = gy_regs[l], dv = d_regs[l];
-            // Zero past the image's end: the inverse variants' U would be 0/0 there.
-            const float4 u = slot.valid ? make_float4(
-                V::grad_norm(gv.x, xv.x, dv.x), V::grad_norm(gv.y, xv.y, dv.y),
-                V::grad_norm(gv.z, xv.z, dv.z), V::grad_norm(gv.w, xv.w, dv.w)) : zero;
-            store4(&sh.rhs[buffer][rhs_row(l)][4 * (threadIdx.x % FUSED_ROW_LANES)], u);
-            if (slot.valid) {
-                if (u_out != nullptr) store4(u_out + slot.chunked + row * chunk, u);
-                if (s_out != nullptr)
-                    store4(s_out + slot.chunked + row * chunk, statistic4<V>(xv));
-            }
-            if (beta_sums != nullptr) {
-                const float sum = row_sum(u.x + u.y + u.z + u.w);
-                if (threadIdx.x % FUSED_ROW_LANES == 0)
-                    beta_sums[((size_t)n * GDN_CHANNELS + row) * gridDim.x + blockIdx.x] = sum;
-            }
-        }
+    auto copy_step = [&](int step) {
+        const int k0 = step * FUSED_K, buffer = step & 1, row = k0 + slot.row;
+        copy_gamma_rows(sh.gamma[buffer], gamma, k0);
+        copy_to_shared<4>(&sh.x[buffer][slot.row][column], x_image + row * hw + slot.p);
+        copy_to_shared<4>(&sh.gy[buffer][slot.row][column], gy_image + row * hw + slot.p);
+        copy_to_shared<4>(&sh.d[buffer][slot.row][column], d + slot.chunked + row * chunk);
+        copies_commit();
     };
 
-    float acc[FUSED_ROWS][FUSED_COLUMNS] = {};
-    load(0);
-    store(0, 0);
-    __syncthreads();
+    float acc[FUSED_ROWS][4] = {};
+    copy_step(0);
 #pragma unroll 1
     for (int step = 0; step < FUSED_STEPS; ++step) {
-        const bool more = step + 1 < FUSED_STEPS;
-        if (more) load((step + 1) * FUSED_K);
-        multiply_step(sh.gamma[step & 1], sh.rhs[step & 1], acc);
-        if (more) store((step + 1) * FUSED_K, (step + 1) & 1);
+        if (step + 1 < FUSED_STEPS) {
+            copy_step(step + 1);
+            copies_wait<1>();
+        } else {
+            copies_wait<0>();
+        }
+        // U from this thread's own copies (landed), over gy; zero past the
+        // image's end, where the inverse variants' U would be 0/0.
+        const int buffer = step & 1, row = step * FUSED_K + slot.row;
+        const float4 xv = load4(&sh.x[buffer][slot.row][column]);
+        const float4 gv = load4(&sh.gy[buffer][slot.row][column]);
+        const float4 dv = load4(&sh.d[buffer][slot.row][column]);
+        const float4 u = slot.valid ? make_float4(
+            V::grad_norm(gv.x, xv.x, dv.x), V::grad_norm(gv.y, xv.y, dv.y),
+            V::grad_norm(gv.z, xv.z, dv.z), V::grad_norm(gv.w, xv.w, dv.w))
+            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        store4(&sh.gy[buffer][slot.row][column], u);
+        if (slot.valid) {
+            if (u_out != nullptr) store4(u_out + slot.chunked + row * chunk, u);
+            if (s_out != nullptr) store4(s_out + slot.chunked + row * chunk, statistic4<V>(xv));
+        }
+        if (beta_sums != nullptr) {
+            const float sum = row_sum(u.x + u.y + u.z + u.w);
+            if (slot.q == 0)
+                beta_sums[((size_t)n * GDN_CHANNELS + row) * gridDim.x + blockIdx.x] = sum;
+        }
         __syncthreads();
+        multiply_step(sh.gamma[buffer], sh.gy[buffer], acc, [](float v) { return v; });
+        __syncthreads();    // before the next step's copies overwrite this buffer
     }
 
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    const int p = p0 + 4 * tx;
+    if (p >= hw) return;
+    const int chunked = chunked_pixel(n, p, hw, chunk);
 #pragma unroll
-    for (int h = 0; h < FUSED_COLUMNS / 4; ++h) {
-        const int p = p0 + 64 * h + 4 * tx;
-        if (p >= hw) continue;
-        const int chunked = chunked_pixel(n, p, hw, chunk);
-#pragma unroll
-        for (int r = 0; r < FUSED_ROWS; ++r) {
-            const int c = ty * FUSED_ROWS + r;
-            const float4 xv = load4(x_image + c * hw + p), gv = load4(gy_image + c * hw + p);
-            const float4 dv = load4(d + chunked + c * chunk);
-            const float* g = &acc[r][4 * h];
-            store4(gx + image_offset + c * hw + p,
-                   make_float4(gv.x * dv.x + V::statistic_grad(xv.x) * g[0],
-                               gv.y * dv.y + V::statistic_grad(xv.y) * g[1],
-                               gv.z * dv.z + V::statistic_grad(xv.z) * g[2],
-                               gv.w * dv.w + V::statistic_grad(xv.w) * g[3]));
-        }
+    for (int r = 0; r < FUSED_ROWS; ++r) {
+        const int c = ty * FUSED_ROWS + r;
+        const float4 xv = load4(x_image + c * hw + p), gv = load4(gy_image + c * hw + p);
+        const float4 dv = load4(d + chunked + c * chunk);
+        store4(gx + image_offset + c * hw + p,
+               make_float4(gv.x * dv.x + V::statistic_grad(xv.x) * acc[r][0],
+                           gv.y * dv.y + V::statistic_grad(xv.y) * acc[r][1],
+                           gv.z * dv.z + V::statistic_grad(xv.z) * acc[r][2],
+                           gv.w * dv.w + V::statistic_grad(xv.w) * acc[r][3]));
     }
 }
 
 #define GDN_FUSED_KERNELS(NAME, INVERSE, SIMPLIFIED)                                      \
-extern "C" __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS) NAME##_fused_forward(      \
-        const float* __restrict__ x, const float* __restrict__ gamma,                     \
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2) NAME##_fused_forward(      \
+        const float* __restrict__ x, const float* __restrict__ gamma_t,                   \
         const float* __restrict__ beta, float* __restrict__ y, float* __restrict__ d_out, \
         float* __restrict__ s_out, int hw, int chunk) {                                   \
-    fused_forward<Variant<INVERSE, SIMPLIFIED>>(x, gamma, beta, y, d_out, s_out, hw,     \
+    fused_forward<Variant<INVERSE, SIMPLIFIED>>(x, gamma_t, beta, y, d_out, s_out, hw,   \
                                                 chunk);                                   \
 }                                                                                         \
-extern "C" __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS) NAME##_fused_backward(     \
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2) NAME##_fused_backward(     \
         const float* __restrict__ x, const float* __restrict__ gy,                        \
         const float* __restrict__ d, const float* __restrict__ gamma,                     \
         float* __restrict__ u_out, float* __restrict__ s_out,                             \

@@ -201,10 +201,9 @@ MIN_CHUNK_PIXELS = 256
 #: around it, the previous version). Read on every call.
 FUSED = True
 #: Channel counts the fused kernels are built for (GDN_CHANNELS in gdn.cu).
-FUSED_CHANNELS = (64, 128, 192, 256)
-#: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu): 64 or 128.
-#: Read on every call.
-FUSED_PIXELS = 128
+FUSED_CHANNELS = (64, 128, 192)
+#: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu).
+FUSED_PIXELS = 64
 #: Threads per block of the elementwise kernels.
 BLOCK = 256
 #: Warps per block of gdn_reduce_param_grads (GDN_REDUCE_ROWS in gdn.cu).
@@ -262,9 +261,9 @@ def beta_segments(hw, width):
 
 
 @functools.lru_cache(maxsize=256)
-def cuda_plan(variant, shape, chunks="auto", fused_pixels=FUSED_PIXELS):
+def cuda_plan(variant, shape, chunks="auto"):
     """The :class:`CudaPlan` of ``variant`` for inputs of ``shape``, built once."""
-    return CudaPlan(variant, shape, chunks, fused_pixels)
+    return CudaPlan(variant, shape, chunks)
 
 
 class CudaPlan:
@@ -282,7 +281,7 @@ class CudaPlan:
     KERNELS = {"statistic": "PPiiii", "forward": "PPPPiiiii",
                "backward_norm": "PPPPPPiiii", "backward_input": "PPPPPiiii"}
 
-    def __init__(self, variant, shape, chunks_request="auto", fused_pixels=FUSED_PIXELS):
+    def __init__(self, variant, shape, chunks_request="auto"):
         from gdnflow.backends.cuda import blas
         from gdnflow.backends.cuda.kernels import check_index_range, launch_grid
         from gdnflow.backends.cuda.runtime import get_runtime
@@ -314,14 +313,15 @@ class CudaPlan:
         self.fusable = (channels in FUSED_CHANNELS and self.can_vectorize
                         and self.chunk % 4 == 0)
         if self.fusable:
-            defines = (("GDN_CHANNELS", channels), ("FUSED_PIXELS", fused_pixels))
+            defines = (("GDN_CHANNELS", channels),)
             self.fused_kernels = (
                 cuda.kernel(SOURCE, f"{variant}_fused_forward", "PPPPPPii", defines),
                 cuda.kernel(SOURCE, f"{variant}_fused_backward", "PPPPPPPPii", defines))
             #: Segment sums of U per NCHW row from the fused backward: one per block.
-            self.fused_segments = -(-self.hw // fused_pixels)
+            self.fused_segments = -(-self.hw // FUSED_PIXELS)
             self.fused_grid = (self.fused_segments, batch, 1)
-        self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPifff")
+        self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPPifff")
+        self.transpose_kernel = cuda.kernel(SOURCE, "gdn_transpose_gamma", "PPi")
         self.params_grid = launch_grid(channels * (channels + 1), BLOCK)
         self.sizes = (self.total, channels, self.hw, self.chunk)
 
@@ -356,11 +356,18 @@ class CudaPlan:
         """S = s(x), chunked."""
         self._launch("statistic", vec, x.ptr, s.ptr, *self.sizes)
 
-    def effective_params(self, beta, gamma, beta_eff, gamma_eff, parametrized):
+    def effective_params(self, beta, gamma, beta_eff, gamma_eff, parametrized, gamma_t=None):
         """beta_eff, gamma_eff = max(p, bound)^2 - pedestal of the stored ``beta`` and
-        ``gamma``, with ``parametrized`` = (beta_bound, gamma_bound, pedestal)."""
+        ``gamma``, with ``parametrized`` = (beta_bound, gamma_bound, pedestal);
+        gamma_eff's transpose into ``gamma_t`` unless it is None."""
         self.params_kernel(self.params_grid, (BLOCK, 1, 1), beta.ptr, gamma.ptr, beta_eff.ptr,
-                           gamma_eff.ptr, self.channels, *parametrized)
+                           gamma_eff.ptr, 0 if gamma_t is None else gamma_t.ptr,
+                           self.channels, *parametrized)
+
+    def transpose_gamma(self, gamma, gamma_t):
+        """gamma_t = gamma^T, the fused forward's operand."""
+        self.transpose_kernel(self.params_grid, (BLOCK, 1, 1), gamma.ptr, gamma_t.ptr,
+                              self.channels)
 
     def norm_gemm(self, gamma, s, norm):
         """NORM = gamma @ S, one product per chunk."""
@@ -372,10 +379,10 @@ class CudaPlan:
         """y = x * D, D = (NORM + beta)^a written over NORM when ``save_d``."""
         self._launch("forward", vec, x.ptr, norm_d.ptr, beta.ptr, y.ptr, *self.sizes, int(save_d))
 
-    def fused_forward(self, x, gamma, beta, y, d, s):
-        """y = x * D with NORM = gamma @ s(x) in one kernel; D into ``d`` and S
-        into ``s`` (chunked) unless they are None."""
-        self.fused_kernels[0](self.fused_grid, (BLOCK, 1, 1), x.ptr, gamma.ptr, beta.ptr, y.ptr,
+    def fused_forward(self, x, gamma_t, beta, y, d, s):
+        """y = x * D with NORM = gamma @ s(x) in one kernel, given ``gamma_t`` =
+        gamma^T; D into ``d`` and S into ``s`` (chunked) unless they are None."""
+        self.fused_kernels[0](self.fused_grid, (BLOCK, 1, 1), x.ptr, gamma_t.ptr, beta.ptr, y.ptr,
                               0 if d is None else d.ptr, 0 if s is None else s.ptr,
                               self.hw, self.chunk)
 
@@ -558,7 +565,7 @@ class GDNOperator(Operator):
             if keep:
                 self.saved = (x, gamma, None, None, None, stored)
             return y
-        plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS, FUSED_PIXELS)
+        plan = cuda_plan(self.variant, x.shape, PARAM_GEMM_CHUNKS)
         if plan.fused(x, y, gamma):
             return self.forward_fused(plan, x, beta, gamma, y, stored)
         vec = plan.vectorized(x, y)
@@ -584,14 +591,17 @@ class GDNOperator(Operator):
     def forward_fused(self, plan, x, beta, gamma, y, stored):
         """The forward as one fused kernel (after the parameters' transform)."""
         keep = self.keep_for_backward
+        gamma_t = cuda.empty(gamma.shape, gamma.dtype)
         if stored is not None:
             beta = cuda.empty(beta.shape, beta.dtype)
             gamma = cuda.empty(gamma.shape, gamma.dtype)
-            plan.effective_params(*stored, beta, gamma, self.parametrized)
+            plan.effective_params(*stored, beta, gamma, self.parametrized, gamma_t)
+        else:
+            plan.transpose_gamma(gamma, gamma_t)
         d = plan.empty(plan.channels) if keep else None
         # S for dL/dgamma's product, written as the kernel reads x anyway.
         s = plan.empty(plan.channels) if keep and any(self.needs_grad[1:]) else None
-        plan.fused_forward(x, gamma, beta, y, d, s)
+        plan.fused_forward(x, gamma_t, beta, y, d, s)
         if keep:
             self.saved = (x, gamma, d, s, plan, stored)
         return y
