@@ -3,11 +3,12 @@
     python benchmarks/profile_gdn.py --out benchmarks/results/gdn_profile.md
 
 For 8x192x64x64 and 16x128x128x128, two GPU paths of ``gdnflow.ops.gdn``
-(its module switches): "before" takes dL/dbeta through the ones row of S1
-(the parameter GEMM has C + 1 columns) and "after" from the segment sums of
-U that the backward_norm kernel writes (``BETA_SUMS``); both cut the
-parameter GEMM into chunks and run the 16-byte kernels. (The first version,
-one GEMM over all pixels and 4-byte kernels, is the sweep's one-chunk row.)
+(its module switches): "before" runs the channel sums as cuBLAS GEMMs with
+the elementwise kernels around them, "after" the fused GEMM kernels
+(``FUSED``); both take dL/dbeta from segment sums of U and cut the
+parameter GEMM into chunks. (Earlier versions of this script compared the
+ones row of S1 against the segment sums; those tables are in git history.
+The first version, one GEMM over all pixels, is the sweep's one-chunk row.)
 Four tables:
 
 1. Stages. Each stage method of :class:`gdnflow.ops.gdn.CudaPlan` alone:
@@ -27,6 +28,13 @@ Four tables:
    the time the GPU waited for Python.
 3. The parameter-gradient GEMM and the forward GEMM against the chunk count.
 4. Agreement of the two paths (relative error, after against before).
+
+Prediction for the fused kernels (written after bench_gdn's first run of
+them, before the profile): the forward reads x once and writes y, D and S
+(~100 MB, 25 us at HBM speed) around a 2.4 GFLOP product (48 us at the SGEMM
+rate); overlapped, ~55-75 us against 110 us for its three stages; the
+backward, ~60-80 us against 131 us. Measured: 84 and 87 us, the product
+at 28-32 TFLOP/s (docs/performance.md has why).
 
 Predictions (written before any run; first principles, H200 floors)
 -------------------------------------------------------------------

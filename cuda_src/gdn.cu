@@ -1,7 +1,9 @@
 // Generalized divisive normalization: GDN, inverse GDN and their simplified
 // forms. Python side, with the math and the order of the calls:
-// gdnflow/ops/gdn.py. The channel sums are cuBLAS GEMMs issued from there;
-// these kernels are the elementwise work around them, one pass each.
+// gdnflow/ops/gdn.py. Two ways: the channel sums as cuBLAS GEMMs issued
+// from there, with the first kernels below as the elementwise work around
+// them, one pass each; or (C = 64, 128, 192) the fused GEMM kernels at the
+// end of this file, which do the sums themselves with that work folded in.
 //
 // Layouts. x, y and their gradients are NCHW. The GEMM operands (the pixel
 // statistic S, the norm n and its cached power D, U = dL/dn and G = gamma^T U)

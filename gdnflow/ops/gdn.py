@@ -95,6 +95,27 @@ With P = N*H*W pixels, cut into P / K chunks of K pixels (see below)::
               G = gamma^T @ U                   SGEMM [C, C]^T @ [C, K], per chunk
               gx = gy D + s'(x) G               kernel <variant>_backward_input
 
+Where C is 64, 128 or 192, H*W % 4 == 0 and the arrays are 16-byte aligned
+(:meth:`CudaPlan.fused`, switch ``FUSED``), two kernels of gdnflow's own do
+the products over channels with the elementwise work folded in, and the
+intermediates NORM, U and G never cross memory::
+
+    forward   beta, gamma^T = ...               kernel gdn_effective_params (stored
+                                                  parameters) or gdn_transpose_gamma
+              y = x * D, D = (gamma @ s(x)      kernel <variant>_fused_forward
+                  + beta)^a; D and S kept         (one block: C channels x 64 pixels)
+    backward  gx = gy D + s'(x) gamma^T @ U,    kernel <variant>_fused_backward
+                U = dL/dn from (gy, x, D);        (also writes U, and B: U's sums
+                                                  per block of 64 pixels)
+              PART_j, ggamma, gbeta             as above (SGEMM per chunk, reduction)
+
+They run the product at 0.75-0.85x cuBLAS's rate and still cut the
+forward's GPU time by a quarter (111 -> 84 us) and that of the three
+backward stages they replace by a third (131 -> 87 us) at 8x192x64x64 on an
+H200 (``benchmarks/results/profile_gdn.md``). Without dL/dx the backward is the
+unfused one; D and S are chunked on both paths, so either backward reads
+either forward's cache.
+
 The statistic is queued before the parameters' transform so that the GPU
 starts on the large kernel while Python still queues the small one, and the
 transform's chain rule costs the backward nothing: the reduction that writes
@@ -151,9 +172,12 @@ float32, with M = N*C*H*W elements, P = N*H*W pixels and P / K chunks:
   Nothing is kept when no input requires a gradient or under ``no_grad``: D
   is then not even written.
 - transient in the forward: S (M) unless kept, freed once the GEMM has read
-  it; with stored parameters the effective beta (C).
-- transient in the backward: U (M); G (M), in S1's buffer where S1 was
-  written (M + P); B (M / 128 at W = 4); the partial products (P / K * C * C:
+  it (the fused forward writes S only when it is kept); with stored
+  parameters the effective beta (C); on the fused path gamma^T (C*C).
+- transient in the backward: U (M; on the fused path only when beta or
+  gamma needs a gradient); G (M, not on the fused path), in S1's buffer
+  where S1 was written (M + P); B (M / 128 at W = 4, M / 64 fused); the
+  partial products (P / K * C * C:
   9.4 MB at 8x192x64x64, against 25 MB for M; C + 1 columns with S1); and
   the gradients themselves.
 """
