@@ -492,6 +492,45 @@ __device__ __forceinline__ void multiply_step(const float (*a)[GDN_CHANNELS],
     }
 }
 
+// The channel sum, FUSED_STEPS steps: copy_step(s) issues step s's copies
+// (one commit group); prepare(s) runs once this thread's own copies of step
+// s have landed, before the barrier that publishes them to the block;
+// multiply(s) does step s's FMAs. Step s + 1's copies fly during step s.
+template <class Copy, class Prepare, class Multiply>
+__device__ __forceinline__ void channel_sum(Copy copy_step, Prepare prepare, Multiply multiply) {
+    copy_step(0);
+#pragma unroll 1
+    for (int step = 0; step < FUSED_STEPS; ++step) {
+        if (step + 1 < FUSED_STEPS) {
+            copy_step(step + 1);
+            copies_wait<1>();
+        } else {
+            copies_wait<0>();
+        }
+        prepare(step);
+        __syncthreads();
+        multiply(step);
+        __syncthreads();    // before the next step's copies overwrite this buffer
+    }
+}
+
+// Where this thread's outputs lie: rows ty * FUSED_ROWS .. of the block's
+// channels, pixels p .. p + 3 (inside = p < H*W), at `chunked` in the
+// chunked layouts.
+struct OutputSlot {
+    int row0, p, chunked;
+    bool inside;
+};
+
+__device__ __forceinline__ OutputSlot output_slot(int n, int p0, int hw, int chunk) {
+    OutputSlot o;
+    o.row0 = threadIdx.x / 16 * FUSED_ROWS;
+    o.p = p0 + 4 * (threadIdx.x % 16);
+    o.inside = o.p < hw;
+    o.chunked = o.inside ? chunked_pixel(n, o.p, hw, chunk) : 0;
+    return o;
+}
+
 struct FusedForwardShared {
     float gamma_t[2][FUSED_K][GDN_CHANNELS];  // [buffer][k][output channel]
     float x[2][FUSED_K][FUSED_PIXELS];        // [buffer][k][pixel]
@@ -519,32 +558,20 @@ __device__ void fused_forward(const float* __restrict__ x, const float* __restri
     };
 
     float acc[FUSED_ROWS][4] = {};
-    copy_step(0);
-#pragma unroll 1
-    for (int step = 0; step < FUSED_STEPS; ++step) {
-        if (step + 1 < FUSED_STEPS) {
-            copy_step(step + 1);
-            copies_wait<1>();
-        } else {
-            copies_wait<0>();
-        }
-        const int buffer = step & 1;
-        if (s_out != nullptr && slot.valid)     // this thread's own copy has landed
+    channel_sum(copy_step, [&](int step) {
+        if (s_out != nullptr && slot.valid)
             store4(s_out + slot.chunked + (step * FUSED_K + slot.row) * chunk,
-                   statistic4<V>(load4(&sh.x[buffer][slot.row][4 * slot.q])));
-        __syncthreads();
-        multiply_step(sh.gamma_t[buffer], sh.x[buffer], acc,
+                   statistic4<V>(load4(&sh.x[step & 1][slot.row][4 * slot.q])));
+    }, [&](int step) {
+        multiply_step(sh.gamma_t[step & 1], sh.x[step & 1], acc,
                       [](float v) { return V::statistic(v); });
-        __syncthreads();    // before the next step's copies overwrite this buffer
-    }
+    });
 
-    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-    const int p = p0 + 4 * tx;
-    if (p >= hw) return;
-    const int chunked = chunked_pixel(n, p, hw, chunk);
+    const OutputSlot out = output_slot(n, p0, hw, chunk);
+    if (!out.inside) return;
 #pragma unroll
     for (int r = 0; r < FUSED_ROWS; ++r) {
-        const int c = ty * FUSED_ROWS + r;
+        const int c = out.row0 + r, p = out.p;
         const float b = beta[c];
         const float4 xv = load4(image + c * hw + p);
         float4 d;
@@ -554,7 +581,7 @@ __device__ void fused_forward(const float* __restrict__ x, const float* __restri
         d.w = V::power(acc[r][3] + b);
         store4(y + image_offset + c * hw + p,
                make_float4(xv.x * d.x, xv.y * d.y, xv.z * d.z, xv.w * d.w));
-        if (d_out != nullptr) store4(d_out + chunked + c * chunk, d);
+        if (d_out != nullptr) store4(d_out + out.chunked + c * chunk, d);
     }
 }
 
@@ -594,17 +621,9 @@ __device__ void fused_backward(const float* __restrict__ x, const float* __restr
     };
 
     float acc[FUSED_ROWS][4] = {};
-    copy_step(0);
-#pragma unroll 1
-    for (int step = 0; step < FUSED_STEPS; ++step) {
-        if (step + 1 < FUSED_STEPS) {
-            copy_step(step + 1);
-            copies_wait<1>();
-        } else {
-            copies_wait<0>();
-        }
-        // U from this thread's own copies (landed), over gy; zero past the
-        // image's end, where the inverse variants' U would be 0/0.
+    channel_sum(copy_step, [&](int step) {
+        // U from this thread's own copies, over gy; zero past the image's
+        // end, where the inverse variants' U would be 0/0.
         const int buffer = step & 1, row = step * FUSED_K + slot.row;
         const float4 xv = load4(&sh.x[buffer][slot.row][column]);
         const float4 gv = load4(&sh.gy[buffer][slot.row][column]);
@@ -623,20 +642,17 @@ __device__ void fused_backward(const float* __restrict__ x, const float* __restr
             if (slot.q == 0)
                 beta_sums[((size_t)n * GDN_CHANNELS + row) * gridDim.x + blockIdx.x] = sum;
         }
-        __syncthreads();
-        multiply_step(sh.gamma[buffer], sh.gy[buffer], acc, [](float v) { return v; });
-        __syncthreads();    // before the next step's copies overwrite this buffer
-    }
+    }, [&](int step) {
+        multiply_step(sh.gamma[step & 1], sh.gy[step & 1], acc, [](float v) { return v; });
+    });
 
-    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-    const int p = p0 + 4 * tx;
-    if (p >= hw) return;
-    const int chunked = chunked_pixel(n, p, hw, chunk);
+    const OutputSlot out = output_slot(n, p0, hw, chunk);
+    if (!out.inside) return;
 #pragma unroll
     for (int r = 0; r < FUSED_ROWS; ++r) {
-        const int c = ty * FUSED_ROWS + r;
+        const int c = out.row0 + r, p = out.p;
         const float4 xv = load4(x_image + c * hw + p), gv = load4(gy_image + c * hw + p);
-        const float4 dv = load4(d + chunked + c * chunk);
+        const float4 dv = load4(d + out.chunked + c * chunk);
         store4(gx + image_offset + c * hw + p,
                make_float4(gv.x * dv.x + V::statistic_grad(xv.x) * acc[r][0],
                            gv.y * dv.y + V::statistic_grad(xv.y) * acc[r][1],

@@ -228,6 +228,8 @@ FUSED = True
 FUSED_CHANNELS = (64, 128, 192)
 #: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu).
 FUSED_PIXELS = 64
+#: The fused kernels' grid has one row of blocks per image (gridDim.y's limit).
+MAX_GRID_Y = 65535
 #: Threads per block of the elementwise kernels.
 BLOCK = 256
 #: Warps per block of gdn_reduce_param_grads (GDN_REDUCE_ROWS in gdn.cu).
@@ -335,7 +337,7 @@ class CudaPlan:
         # The fused kernels: one module per C; D, S and U stay chunked, so
         # either path's backward reads the other's forward.
         self.fusable = (channels in FUSED_CHANNELS and self.can_vectorize
-                        and self.chunk % 4 == 0)
+                        and self.chunk % 4 == 0 and batch <= MAX_GRID_Y)
         if self.fusable:
             defines = (("GDN_CHANNELS", channels),)
             self.fused_kernels = (

@@ -468,10 +468,12 @@ def test_cuda_beta_gradient_both_ways(shape, vectorize, beta_sums, rng, monkeypa
 
 
 @pytest.mark.gpu
-def test_cuda_backward_twice_through_a_retained_graph(rng):
+@pytest.mark.parametrize("channels", [6, 64], ids=["cuBLAS path", "fused path"])
+def test_cuda_backward_twice_through_a_retained_graph(channels, fused_calls, rng):
     # The forward keeps S for dL/dgamma (segment sums at 16x16): the second
-    # backward must find it as the first left it.
-    x, beta, gamma = gpu_sample(rng, (2, 6, 16, 16))
+    # backward must find it as the first left it (the fused backward must
+    # not write over it).
+    x, beta, gamma = gpu_sample(rng, (2, channels, 16, 16))
     inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
     y = gdn_fn(False, False)(*inputs)
     weight = gf.tensor(rng.standard_normal(x.shape), device="cuda")
@@ -483,6 +485,8 @@ def test_cuda_backward_twice_through_a_retained_graph(rng):
     for name, before, again in zip(["gx", "gbeta", "ggamma"], first,
                                    [t.grad.numpy() for t in inputs]):
         np.testing.assert_allclose(again, before, rtol=1e-6, err_msg=name)
+    fused = channels in gdn_module.FUSED_CHANNELS
+    assert fused_calls == {"forward": int(fused), "backward": 2 * int(fused)}
 
 
 @pytest.mark.gpu
@@ -604,24 +608,6 @@ def test_cuda_fused_and_unfused_halves_combine(variant, forward_fused, rng, monk
     assert relative_error(y.numpy(), y_ref.numpy()) <= 1e-5
     for name, got, want in zip(["gx", "gbeta", "ggamma"], inputs, ref):
         assert relative_error(got.grad.numpy(), want.grad.numpy()) <= 1e-4, name
-
-
-@pytest.mark.gpu
-def test_cuda_fused_backward_twice_through_a_retained_graph(fused_calls, rng):
-    # The fused forward keeps S; the fused backward must not write over it.
-    x, beta, gamma = gpu_sample(rng, (2, 64, 16, 16))
-    inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
-    y = gdn_fn(False, False)(*inputs)
-    weight = gf.tensor(rng.standard_normal(x.shape), device="cuda")
-    y.backward(weight, retain_graph=True)
-    first = [t.grad.numpy().copy() for t in inputs]
-    for t in inputs:
-        t.grad = None
-    y.backward(weight)
-    for name, before, again in zip(["gx", "gbeta", "ggamma"], first,
-                                   [t.grad.numpy() for t in inputs]):
-        np.testing.assert_allclose(again, before, rtol=1e-6, err_msg=name)
-    assert fused_calls == {"forward": 1, "backward": 2}
 
 
 @pytest.mark.gpu
