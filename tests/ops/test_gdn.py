@@ -627,3 +627,31 @@ def test_cuda_channels_without_fused_kernels_take_cublas(fused_calls, rng):
     assert not gdn_module.cuda_plan("gdn", (1, 256, 4, 8)).fusable
     assert_backends_match(gdn_fn(False, False), list(gpu_sample(rng, (1, 256, 4, 8))), rtol=1e-4)
     assert fused_calls == {"forward": 0, "backward": 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels", [6, 64], ids=["cuBLAS path", "fused path"])
+def test_cuda_layer_memory_is_steady(channels, rng):
+    # After the first calls every buffer comes back from the pool: neither the
+    # training step nor the inference forward makes the pool grow.
+    from gdnflow.backends.cuda.runtime import get_runtime
+    from gdnflow.nn import GDN
+    pool = get_runtime().pool
+    layer = GDN(channels).to("cuda")
+    x = gf.tensor(rng.standard_normal((2, channels, 16, 16)), device="cuda",
+                  dtype=np.float32, requires_grad=True)
+    gy = gf.tensor(rng.standard_normal((2, channels, 16, 16)), device="cuda", dtype=np.float32)
+
+    def step():
+        x.grad = None
+        layer.zero_grad()
+        layer(x).backward(gy)
+        with gf.no_grad():
+            layer(x)
+
+    step()
+    step()
+    managed, active = pool.managed_bytes, pool.active_bytes
+    for _ in range(5):
+        step()
+    assert (pool.managed_bytes, pool.active_bytes) == (managed, active)
