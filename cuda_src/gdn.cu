@@ -380,9 +380,9 @@ gdn_reduce_param_grads_parametrized(const float* __restrict__ partial,
 // the copies for step s + 1 are issued before step s's FMAs and have a whole
 // step to land. (Loads into registers were moved by the compiler to the end
 // of the FMAs, next to their use, exposing their latency; see
-// docs/performance.md.) The forward squares (or takes |x| of) the operand
-// as it reads it from shared memory; the backward first turns each step's
-// (gy, x, D) into U in shared memory, each thread its own copies. Layouts
+// docs/performance.md.) Before a step's FMAs each thread transforms its own
+// copies in shared memory: the forward turns x into s(x), the backward
+// (gy, x, D) into U. Layouts
 // as above: x, gy, y, gx NCHW; D, S, U chunked [P/K][C][K]. The forward
 // reads gamma transposed (gamma_t[k][i] = gamma[i][k], written by
 // gdn_effective_params or gdn_transpose_gamma), the backward as it is.
@@ -465,12 +465,10 @@ __device__ __forceinline__ float4 statistic4(float4 v) {
                        V::statistic(v.w));
 }
 
-// acc[r][e] += sum over the step's k of a[k][row r] * f(b[k][pixel e]), f
-// the operand's transform (the forward's statistic, or none).
-template <class F>
+// acc[r][e] += sum over the step's k of a[k][row r] * b[k][pixel e].
 __device__ __forceinline__ void multiply_step(const float (*a)[GDN_CHANNELS],
                                               const float (*b)[FUSED_PIXELS],
-                                              float (&acc)[FUSED_ROWS][4], F f) {
+                                              float (&acc)[FUSED_ROWS][4]) {
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
     for (int k = 0; k < FUSED_K; ++k) {
@@ -484,7 +482,7 @@ __device__ __forceinline__ void multiply_step(const float (*a)[GDN_CHANNELS],
             av[4 * q + 3] = v.w;
         }
         const float4 v = load4(&b[k][4 * tx]);
-        const float bv[4] = {f(v.x), f(v.y), f(v.z), f(v.w)};
+        const float bv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int r = 0; r < FUSED_ROWS; ++r)
 #pragma unroll
@@ -533,7 +531,7 @@ __device__ __forceinline__ OutputSlot output_slot(int n, int p0, int hw, int chu
 
 struct FusedForwardShared {
     float gamma_t[2][FUSED_K][GDN_CHANNELS];  // [buffer][k][output channel]
-    float x[2][FUSED_K][FUSED_PIXELS];        // [buffer][k][pixel]
+    float x[2][FUSED_K][FUSED_PIXELS];        // [buffer][k][pixel]; s(x) replaces x
 };
 
 // y = x * D and (d_out) D for this block's outputs, from acc = gamma s.
@@ -559,12 +557,14 @@ __device__ void fused_forward(const float* __restrict__ x, const float* __restri
 
     float acc[FUSED_ROWS][4] = {};
     channel_sum(copy_step, [&](int step) {
+        // s(x) over this thread's own copy, once, not in every thread's FMAs.
+        float* own = &sh.x[step & 1][slot.row][4 * slot.q];
+        const float4 s = statistic4<V>(load4(own));
+        store4(own, s);
         if (s_out != nullptr && slot.valid)
-            store4(s_out + slot.chunked + (step * FUSED_K + slot.row) * chunk,
-                   statistic4<V>(load4(&sh.x[step & 1][slot.row][4 * slot.q])));
+            store4(s_out + slot.chunked + (step * FUSED_K + slot.row) * chunk, s);
     }, [&](int step) {
-        multiply_step(sh.gamma_t[step & 1], sh.x[step & 1], acc,
-                      [](float v) { return V::statistic(v); });
+        multiply_step(sh.gamma_t[step & 1], sh.x[step & 1], acc);
     });
 
     const OutputSlot out = output_slot(n, p0, hw, chunk);
@@ -643,7 +643,7 @@ __device__ void fused_backward(const float* __restrict__ x, const float* __restr
                 beta_sums[((size_t)n * GDN_CHANNELS + row) * gridDim.x + blockIdx.x] = sum;
         }
     }, [&](int step) {
-        multiply_step(sh.gamma[step & 1], sh.gy[step & 1], acc, [](float v) { return v; });
+        multiply_step(sh.gamma[step & 1], sh.gy[step & 1], acc);
     });
 
     const OutputSlot out = output_slot(n, p0, hw, chunk);
