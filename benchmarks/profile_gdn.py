@@ -34,7 +34,8 @@ them, before the profile): the forward reads x once and writes y, D and S
 (~100 MB, 25 us at HBM speed) around a 2.4 GFLOP product (48 us at the SGEMM
 rate); overlapped, ~55-75 us against 110 us for its three stages; the
 backward, ~60-80 us against 131 us. Measured: 84 and 87 us, the product
-at 28-32 TFLOP/s (docs/performance.md has why).
+at 28-32 TFLOP/s (docs/performance.md has why); 77 and 86 us once the
+forward applied s(x) once per element.
 
 Predictions (written before any run; first principles, H200 floors)
 -------------------------------------------------------------------

@@ -110,9 +110,9 @@ intermediates NORM, U and G never cross memory::
               PART_j, ggamma, gbeta             as above (SGEMM per chunk, reduction)
 
 They run the product at 0.75-0.85x cuBLAS's rate and still cut the
-forward's GPU time by a quarter (111 -> 84 us) and that of the three
-backward stages they replace by a third (131 -> 87 us) at 8x192x64x64 on an
-H200 (``benchmarks/results/profile_gdn.md``). Without dL/dx the backward is the
+forward's GPU time by 30% (111 -> 77 us) and that of the three backward
+stages they replace by a third (131 -> 86 us) at 8x192x64x64 on an H200
+(``benchmarks/results/profile_gdn.md``). Without dL/dx the backward is the
 unfused one; D and S are chunked on both paths, so either backward reads
 either forward's cache.
 
