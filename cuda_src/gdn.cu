@@ -438,6 +438,27 @@ __device__ __forceinline__ OperandSlot operand_slot(int n, int p0, int hw, int c
     return s;
 }
 
+// The backward reads x, gy and D twice: in its channel sum and, tens of
+// microseconds later, in its epilogue. The first copies ask L2 to keep the
+// lines (evict_last); the epilogue's loads, their last use, let them go
+// (ld.global.cs).
+__device__ __forceinline__ unsigned long long l2_keep_policy() {
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ void copy4_keep_in_l2(float* dst, const float* src,
+                                                 unsigned long long policy) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(src), "l"(policy) : "memory");
+}
+
+__device__ __forceinline__ float4 load4_last_use(const float* p) {
+    return __ldcs(reinterpret_cast<const float4*>(p));
+}
+
 // Rows k0 .. k0 + FUSED_K - 1 of a C x C matrix (C / 4 float4s per row)
 // into shared memory as they lie.
 __device__ __forceinline__ void copy_gamma_rows(float (*dst)[GDN_CHANNELS],
@@ -611,12 +632,13 @@ __device__ void fused_backward(const float* __restrict__ x, const float* __restr
     const OperandSlot slot = operand_slot(n, p0, hw, chunk);
     const int column = 4 * slot.q;
 
+    const unsigned long long keep = l2_keep_policy();
     auto copy_step = [&](int step) {
         const int k0 = step * FUSED_K, buffer = step & 1, row = k0 + slot.row;
         copy_gamma_rows(sh.gamma[buffer], gamma, k0);
-        copy_to_shared<4>(&sh.x[buffer][slot.row][column], x_image + row * hw + slot.p);
-        copy_to_shared<4>(&sh.gy[buffer][slot.row][column], gy_image + row * hw + slot.p);
-        copy_to_shared<4>(&sh.d[buffer][slot.row][column], d + slot.chunked + row * chunk);
+        copy4_keep_in_l2(&sh.x[buffer][slot.row][column], x_image + row * hw + slot.p, keep);
+        copy4_keep_in_l2(&sh.gy[buffer][slot.row][column], gy_image + row * hw + slot.p, keep);
+        copy4_keep_in_l2(&sh.d[buffer][slot.row][column], d + slot.chunked + row * chunk, keep);
         copies_commit();
     };
 
@@ -651,8 +673,9 @@ __device__ void fused_backward(const float* __restrict__ x, const float* __restr
 #pragma unroll
     for (int r = 0; r < FUSED_ROWS; ++r) {
         const int c = out.row0 + r, p = out.p;
-        const float4 xv = load4(x_image + c * hw + p), gv = load4(gy_image + c * hw + p);
-        const float4 dv = load4(d + out.chunked + c * chunk);
+        const float4 xv = load4_last_use(x_image + c * hw + p);
+        const float4 gv = load4_last_use(gy_image + c * hw + p);
+        const float4 dv = load4_last_use(d + out.chunked + c * chunk);
         store4(gx + image_offset + c * hw + p,
                make_float4(gv.x * dv.x + V::statistic_grad(xv.x) * acc[r][0],
                            gv.y * dv.y + V::statistic_grad(xv.y) * acc[r][1],
