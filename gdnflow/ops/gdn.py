@@ -111,8 +111,8 @@ intermediates NORM, U and G never cross memory::
 
 They run the product at 0.75-0.85x cuBLAS's rate and still cut the
 forward's GPU time by 30% (111 -> 77 us) and that of the three backward
-stages they replace by a third (131 -> 86 us) at 8x192x64x64 on an H200
-(``benchmarks/results/profile_gdn.md``). Without dL/dx the backward is the
+stages they replace by more than a third (131 -> 82 us) at 8x192x64x64 on
+an H200 (``benchmarks/results/profile_gdn.md``). Without dL/dx the backward is the
 unfused one; D and S are chunked on both paths, so either backward reads
 either forward's cache.
 
@@ -152,8 +152,9 @@ a multiple of 4 too).
 Module switches, read on every call, keep earlier versions selectable for
 an A/B in one process (``benchmarks/bench_gdn.py``, ``benchmarks/profile_gdn.py``):
 ``PARAM_GEMM_CHUNKS`` ("auto", or a chunk count to aim at; 1 is one GEMM
-over all pixels), ``VECTORIZE`` (False: 4-byte accesses) and ``BETA_SUMS``
-(False: always the ones row, S never kept). Each variant and input shape
+over all pixels), ``VECTORIZE`` (False: 4-byte accesses), ``BETA_SUMS``
+(False: always the ones row, S never kept; the cuBLAS path only) and
+``FUSED`` (False: the cuBLAS path everywhere). Each variant and input shape
 gets a :class:`CudaPlan`, built once, that holds the kernels, grids and GEMM
 shapes and runs the stages above one method each.
 
