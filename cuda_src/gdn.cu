@@ -382,10 +382,10 @@ gdn_reduce_param_grads_parametrized(const float* __restrict__ partial,
 // of the FMAs, next to their use, exposing their latency; see
 // docs/performance.md.) Before a step's FMAs each thread transforms its own
 // copies in shared memory: the forward turns x into s(x), the backward
-// (gy, x, D) into U. Layouts
-// as above: x, gy, y, gx NCHW; D, S, U chunked [P/K][C][K]. The forward
-// reads gamma transposed (gamma_t[k][i] = gamma[i][k], written by
-// gdn_effective_params or gdn_transpose_gamma), the backward as it is.
+// (gy, x, D) into U. Layouts as above: x, gy, y, gx NCHW; D, S, U chunked
+// [P/K][C][K]. The forward reads gamma transposed (gamma_t[k][i] =
+// gamma[i][k], written by gdn_effective_params or gdn_transpose_gamma), the
+// backward as it is.
 #ifndef GDN_CHANNELS
 #define GDN_CHANNELS 192
 #endif
