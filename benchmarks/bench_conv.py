@@ -45,11 +45,11 @@ from gdnflow.ops import conv as conv_module
 from gdnflow.ops import winograd
 from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.ops.conv import STAGES, Im2colGemm, Pointwise, conv_geometry, normalize_padding
-from gdnflow.ops.pointwise import PointwiseDirect
+from gdnflow.ops.pointwise import Im2colDirect, PointwiseDirect
 from gdnflow.ops.winograd import WinogradF2, WinogradF4
 
 #: The algorithms timed side by side (extra columns) where they apply.
-COMPARED = (Im2colGemm, WinogradF4, WinogradF2, Pointwise, PointwiseDirect)
+COMPARED = (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2, Pointwise, PointwiseDirect)
 #: The floors of benchmarks/results (TARGETS.md): HBM copy rate, SGEMM rate.
 HBM_BYTES_PER_S = 4.1e12
 SGEMM_FLOP_PER_S = 50e12
@@ -140,14 +140,17 @@ def geometry(layer):
 
 
 def compared_algorithms(layer):
-    """The algorithms to time one by one for this layer: Winograd's three, the two 1x1 ones."""
+    """The algorithms to time one by one for this layer: im2col (GEMM and direct product) and
+    Winograd's two, or the two 1x1 ones."""
     if layer.transposed:
         return ()
     g = geometry(layer)
     if winograd.supports(g):
-        return (Im2colGemm, WinogradF4, WinogradF2)
+        return (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2)
     if PointwiseDirect.supports(g):
         return (Pointwise, PointwiseDirect)
+    if Im2colDirect.supports(g):
+        return (Im2colGemm, Im2colDirect)
     return ()
 
 
@@ -426,7 +429,8 @@ def main():
                  "err: max |gdnflow - torch| / max |torch| of the forward output, the "
                  "largest over every algorithm timed for the layer")
     notes.append(", ".join(f"{a.name} ms" for a in COMPARED) + ": the same call with the "
-                 "planner forced to that algorithm where it applies (3x3 stride-1 layers; "
+                 "planner forced to that algorithm where it applies (im2col_direct: the "
+                 "forward of groups-1 layers, the rest on im2col_gemm; 3x3 stride-1 layers: "
                  "Winograd runs forward and backward-data, the weight gradient stays on "
                  "im2col; 1x1 layers: pointwise = one cuBLAS GEMM per image, pointwise_direct "
                  "= the direct kernel, forward and backward-data); their total rows count the "

@@ -1,15 +1,19 @@
-"""Every tile of the direct pointwise kernel on a few layers: measured GPU time against the cost model.
+"""Tiles and pipeline depths of the direct pointwise kernel: measured GPU time against the cost model.
 
     python benchmarks/sweep_pointwise_tiles.py --out benchmarks/results/pointwise_tiles.md
 
 For tuning the cost model of gdnflow/ops/pointwise.py (:func:`predicted_seconds`):
-for each layer, every candidate tile whose rows fit the output channels
-(at most a third idle) runs the layer's forward, and its GPU time (calls
-queued behind a busy kernel, as bench_conv.py's "gpu ms") is listed next to
-the model's prediction, fastest first, with the tile the model chooses
-marked. Each tile is a compile of its own the first time (a few seconds).
+for each layer, the thread tiles the model ranks best (and those measured
+best before) run the layer's forward with every K step (BK 8, 16, 32),
+pipeline depth (2-4 stages) and number of thread groups sharing a tile
+(KSPLIT 1, 2, 4) that fits, and the GPU time (calls queued behind
+a busy kernel, as bench_conv.py's "gpu ms") is listed next to the model's
+prediction, fastest first, with the variant the model chooses and the best
+2-stage, BK-8, one-group one (the kernel before stages and groups) marked. The variants are
+compiled in parallel first (PyCUDA's disk cache).
 """
 import argparse
+import os
 import pathlib
 import sys
 
@@ -19,16 +23,42 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_conv import gdnflow_gpu_ms  # noqa: E402  (benchmarks/ is not a package)
 
 from gdnflow import benchmarking as harness  # noqa: E402
+from gdnflow.backends.cuda.kernels import precompile  # noqa: E402
 from gdnflow.ops import pointwise  # noqa: E402
 from gdnflow.ops.conv import conv_geometry  # noqa: E402
 
-#: (batch, C_in, side, C_out): MobileNetV2's narrow projections at 28x28 (0.7x
-#: cuDNN's GPU time in benchmarks/results/conv.md) and one at 56x56 for contrast.
-LAYERS = [(64, 144, 28, 32), (64, 192, 28, 32), (64, 144, 56, 24)]
+#: (batch, C_in, side, C_out): MobileNetV2's narrow projections (slower than
+#: cuDNN in benchmarks/results/conv.md before stages), an expansion, and
+#: three 14x14 layers the GEMM path runs by default; and the product of VGG16's
+#: first layer at batch 1 after im2col (27 rows of 224x224 columns, 64 filters).
+LAYERS = [(64, 144, 28, 32), (64, 192, 28, 32), (64, 96, 56, 24), (64, 144, 56, 24),
+          (64, 32, 28, 192), (64, 192, 14, 64), (64, 64, 14, 384), (64, 384, 14, 64),
+          (1, 27, 224, 64)]
+#: Block tiles (TM, TN, TX, TY) measured best on the narrow layers with 2 stages.
+KNOWN_TILES = [(8, 4, 32, 2), (4, 4, 32, 8), (4, 8, 32, 4), (4, 8, 8, 8), (12, 8, 32, 2),
+               (4, 8, 32, 6)]
 
 
-def sweep(layer, top):
-    """Rows (tile, threads, BK, predicted µs, measured µs, chosen) of one layer, fastest first."""
+def variants(layer, tiles_per_layer):
+    """The configs to time for a layer: each chosen tile at every BK, depth and KSPLIT."""
+    batch, c_in, side, c_out = layer
+    columns = batch * side * side
+    fitting = [c for c in pointwise.candidate_configs(4) if c.bm <= 1.34 * c_out]
+    ranked = sorted(fitting, key=lambda c: pointwise.predicted_seconds(c, c_out, c_in, columns))
+    tiles = []
+    for c in ranked:
+        if (c.tm, c.tn, c.tx, c.ty) not in tiles:
+            tiles.append((c.tm, c.tn, c.tx, c.ty))
+        if len(tiles) == tiles_per_layer:
+            break
+    tiles += [t for t in KNOWN_TILES if t not in tiles and t[0] * t[3] <= 1.34 * c_out]
+    chosen = pointwise.choose_config(c_out, c_in, side * side, columns, 4)
+    return [c for c in fitting if (c.tm, c.tn, c.tx, c.ty) in tiles] + (
+        [] if chosen in fitting else [chosen])
+
+
+def sweep(layer, configs, top):
+    """Rows (tile, threads, BK, stages, predicted µs, measured µs, mark) of one layer."""
     from gdnflow.backends.cuda.runtime import get_runtime
     batch, c_in, side, c_out = layer
     runtime = get_runtime()
@@ -42,9 +72,7 @@ def sweep(layer, top):
     original = pointwise.choose_config
     rows = []
     try:
-        for config in pointwise.candidate_configs(4):
-            if config.bm > 1.34 * c_out:
-                continue
+        for config in configs:
             pointwise.choose_config = lambda *args, config=config: config
             measured = gdnflow_gpu_ms(lambda: pointwise.PointwiseDirect.forward(g, x, w))
             predicted = pointwise.predicted_seconds(config, c_out, c_in, columns,
@@ -53,27 +81,42 @@ def sweep(layer, top):
     finally:
         pointwise.choose_config = original
     rows.sort(key=lambda r: r[0])
-    keep = rows[:top] + [r for r in rows[top:] if r[1] == chosen]
+    two_stage = [r for r in rows if r[1].stages == 2 and r[1].bk == 8 and r[1].ksplit == 1][:1]
+    keep = rows[:top] + [r for r in rows[top:] if r[1] == chosen or r in two_stage]
+
+    def mark(c):
+        return " ".join(m for m, yes in (("**chosen**", c == chosen),
+                                         ("before", two_stage and c == two_stage[0][1]))
+                        if yes)
     return [[f"{batch}x{c_in}x{side}² -> {c_out}",
-             f"{c.tm}x{c.tn} of {c.tx}x{c.ty} (BM {c.bm}, BN {c.bn})", c.threads, c.bk,
-             pointwise.blocks_per_sm(c), f"{1e6 * p:.1f}", f"{1e3 * m:.1f}",
-             "**chosen**" if c == chosen else ""] for m, c, p in keep]
+             f"{c.tm}x{c.tn} of {c.tx}x{c.ty} (BM {c.bm}, BN {c.bn})", c.ksplit, c.threads,
+             c.bk, c.stages, pointwise.blocks_per_sm(c), f"{1e6 * p:.1f}", f"{1e3 * m:.1f}",
+             mark(c)] for m, c, p in keep]
 
 
 def main():
     """Sweep every layer of LAYERS and print (and write) the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the markdown table here")
-    parser.add_argument("--top", type=int, default=8, help="fastest tiles listed per layer")
+    parser.add_argument("--top", type=int, default=8, help="fastest variants listed per layer")
+    parser.add_argument("--tiles", type=int, default=3,
+                        help="block tiles per layer from the model's ranking")
     args = parser.parse_args()
-    rows = [row for layer in LAYERS for row in sweep(layer, args.top)]
+    configs = {layer: variants(layer, args.tiles) for layer in LAYERS}
+    precompile(pointwise.SOURCE, {c.defines(False) for cs in configs.values() for c in cs},
+               workers=os.cpu_count() or 8)
+    rows = [row for layer in LAYERS for row in sweep(layer, configs[layer], args.top)]
     harness.emit(harness.markdown_table(
-        "Direct pointwise kernel: every tile, measured against the cost model",
-        ["layer", "thread tile of threads (block tile)", "threads", "BK", "blocks/SM (model)",
-         "predicted µs", "measured GPU µs", ""], rows,
+        "Direct pointwise kernel: tiles and pipeline depths, measured against the cost model",
+        ["layer", "thread tile of threads (block tile)", "groups", "threads", "BK", "stages",
+         "blocks/SM (model)", "predicted µs", "measured GPU µs", ""], rows,
         ["measured: GPU time per call, calls queued behind a busy kernel (bench_conv.py's "
-         "'gpu ms'); predicted: pointwise.predicted_seconds; tiles with at most a third of "
-         "their rows idle; the fastest per layer, and the tile the model chooses"]), args.out)
+         "'gpu ms'); predicted: pointwise.predicted_seconds; per layer the model's best "
+         f"{args.tiles} block tiles and the formerly best ones (at most a third of their rows "
+         "idle), each at every BK, depth and group count that fits; listed: the fastest, the "
+         "model's choice and the fastest 2-stage, BK-8, one-group variant ('before': the "
+         "kernel before stages and groups)",
+         f"variants timed: {sum(len(c) for c in configs.values())}"]), args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ maps in another order. On the GPU :class:`ConvPlanner` picks, per geometry
 and stage, between im2col + SGEMM (:class:`Im2colGemm`, any convolution), one
 GEMM per image for 1x1 convolutions (:class:`Pointwise`), a direct kernel for
 memory-bound 1x1 convolutions (:class:`gdnflow.ops.pointwise.PointwiseDirect`,
-forward and backward-data), the direct depthwise kernels
+forward and backward-data) and after im2col for memory-bound products such as
+the RGB first layers (:class:`gdnflow.ops.pointwise.Im2colDirect`, forward),
+the direct depthwise kernels
 (:class:`gdnflow.ops.depthwise.Depthwise`), Winograd F(4x4, 3x3) /
 F(2x2, 3x3) for 3x3 stride-1 convolutions
 (:mod:`gdnflow.ops.winograd`, forward and backward-data), and strided
@@ -497,9 +499,10 @@ class ConvPlanner:
     direct kernel (memory-bound 1x1 layers), pointwise (GEMM, no lowering),
     Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
     never preferred), the sub-pixel rewrite (strided layers whose stride-1
-    form would run F(4x4)), im2col + GEMM. With ``autotune`` on (or
-    ``GDNFLOW_CONV_AUTOTUNE=1``) every algorithm supporting the geometry and
-    stage is timed once on random data with CUDA events and the fastest is
+    form would run F(4x4)), im2col + the direct kernel's product
+    (memory-bound products, groups 1, forward only), im2col + GEMM. With
+    ``autotune`` on (or ``GDNFLOW_CONV_AUTOTUNE=1``) every algorithm
+    supporting the geometry and stage is timed once on random data with CUDA events and the fastest is
     kept. Either way the answer is cached per (geometry, stage), so it is
     decided once per shape; autotune before capturing a CUDA graph (timing
     allocates).
@@ -517,11 +520,11 @@ class ConvPlanner:
     def candidates():
         """Every algorithm class, in the heuristic's order of preference."""
         from gdnflow.ops.depthwise import Depthwise
-        from gdnflow.ops.pointwise import PointwiseDirect
+        from gdnflow.ops.pointwise import Im2colDirect, PointwiseDirect
         from gdnflow.ops.subpixel import Subpixel
         from gdnflow.ops.winograd import WinogradF2, WinogradF4
         return (Depthwise, PointwiseDirect, Pointwise, WinogradF4, WinogradF2, Subpixel,
-                Im2colGemm)
+                Im2colDirect, Im2colGemm)
 
     @staticmethod
     def supported(g, stage):

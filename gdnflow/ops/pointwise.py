@@ -68,9 +68,12 @@ REGISTERS_PER_SM = 65536
 THREADS_PER_SM = 2048
 SHARED_PER_SM = 227 * 1024
 STATIC_SHARED_LIMIT = 48 * 1024
+#: Shared memory the driver reserves per resident block.
+SHARED_RESERVED_PER_BLOCK = 1024
 #: Bytes of reads an SM needs in flight to take its share of HBM bandwidth
-#: (4.1 TB/s / 132 SMs x ~0.7 µs latency).
-READS_IN_FLIGHT = 20 * 1024
+#: (4.1 TB/s / 132 SMs x ~1.5 µs latency under load; fitted to the measured
+#: times of the 2-stage kernel on the narrow MobileNetV2 layers).
+READS_IN_FLIGHT = 48 * 1024
 
 
 def intensity(g):
@@ -88,6 +91,8 @@ class PointwiseConfig:
     ty: int
     bk: int
     vec_x: int
+    stages: int = 2
+    ksplit: int = 1
 
     @property
     def bm(self):
@@ -101,44 +106,55 @@ class PointwiseConfig:
 
     @property
     def threads(self):
-        return self.tx * self.ty
+        """Threads per block: KSPLIT groups of TX x TY."""
+        return self.tx * self.ty * self.ksplit
 
     @property
     def shared_bytes(self):
-        """The kernel's static shared memory: two stages of the A and x tiles."""
-        return 4 * 2 * self.bk * (self.bm + self.bn)
+        """The kernel's static shared memory: ``stages`` stages of the A and x tiles, or the
+        sums of groups 1 .. KSPLIT-1 after the last step, whichever is larger."""
+        return 4 * max(self.stages * self.bk * (self.bm + self.bn),
+                       (self.ksplit - 1) * self.tm * self.tn * self.tx * self.ty)
 
     @property
     def registers(self):
-        """Registers per thread, estimated: TM*TN sums + TM + TN operands + ~28 (ptxas, sm_90:
-        48 for 4x4, 65-79 for 4x8 and 8x4, 105-127 for 8x8, 141-147 for 12x8)."""
-        return -(-(self.tm * self.tn + self.tm + self.tn + 28) // 8) * 8
+        """Registers per thread, estimated: TM*TN sums + TM + TN operands + ~28, + 6 per stage
+        past two (ptxas, sm_90: 48 for 4x4, 65-79 for 4x8 and 8x4, 105-127 for 8x8, 141-147
+        for 12x8; 4x8 with BK 16 at 2, 3, 4 stages: 79, 85, 95)."""
+        return -(-(self.tm * self.tn + self.tm + self.tn + 28 + 6 * (self.stages - 2)) // 8) * 8
 
     def defines(self, trans_a):
         return (("TM", self.tm), ("TN", self.tn), ("TX", self.tx), ("TY", self.ty),
-                ("BK", self.bk), ("VEC_X", self.vec_x), ("TRANS_A", int(trans_a)))
+                ("BK", self.bk), ("STAGES", self.stages), ("KSPLIT", self.ksplit),
+                ("VEC_X", self.vec_x), ("TRANS_A", int(trans_a)))
 
 
 @functools.lru_cache(maxsize=None)
 def candidate_configs(vec_x):
-    """Every variant the host may pick: 64-256 threads in whole warps, thread tiles 4-12 x 4-8.
+    """Every variant the host may pick: 64-256 threads in whole warps, in 1, 2 or 4 groups
+    (KSPLIT) of thread tiles 4-12 x 4-8; 2-4 stages of BK = 8, 16 or 32.
 
     Each thread must copy the same columns of x at every step of K, so the
     threads are a multiple of the x tile's vector slots per row (BN / vec_x);
-    BK (8 or 16) covers at least one pass of all threads over those slots;
-    the two stages fit in 48 KB of static shared memory.
+    BK covers at least one pass of all threads over those slots and gives
+    each group at least 4 rows; the stages (and the groups' sums) fit in
+    48 KB of static shared memory.
     """
     configs = []
-    for tm, tn, tx, ty in itertools.product((4, 8, 12), (4, 8), (8, 16, 32), range(1, 33)):
-        threads = tx * ty
-        if not 64 <= threads <= 256 or threads % 32 or tm * tn > 96:
+    for tm, tn, tx, ty, ksplit in itertools.product((4, 8, 12), (4, 8), (16, 32),
+                                                     range(1, 33), (1, 2, 4)):
+        threads = tx * ty * ksplit
+        if not 64 <= threads <= 256 or (tx * ty) % 32 or tm * tn > 96:
             continue
         slots = tn * tx // vec_x
-        if threads % slots or threads // slots > 16:
+        if threads % slots or threads // slots > 32:
             continue
-        config = PointwiseConfig(tm, tn, tx, ty, max(8, threads // slots), vec_x)
-        if config.shared_bytes <= STATIC_SHARED_LIMIT:
-            configs.append(config)
+        for bk, stages in itertools.product((8, 16, 32), (2, 3, 4)):
+            if bk < threads // slots or bk < 4 * ksplit:
+                continue
+            config = PointwiseConfig(tm, tn, tx, ty, bk, vec_x, stages, ksplit)
+            if config.shared_bytes <= STATIC_SHARED_LIMIT:
+                configs.append(config)
     return tuple(configs)
 
 
@@ -147,7 +163,7 @@ def blocks_per_sm(config):
     warps = -(-config.threads // 32)
     return max(1, min(THREADS_PER_SM // config.threads,
                       REGISTERS_PER_SM // (config.registers * 32 * warps),
-                      SHARED_PER_SM // config.shared_bytes, 32))
+                      SHARED_PER_SM // (config.shared_bytes + SHARED_RESERVED_PER_BLOCK), 32))
 
 
 def predicted_seconds(config, m, k, columns, sm_count=132):
@@ -159,15 +175,16 @@ def predicted_seconds(config, m, k, columns, sm_count=132):
     larger of the two. Traffic: each block's x tile (from HBM for the first
     tile of channels, L2 for the others), y tile (HBM) and A tile (L2). The
     x reads slow down when the resident blocks keep fewer than
-    :data:`READS_IN_FLIGHT` bytes of copies in flight (two stages each);
-    the arithmetic when fewer than 8 warps are resident.
+    :data:`READS_IN_FLIGHT` bytes of copies in flight (stages - 1 steps
+    each: the stage being multiplied has landed); the arithmetic when fewer
+    than 8 warps are resident.
     """
     m_tiles, j_tiles = -(-m // config.bm), -(-columns // config.bn)
     blocks = m_tiles * j_tiles
     per_sm = -(-blocks // sm_count)
     steps = -(-k // config.bk)
     resident = min(per_sm, blocks_per_sm(config))
-    in_flight = resident * min(steps, 2) * 4 * config.bk * config.bn
+    in_flight = resident * min(steps, config.stages - 1) * 4 * config.bk * config.bn
     x_tile, y_tile, a_tile = config.bn * k, config.bm * config.bn, config.bm * steps * config.bk
     hbm_rate, l2_rate = HBM_BYTES_PER_S / sm_count, L2_BYTES_PER_S / sm_count
     memory = per_sm * 4 * ((x_tile / m_tiles) * max(1.0, READS_IN_FLIGHT / in_flight) / hbm_rate
@@ -178,7 +195,7 @@ def predicted_seconds(config, m, k, columns, sm_count=132):
     warps = resident * config.threads / 32
     arithmetic = (per_sm * config.bm * config.bn * steps * config.bk
                   / (FMA_PER_S / sm_count * efficiency) * max(1.0, 8 / warps))
-    return max(memory, arithmetic)
+    return memory + arithmetic
 
 
 @functools.lru_cache(maxsize=1024)
@@ -271,3 +288,54 @@ class PointwiseDirect:
         """The GEMM path's (not offered to the planner; here for completeness)."""
         from gdnflow.ops.conv import Pointwise
         return Pointwise.backward_weight(g, x, gy)
+
+
+class Im2colDirect:
+    """Any convolution with groups 1, forward only: im2col, then the direct kernel's product.
+
+    After im2col an image's columns are [C_in*kh*kw, OH*OW], laid out as a
+    1x1 layer's input of C_in*kh*kw channels, so :func:`pointwise_product`
+    multiplies them by w [C_out, C_in*kh*kw] with the epilogue fused, where
+    :class:`~gdnflow.ops.conv.Im2colGemm` runs cuBLAS and then a separate
+    epilogue pass. Preferred for the same memory-bound shapes as
+    :class:`PointwiseDirect` (:func:`intensity` of C_out and C_in*kh*kw at
+    most :data:`MAX_INTENSITY`): the RGB first layers, K = 27, whose GEMM is
+    all memory traffic and whose cuBLAS call costs ~20 µs of host time
+    (benchmarks/results/profile_host.md) against ~7 µs for a launch.
+    """
+
+    name = "im2col_direct"
+    stages = ("forward",)
+    fuses_bias_activation = True
+    fuses_residual = True
+
+    @staticmethod
+    def supports(g):
+        """Groups 1 (the product has one weight matrix)."""
+        return g.groups == 1
+
+    @staticmethod
+    def preferred(g):
+        """Memory-bound products: :func:`intensity` of (C_out, C_in*kh*kw) at most the limit."""
+        k = g.c_in * g.kh * g.kw
+        return g.c_out * k / (2 * (g.c_out + k)) <= MAX_INTENSITY
+
+    @staticmethod
+    def forward(g, x, w, bias=None, activation=0, residual=None):
+        """y = act(w @ im2col(x) + bias + residual), lowered a chunk of images at a time."""
+        from gdnflow.ops.conv import _chunk_images, _im2col, _ptr
+        y = cuda.empty(g.y_shape)
+        ohw, k = g.oh * g.ow, g.c_in * g.kh * g.kw
+        chunk = _chunk_images(g.n, k * ohw)
+        cols = cuda.empty((chunk * k * ohw,))
+        for n0 in range(0, g.n, chunk):
+            nb = min(chunk, g.n - n0)
+            _im2col(g, _ptr(x, n0 * g.c_in * g.h * g.w), cols, nb, ohw, k * ohw)
+            out_shape = (nb, g.c_out, g.oh, g.ow)
+            pointwise_product(
+                w, cols.offset(0, (nb, k, ohw)), y.offset(n0 * g.c_out * ohw, out_shape),
+                g.c_out, k, nb, ohw, bias=bias, activation=activation,
+                residual=None if residual is None else residual.offset(n0 * g.c_out * ohw,
+                                                                       out_shape))
+        return y
+

@@ -14,6 +14,7 @@ from gdnflow.ops import depthwise as depthwise_module
 from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, conv_geometry,
                               epilogue_numpy)
 from gdnflow.ops.depthwise import Depthwise
+from gdnflow.ops.pointwise import Im2colDirect
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
 
@@ -341,16 +342,20 @@ def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
     (((1, 8, 20, 20), (16, 1, 3, 3), 1, 1, 1, 8), Im2colGemm),       # channel multiplier 2
     (((64, 960, 7, 7), (320, 960, 1, 1), 1, 0, 1, 1), Pointwise),   # compute-bound 1x1
     (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), Pointwise),
-    (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), Im2colGemm),       # strided 1x1
-    (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), Im2colGemm),       # padded 1x1
-    (((64, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1, 1), Im2colGemm),     # too few channels
+    # Memory-bound products with groups 1: the forward after im2col by the direct kernel.
+    (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), (Im2colDirect, Im2colGemm)),   # strided 1x1
+    (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),   # padded 1x1
+    (((64, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),  # RGB input
+    (((1, 64, 20, 20), (64, 64, 3, 3), 2, 1, 1, 1), Im2colGemm),      # K = 576: compute-bound
 ])
 def test_planner_heuristic(geometry, expected):
     x_shape, w_shape, stride, padding, dilation, groups = geometry
     g = _geometry(x_shape, w_shape, stride, padding, dilation, groups)
     planner = ConvPlanner(autotune=False)
-    for stage in ("forward", "backward_data", "backward_weight"):
-        assert planner.choose(g, stage) is expected
+    forward, backward = expected if isinstance(expected, tuple) else (expected, expected)
+    assert planner.choose(g, "forward") is forward
+    for stage in ("backward_data", "backward_weight"):
+        assert planner.choose(g, stage) is backward
     assert len(planner.cache) == 3
 
 

@@ -8,6 +8,7 @@ against NumPy. On the GPU: CUDA against NumPy with the kernel forced, at odd
 sizes and MobileNetV2's shapes, forward and gradients.
 """
 import ctypes
+import dataclasses
 import sys
 import types
 
@@ -20,7 +21,7 @@ from gdnflow.ops import conv as conv_module
 from gdnflow.ops import pointwise
 from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, conv_geometry,
                               epilogue_numpy)
-from gdnflow.ops.pointwise import PointwiseConfig, PointwiseDirect
+from gdnflow.ops.pointwise import Im2colDirect, PointwiseConfig, PointwiseDirect
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
 
@@ -69,7 +70,8 @@ def test_grouped_and_strided_1x1_stay_elsewhere():
     assert not PointwiseDirect.supports(grouped) and planner.choose(grouped, "forward") is Pointwise
     strided = conv_geometry("conv2d", (1, 8, 9, 9), (4, 8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1)
     assert not PointwiseDirect.supports(strided)
-    assert planner.choose(strided, "forward") is Im2colGemm
+    assert planner.choose(strided, "forward") is Im2colDirect        # after im2col
+    assert planner.choose(strided, "backward_data") is Im2colGemm
 
 
 @pytest.mark.parametrize("vec_x", [1, 4])
@@ -82,6 +84,7 @@ def test_candidate_configs_satisfy_the_kernel_constraints(vec_x):
         assert c.threads % 32 == 0 and 64 <= c.threads <= 256
         assert c.threads % slots == 0                           # fixed columns per thread
         assert c.bk >= c.threads // slots                       # one pass covers a step
+        assert c.bk % c.ksplit == 0 and (c.tx * c.ty) % 32 == 0  # whole groups of warps
         assert c.shared_bytes <= 48 * 1024
 
 
@@ -98,9 +101,10 @@ def test_choose_config_fits_the_layer(batch, c_in, size, c_out):
         assert m_tiles * config.bm <= 1.34 * m or m < 16
         if batch == 64:
             blocks = m_tiles * -(-batch * hw // config.bn)
-            assert blocks >= 132                             # every SM has work
-            floor = max(4 * batch * hw * (m + k) / pointwise.HBM_BYTES_PER_S,
-                        batch * hw * m * k / pointwise.FMA_PER_S)
+            assert blocks >= 0.9 * 132                       # (nearly) every SM has work
+            # Memory and arithmetic add up in the model (they overlap only in part).
+            floor = (4 * batch * hw * (m + k) / pointwise.HBM_BYTES_PER_S
+                     + batch * hw * m * k / pointwise.FMA_PER_S)
             assert pointwise.predicted_seconds(config, m, k, batch * hw) < 2.5 * floor
 
 
@@ -116,9 +120,10 @@ def test_cost_model_prefers_exact_channel_tiles():
 # ---------------------------------------- CUDA code, run on the host (nvcc) --
 
 # Every block in turn (in reverse order when `backwards`): all threads copy
-# step 0, then for each step all threads copy the next stage and multiply the
-# current one (the kernel's order, with its barriers between the phases),
-# then all threads store. Shared memory starts as NaN.
+# steps 0 .. STAGES-2, then for each step all threads copy step + STAGES-1
+# and multiply the current one (the kernel's order; its barrier comes before
+# the copies), then groups 1 .. KSPLIT-1 save their sums, group 0 adds them
+# and stores. Shared memory starts as NaN.
 _SHIM = """
 extern "C" int host_pointwise_conv(int backwards, int blocks, int threads,
         const float* a, const float* x, const float* bias, const float* residual, float* y,
@@ -137,17 +142,21 @@ extern "C" int host_pointwise_conv(int backwards, int blocks, int threads,
             copiers[t] = copier_of(tile, t, K, HW, NP);
             for (int r = 0; r < TM; ++r)
                 for (int n = 0; n < TN; ++n) acc[t][r][n] = 0.0f;
-            load_step(a, x, *sh, 0, tile, copiers[t], 0, t, M, K, HW, NP);
+            for (int s = 0; s < STAGES - 1 && s < steps; ++s)
+                load_step(a, x, *sh, s, tile, copiers[t], s * BK, t, M, K, HW, NP);
         }
         for (int step = 0; step < steps; ++step) {
-            if (step + 1 < steps)
+            const int next = step + STAGES - 1;
+            if (next < steps)
                 for (int t = 0; t < threads; ++t)
-                    load_step(a, x, *sh, (step + 1) & 1, tile, copiers[t], (step + 1) * BK, t,
+                    load_step(a, x, *sh, next % STAGES, tile, copiers[t], next * BK, t,
                               M, K, HW, NP);
-            for (int t = 0; t < threads; ++t) multiply_step(*sh, step & 1, t, acc[t]);
+            for (int t = 0; t < threads; ++t) multiply_step(*sh, step % STAGES, t, acc[t]);
         }
-        for (int k = 0; k < threads; ++k) {
-            const int t = backwards ? threads - 1 - k : k;
+        for (int t = TILE_THREADS; t < threads; ++t) save_partial(acc[t], *sh, t);
+        for (int t = 0; t < TILE_THREADS; ++t) add_partials(acc[t], *sh, t);
+        for (int k = 0; k < TILE_THREADS; ++k) {
+            const int t = backwards ? TILE_THREADS - 1 - k : k;
             store_outputs(acc[t], bias, residual, y, tile, t, M, HW, NP, act);
         }
     }
@@ -186,7 +195,7 @@ def on_host(host_build, monkeypatch):
 
         def __call__(self, grid, block, *args, shared_bytes=0):
             d = self.defines
-            assert grid[1:] == (1, 1) and block == (d["TX"] * d["TY"], 1, 1)
+            assert grid[1:] == (1, 1) and block == (d["TX"] * d["TY"] * d["KSPLIT"], 1, 1)
             launched.append(d)
             faults = self.function(int(launched.backwards), grid[0], block[0], *args)
             assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
@@ -210,13 +219,20 @@ HOST_CASES = {
     "k45_tiny_columns": (2, 45, 2, 2, 13),
 }
 # Forced tiles: every thread-tile shape, each thread count per row of x.
+# Stages 2-4, BK 8-32 (a K of 20 or 37 ends inside a step), 1-4 thread groups.
 FORCED = {
     "24x256": PointwiseConfig(4, 8, 32, 6, 8, 4),
-    "96x64": PointwiseConfig(12, 8, 8, 8, 8, 4),
+    "96x128": PointwiseConfig(12, 8, 16, 8, 8, 4),
     "128x64_bk16": PointwiseConfig(8, 4, 16, 16, 16, 4),
-    "32x32_scalar": PointwiseConfig(4, 4, 8, 8, 8, 1),
-    "64x64_scalar": PointwiseConfig(8, 8, 8, 8, 8, 1),
+    "32x128_bk16_3stages": PointwiseConfig(4, 8, 16, 8, 16, 4, 3),
+    "16x128_bk32": PointwiseConfig(4, 8, 16, 4, 32, 4, 2),
+    "16x128_bk16_3stages_2groups": PointwiseConfig(8, 4, 32, 2, 16, 4, 3, 2),
+    "16x128_bk32_4groups": PointwiseConfig(8, 4, 32, 2, 32, 4, 2, 4),
+    "32x64_scalar": PointwiseConfig(4, 4, 16, 8, 8, 1),
+    "64x128_scalar": PointwiseConfig(8, 8, 16, 8, 8, 1),
     "48x64_scalar": PointwiseConfig(12, 4, 16, 4, 8, 1),
+    "32x128_scalar_bk16_4stages": PointwiseConfig(4, 8, 16, 8, 16, 1, 4),
+    "16x64_scalar_bk16_4groups": PointwiseConfig(4, 4, 16, 4, 16, 1, 3, 4),
 }
 
 
@@ -313,6 +329,33 @@ def test_direct_cuda_matches_numpy_at_odd_sizes(x_shape, c_out, activation, resi
     assert_backends_match(fn, inputs, rtol=1e-4)
 
 
+def _forced_on_gpu_cases():
+    """(tile name, x shape, C_out, config): every forced tile at the plane's vector width,
+    where that variant is a candidate, on a K that ends inside a step."""
+    cases = []
+    for x_shape, c_out in [((3, 37, 6, 6), 70), ((3, 45, 7, 9), 13)]:
+        vec_x = 4 if x_shape[2] * x_shape[3] % 4 == 0 else 1
+        for name, config in FORCED.items():
+            config = dataclasses.replace(config, vec_x=vec_x)
+            if config in pointwise.candidate_configs(vec_x):
+                cases.append((name, x_shape, c_out, config))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile,x_shape,c_out,config", _forced_on_gpu_cases(),
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_direct_cuda_forced_tiles_match_numpy(tile, x_shape, c_out, config, rng, monkeypatch):
+    # Every forced tile (stages, BK, thread groups) compiled for the GPU.
+    g = _geometry(x_shape, c_out)
+    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
+    monkeypatch.setattr(pointwise, "choose_config", lambda *args: config)
+    inputs = [3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape),
+              rng.standard_normal(c_out), rng.standard_normal(g.y_shape)]
+    assert_backends_match(lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r),
+                          inputs, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
 def test_direct_cuda_matches_numpy_on_mobilenet_layers(c_in, size, c_out, rng, monkeypatch):
@@ -393,3 +436,35 @@ def test_direct_and_gemm_paths_agree_on_a_real_layer(rng):
     direct = PointwiseDirect.forward(g, x.data, w.data).get()
     gemm = Pointwise.forward(g, x.data, w.data).get()
     assert relative_error(direct, gemm) <= 1e-5
+
+
+class _Im2colDirectForward:
+    """A planner that runs every forward through Im2colDirect, the rest through Im2colGemm."""
+
+    @staticmethod
+    def choose(g, stage):
+        return Im2colDirect if stage == "forward" else Im2colGemm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 3, 17, 23), (8, 3, 3, 3), dict(padding=1)),                      # RGB, odd plane
+    ((3, 3, 15, 15), (5, 3, 3, 3), dict(stride=2, padding=(0, 1, 1, 0))),  # odd, asymmetric
+    ((1, 4, 12, 12), (6, 4, 5, 5), dict(stride=2, padding=2, dilation=1)),
+    ((2, 5, 9, 11), (7, 5, 3, 3), dict(dilation=2, padding=2)),
+    ((2, 8, 10, 10), (16, 8, 1, 1), dict(stride=2)),                       # strided 1x1
+], ids=str)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_im2col_direct_matches_numpy(x_shape, w_shape, kwargs, chunked, rng, monkeypatch):
+    # With the epilogue (bias, relu6, residual) fused, and with the batch
+    # lowered one image at a time (a workspace too small for two).
+    monkeypatch.setattr(conv_module, "planner", _Im2colDirectForward())
+    if chunked:
+        monkeypatch.setattr(conv_module, "WORKSPACE_BYTES", 4)
+    y_shape = ops.conv2d(gf.tensor(np.zeros(x_shape, np.float32)),
+                         gf.tensor(np.zeros(w_shape, np.float32)), **kwargs).shape
+    inputs = [3 * rng.standard_normal(x_shape), rng.standard_normal(w_shape),
+              rng.standard_normal(w_shape[0]), rng.standard_normal(y_shape)]
+    assert_backends_match(
+        lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r, **kwargs),
+        inputs, rtol=1e-4)

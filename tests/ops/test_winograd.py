@@ -21,6 +21,7 @@ from gdnflow.ops import conv as conv_module
 from gdnflow.ops import winograd
 from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, conv_geometry, epilogue_numpy,
                               normalize_padding)
+from gdnflow.ops.pointwise import Im2colDirect
 from gdnflow.ops.winograd import TRANSFORMS, WinogradF2, WinogradF4, tiling
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HostArray, host_builder
@@ -163,21 +164,22 @@ def test_planner_prefers_winograd_for_wide_3x3_layers(x_shape, c_out):
     assert planner.choose(g, "forward") is WinogradF4
     assert planner.choose(g, "backward_data") is WinogradF4
     assert planner.choose(g, "backward_weight") is Im2colGemm
-    assert ConvPlanner.supported(g, "forward") == [WinogradF4, WinogradF2, Im2colGemm]
+    assert ConvPlanner.supported(g, "forward") == [WinogradF4, WinogradF2, Im2colDirect,
+                                                   Im2colGemm]
     assert ConvPlanner.supported(g, "backward_weight") == [Im2colGemm]
 
 
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
-    ((64, 3, 224, 224), (64, 3, 3, 3), {}),                     # 3 input channels
-    ((1, 512, 14, 14), (512, 512, 3, 3), {}),                   # 196 pixels
-    ((64, 128, 56, 56), (128, 128, 3, 3), dict(stride=2)),
-    ((64, 128, 56, 56), (128, 128, 3, 3), dict(dilation=2, padding=2)),
-    ((64, 128, 56, 56), (128, 64, 3, 3), dict(groups=2)),
-    ((64, 128, 56, 56), (128, 128, 5, 5), dict(padding=2)),
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,expected", [
+    ((64, 3, 224, 224), (64, 3, 3, 3), {}, Im2colDirect),       # 3 input channels: K = 27
+    ((1, 512, 14, 14), (512, 512, 3, 3), {}, Im2colGemm),       # 196 pixels
+    ((64, 128, 56, 56), (128, 128, 3, 3), dict(stride=2), Im2colGemm),
+    ((64, 128, 56, 56), (128, 128, 3, 3), dict(dilation=2, padding=2), Im2colGemm),
+    ((64, 128, 56, 56), (128, 64, 3, 3), dict(groups=2), Im2colGemm),
+    ((64, 128, 56, 56), (128, 128, 5, 5), dict(padding=2), Im2colGemm),
 ])
-def test_planner_keeps_im2col_elsewhere(x_shape, w_shape, kwargs):
+def test_planner_keeps_im2col_elsewhere(x_shape, w_shape, kwargs, expected):
     g = _geometry(x_shape, w_shape, **{"padding": 1, **kwargs})
-    assert ConvPlanner(autotune=False).choose(g, "forward") is Im2colGemm
+    assert ConvPlanner(autotune=False).choose(g, "forward") is expected
     assert (WinogradF2 in ConvPlanner.supported(g, "forward")) == winograd.supports(g)
 
 

@@ -24,6 +24,10 @@ DEFAULT_BLOCK = 256
 DEFAULT_BLOCKS_PER_SM = 16
 
 
+def _nvcc_options(defines):
+    return ["-O3", "-std=c++17"] + [f"-D{name}={value}" for name, value in defines]
+
+
 @functools.lru_cache(maxsize=None)
 def load_module(file, defines=()):
     """Compile (or fetch from cache) the module for ``file`` with ``defines``.
@@ -32,13 +36,34 @@ def load_module(file, defines=()):
     """
     path, source = resolve(file), expand_source(file)
     runtime = get_runtime()
-    options = ["-O3", "-std=c++17"] + [f"-D{name}={value}" for name, value in defines]
     try:
-        return SourceModule(source, options=options, arch=runtime.arch, no_extern_c=True)
+        return SourceModule(source, options=_nvcc_options(defines), arch=runtime.arch,
+                            no_extern_c=True)
     except drv.CompileError as exc:
         from gdnflow.plugins import owner_of     # names the plugin, if a plugin owns the file
         raise KernelCompileError(compile_error_message(
             path, exc.stderr or str(exc), defines, owner_of(path))) from None
+
+
+def precompile(file, variants, workers=8):
+    """Compile ``file`` once per set of defines in ``variants``, ``workers`` nvcc at a time.
+
+    Fills PyCUDA's on-disk compiler cache, so that the later :func:`kernel`
+    calls for these variants only load them: for sweeps over many compiled
+    variants (each nvcc run takes seconds). Errors surface at that later load.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    from pycuda.compiler import compile as compile_to_cubin
+    source, arch = expand_source(file), get_runtime().arch
+
+    def build(defines):
+        try:
+            compile_to_cubin(source, options=_nvcc_options(tuple(sorted(defines))), arch=arch,
+                             no_extern_c=True)
+        except drv.CompileError:
+            pass                # reported, with the file named, when load_module retries
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(build, variants))
 
 
 class Kernel:

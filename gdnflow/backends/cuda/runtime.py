@@ -139,6 +139,11 @@ class CudaArray:
         shape = tuple(shape)
         return CudaArray(shape, self.dtype, self.allocation, self.ptr)
 
+    def offset(self, elements, shape):
+        """A view of ``shape`` starting ``elements`` elements into this array."""
+        return CudaArray(tuple(shape), self.dtype, self.allocation,
+                         self.ptr + elements * self.dtype.itemsize)
+
     def get(self):
         """Copy to a new NumPy array."""
         return get_runtime().to_numpy(self)
