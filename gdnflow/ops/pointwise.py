@@ -58,6 +58,16 @@ SOURCE = "pointwise.cu"
 #: The heuristic prefers this kernel for layers of at most this many flop per
 #: byte moved (:func:`intensity`); above it, cuBLAS's GEMM.
 MAX_INTENSITY = 16.0
+#: ... and for small products whatever their intensity: at most this many
+#: multiply-adds, C_in and C_out at most SMALL_PRODUCT_MAX_K (the inner
+#: dimension of the forward and of backward-data). There
+#: the GPU time is a few µs and the call's host time decides: a cuBLAS call
+#: costs 17-20 µs on the host, a launch 6-7 µs (profile_host.md). At batch 1
+#: the MobileNetV2 1x1 layers that qualify ran 1.2-2x faster by the direct
+#: kernel, event-timed (conv.md's forced columns); those with K = 576 or 960
+#: ran slower (a long K loop over few blocks).
+SMALL_PRODUCT_FMAS = 32e6
+SMALL_PRODUCT_MAX_K = 384
 
 # Cost model constants (H200, fp32): measured HBM copy rate, a guess at L2
 # bandwidth, FFMA peak in multiply-adds per second (132 SMs x 128 lanes x 1.98 GHz).
@@ -267,8 +277,11 @@ class PointwiseDirect:
 
     @staticmethod
     def preferred(g):
-        """Memory-bound layers: :func:`intensity` at most :data:`MAX_INTENSITY`."""
-        return intensity(g) <= MAX_INTENSITY
+        """Memory-bound layers (:func:`intensity` at most :data:`MAX_INTENSITY`) and small
+        products (see :data:`SMALL_PRODUCT_FMAS`)."""
+        small = (g.n * g.h * g.w * g.c_in * g.c_out <= SMALL_PRODUCT_FMAS
+                 and max(g.c_in, g.c_out) <= SMALL_PRODUCT_MAX_K)
+        return intensity(g) <= MAX_INTENSITY or small
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):

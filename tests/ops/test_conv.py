@@ -468,9 +468,11 @@ def test_autotune_picks_a_supporting_algorithm(rng, monkeypatch):
     assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
                           _case_arrays(rng, x_shape, w_shape, w_shape[0]), rtol=1e-4)
     assert planner.timings
-    for (_, stage), times in planner.timings.items():    # no direct weight gradient
-        direct = {"pointwise_direct"} if stage != "backward_weight" else set()
-        assert set(times) == {"pointwise", "im2col_gemm"} | direct
+    # The direct kernels: no weight gradient; after im2col, the forward only.
+    direct = {"forward": {"pointwise_direct", "im2col_direct"},
+              "backward_data": {"pointwise_direct"}, "backward_weight": set()}
+    for (_, stage), times in planner.timings.items():
+        assert set(times) == {"pointwise", "im2col_gemm"} | direct[stage]
 
 
 # Real layers at batch 1: (x shape, w shape, keyword arguments).

@@ -392,7 +392,7 @@ def test_autotune_times_the_direct_kernel_too(rng, monkeypatch):
                           [rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)],
                           rtol=1e-4)
     assert set(planner.timings[(g, "forward")]) == {"pointwise_direct", "pointwise",
-                                                    "im2col_gemm"}
+                                                    "im2col_direct", "im2col_gemm"}
     assert set(planner.timings[(g, "backward_weight")]) == {"pointwise", "im2col_gemm"}
 
 
@@ -468,3 +468,12 @@ def test_im2col_direct_matches_numpy(x_shape, w_shape, kwargs, chunked, rng, mon
     assert_backends_match(
         lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r, **kwargs),
         inputs, rtol=1e-4)
+
+
+def test_small_products_take_the_direct_kernel():
+    # MobileNetV2's 14x14 layers at batch 1: host time decides, K up to 384.
+    assert PointwiseDirect.preferred(_geometry((1, 192, 14, 14), 64))
+    assert PointwiseDirect.preferred(_geometry((1, 384, 14, 14), 96))
+    assert not PointwiseDirect.preferred(_geometry((64, 192, 14, 14), 64))   # 154M FMAs
+    assert not PointwiseDirect.preferred(_geometry((1, 576, 14, 14), 96))    # K = 576
+    assert not PointwiseDirect.preferred(_geometry((1, 160, 7, 7), 960))     # backward K = 960
