@@ -20,32 +20,30 @@ memory traffic, and there cuBLAS's per-image GEMMs (N = H*W, K = C_in of
 87 µs floor, H200, benchmarks/results/conv.md) and paid an epilogue pass over
 y for bias + ReLU6 (+ residual) on top. This kernel writes y once with the
 epilogue applied and reads x once per tile of output channels. The planner
-prefers it up to :data:`MAX_INTENSITY`; autotune compares it with the GEMM
-path everywhere it applies.
+prefers it up to :data:`MAX_INTENSITY`, and for small products whatever
+their intensity (:data:`SMALL_PRODUCT_FMAS`: there a cuBLAS call's host
+time outweighs the GPU time); autotune compares it with the GEMM path
+everywhere it applies. :class:`Im2colDirect` runs the same product after
+im2col.
 
 Tiles (:func:`choose_config`). Each block computes BM = TM*TY output channels x
-BN = TN*TX pixels, each thread TM x TN of them in registers, K in steps of
-BK through two shared-memory stages filled by cp.async. The host picks the
-tile by a cost model (:func:`predicted_seconds`): HBM traffic (x once, y
-once, x again from L2 for each extra tile of channels), multiply-adds
-including those wasted on a tile's overhang past C_out or the pixels, an
-FFMA efficiency that grows with the thread tile, occupancy from an estimate
-of registers, and the tail of the last wave. So 24 output channels take
-BM = 24 (TM 4 x TY 6), not a 32-row tile with a quarter idle.
+BN = TN*TX pixels, each thread TM x TN of them in registers (KSPLIT groups of
+threads may share the tile, each taking part of every K step), K in steps of
+BK through 2-4 shared-memory stages filled by cp.async. The host picks the
+variant by a cost model (:func:`predicted_seconds`): HBM traffic (x once, y
+once, x again from L2 for each extra tile of channels), slowed when too few
+bytes are in flight; multiply-adds including those wasted on a tile's
+overhang past C_out or the pixels, at an FFMA efficiency that grows with the
+thread tile; occupancy from an estimate of registers; the tail of the last
+wave; memory and arithmetic added, as they overlap only in part. So 24
+output channels take BM = 24, not a 32-row tile with a quarter idle.
 
-Prediction (before any GPU run; H200, batch 64, forward, GPU time as
-bench_conv's "gpu ms" column measures it, GEMM path's wall time in
-parentheses): the eight memory-bound MobileNetV2 shapes at 65-80% of their
-floor: 32 -> 16 at 112² ~54 µs (124), 16 -> 96 at 112² ~117 (208), 96 -> 24
-at 56² ~35 (65), 24 -> 144 ~48 (110), 144 -> 24 ~47 (81), 144 -> 32 at 28²
-~13 (43), 32 -> 192 ~17 (54), 192 -> 32 ~17 (52): 1.6-2.5x torch's GPU time.
-The per-layer wall-time column adds ~15-20 µs of Python dispatch to both
-sides, which compresses the small layers' ratios toward 1 (1.1-1.4 for the
-28² ones, 1.6-1.9 for the 112² ones). The compute-bound shapes (intensity
-above 16: 192 -> 64 and wider) stay with cuBLAS by heuristic; the forced
-"pointwise_direct ms" column will say whether the 14x14 and 7x7 ones (where
-the per-image GEMMs have only 196 or 49 columns) should come over too:
-expected yes for 7x7 (fewer, fuller tiles across images), unsure for 14x14.
+Measured (H200, batch 64, GPU time, benchmarks/results/conv.md and
+pointwise_tiles.md): the memory-bound MobileNetV2 layers at 112² and 56² run
+1.55-2.2x cuDNN's time; the narrow 28² projections (144 -> 32, 192 -> 32)
+0.93-0.95x, where HBM traffic and FMAs each take about half the time and
+overlap badly; the model's times are 1.3-2.5x too optimistic, and its
+choice is within 11% of the fastest variant measured.
 """
 import dataclasses
 import functools
