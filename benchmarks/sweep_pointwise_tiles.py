@@ -1,4 +1,4 @@
-"""Tiles and pipeline depths of the direct pointwise kernel: measured GPU time against the cost model.
+"""Tiles, depths and thread groups of the direct pointwise kernel: GPU time against the cost model.
 
     python benchmarks/sweep_pointwise_tiles.py --out benchmarks/results/pointwise_tiles.md
 

@@ -18,18 +18,20 @@
 // deeper stages, not bigger tiles, keep HBM busy there; and few warps per
 // SM leave the FMA pipe idle, so KSPLIT groups of TX*TY threads may share a
 // tile, each multiplying BK/KSPLIT of every step's rows into its own sums,
-// added up through shared memory before the store. Each of the TX*TY threads accumulates TM x TN outputs in registers:
-// rows ty*TM .. ty*TM + TM-1 and, for h < TN/4, pixels h*4*TX + tx*4 .. +3 of
-// the tile (so the 4-float reads of a warp from the x tile are consecutive).
+// added up through shared memory before the store. Each thread of a group
+// accumulates TM x TN outputs in registers: rows ty*TM .. ty*TM + TM-1 and,
+// for h < TN/4, pixels h*4*TX + tx*4 .. +3 of the tile (so the 4-float reads
+// of a warp from the x tile are consecutive).
 // x is read once per block row of A (from L2 after the first, blocks of one
 // pixel tile are adjacent in launch order), y written once, bias, residual
 // and activation fused into the store.
 //
 // Compile-time (-D): TM, TN (thread tile; TM a multiple of 4, TN 4 or 8),
-// TX, TY (threads per group), KSPLIT (groups), BK, STAGES (2-4), VEC_X (4: HW % 4 == 0 and 16-byte
-// aligned x, y and residual, so 4 consecutive columns are 4 pixels of one
-// image; else 1) and TRANS_A. The host keeps TX*TY*KSPLIT a multiple of
-// BN / VEC_X, so each thread copies the same columns of x at every step of K.
+// TX, TY (threads per group), KSPLIT (groups), BK, STAGES (2-4), VEC_X (4:
+// HW % 4 == 0 and 16-byte aligned x, y and residual, so 4 consecutive columns
+// are 4 pixels of one image; else 1) and TRANS_A. The host keeps TX*TY*KSPLIT
+// a multiple of BN / VEC_X, so each thread copies the same columns of x at
+// every step of K.
 //
 // The per-thread steps are __host__ __device__: tests/ops/test_pointwise.py
 // compiles this file for the host and runs every block and thread through

@@ -502,8 +502,8 @@ class ConvPlanner:
     form would run F(4x4)), im2col + the direct kernel's product
     (memory-bound products, groups 1, forward only), im2col + GEMM. With
     ``autotune`` on (or ``GDNFLOW_CONV_AUTOTUNE=1``) every algorithm
-    supporting the geometry and stage is timed once on random data with CUDA events and the fastest is
-    kept. Either way the answer is cached per (geometry, stage), so it is
+    supporting the geometry and stage is timed once on random data with CUDA
+    events and the fastest is kept. Either way the answer is cached per (geometry, stage), so it is
     decided once per shape; autotune before capturing a CUDA graph (timing
     allocates).
     """
