@@ -107,7 +107,8 @@ def _vector(*lengths):
 
 def alignment(array):
     """Floats (4, 2 or 1) the array's address is aligned to."""
-    return _vector(array.ptr // 4) if array.ptr % 4 == 0 else 1
+    ptr = array.ptr      # arithmetic, not _vector: this runs on every launch
+    return 4 if ptr % 16 == 0 else 2 if ptr % 8 == 0 else 1
 
 
 def _input_rows(rows, k, s, d):
@@ -208,15 +209,24 @@ def _sm_count():
 def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
                  pad_left, activation, flip):
     """y <- depthwise_forward(x) for x [planes, h, wd] and y [planes, oh, ow] (see depthwise.cu)."""
-    plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, alignment(x),
-                        alignment(y), _sm_count())
-    kernel = cuda.kernel(SOURCE, "depthwise_forward", "PPPP" + "i" * 14,
-                         _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip))
+    plan, defines = _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
+                                     pad_left, flip, alignment(x), alignment(y), _sm_count())
+    kernel = cuda.kernel(SOURCE, "depthwise_forward", "PPPP" + "i" * 14, defines)
     kernel((plan.blocks, 1, 1), (plan.threads, 1, 1), x.ptr, w.ptr,
            0 if bias is None else bias.ptr, y.ptr, planes, c, h, wd, oh, ow, pad_top,
            activation, plan.planes_per_block, plan.strip_rows, plan.strips, plan.tile_floats,
            plan.row_groups, plan.col_groups, shared_bytes=plan.shared_bytes)
     return y
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad_left, flip,
+                     x_align, y_align, sm_count):
+    """(plan, defines) of a depthwise_forward launch, cached: the defines tuple was rebuilt
+    on every call."""
+    plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align,
+                        sm_count)
+    return plan, _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip)
 
 
 def _backward_data_padding(g):

@@ -779,3 +779,8 @@ def test_depthwise_cuda_with_an_unaligned_input(offset, rng):
     got = Depthwise.forward(g, view, get_runtime().from_numpy(w)).get()
     want = NumpyConv.forward(g, x.astype(np.float64), w.astype(np.float64))
     assert relative_error(got, want) <= 1e-4
+
+
+def test_depthwise_alignment_in_floats():
+    arrays = [types.SimpleNamespace(ptr=p) for p in (0, 4, 8, 12, 16, 24, 6, 1 << 40)]
+    assert [depthwise_module.alignment(a) for a in arrays] == [4, 1, 2, 1, 4, 2, 1, 4]
