@@ -60,7 +60,7 @@ MAX_INTENSITY = 16.0
 #: multiply-adds, C_in and C_out at most SMALL_PRODUCT_MAX_K (the inner
 #: dimension of the forward and of backward-data). There the GPU time is a
 #: few µs and the call's host time decides: a cuBLAS call
-#: costs 17-20 µs on the host, a launch 6-7 µs (profile_host.md). At batch 1
+#: costs 12-20 µs on the host, a launch 4-7 µs (profile_host.md). At batch 1
 #: the MobileNetV2 1x1 layers that qualify ran 1.2-2x faster by the direct
 #: kernel, event-timed (conv.md's forced columns); those with K = 576 or 960
 #: ran slower (a long K loop over few blocks).
@@ -86,7 +86,13 @@ READS_IN_FLIGHT = 48 * 1024
 
 def intensity(g):
     """Flop per byte of a 1x1 layer: C_in C_out / (2 (C_in + C_out)) (x read, y written once)."""
-    return g.c_in * g.c_out / (2 * (g.c_in + g.c_out))
+    return product_intensity(g.c_out, g.c_in)
+
+
+def product_intensity(m, k):
+    """Flop per byte of an [m, k] x [k, pixels] product reading its input and writing its
+    output once: m k / (2 (m + k))."""
+    return m * k / (2 * (m + k))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +185,11 @@ def predicted_seconds(config, m, k, columns, sm_count=132):
 
     Per SM, for the busiest one (ceil(blocks / SMs) blocks, so the last
     wave's idle SMs count): its share of memory traffic and of multiply-adds
-    (padded to whole tiles), each at the SM's share of the chip's rate; the
-    larger of the two. Traffic: each block's x tile (from HBM for the first
-    tile of channels, L2 for the others), y tile (HBM) and A tile (L2). The
+    (padded to whole tiles), each at the SM's share of the chip's rate; their
+    sum (the two overlap only in part: the sum ranked the measured variants
+    better than the larger of the two, pointwise_tiles.md). Traffic: each
+    block's x tile (from HBM for the first tile of channels, L2 for the
+    others), y tile (HBM) and A tile (L2). The
     x reads slow down when the resident blocks keep fewer than
     :data:`READS_IN_FLIGHT` bytes of copies in flight (stages - 1 steps
     each: the stage being multiplied has landed); the arithmetic when fewer
@@ -311,8 +319,8 @@ class Im2colDirect:
     epilogue pass. Preferred for the same memory-bound shapes as
     :class:`PointwiseDirect` (:func:`intensity` of C_out and C_in*kh*kw at
     most :data:`MAX_INTENSITY`): the RGB first layers, K = 27, whose GEMM is
-    all memory traffic and whose cuBLAS call costs ~20 µs of host time
-    (benchmarks/results/profile_host.md) against ~7 µs for a launch.
+    all memory traffic and whose cuBLAS call costs 12-20 µs of host time
+    (benchmarks/results/profile_host.md) against 4-7 µs for a launch.
     """
 
     name = "im2col_direct"
@@ -327,9 +335,9 @@ class Im2colDirect:
 
     @staticmethod
     def preferred(g):
-        """Memory-bound products: :func:`intensity` of (C_out, C_in*kh*kw) at most the limit."""
-        k = g.c_in * g.kh * g.kw
-        return g.c_out * k / (2 * (g.c_out + k)) <= MAX_INTENSITY
+        """Memory-bound products: :func:`product_intensity` of (C_out, C_in*kh*kw) at most
+        :data:`MAX_INTENSITY`."""
+        return product_intensity(g.c_out, g.c_in * g.kh * g.kw) <= MAX_INTENSITY
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):
@@ -343,10 +351,9 @@ class Im2colDirect:
             nb = min(chunk, g.n - n0)
             _im2col(g, _ptr(x, n0 * g.c_in * g.h * g.w), cols, nb, ohw, k * ohw)
             out_shape = (nb, g.c_out, g.oh, g.ow)
-            pointwise_product(
-                w, cols.offset(0, (nb, k, ohw)), y.offset(n0 * g.c_out * ohw, out_shape),
-                g.c_out, k, nb, ohw, bias=bias, activation=activation,
-                residual=None if residual is None else residual.offset(n0 * g.c_out * ohw,
-                                                                       out_shape))
+            pointwise_product(w, cols, y.offset(n0 * g.c_out * ohw, out_shape), g.c_out, k, nb,
+                              ohw, bias=bias, activation=activation,
+                              residual=None if residual is None
+                              else residual.offset(n0 * g.c_out * ohw, out_shape))
         return y
 
