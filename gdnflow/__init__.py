@@ -9,10 +9,13 @@ compiled at run time, with a NumPy reference backend behind the same API.
 """
 from gdnflow.autograd import Operator, grad_enabled, no_grad
 from gdnflow.backends import cuda_available, default_device, set_default_device
-from gdnflow.errors import (DeviceMismatchError, DTypeError, GraphFreedError, KernelCompileError,
-                            ShapeError)
+from gdnflow.errors import (DeviceMismatchError, DTypeError, GdnflowError, GraphFreedError,
+                            KernelCompileError, ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor, full, ones, tensor, zeros
-from gdnflow import nn, ops, optim
+from gdnflow import config, nn, ops, optim
+# The plugin layer installs its hooks (load installed plugins for an unknown
+# operator name; name the plugin owning a CUDA source that fails to compile).
+from gdnflow import plugins  # noqa: F401
 
 __version__ = "0.1.0"

@@ -12,6 +12,9 @@ tensors themselves, so activations no backward needs are freed at once.
 networks), calls each node's ``backward`` once, in reverse topological order,
 adds gradients with ``+`` where a value feeds several operations, and frees
 each node's saved arrays as soon as it has been used.
+
+:func:`trace` reports every outermost operator application to a callback
+(inference plans record a model's forward this way).
 """
 import contextlib
 
@@ -20,6 +23,42 @@ import numpy as np
 from gdnflow.errors import DeviceMismatchError, DTypeError, GraphFreedError, ShapeError
 
 _grad_enabled = True
+_active_trace = None        # the innermost trace() block's _Trace, or None
+
+
+class _Trace:
+    """One :func:`trace` block: its callback and how deep inside an operator's forward we are."""
+
+    __slots__ = ("record", "depth")
+
+    def __init__(self, record):
+        self.record = record
+        self.depth = 0
+
+    def apply(self, op, inputs):
+        self.depth += 1
+        try:
+            output = op(*inputs)        # depth > 0: the untraced path
+        finally:
+            self.depth -= 1
+        self.record(op, inputs, output)
+        return output
+
+
+@contextlib.contextmanager
+def trace(record):
+    """Within the block, call ``record(op, inputs, output)`` after each operator application.
+
+    Only outermost applications are reported: an operator applied inside
+    another one's forward (a composite built from others) is part of that one.
+    Blocks nest; the innermost one receives the calls.
+    """
+    global _active_trace
+    previous, _active_trace = _active_trace, _Trace(record)
+    try:
+        yield
+    finally:
+        _active_trace = previous
 
 
 def grad_enabled():
@@ -68,6 +107,8 @@ class Operator:
     def __call__(self, *inputs):
         # This runs once per operation, so it is written for speed: one pass
         # over the inputs; the descriptive checks run only when it fails.
+        if _active_trace is not None and not _active_trace.depth:
+            return _active_trace.apply(self, inputs)
         record = False
         if not inputs:
             self._explain_bad_inputs(inputs)

@@ -63,6 +63,7 @@ from gdnflow import models
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.io.checkpoint import save_checkpoint
 from gdnflow.io import keras as keras_io
+from gdnflow.errors import GdnflowError
 
 #: gdnflow's image classifiers (the --model names).
 CLASSIFIERS = ("mobilenet_v2", "vgg16")
@@ -78,7 +79,7 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], np.float32)
 BATCH = 16
 
 
-class ClassifyError(ValueError):
+class ClassifyError(GdnflowError, ValueError):
     """Something the user can fix (a file, an option); the message names it."""
 
 

@@ -12,8 +12,8 @@ one CUDA graph.
 Building a plan:
 
 1. **Trace.** The model runs once under ``no_grad`` on its device, with
-   ``Operator.__call__`` wrapped (only while tracing, see :func:`trace`) so
-   that each operator application is recorded: the operator, the values it
+   :func:`gdnflow.autograd.trace` reporting each operator application, so
+   that it is recorded: the operator, the values it
    read (the input, earlier results, or constants: parameters, buffers,
    tensors made inside ``forward``) and the value it produced. The plan is the
    sequence of operators this input shape took: Python control flow in
@@ -74,8 +74,8 @@ hand must call :func:`gdnflow.nn.module.weights_changed`. The counter is
 process-wide, so a change to any model (building one counts) makes every
 plan rebuild once: coarse, but never stale.
 
-Threads: tracing and capture patch process-wide state (``Operator.__call__``,
-the runtime's pool) for their duration; build plans while no other thread
+Threads: tracing and capture change process-wide state (autograd's trace
+hook, the runtime's allocator) for their duration; build plans while no other thread
 runs gdnflow operations.
 """
 import contextlib
@@ -89,9 +89,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from gdnflow import autograd
 from gdnflow.autograd import Operator, no_grad
 from gdnflow.backends import check_device, default_device
-from gdnflow.errors import ShapeError
+from gdnflow.errors import GdnflowError, ShapeError
 from gdnflow.nn.module import weights_version
 from gdnflow.tensor import Tensor
 from gdnflow.testing import relative_error
@@ -105,7 +106,7 @@ ALIGNMENT = 256
 VERIFY_TOLERANCE = 1e-3
 
 
-class PlanError(RuntimeError):
+class PlanError(GdnflowError, RuntimeError):
     """An inference plan could not be built, or did not reproduce the model."""
 
 
@@ -258,7 +259,6 @@ class _Tracer:
         self.constants = {}
         self.shapes = {}
         self.alive = []
-        self.depth = 0
 
     def new_value(self, tensor):
         v = len(self.shapes)
@@ -285,29 +285,6 @@ class _Tracer:
         self.steps.append(Step(op, values, self.new_value(output), op.label))
 
 
-@contextlib.contextmanager
-def _tracing(tracer):
-    """Operator.__call__ records into ``tracer`` within the block (outermost calls only)."""
-    original = Operator.__call__
-
-    def traced_call(op, *inputs):
-        if tracer.depth:            # an operator applied inside another one's forward
-            return original(op, *inputs)
-        tracer.depth += 1
-        try:
-            out = original(op, *inputs)
-        finally:
-            tracer.depth -= 1
-        tracer.record(op, inputs, out)
-        return out
-
-    Operator.__call__ = traced_call
-    try:
-        yield tracer
-    finally:
-        Operator.__call__ = original
-
-
 def _flatten_outputs(result):
     """(list of output tensors, "tensor" | "tuple" | "list") of what a model returned."""
     if isinstance(result, Tensor):
@@ -322,7 +299,7 @@ def trace(model, x):
     """Run ``model(x)`` under no_grad, recording its operators: (Program, model output list)."""
     tracer = _Tracer()
     input_value = tracer.new_value(x)
-    with no_grad(), _tracing(tracer):
+    with no_grad(), autograd.trace(tracer.record):
         result = model(x)
     outputs, kind = _flatten_outputs(result)
     output_values = [tracer.value_of(t) for t in outputs]
@@ -650,16 +627,6 @@ class _ArenaPool:
 
 
 @contextlib.contextmanager
-def _pool_replaced(runtime, pool):
-    """Every device allocation of gdnflow goes to ``pool`` within the block."""
-    previous, runtime.pool = runtime.pool, pool
-    try:
-        yield pool
-    finally:
-        runtime.pool = previous
-
-
-@contextlib.contextmanager
 def _gc_paused():
     """No cyclic garbage collection within the block.
 
@@ -791,7 +758,7 @@ class InferencePlan:
         with no_grad(), frozen():
             self.program.run(x)
             recorder = _RecordingPool(runtime.pool)
-            with _pool_replaced(runtime, recorder):
+            with runtime.allocating_from(recorder):
                 outputs = self.program.run(x)
             del outputs         # the outputs live to the end: freed after the last allocation
         sizes = recorder.sizes
@@ -800,7 +767,7 @@ class InferencePlan:
         arena_pool = _ArenaPool(self._arena, offsets, sizes)
         self.graph = CudaGraph(runtime.stream)
         try:
-            with no_grad(), frozen(), _pool_replaced(runtime, arena_pool), _gc_paused():
+            with no_grad(), frozen(), runtime.allocating_from(arena_pool), _gc_paused():
                 self._outputs = self.graph.capture(lambda: self.program.run(x))
         except Exception as exc:
             self.close()

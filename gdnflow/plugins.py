@@ -61,8 +61,9 @@ from gdnflow import registry
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda_available
 from gdnflow.backends.cuda import empty, kernel, launch_grid
+from gdnflow.backends.cuda import sources
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
-from gdnflow.errors import BackendUnavailableError, KernelCompileError, ShapeError
+from gdnflow.errors import BackendUnavailableError, GdnflowError, KernelCompileError, ShapeError
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor
 from gdnflow.testing import assert_backends_match, gradcheck
@@ -81,7 +82,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "gdnflow.operators"
 
 
-class PluginError(RuntimeError):
+class PluginError(GdnflowError, RuntimeError):
     """A plugin cannot be loaded or checked; the message names the plugin and why."""
 
 
@@ -154,6 +155,7 @@ def loaded():
     return list(_plugins)
 
 
+@sources.on_owner_lookup
 def owner_of(path):
     """``"plugin 'name' (module m)"`` for the plugin owning a CUDA source, else None."""
     if isinstance(path, InlineSource):
@@ -162,6 +164,14 @@ def owner_of(path):
         if plugin.owns(path):
             return plugin.label
     return None
+
+
+@registry.on_unknown_name
+def _load_for_unknown_name():
+    """Load the installed plugins; say which failed (for the registry's KeyError)."""
+    load_installed()
+    return "".join(f"; plugin {p.name!r} failed to load: {p.error}"
+                   for p in _plugins if not p.loaded)
 
 
 def _defined_in(cls, module):

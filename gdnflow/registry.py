@@ -8,11 +8,24 @@ Built-in operators register with the same decorator a plugin uses::
 A second registration under a taken name is an error unless ``replace=True``
 is passed, so a plugin cannot silently shadow a built-in.
 
-Importing gdnflow loads no plugin; :func:`get`, asked for a name nothing has
-registered, loads the installed plugins (:func:`gdnflow.plugins.load_installed`)
-and looks again.
+Importing gdnflow loads no plugin. :func:`get`, asked for a name nothing has
+registered, asks the hooks given to :func:`on_unknown_name` (gdnflow's plugin
+layer installs one that loads the installed plugins) and looks again.
 """
 _operators = {}
+_unknown_name_hooks = []
+
+
+def on_unknown_name(hook):
+    """Call ``hook()`` when :func:`get` is asked for a name nothing has registered.
+
+    The hook may register operators (load plugins); it returns a string to add
+    to the KeyError if the name is still missing (why something failed to
+    load), or an empty string / None. Returns ``hook``, so it can decorate.
+    """
+    if hook not in _unknown_name_hooks:
+        _unknown_name_hooks.append(hook)
+    return hook
 
 
 def register(name, *, replace=False):
@@ -32,18 +45,17 @@ def register(name, *, replace=False):
 def get(name):
     """The operator class registered as ``name`` (KeyError listing the names if absent).
 
-    A name not registered yet makes the installed plugins load first: an
-    operator from a plugin is found by name without importing the plugin.
+    A name not registered yet runs the :func:`on_unknown_name` hooks first:
+    an operator from an installed plugin is found by name without importing
+    the plugin.
     """
     if name in _operators:
         return _operators[name]
-    from gdnflow import plugins
-    plugins.load_installed()
+    notes = [hook() for hook in _unknown_name_hooks]
     if name in _operators:
         return _operators[name]
-    failed = "".join(f"; plugin {p.name!r} failed to load: {p.error}"
-                     for p in plugins.loaded() if not p.loaded)
-    raise KeyError(f"no operator named {name!r}; registered: {sorted(_operators)}{failed}")
+    explained = "".join(note for note in notes if note)
+    raise KeyError(f"no operator named {name!r}; registered: {sorted(_operators)}{explained}")
 
 
 def unregister(name):

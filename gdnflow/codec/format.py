@@ -33,6 +33,7 @@ bit inside it decodes to a different image.
 import dataclasses
 
 import numpy as np
+from gdnflow.errors import GdnflowError
 
 MAGIC = b"GDNF"
 FORMAT_VERSION = 1
@@ -48,7 +49,7 @@ MAX_CHANNELS = 1 << 12
 _MAX_GAMMA_ZEROS = 40
 
 
-class CodecError(ValueError):
+class CodecError(GdnflowError, ValueError):
     """A file or data the codec cannot code or decode; the message names the file."""
 
 

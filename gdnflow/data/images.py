@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
 
@@ -31,7 +32,7 @@ SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg",
                   "motorcycle_left.png", "motorcycle_right.png", "hubble_deep_field.jpg")
 
 
-class NoImagesError(ValueError):
+class NoImagesError(GdnflowError, ValueError):
     """A folder (or the default data set) has no usable image; the message says what to do."""
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from gdnflow.backends import get_backend
 from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
+from gdnflow.errors import GdnflowError
 
 FORMAT_NAME = "gdnflow-checkpoint"
 FORMAT_VERSION = 1
@@ -46,7 +47,7 @@ FORMAT_VERSION = 1
 _LIBVER = ("v108", "latest")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(GdnflowError, ValueError):
     """A checkpoint file cannot be read, or does not fit the model or optimiser.
 
     The message names the file and says what is wrong.

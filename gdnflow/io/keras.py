@@ -70,12 +70,13 @@ from gdnflow import nn, ops
 from gdnflow.backends import default_device
 from gdnflow.nn.module import Module, Parameter, weights_changed
 from gdnflow.tensor import Tensor
+from gdnflow.errors import GdnflowError
 
 #: MobileNetV2 widths of the keras.applications weight files.
 MOBILENET_V2_ALPHAS = (0.35, 0.5, 0.75, 1.0, 1.3, 1.4)
 
 
-class KerasImportError(ValueError):
+class KerasImportError(GdnflowError, ValueError):
     """A Keras file that gdnflow cannot read or run; the message names the file (and layer)."""
 
 

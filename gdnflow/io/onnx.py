@@ -33,9 +33,10 @@ from gdnflow import ops
 from gdnflow.backends import default_device
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.tensor import Tensor
+from gdnflow.errors import GdnflowError
 
 
-class OnnxImportError(ValueError):
+class OnnxImportError(GdnflowError, ValueError):
     """An ONNX file that gdnflow cannot read or run; the message names the file or node."""
 
 

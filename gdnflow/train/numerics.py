@@ -6,9 +6,10 @@ import numpy as np
 from gdnflow.autograd import no_grad
 from gdnflow.nn.module import Parameter
 from gdnflow.tensor import Tensor
+from gdnflow.errors import GdnflowError
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(GdnflowError, FloatingPointError):
     """Training met a NaN or an infinity. ``step`` is the step; ``where`` names the layer
     or parameter found first (None if none could be named); the message says both."""
 

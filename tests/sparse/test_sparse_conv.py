@@ -474,8 +474,8 @@ def fake_device(monkeypatch):
     runtime_module = types.ModuleType("gdnflow.backends.cuda.runtime")
     runtime_module.get_runtime = device.get_runtime
     monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.runtime", runtime_module)
-    monkeypatch.setattr(cuda_package, "_kernels", device)
-    return device
+    with cuda_package.simulated(device):
+        yield device
 
 
 @pytest.mark.parametrize("name", ["s1_p1", "s2_asymmetric", "rect_stride_5x5", "dilation2",

@@ -4,6 +4,7 @@ Importing this package never touches the GPU; :func:`is_available` probes it
 once, and :class:`CudaBackend` brings up the process's one context, stream and
 memory pool (see :mod:`gdnflow.backends.cuda.runtime`).
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -75,30 +76,64 @@ class CudaBackend:
         self.runtime.stream.synchronize()
 
 
-# Operators call these on every launch. They import PyCUDA only on first
-# use, so that the operator modules import on machines without it.
-_kernels = None
+# The operator modules reach the GPU only through the functions below (the
+# facade), never through runtime or kernels directly: they import PyCUDA only
+# on first use, so the operator modules import on machines without it, and
+# :func:`simulated` can stand a test double in for the device.
+_device = None      # the kernels module, or a test double (see simulated())
+
+
+def _loaded():
+    global _device
+    if _device is None:
+        from gdnflow.backends.cuda import kernels    # local import: PyCUDA on first use only
+        _device = kernels
+    return _device
 
 
 def kernel(file, name, arg_types, defines=()):
     """The compiled, prepared kernel ``name`` from ``file`` (see ``kernels.kernel``)."""
-    global _kernels
-    if _kernels is None:
-        from gdnflow.backends.cuda import kernels as _kernels
-    return _kernels.kernel(file, name, arg_types, defines)
+    return (_device or _loaded()).kernel(file, name, arg_types, defines)
+
+
+def runtime():
+    """The process's :class:`~gdnflow.backends.cuda.runtime.Runtime` (context, stream, pool)."""
+    return (_device or _loaded()).get_runtime()
 
 
 def empty(shape, dtype=np.float32):
     """An uninitialised device array from the process's memory pool."""
-    global _kernels
-    if _kernels is None:
-        from gdnflow.backends.cuda import kernels as _kernels
-    return _kernels.get_runtime().empty(shape, dtype)
+    return (_device or _loaded()).get_runtime().empty(shape, dtype)
+
+
+def zeros(shape, dtype=np.float32):
+    """A device array of zeros (one memset on the stream)."""
+    return (_device or _loaded()).get_runtime().full(shape, 0.0, dtype)
+
+
+def sm_count():
+    """The number of streaming multiprocessors of the device."""
+    return (_device or _loaded()).get_runtime().sm_count
 
 
 def launch_grid(threads, block=256, blocks_per_sm=16):
     """The grid a grid-stride kernel of ``threads`` threads is launched with."""
-    global _kernels
-    if _kernels is None:
-        from gdnflow.backends.cuda import kernels as _kernels
-    return _kernels.launch_grid(threads, block, blocks_per_sm)
+    return (_device or _loaded()).launch_grid(threads, block, blocks_per_sm)
+
+
+@contextlib.contextmanager
+def simulated(device):
+    """Within the block, the functions above go to ``device`` instead of the GPU.
+
+    For tests that run a kernel plan without a GPU (the kernels built for the
+    host, NumPy arrays as device memory): ``device`` has ``kernel(file, name,
+    arg_types, defines)``, ``launch_grid(threads, block, blocks_per_sm)`` and
+    ``get_runtime()`` (an object with ``empty``, ``full``, ``sm_count`` and
+    ``stream``).
+    """
+    global _device
+    previous, _device = _device, device
+    try:
+        yield device
+    finally:
+        _device = previous

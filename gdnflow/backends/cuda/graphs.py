@@ -30,6 +30,7 @@ import ctypes
 import functools
 
 from gdnflow.backends.cuda.runtime import get_runtime
+from gdnflow.errors import GdnflowError
 
 CUDA_SUCCESS = 0
 #: CUstreamCaptureMode (cuda.h).
@@ -50,7 +51,7 @@ _MODES = {"global": CAPTURE_MODE_GLOBAL, "thread_local": CAPTURE_MODE_THREAD_LOC
           "relaxed": CAPTURE_MODE_RELAXED}
 
 
-class CudaGraphError(RuntimeError):
+class CudaGraphError(GdnflowError, RuntimeError):
     """A CUDA driver call of graph capture or replay failed, or capture was misused."""
 
 

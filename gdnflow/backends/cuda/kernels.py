@@ -15,7 +15,7 @@ from pycuda.compiler import SourceModule
 
 from gdnflow.errors import KernelCompileError
 from gdnflow.backends.cuda.runtime import get_runtime
-from gdnflow.backends.cuda.sources import compile_error_message, expand_source, resolve
+from gdnflow.backends.cuda.sources import compile_error_message, expand_source, owner_of, resolve
 
 #: Threads per block unless a kernel asks for another size.
 DEFAULT_BLOCK = 256
@@ -40,7 +40,6 @@ def load_module(file, defines=()):
         return SourceModule(source, options=_nvcc_options(defines), arch=runtime.arch,
                             no_extern_c=True)
     except drv.CompileError as exc:
-        from gdnflow.plugins import owner_of     # names the plugin, if a plugin owns the file
         raise KernelCompileError(compile_error_message(
             path, exc.stderr or str(exc), defines, owner_of(path))) from None
 

@@ -11,6 +11,7 @@ The context is the device's primary context, the one the CUDA runtime (and so
 PyTorch) uses too, so benchmarks can run both in one process.
 """
 import atexit
+import contextlib
 import math
 
 import numpy as np
@@ -48,6 +49,21 @@ class Runtime:
         #: leaves an output element unwritten shows in tests (gdnflow.testing).
         self.poison = False
         atexit.register(self.close)
+
+    @contextlib.contextmanager
+    def allocating_from(self, allocator):
+        """Within the block, every device array gdnflow makes comes from ``allocator``.
+
+        ``allocator`` has the pool's ``allocate(nbytes)`` (returning an object
+        with ``int()`` giving the device address and ``free()``): inference
+        plans and captured steps record allocations and hand out blocks of one
+        arena this way. Blocks nest; the previous allocator returns on exit.
+        """
+        previous, self.pool = self.pool, allocator
+        try:
+            yield allocator
+        finally:
+            self.pool = previous
 
     def empty(self, shape, dtype=np.float32):
         """An uninitialised array of ``shape`` (a tuple of ints) from the pool."""

@@ -92,6 +92,29 @@ def _line_after_include(text):
 _NVCC_ERROR = re.compile(r"\((\d+)\): (?:catastrophic )?error")
 
 
+_owner_lookups = []
+
+
+def on_owner_lookup(lookup):
+    """Ask ``lookup(path)`` who owns a CUDA source when a compile error names it.
+
+    ``lookup`` returns a label (``"plugin 'x' (module m)"``) or None; gdnflow's
+    plugin layer installs one. Returns ``lookup``, so it can decorate.
+    """
+    if lookup not in _owner_lookups:
+        _owner_lookups.append(lookup)
+    return lookup
+
+
+def owner_of(path):
+    """The first label an :func:`on_owner_lookup` hook gives ``path``, else None."""
+    for lookup in _owner_lookups:
+        owner = lookup(path)
+        if owner:
+            return owner
+    return None
+
+
 def compile_error_message(path, nvcc_output, defines=(), owner=None):
     """The text of a :class:`~gdnflow.errors.KernelCompileError`.
 

@@ -1,0 +1,87 @@
+"""Every tuning knob of gdnflow in one object: :data:`settings`.
+
+Code reads a knob where it uses it (``settings.gdn_fused``), so a change takes
+effect on the next call. Change knobs for a block with :func:`override`, which
+restores the previous values on the way out, also after an exception::
+
+    import gdnflow as gf
+    with gf.config.override(gdn_fused=False, conv_workspace_bytes=64 << 20):
+        ...
+
+Assigning ``settings.<knob> = value`` changes it for the rest of the process.
+A name that is not a knob is refused (no typo passes silently).
+
+The defaults are what gdnflow ships: results do not depend on them (every
+setting computes the same values, up to float32 summation order), only speed
+and memory do. Tests and benchmarks switch them only through :func:`override`.
+"""
+import contextlib
+import dataclasses
+
+
+@dataclasses.dataclass(slots=True)
+class Config:
+    """gdnflow's settings; the fields are grouped by the part of gdnflow that reads them."""
+
+    # --- convolution (gdnflow.ops.conv) ---------------------------------------
+    #: Bytes of device scratch memory one convolution call may use for lowered
+    #: columns or Winograd transforms; larger batches are processed in chunks.
+    conv_workspace_bytes: int = 256 << 20
+    #: None: the convolution planner chooses each call's algorithm. Otherwise an
+    #: object with the planner's interface that chooses instead (tests and
+    #: benchmarks force one algorithm this way).
+    conv_planner: object = None
+    #: None: the direct 1x1 kernel's tiling comes from its cost model. Otherwise
+    #: a function ``(m, k, hw, columns, vec_x, sm_count) -> PointwiseConfig``.
+    pointwise_config_chooser: object = None
+
+    # --- GDN (gdnflow.ops.gdn) ------------------------------------------------
+    #: The fused GEMM kernels where the shape allows (False: cuBLAS products with
+    #: elementwise kernels around them).
+    gdn_fused: bool = True
+    #: 16-byte accesses in the elementwise GDN kernels where H*W % 4 == 0.
+    gdn_vectorize: bool = True
+    #: dL/dbeta from segment sums of the backward's U where possible (False:
+    #: always a product with a ones row).
+    gdn_beta_sums: bool = True
+    #: How the parameter-gradient GEMM's pixel sum is cut: "auto" or a chunk
+    #: count to aim at (1: one GEMM over all pixels).
+    gdn_param_gemm_chunks: object = "auto"
+
+    # --- sparse convolution (gdnflow.sparse) ----------------------------------
+    #: Resident blocks per SM the sparse kernels' grids are sized for.
+    sparse_blocks_per_sm: int = 4
+
+    def override(self, **changes):
+        """Context manager: the given knobs take the given values within the block."""
+        return _override(self, changes)
+
+    def knobs(self):
+        """The knobs' names and current values, as a dict."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@contextlib.contextmanager
+def _override(config, changes):
+    known = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise TypeError(f"gdnflow.config.override: no knob named {', '.join(map(repr, unknown))}; "
+                        f"the knobs are {sorted(known)}")
+    previous = {name: getattr(config, name) for name in changes}
+    for name, value in changes.items():
+        setattr(config, name, value)
+    try:
+        yield config
+    finally:
+        for name, value in previous.items():
+            setattr(config, name, value)
+
+
+#: The process's settings, read by the code that each knob tunes.
+settings = Config()
+
+
+def override(**changes):
+    """``with override(knob=value, ...):`` sets knobs of :data:`settings` for the block."""
+    return settings.override(**changes)
