@@ -17,6 +17,7 @@ each node's saved arrays as soon as it has been used.
 (inference plans record a model's forward this way).
 """
 import contextlib
+import types
 
 import numpy as np
 
@@ -84,7 +85,8 @@ class Operator:
 
     ``forward_numpy(*arrays)`` and ``forward_cuda(*arrays)``
         compute the output array from the input arrays (NumPy arrays or
-        CudaArrays); store what the backward needs in ``self.saved``.
+        CudaArrays); keep what the backward needs with
+        ``self.save(name=array, ...)`` and read it back as ``self.saved.name``.
     ``backward(grad_output)``
         return one gradient :class:`~gdnflow.tensor.Tensor` (or None) per
         input. Either write it with gdnflow operations (it then runs on both
@@ -173,6 +175,10 @@ class Operator:
     def backward(self, grad_output):
         """Gradients with respect to the inputs; see the class docstring."""
         raise NotImplementedError(f"{self.label} has no backward")
+
+    def save(self, **arrays):
+        """Keep ``arrays`` (and any other values) for the backward, as ``self.saved.<name>``."""
+        self.saved = types.SimpleNamespace(**arrays)
 
     def release(self):
         """Drop the saved arrays (after backward has used them)."""
