@@ -22,6 +22,7 @@ import types
 import numpy as np
 
 from gdnflow.errors import DeviceMismatchError, DTypeError, GraphFreedError, ShapeError
+from gdnflow.tensor import Tensor
 
 _grad_enabled = True
 _active_trace = None        # the innermost trace() block's _Trace, or None
@@ -180,6 +181,10 @@ class Operator:
         """Keep ``arrays`` (and any other values) for the backward, as ``self.saved.<name>``."""
         self.saved = types.SimpleNamespace(**arrays)
 
+    def backpropagate(self, root, grad, retain_graph=False):
+        """Run :func:`backward` from ``root``, the tensor this node produced (Tensor.backward)."""
+        backward(root, grad, retain_graph=retain_graph)
+
     def release(self):
         """Drop the saved arrays (after backward has used them)."""
         self.saved = None
@@ -234,13 +239,3 @@ def _topological_order(start):
             if isinstance(parent, Operator) and id(parent) not in visited:
                 stack.append((parent, False))
     return order
-
-
-def ones_like_array(tensor):
-    """The implicit seed gradient of a one-element tensor."""
-    from gdnflow.backends import get_backend
-    return get_backend(tensor.device).full(tensor.shape, 1.0, np.dtype(tensor.dtype))
-
-
-# The tensor module imports this one; Tensor is bound here once both exist.
-from gdnflow.tensor import Tensor  # noqa: E402

@@ -3,8 +3,9 @@ import numbers
 
 import numpy as np
 
-from gdnflow import autograd
+from gdnflow import registry
 from gdnflow.backends import check_device, default_device, get_backend
+from gdnflow.errors import ShapeError
 
 
 class Tensor:
@@ -119,7 +120,7 @@ class Tensor:
             if self.size != 1:
                 raise ValueError(f"backward() without a gradient needs a one-element tensor, "
                                  f"got shape {self.shape}; pass grad=")
-            grad = Tensor.wrap(autograd.ones_like_array(self), self.device)
+            grad = full(self.shape, 1.0, self.device, self.dtype)
         elif not isinstance(grad, Tensor):
             grad = Tensor(grad, device=self.device, dtype=self.dtype)
         if grad.shape != self.shape or grad.device != self.device:
@@ -128,40 +129,98 @@ class Tensor:
         if self.creator is None:        # a leaf: its gradient is grad itself
             self.grad = grad if self.grad is None else self.grad + grad
             return
-        autograd.backward(self, grad, retain_graph=retain_graph)
+        self.creator.backpropagate(self, grad, retain_graph=retain_graph)
 
     # ---------------------------------------------------------- operations --
-    def __add__(self, other): return ops.add(self, other)
-    def __radd__(self, other): return ops.add(other, self)
-    def __sub__(self, other): return ops.sub(self, other)
-    def __rsub__(self, other): return ops.sub(other, self)
-    def __mul__(self, other): return ops.mul(self, other)
-    def __rmul__(self, other): return ops.mul(other, self)
-    def __truediv__(self, other): return ops.div(self, other)
-    def __rtruediv__(self, other): return ops.div(other, self)
-    def __neg__(self): return ops.neg(self)
+    # Each applies the operator registered under its name (gdnflow.ops
+    # registers them); a number operand becomes the constant of an "affine"
+    # operator, a NumPy array a constant tensor on this tensor's device.
+    def __add__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=1.0, shift=other)
+        return _apply("add", self, _operand(other, self))
+
+    def __radd__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=1.0, shift=other)
+        return _apply("add", _operand(other, self), self)
+
+    def __sub__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=1.0, shift=-other)
+        return _apply("sub", self, _operand(other, self))
+
+    def __rsub__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=-1.0, shift=other)
+        return _apply("sub", _operand(other, self), self)
+
+    def __mul__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=other, shift=0.0)
+        return _apply("mul", self, _operand(other, self))
+
+    def __rmul__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=other, shift=0.0)
+        return _apply("mul", _operand(other, self), self)
+
+    def __truediv__(self, other):
+        if _is_number(other):
+            return _apply("affine", self, scale=1.0 / other, shift=0.0)
+        return _apply("div", self, _operand(other, self))
+
+    def __rtruediv__(self, other):
+        if _is_number(other):
+            return _apply("affine", _apply("pow", self, exponent=-1.0), scale=other, shift=0.0)
+        return _apply("div", _operand(other, self), self)
+
+    def __neg__(self): return _apply("neg", self)
 
     def __pow__(self, exponent):
         if not isinstance(exponent, numbers.Real):
             raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
-        return ops.pow(self, exponent)
+        return _apply("pow", self, exponent=exponent)
 
-    def exp(self): return ops.exp(self)
-    def log(self): return ops.log(self)
-    def sqrt(self): return ops.sqrt(self)
-    def relu(self): return ops.relu(self)
-    def sigmoid(self): return ops.sigmoid(self)
-    def clamp(self, low, high): return ops.clamp(self, low, high)
-    def sum(self, axis=None, keepdims=False): return ops.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return ops.mean(self, axis, keepdims)
+    def exp(self): return _apply("exp", self)
+    def log(self): return _apply("log", self)
+    def sqrt(self): return _apply("sqrt", self)
+    def relu(self): return _apply("relu", self)
+    def sigmoid(self): return _apply("sigmoid", self)
+    def clamp(self, low, high): return _apply("clamp", self, low=low, high=high)
+    def sum(self, axis=None, keepdims=False): return _apply("sum", self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return _apply("mean", self, axis=axis, keepdims=keepdims)
 
     def reshape(self, *shape):
         """Same values in another shape; accepts ``reshape(2, 3)`` or ``reshape((2, 3))``."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        return ops.reshape(self, shape)
+        return _apply("reshape", self, shape=shape)
 
-    def flatten(self, start_dim=1): return ops.flatten(self, start_dim)
+    def flatten(self, start_dim=1):
+        """Merge dimensions ``start_dim`` and after into one: (N, C, H, W) -> (N, C*H*W)."""
+        if not -self.ndim <= start_dim < max(self.ndim, 1):
+            raise ShapeError(f"flatten: start_dim {start_dim} out of range for shape {self.shape}")
+        start_dim %= max(self.ndim, 1)
+        return self.reshape(self.shape[:start_dim] + (-1,))
+
+
+def _apply(name, *inputs, **arguments):
+    """Build the operator registered as ``name`` with ``arguments`` and apply it to ``inputs``."""
+    return registry.get(name)(**arguments)(*inputs)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _operand(value, like):
+    """``value`` as a tensor operand beside the tensor ``like``."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return Tensor(value, device=like.device, dtype=like.dtype)
+    raise TypeError(f"expected a Tensor, a number or a NumPy array, got {type(value).__name__}")
 
 
 def tensor(data, device=None, dtype=None, requires_grad=False):
@@ -187,5 +246,3 @@ def ones(shape, device=None, dtype=np.float32, requires_grad=False):
     """A tensor of ones."""
     return full(shape, 1.0, device, dtype, requires_grad)
 
-
-from gdnflow import ops  # noqa: E402  (ops builds on Tensor, defined above)

@@ -5,14 +5,10 @@ it. Arithmetic accepts Python numbers and NumPy arrays on either side: a
 number becomes the constant of an ``affine`` operator, an array a constant
 tensor on the other operand's device.
 """
-import numbers
-
-import numpy as np
-
 from gdnflow.ops.conv import conv2d
 from gdnflow.ops.conv_transpose import conv_transpose2d
-from gdnflow.ops.elementwise import (Add, Affine, BroadcastTo, Clamp, Div, Exp, Log, Mul, Neg,
-                                     Pow, ReLU, ReLU6, Sigmoid, Sqrt, Sub, sum_to)
+from gdnflow.ops.elementwise import (Affine, BroadcastTo, Clamp, Exp, Log, Neg, Pow, ReLU, ReLU6,
+                                     Sigmoid, Sqrt, sum_to)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
 from gdnflow.ops.gdn import GDNOperator
 from gdnflow.ops.linear import linear, matmul
@@ -32,60 +28,26 @@ __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
             "fold_batch_norm", "softmax", "log_softmax", "dropout"]
 
 
-def _as_tensor(value, like):
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return Tensor(value, device=like.device, dtype=like.dtype)
-    raise TypeError(f"expected a Tensor, a number or a NumPy array, got {type(value).__name__}")
-
-
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
+# Arithmetic with numbers and NumPy arrays is defined once, by Tensor's
+# operators (gdnflow.tensor); these functions are the same operations by name.
 def add(a, b):
-    """a + b, broadcasting."""
-    if type(a) is type(b) is Tensor:
-        return Add()(a, b)
-    if _is_number(b):
-        return Affine(1.0, b)(a)
-    if _is_number(a):
-        return Affine(1.0, a)(b)
-    return Add()(_as_tensor(a, b), _as_tensor(b, a))
+    """a + b, broadcasting (a number or a NumPy array on either side)."""
+    return a + b if isinstance(a, Tensor) else b.__radd__(a)
 
 
 def sub(a, b):
-    """a - b, broadcasting."""
-    if type(a) is type(b) is Tensor:
-        return Sub()(a, b)
-    if _is_number(b):
-        return Affine(1.0, -b)(a)
-    if _is_number(a):
-        return Affine(-1.0, a)(b)
-    return Sub()(_as_tensor(a, b), _as_tensor(b, a))
+    """a - b, broadcasting (a number or a NumPy array on either side)."""
+    return a - b if isinstance(a, Tensor) else b.__rsub__(a)
 
 
 def mul(a, b):
-    """a * b, broadcasting."""
-    if type(a) is type(b) is Tensor:
-        return Mul()(a, b)
-    if _is_number(b):
-        return Affine(b, 0.0)(a)
-    if _is_number(a):
-        return Affine(a, 0.0)(b)
-    return Mul()(_as_tensor(a, b), _as_tensor(b, a))
+    """a * b, broadcasting (a number or a NumPy array on either side)."""
+    return a * b if isinstance(a, Tensor) else b.__rmul__(a)
 
 
 def div(a, b):
-    """a / b, broadcasting."""
-    if type(a) is type(b) is Tensor:
-        return Div()(a, b)
-    if _is_number(b):
-        return Affine(1.0 / b, 0.0)(a)
-    if _is_number(a):
-        return Affine(a, 0.0)(Pow(-1.0)(b))
-    return Div()(_as_tensor(a, b), _as_tensor(b, a))
+    """a / b, broadcasting (a number or a NumPy array on either side)."""
+    return a / b if isinstance(a, Tensor) else b.__rtruediv__(a)
 
 
 def neg(x):
