@@ -7,15 +7,32 @@ compiled at run time, with a NumPy reference backend behind the same API.
     y.backward()
     x.grad.numpy()      # [[3., 0.]]
 """
+import importlib
+
 from gdnflow.autograd import Operator, grad_enabled, no_grad
 from gdnflow.backends import cuda_available, default_device, set_default_device
 from gdnflow.errors import (DeviceMismatchError, DTypeError, GdnflowError, GraphFreedError,
                             KernelCompileError, ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor, full, ones, tensor, zeros
-from gdnflow import config, nn, ops, optim
-# The plugin layer installs its hooks (load installed plugins for an unknown
-# operator name; name the plugin owning a CUDA source that fails to compile).
-from gdnflow import plugins  # noqa: F401
+from gdnflow import config, nn, ops, optim, registry
 
 __version__ = "0.1.0"
+
+#: The parts of gdnflow that ``import gdnflow`` leaves unloaded until used:
+#: ``gdnflow.<name>`` imports them on first access.
+OPTIONAL_PARTS = ("classify", "codec", "data", "inference", "io", "models", "plugins",
+                  "sparse", "testing", "train")
+
+
+def __getattr__(name):
+    if name in OPTIONAL_PARTS:
+        return importlib.import_module(f"gdnflow.{name}")
+    raise AttributeError(f"module 'gdnflow' has no attribute {name!r}")
+
+
+@registry.on_unknown_name
+def _load_plugins():
+    """An operator name nothing has registered: load the installed plugins, then look again."""
+    from gdnflow import plugins     # local import: plugins load on first use
+    return plugins.load_for_unknown_name()

@@ -16,35 +16,37 @@
 import argparse
 import sys
 
+import gdnflow
+from gdnflow import classify, plugins, registry
+from gdnflow.backends import cuda, default_device
+from gdnflow.backends.cuda.sources import source_dir
+from gdnflow.codec.cli import add_codec_parsers
+from gdnflow.errors import BackendUnavailableError, KernelCompileError
+from gdnflow.inference_bench import add_bench_parser
+from gdnflow.sparse import describe as describe_sparse
+from gdnflow.sparse.cli import add_prune_parser
+from gdnflow.train.cli import add_train_parser
+
 
 def cmd_info(args):
     """Print the version, the devices and the registered operators (or what FILE holds)."""
     if getattr(args, "file", None):
-        from gdnflow import classify
         return classify.cmd_info_file(args)
-    import gdnflow
-    from gdnflow import registry
-    from gdnflow.backends import cuda
-    from gdnflow.backends.cuda.sources import source_dir
     print(f"gdnflow {gdnflow.__version__}")
     if cuda.is_available():
-        from gdnflow.backends.cuda.runtime import get_runtime
-        runtime = get_runtime()
+        runtime = cuda.runtime()
         print(f"cuda: {runtime.name} ({runtime.arch}, {runtime.sm_count} SMs)")
     else:
         print(f"cuda: unavailable ({cuda.unavailable_reason()})")
-    print(f"default device: {gdnflow.default_device()}")
+    print(f"default device: {default_device()}")
     print(f"CUDA sources: {source_dir()}")
     print("operators: " + " ".join(registry.names()))
-    from gdnflow.sparse import describe
-    print(describe())
+    print(describe_sparse())
     return 0
 
 
 def cmd_plugins(args):
     """List the installed plugins; exit status 1 if one fails to load or to compile."""
-    from gdnflow import plugins
-    from gdnflow.errors import BackendUnavailableError, KernelCompileError
     installed = plugins.load_installed()
     if not installed:
         print(f"no plugins installed (entry-point group {plugins.ENTRY_POINT_GROUP})")
@@ -74,7 +76,6 @@ def cmd_plugins(args):
 
 def cmd_plugin_check(args):
     """gradcheck (and CUDA against NumPy) on each operator of a plugin; 1 on failure."""
-    from gdnflow import plugins
     try:
         operators = plugins.find_operators(args.name)
     except plugins.PluginError as exc:
@@ -101,7 +102,6 @@ def build_parser():
                           "with FILE, what a checkpoint, Keras or ONNX file holds")
     info.add_argument("file", nargs="?", metavar="FILE")
     info.set_defaults(run=cmd_info)
-    from gdnflow.train.cli import add_train_parser
     add_train_parser(sub)
     sub.add_parser("plugins", help="list installed operator plugins, their operators, and "
                    "whether their CUDA sources compile (exit 1 if one fails)"
@@ -112,13 +112,9 @@ def build_parser():
                        "folder, or an operator name")
     check.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     check.set_defaults(run=cmd_plugin_check)
-    from gdnflow import classify
     classify.add_commands(sub)
-    from gdnflow.inference_bench import add_bench_parser
     add_bench_parser(sub)
-    from gdnflow.sparse.cli import add_prune_parser
     add_prune_parser(sub)
-    from gdnflow.codec.cli import add_codec_parsers
     add_codec_parsers(sub)
     return parser
 

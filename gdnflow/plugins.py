@@ -166,9 +166,11 @@ def owner_of(path):
     return None
 
 
-@registry.on_unknown_name
-def _load_for_unknown_name():
-    """Load the installed plugins; say which failed (for the registry's KeyError)."""
+def load_for_unknown_name():
+    """Load the installed plugins; say which failed (for the registry's KeyError).
+
+    gdnflow's front door gives this to :func:`gdnflow.registry.on_unknown_name`.
+    """
     load_installed()
     return "".join(f"; plugin {p.name!r} failed to load: {p.error}"
                    for p in _plugins if not p.loaded)

@@ -5,7 +5,7 @@ draws it). A module may import modules of its own layer and of lower layers,
 never of a higher one, and the imports between gdnflow's modules form no
 cycle. ``gdnflow/__init__.py`` is the package's front door: it wires the
 layers together (and loads optional parts on first use), so it may import
-any of them and no module imports it.
+any of them, and only the command line above it imports it.
 """
 import ast
 import pathlib
@@ -53,6 +53,8 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def _layer(module):
     """The index in LAYERS of a gdnflow module (its first component below gdnflow)."""
+    if module == "gdnflow":
+        return len(LAYERS) - 1.5        # the front door: above the library, below the CLI
     top = module.split(".")[1]
     for index, names in enumerate(LAYERS):
         if top in names:
@@ -115,8 +117,7 @@ def _gdnflow_edges():
 
 def test_every_module_sits_in_a_layer():
     for module in MODULES:
-        if module != "gdnflow":
-            _layer(module)
+        _layer(module)
 
 
 def test_no_import_runs_up_the_layers():
@@ -131,7 +132,7 @@ def test_no_import_runs_up_the_layers():
 
 def test_no_module_imports_the_package_front_door():
     offenders = [f"{MODULES[m].relative_to(ROOT)}:{line}"
-                 for m in MODULES if m != "gdnflow"
+                 for m in MODULES if _layer(m) < len(LAYERS) - 1
                  for name, line, _, _ in _imports(m) if name == "gdnflow"]
     assert not offenders, ("modules importing gdnflow/__init__ (import what you need from the "
                            "module that defines it):\n" + "\n".join(offenders))

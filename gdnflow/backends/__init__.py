@@ -17,6 +17,7 @@ import logging
 import os
 
 from gdnflow.errors import BackendUnavailableError
+from gdnflow.backends import cuda
 from gdnflow.backends.numpy_backend import NumpyBackend
 
 NUMPY = "numpy"
@@ -30,7 +31,6 @@ _default_device = None
 
 def cuda_available():
     """True if PyCUDA imports and at least one CUDA device can be initialised."""
-    from gdnflow.backends import cuda
     return cuda.is_available()
 
 
@@ -38,7 +38,6 @@ def get_backend(device):
     """Return the backend object for a device name ("numpy" or "cuda")."""
     device = check_device(device)
     if device not in _backends:
-        from gdnflow.backends import cuda
         if not cuda.is_available():
             raise BackendUnavailableError(
                 "device 'cuda' was asked for, but no CUDA device is usable here: "
@@ -64,7 +63,6 @@ def default_device():
         elif cuda_available():
             _default_device = CUDA
         else:
-            from gdnflow.backends import cuda
             _log.warning("gdnflow: no usable CUDA device (%s); running on NumPy",
                          cuda.unavailable_reason())
             _default_device = NUMPY

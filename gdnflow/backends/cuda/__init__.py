@@ -19,7 +19,7 @@ def is_available():
     """True if PyCUDA imports and a CUDA device can be initialised (probed once)."""
     global _probe_error
     try:
-        import pycuda.driver as drv
+        import pycuda.driver as drv    # local import: PyCUDA may be absent; this probes for it
         drv.init()
         if drv.Device.count() == 0:
             _probe_error = "the CUDA driver reports no device"
@@ -43,7 +43,7 @@ class CudaBackend:
     dtypes = (np.dtype(np.float32),)
 
     def __init__(self):
-        from gdnflow.backends.cuda import runtime
+        from gdnflow.backends.cuda import runtime   # local import: PyCUDA on first use
         self.runtime = runtime.get_runtime()
         self.array_type = runtime.CudaArray
 

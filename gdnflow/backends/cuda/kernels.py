@@ -8,10 +8,12 @@ context per process) and kernels are launched through PyCUDA's prepared calls
 on the runtime's stream.
 """
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import pycuda.driver as drv
 from pycuda._pvt_struct import pack
 from pycuda.compiler import SourceModule
+from pycuda.compiler import compile as compile_to_cubin
 
 from gdnflow.errors import KernelCompileError
 from gdnflow.backends.cuda.runtime import get_runtime
@@ -51,8 +53,6 @@ def precompile(file, variants, workers=8):
     calls for these variants only load them: for sweeps over many compiled
     variants (each nvcc run takes seconds). Errors surface at that later load.
     """
-    from concurrent.futures import ThreadPoolExecutor
-    from pycuda.compiler import compile as compile_to_cubin
     source, arch = expand_source(file), get_runtime().arch
 
     def build(defines):

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda.tools import DeviceMemoryPool
+from pycuda.tools import DeviceMemoryPool, clear_context_caches
 
 from gdnflow.backends.numpy_backend import contiguous
 
@@ -118,7 +118,6 @@ class Runtime:
             self.context.pop()
         except drv.Error:
             pass  # the context may already be gone at interpreter exit
-        from pycuda.tools import clear_context_caches
         clear_context_caches()
 
 
