@@ -10,6 +10,7 @@ import pytest
 
 import gdnflow
 from gdnflow import cli, plugins, registry
+from gdnflow.backends.cuda import sources
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.ops.elementwise import ReLU
@@ -277,53 +278,25 @@ def test_gdnflow_plugins_reports_a_kernel_that_does_not_compile(tmp_path, monkey
             f"{site / 'tp_badpkg' / 'k.cu'}, line 1:") in out
 
 
-def pycuda_stand_ins(work):
-    """Modules for kernels.py to import where PyCUDA and a GPU are missing: a runtime
-    reporting sm_90, and a SourceModule that runs nvcc and fails as PyCUDA's does."""
-    import types
-
-    class CompileError(Exception):
-        def __init__(self, msg, command_line, stdout=None, stderr=None):
-            super().__init__(msg)
-            self.stdout, self.stderr = stdout, stderr
-
-    def source_module(source, options, arch, no_extern_c):
-        work.mkdir(exist_ok=True)
-        (work / "kernel.cu").write_text(source)
-        run = subprocess.run([NVCC, "--cubin", f"-arch={arch}", *options, "kernel.cu"],
-                             cwd=work, capture_output=True, text=True)
-        if run.returncode:
-            raise CompileError("nvcc compilation of kernel.cu failed", [], run.stdout, run.stderr)
-
-    runtime = types.SimpleNamespace(arch="sm_90")
-    return {"pycuda": types.ModuleType("pycuda"),
-            "pycuda.driver": types.SimpleNamespace(CompileError=CompileError,
-                                                   LogicError=Exception),
-            "pycuda._pvt_struct": types.SimpleNamespace(pack=None),
-            "pycuda.compiler": types.SimpleNamespace(SourceModule=source_module),
-            "gdnflow.backends.cuda.runtime": types.SimpleNamespace(get_runtime=lambda: runtime)}
+def test_a_loaded_plugin_names_itself_as_the_owner_of_its_sources(tmp_path):
+    # What the kernel loader asks when nvcc fails (the GPU test below runs the loader).
+    package = tmp_path / "tp_owner"
+    write(package / "__init__.py", "")
+    cu = write(package / "k.cu", GOOD_CU)
+    plugins.load(package)
+    assert sources.owner_of(cu) == "plugin 'tp_owner' (module tp_owner)"
+    assert sources.owner_of(tmp_path / "elsewhere.cu") is None
 
 
-@needs_nvcc
-def test_the_kernel_loader_names_the_plugin_too(tmp_path, monkeypatch):
-    # The loader compiles at a kernel's first launch, with PyCUDA. On a GPU
-    # machine this runs the real thing; elsewhere, kernels.py over stand-ins.
-    stand_ins = not gdnflow.cuda_available()
-    if stand_ins:
-        for name, module in pycuda_stand_ins(tmp_path / "pycuda").items():
-            monkeypatch.setitem(sys.modules, name, module)
+@pytest.mark.gpu
+def test_the_kernel_loader_names_the_plugin_too(tmp_path):
+    from gdnflow.backends.cuda import kernels     # local import: PyCUDA, on the GPU machine only
     package = tmp_path / "tp_loaderr"
     write(package / "__init__.py", "")
     bad = write(package / "bad.cu", GOOD_CU + "\n__device__ float f() { float y = ; return y; }\n")
     plugins.load(package)
-    try:
-        from gdnflow.backends.cuda import kernels
-        with pytest.raises(KernelCompileError) as caught:
-            kernels.load_module(bad, (("TILE", 8),))
-    finally:
-        if stand_ins:       # the next import of kernels.py must find the real PyCUDA, or fail
-            sys.modules.pop("gdnflow.backends.cuda.kernels", None)
-            vars(gdnflow.backends.cuda).pop("kernels", None)
+    with pytest.raises(KernelCompileError) as caught:
+        kernels.load_module(bad, (("TILE", 8),))
     message = str(caught.value)
     assert message.startswith(f"plugin 'tp_loaderr' (module tp_loaderr): nvcc failed on {bad}, "
                               "line 8 (defines {'TILE': 8}):\n")
