@@ -6,10 +6,10 @@ Both layers include their parameter reparameterisation, as they do in
 training. gdnflow is timed twice in the same run: its current GPU path and,
 in the "before" columns, the path before the last change (cuBLAS for the
 channel sums, with elementwise kernels around them, instead of the fused
-GEMM kernels: ``gdnflow.config``'s ``gdn_fused`` off); ``--no-before`` skips that. x requires a
-gradient in every timing (a training forward). Before each forward+backward the gradients of x and the
-parameters are reset, so that neither side pays for accumulating into old
-ones. Timing: CUDA events on each library's own stream, warm-up, median (see
+GEMM kernels: ``gdnflow.config``'s ``gdn_fused`` off); ``--no-before`` skips
+that. x requires a gradient in every timing (a training forward). Before each
+forward+backward the gradients of x and the parameters are reset, so that
+neither side pays for accumulating into old ones. Timing: CUDA events on each library's own stream, warm-up, median (see
 ``gdnflow.benchmarking``).
 """
 import argparse
