@@ -6,25 +6,24 @@ Both layers include their parameter reparameterisation, as they do in
 training. gdnflow is timed twice in the same run: its current GPU path and,
 in the "before" columns, the path before the last change (cuBLAS for the
 channel sums, with elementwise kernels around them, instead of the fused
-GEMM kernels; see ``gdnflow.ops.gdn``'s switches); ``--no-before`` skips that. x requires a
-gradient in every timing (a training forward). Before each forward+backward the gradients of x and the
-parameters are reset, so that neither side pays for accumulating into old
-ones. Timing: CUDA events on each library's own stream, warm-up, median (see
+GEMM kernels: ``gdnflow.config``'s ``gdn_fused`` off); ``--no-before`` skips
+that. x requires a gradient in every timing (a training forward). Before each
+forward+backward the gradients of x and the parameters are reset, so that
+neither side pays for accumulating into old ones. Timing: CUDA events on each library's own stream, warm-up, median (see
 ``gdnflow.benchmarking``).
 """
 import argparse
-import importlib
 
 import numpy as np
 
 from gdnflow import benchmarking as harness
+from gdnflow import config
 import gdnflow as gf
 from gdnflow.nn import GDN
 from gdnflow.testing import relative_error
 
-gdn_module = importlib.import_module("gdnflow.ops.gdn")    # the module, not ops.gdn
-#: gdnflow.ops.gdn's switches for the "before" columns.
-BEFORE = {"FUSED": False}
+#: gdnflow.config knobs for the "before" columns.
+BEFORE = {"gdn_fused": False}
 
 CHANNELS = (128, 192)
 BATCHES = (8, 16)
@@ -51,15 +50,9 @@ def time_gdnflow(layer, x, gy, repeats):
 
 
 def time_gdnflow_before(layer, x, gy, repeats):
-    """time_gdnflow with gdnflow.ops.gdn's switches set to BEFORE."""
-    current = {name: getattr(gdn_module, name) for name in BEFORE}
-    for name, value in BEFORE.items():
-        setattr(gdn_module, name, value)
-    try:
+    """time_gdnflow with the knobs of BEFORE."""
+    with config.override(**BEFORE):
         return time_gdnflow(layer, x, gy, repeats)
-    finally:
-        for name, value in current.items():
-            setattr(gdn_module, name, value)
 
 
 def time_compressai(torch, layer, x, gy, repeats):
@@ -143,7 +136,7 @@ def main():
     notes.append("times are medians of CUDA-event timings (ms) after warm-up; "
                  "ratio = CompressAI / gdnflow (above 1: gdnflow faster); TF32 off on both sides; "
                  "before: gdnflow with cuBLAS for the channel sums and elementwise kernels "
-                 "around them instead of the fused GEMM kernels (gdnflow.ops.gdn.FUSED off)")
+                 "around them instead of the fused GEMM kernels (gdnflow.config gdn_fused off)")
     name = "inverse GDN" if args.inverse else "GDN"
     harness.emit(harness.markdown_table(
         f"{name} layer: gdnflow against CompressAI",

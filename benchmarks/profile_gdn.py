@@ -3,15 +3,15 @@
     python benchmarks/profile_gdn.py --out benchmarks/results/gdn_profile.md
 
 For 8x192x64x64 and 16x128x128x128, two GPU paths of ``gdnflow.ops.gdn``
-(its module switches): "before" runs the channel sums as cuBLAS GEMMs with
+(``gdnflow.config`` knobs): "before" runs the channel sums as cuBLAS GEMMs with
 the elementwise kernels around them, "after" the fused GEMM kernels
-(``FUSED``); both take dL/dbeta from segment sums of U and cut the
+(``gdn_fused``); both take dL/dbeta from segment sums of U and cut the
 parameter GEMM into chunks. (Earlier versions of this script compared the
 ones row of S1 against the segment sums; those tables are in git history.
 The first version, one GEMM over all pixels, is the sweep's one-chunk row.)
 Four tables:
 
-1. Stages. Each stage method of :class:`gdnflow.ops.gdn.CudaPlan` alone:
+1. Stages. Each stage method of :class:`gdnflow.ops.gdn.cuda_plan.CudaPlan` alone:
    CUDA events on gdnflow's stream around the one call, with a 256 MB memset
    queued just before the start event. The memset keeps the GPU busy while
    Python queues the stage (so the time is the GPU's, not the launch's) and
@@ -81,11 +81,11 @@ Predictions (written before any run; first principles, H200 floors)
 So: the layer's fwd+bwd at 8x192x64x64 from 0.53 to ~0.40-0.45 ms
 (2.1-2.9x CompressAI's 0.95-1.18 ms). What is left towards 3x (~0.35 ms):
 the ~70-90 us Python prefix of the reparameterisation (outside
-gdnflow/ops/gdn.py: one fused launch per parameter, or computing the
+gdnflow/ops/gdn/: one fused launch per parameter, or computing the
 effective beta and gamma once per optimizer step), and the K = 192 GEMMs.
 (Later: the reparameterisation went into the GDN operator itself, one
 launch for both parameters in the forward and the chain rule inside the
-gradient reduction; see gdnflow/ops/gdn.py.)
+gradient reduction; see gdnflow/ops/gdn/operator.py.)
 
 Prediction for the segment sums of dL/dbeta (before the run): the sweep
 priced the ones row at ~11 us of the param GEMM at 64 chunks (91.7 against
@@ -95,7 +95,6 @@ the reduce reads 49k more floats (~1 us). So ~10 us less per fwd+bwd at
 8x192x64x64, and at C = 128, where the ones row makes N = 129, more.
 """
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -103,21 +102,21 @@ import time
 import numpy as np
 
 from gdnflow import benchmarking as harness
+from gdnflow import config
 import gdnflow as gf
+from gdnflow.backends import cuda
 from gdnflow.nn import GDN
+from gdnflow.ops.gdn.cuda_plan import cuda_plan
 from gdnflow.testing import relative_error
-
-gdn_module = importlib.import_module("gdnflow.ops.gdn")    # the module, not ops.gdn
 
 SHAPES = ((8, 192, 64, 64), (16, 128, 128, 128))
 HBM_BYTES_PER_S = 4.1e12        # measured copy, read + write (TARGETS.md)
 SGEMM_FLOP_PER_S = 50e12        # measured 8192^3 SGEMM, no TF32 (TARGETS.md)
 FLUSH_FLOATS = 64 << 20         # 256 MB > L2 (50 MB), ~80 us of memset: covers a launch
 BUSY_FLUSHES = 8                # 2 GB, ~0.6 ms: covers a whole fwd+bwd call's Python
-#: gdnflow.ops.gdn's switches per path: "before" the cuBLAS products with
+#: gdnflow.config knobs per path: "before" the cuBLAS products with
 #: elementwise kernels around them, "after" the fused GEMM kernels.
-PATHS = {"before": {"FUSED": False}, "after": {"FUSED": True}}
-SWITCHES = ("FUSED", "PARAM_GEMM_CHUNKS", "VECTORIZE", "BETA_SUMS")
+PATHS = {"before": {"gdn_fused": False}, "after": {"gdn_fused": True}}
 SWEEP_CHUNKS = (1, 8, 16, 32, 64, 128, 256)
 
 
@@ -126,9 +125,8 @@ class Timer:
 
     def __init__(self, repeats, warmup=5):
         import pycuda.driver as drv
-        from gdnflow.backends.cuda.runtime import get_runtime
         self.drv, self.repeats, self.warmup = drv, repeats, warmup
-        self.runtime = get_runtime()
+        self.runtime = cuda.runtime()
         self.stream = self.runtime.stream
         self.flush = self.runtime.empty((BUSY_FLUSHES * FLUSH_FLOATS,), np.float32)
         self.start, self.end = drv.Event(), drv.Event()
@@ -156,22 +154,19 @@ class Timer:
         return statistics.median(device), statistics.median(host)
 
 
-def set_path(path):
-    """Select a GPU path of gdnflow.ops.gdn for every later call."""
-    for name, value in PATHS[path].items():
-        setattr(gdn_module, name, value)
+def on_path(path):
+    """Context manager: a GPU path of gdnflow.ops.gdn for every call within."""
+    return config.override(**PATHS[path])
 
 
 def device(array):
     """A float32 copy of a host array on the GPU."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    return cuda.runtime().from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
 def empty(shape):
     """An uninitialised float32 GPU array."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().empty(shape, np.float32)
+    return cuda.empty(shape, np.float32)
 
 
 def inputs(rng, shape):
@@ -185,9 +180,9 @@ def inputs(rng, shape):
 
 def stage_rows(timer, shape, path, host):
     """One row per stage of ``path`` at ``shape``; also returns the summed device ms."""
-    plan = gdn_module.cuda_plan("gdn", shape, gdn_module.PARAM_GEMM_CHUNKS)
+    plan = cuda_plan("gdn", shape, config.settings.gdn_param_gemm_chunks)
     vec = plan.can_vectorize
-    fused = PATHS[path]["FUSED"] and plan.fusable
+    fused = PATHS[path]["gdn_fused"] and plan.fusable
     x, gy, beta, gamma = (device(a) for a in host)
     c, p, m = plan.channels, plan.pixels, plan.total
     y, gx = empty(shape), empty(shape)
@@ -252,8 +247,7 @@ def stage_rows(timer, shape, path, host):
 
 
 def call_rows(timer, shape, path, host):
-    """Whole forward+backward calls of the operator and of the layer."""
-    set_path(path)
+    """Whole forward+backward calls of the operator and of the layer, on ``path``."""
     x_h, gy_h, beta_h, gamma_h = host
     x = gf.tensor(x_h, device="cuda", requires_grad=True)
     gy = gf.tensor(gy_h, device="cuda")
@@ -276,8 +270,9 @@ def call_rows(timer, shape, path, host):
     rows, summary = [], {}
     for name, fn in (("op forward", op_forward), ("op fwd+bwd", op_forward_backward),
                      ("layer fwd+bwd", layer_forward_backward)):
-        events_ms, host_us = timer.time(fn, flushes=0)
-        busy_ms, _ = timer.time(fn, flushes=BUSY_FLUSHES)
+        with on_path(path):
+            events_ms, host_us = timer.time(fn, flushes=0)
+            busy_ms, _ = timer.time(fn, flushes=BUSY_FLUSHES)
         rows.append([name, f"{events_ms * 1e3:.1f}", f"{busy_ms * 1e3:.1f}",
                      f"{max(0.0, events_ms - busy_ms) * 1e3:.1f}", f"{host_us:.1f}"])
         summary[name] = (events_ms, busy_ms, host_us)
@@ -289,7 +284,7 @@ def sweep_rows(timer, shape, host):
     x_h, gy_h, beta_h, gamma_h = host
     rows = []
     for request in SWEEP_CHUNKS:
-        plan = gdn_module.cuda_plan("gdn", shape, request)
+        plan = cuda_plan("gdn", shape, request)
         if plan.chunks != request:
             continue
         c, p = plan.channels, plan.pixels
@@ -322,12 +317,12 @@ def agreement(shape, host):
     """Relative errors of the after path against the before path: y, gx, gbeta, ggamma."""
     results = {}
     for path in PATHS:
-        set_path(path)
         x = gf.tensor(host[0], device="cuda", requires_grad=True)
         beta = gf.tensor(host[2], device="cuda", requires_grad=True)
         gamma = gf.tensor(host[3], device="cuda", requires_grad=True)
-        y = gf.ops.gdn(x, beta, gamma)
-        y.backward(gf.tensor(host[1], device="cuda"))
+        with on_path(path):
+            y = gf.ops.gdn(x, beta, gamma)
+            y.backward(gf.tensor(host[1], device="cuda"))
         results[path] = [y.numpy(), x.grad.numpy(), beta.grad.numpy(), gamma.grad.numpy()]
     return [f"{relative_error(a, b):.1e}" for a, b in zip(results["after"], results["before"])]
 
@@ -341,52 +336,47 @@ def main():
     timer = Timer(args.repeats)
     rng = np.random.default_rng(0)
     tables, summary = [], []
-    saved_path = {name: getattr(gdn_module, name) for name in SWITCHES}
-    try:
-        for shape in SHAPES:
-            name = "×".join(map(str, shape))
-            host = inputs(rng, shape)
-            stage_table, notes, stage_sums = [], [], {}
-            for path in PATHS:
-                rows, layout, stage_sums[path] = stage_rows(timer, shape, path, host)
-                stage_table += [[path] + r for r in rows]
-                notes.append(f"{path}: {layout}")
-            notes.append("us: median device time, cold L2; floor: max(bytes / 4.1 TB/s, "
-                         "FLOPs / 50 TFLOP/s); % of floor = floor / time")
-            tables.append(harness.markdown_table(
-                f"GDN {name}: stages", ["path", "stage", "us", "host us", "achieved",
-                                        "floor us", "% of floor"], stage_table, notes))
-            call_table = []
-            for path in PATHS:
-                rows, calls = call_rows(timer, shape, path, host)
-                call_table += [[path] + r for r in rows]
-                layer_events, layer_busy, layer_host = calls["layer fwd+bwd"]
-                summary.append([name, path, f"{stage_sums[path] * 1e3:.0f}",
-                                f"{calls['op fwd+bwd'][0] * 1e3:.0f}",
-                                f"{layer_events * 1e3:.0f}", f"{layer_busy * 1e3:.0f}",
-                                f"{layer_host:.0f}"])
-            tables.append(harness.markdown_table(
-                f"GDN {name}: whole calls",
-                ["path", "call", "events us", "GPU busy us", "GPU waits for Python us",
-                 "host us"], call_table,
-                ["events: as bench_gdn.py times (brackets Python dispatch); GPU busy: a 2 GB "
-                 "memset queued before the start event, so Python gaps vanish (cold L2, so "
-                 "it can exceed events); host: Python time of one call"]))
-            tables.append(harness.markdown_table(
-                f"GDN {name}: parameter GEMM against the chunk count",
-                ["chunks", "K", "param GEMM us", "TFLOP/s", "host us", "without ones row us",
-                 "reduce us", "GEMM + reduce us", "norm GEMM us", "norm TFLOP/s"],
-                sweep_rows(timer, shape, host),
-                ["chunks = 1 is one GEMM over all pixels (the before path); without ones row: "
-                 "the same GEMM with N = C instead of C + 1 (no gbeta), to price the ones row "
-                 "(C + 1 = 129 is one column past a 128-wide tile at C = 128)"]))
-            tables.append(harness.markdown_table(
-                f"GDN {name}: after against before",
-                ["y", "gx", "gbeta", "ggamma"], [agreement(shape, host)],
-                ["relative error (max |difference| / max |before|), float32 on both"]))
-    finally:
-        for name, value in saved_path.items():
-            setattr(gdn_module, name, value)
+    for shape in SHAPES:
+        name = "×".join(map(str, shape))
+        host = inputs(rng, shape)
+        stage_table, notes, stage_sums = [], [], {}
+        for path in PATHS:
+            rows, layout, stage_sums[path] = stage_rows(timer, shape, path, host)
+            stage_table += [[path] + r for r in rows]
+            notes.append(f"{path}: {layout}")
+        notes.append("us: median device time, cold L2; floor: max(bytes / 4.1 TB/s, "
+                     "FLOPs / 50 TFLOP/s); % of floor = floor / time")
+        tables.append(harness.markdown_table(
+            f"GDN {name}: stages", ["path", "stage", "us", "host us", "achieved",
+                                    "floor us", "% of floor"], stage_table, notes))
+        call_table = []
+        for path in PATHS:
+            rows, calls = call_rows(timer, shape, path, host)
+            call_table += [[path] + r for r in rows]
+            layer_events, layer_busy, layer_host = calls["layer fwd+bwd"]
+            summary.append([name, path, f"{stage_sums[path] * 1e3:.0f}",
+                            f"{calls['op fwd+bwd'][0] * 1e3:.0f}",
+                            f"{layer_events * 1e3:.0f}", f"{layer_busy * 1e3:.0f}",
+                            f"{layer_host:.0f}"])
+        tables.append(harness.markdown_table(
+            f"GDN {name}: whole calls",
+            ["path", "call", "events us", "GPU busy us", "GPU waits for Python us",
+             "host us"], call_table,
+            ["events: as bench_gdn.py times (brackets Python dispatch); GPU busy: a 2 GB "
+             "memset queued before the start event, so Python gaps vanish (cold L2, so "
+             "it can exceed events); host: Python time of one call"]))
+        tables.append(harness.markdown_table(
+            f"GDN {name}: parameter GEMM against the chunk count",
+            ["chunks", "K", "param GEMM us", "TFLOP/s", "host us", "without ones row us",
+             "reduce us", "GEMM + reduce us", "norm GEMM us", "norm TFLOP/s"],
+            sweep_rows(timer, shape, host),
+            ["chunks = 1 is one GEMM over all pixels (the before path); without ones row: "
+             "the same GEMM with N = C instead of C + 1 (no gbeta), to price the ones row "
+             "(C + 1 = 129 is one column past a 128-wide tile at C = 128)"]))
+        tables.append(harness.markdown_table(
+            f"GDN {name}: after against before",
+            ["y", "gx", "gbeta", "ggamma"], [agreement(shape, host)],
+            ["relative error (max |difference| / max |before|), float32 on both"]))
     tables.append(harness.markdown_table(
         "GDN profile: summary (us)",
         ["shape", "path", "sum of stages", "op fwd+bwd events", "layer fwd+bwd events",

@@ -1,13 +1,14 @@
 """The GDN layer: generalized divisive normalization with trained beta and gamma.
 
 The operator, its math and its memory cost are in :mod:`gdnflow.ops.gdn`;
-the reparameterisation of the parameters in :mod:`gdnflow.ops.parametrize`.
+the reparameterisation of the parameters in :mod:`gdnflow.ops.gdn.parametrize`.
 """
 import numpy as np
 
+from gdnflow import ops
 from gdnflow.errors import ShapeError
 from gdnflow.nn.module import Module, Parameter
-from gdnflow.ops.parametrize import NonNegativeParametrizer
+from gdnflow.ops.gdn.parametrize import NonNegativeReparametrization
 
 
 class GDN(Module):
@@ -37,8 +38,8 @@ class GDN(Module):
         self.channels = int(channels)
         self.inverse = bool(inverse)
         self.simplified = bool(simplified)
-        self.beta_reparam = NonNegativeParametrizer(minimum=beta_min)
-        self.gamma_reparam = NonNegativeParametrizer(minimum=0.0)
+        self.beta_reparam = NonNegativeReparametrization(minimum=beta_min)
+        self.gamma_reparam = NonNegativeReparametrization(minimum=0.0)
         self.beta = Parameter(self.beta_reparam.init(np.ones(self.channels)))
         self.gamma = Parameter(self.gamma_reparam.init(gamma_init * np.eye(self.channels)))
 
@@ -54,7 +55,6 @@ class GDN(Module):
 
     def forward(self, x):
         """Normalise ``x`` of shape (N, channels, H, W); returns the same shape."""
-        from gdnflow import ops
         if x.ndim != 4 or x.shape[1] != self.channels:
             raise ShapeError(f"{self!r}: expected input of shape (N, {self.channels}, H, W), "
                              f"got {x.shape}")

@@ -11,6 +11,7 @@ from gdnflow.ops.elementwise import (Affine, BroadcastTo, Clamp, Exp, Log, Neg, 
                                      Sigmoid, Sqrt, sum_to)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
 from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.bound import lower_bound
 from gdnflow.ops.linear import linear, matmul
 from gdnflow.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d
 from gdnflow.ops.reduction import Mean, Sum
@@ -128,7 +129,7 @@ def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
     s(x) = |x| and a = -1 or +1. With ``parametrized`` = (beta_bound,
     gamma_bound, pedestal), beta and gamma are stored forms p used as
     max(p, bound)^2 - pedestal, as the GDN layer trains them (the
-    reparameterisation of :mod:`gdnflow.ops.parametrize` fused into the
+    reparameterisation of :mod:`gdnflow.ops.gdn.parametrize` fused into the
     operator), and their gradients are with respect to p. See
     :mod:`gdnflow.ops.gdn`.
     """

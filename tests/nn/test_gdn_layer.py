@@ -9,7 +9,7 @@ import gdnflow as gf
 from gdnflow import ops
 from gdnflow.nn import GDN
 from gdnflow.ops.gdn import GDNOperator
-from gdnflow.ops.parametrize import PEDESTAL
+from gdnflow.ops.gdn.parametrize import PEDESTAL
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 VARIANTS = [(False, False), (True, False), (False, True), (True, True)]

@@ -1,8 +1,8 @@
 """gdn (GDN, inverse GDN, simplified forms): forward against a naive loop over
 pixels, gradients against finite differences, gamma's layout, errors, stored
 (reparameterised) parameters against the composed operators, and CUDA
-against NumPy."""
-import importlib
+against NumPy on every GPU path (cuBLAS and fused, chunked, 4- and 16-byte).
+The chunking itself: test_cuda_plan.py."""
 import math
 
 import numpy as np
@@ -10,8 +10,15 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import ops, registry
+from gdnflow.autograd import trace
+from gdnflow.backends import cuda
+from gdnflow.config import override
+from gdnflow.nn import GDN
 from gdnflow.ops.gdn import GDNOperator
-from gdnflow.ops.parametrize import PEDESTAL, NonNegativeParametrize, NonNegativeParametrizer
+from gdnflow.ops.gdn.cuda_plan import FUSED_CHANNELS, cuda_plan
+from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
+                                         NonNegativeReparametrization)
+from gdnflow.tensor import Tensor
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 # (inverse, simplified)
@@ -162,7 +169,8 @@ def test_nothing_is_kept_when_no_backward_can_follow(rng):
 # beta >= 0.2 rather than its 1e-6, so that a beta held at its bound keeps
 # the norm of O(1).
 BETA_MIN = 0.2
-BOUNDS = (NonNegativeParametrizer(BETA_MIN).bound, NonNegativeParametrizer(0.0).bound, PEDESTAL)
+BOUNDS = (NonNegativeReparametrization(BETA_MIN).bound, NonNegativeReparametrization(0.0).bound,
+          PEDESTAL)
 
 
 def stored(rng, beta, gamma, below=0.0):
@@ -174,7 +182,7 @@ def stored(rng, beta, gamma, below=0.0):
     ~1e-3 above the bound."""
     out = []
     for effective, minimum, bound in ((beta, BETA_MIN, BOUNDS[0]), (gamma, 0.0, BOUNDS[1])):
-        p = NonNegativeParametrizer(minimum).init(np.maximum(effective, minimum + 1e-6))
+        p = NonNegativeReparametrization(minimum).init(np.maximum(effective, minimum + 1e-6))
         if below:
             mask = rng.uniform(size=p.shape) < below
             mask.flat[rng.integers(p.size)] = True
@@ -366,9 +374,9 @@ GPU_STORED_SHAPES = [(2, 3, 5, 7), (1, 7, 3, 5), (2, 6, 4, 8), (2, 192, 17, 19),
 @pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("shape", GPU_STORED_SHAPES, ids=str)
-def test_cuda_stored_parameters_match_numpy(shape, variant, vectorize, rng, monkeypatch):
-    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
-    assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
+def test_cuda_stored_parameters_match_numpy(shape, variant, vectorize, rng):
+    with override(gdn_vectorize=vectorize):
+        assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -388,44 +396,6 @@ def test_cuda_stored_parameters_equal_the_composed_operators(variant, rng):
         assert relative_error(fused, composed) <= 1e-6, name
 
 
-# ----------------------------------------------- chunked GPU path (choice) --
-# The module, not the function ``ops.gdn`` that ``from gdnflow.ops import gdn`` gives.
-gdn_module = importlib.import_module("gdnflow.ops.gdn")
-
-@pytest.mark.parametrize("pixels", [1, 3, 35, 97, 640, 4096, 32768, 262144, 2 * 3 * 5 * 7 * 11])
-@pytest.mark.parametrize("channels", [1, 7, 128, 192])
-@pytest.mark.parametrize("granule", [1, 4])
-def test_chunks_divide_the_pixels_in_granules(pixels, channels, granule):
-    for request in ("auto", 1, 3, 64, 10 ** 6):
-        chunks = gdn_module.choose_chunks(pixels, channels, 132, granule, request)
-        assert chunks >= 1 and pixels % chunks == 0
-        assert chunks == 1 or (pixels // chunks) % granule == 0
-        if request == "auto":
-            assert chunks == 1 or pixels // chunks >= gdn_module.MIN_CHUNK_PIXELS
-
-
-def test_beta_segments_need_whole_warps_in_one_row():
-    # 32 threads x 4 floats = 128 pixels per warp at 64 x 64: 32 segments per row.
-    assert gdn_module.beta_segments(64 * 64, 4) == 32
-    assert gdn_module.beta_segments(16 * 16, 1) == 8
-    # A warp would straddle two rows: the ones row instead.
-    assert gdn_module.beta_segments(8 * 8, 4) == 0
-    assert gdn_module.beta_segments(17 * 19, 1) == 0
-
-
-def test_auto_chunks_give_about_two_ctas_per_sm():
-    # 4 output tiles of 128 x 128 at C = 192: 64 chunks of 512 pixels -> 256 CTAs.
-    assert gdn_module.choose_chunks(8 * 64 * 64, 192, 132, 4) == 64
-    # 2 tiles at C = 128: 128 chunks of 2048 pixels.
-    assert gdn_module.choose_chunks(16 * 128 * 128, 128, 132, 4) == 128
-    # Too few pixels to cut: one GEMM; a prime count cannot be cut at all.
-    assert gdn_module.choose_chunks(323, 192, 132, 1) == 1
-    assert gdn_module.choose_chunks(7919, 7, 132, 1, request=8) == 1
-    # An explicit request takes the nearest qualifying divisor.
-    assert gdn_module.choose_chunks(35, 3, 132, 1, request=4) == 5
-    assert gdn_module.choose_chunks(1, 3, 132, 1, request=4) == 1
-
-
 # ------------------------------------------------- chunked GPU path (runs) --
 # (shape, chunk count asked for): chunks that straddle images (3x5x4x4 in 4
 # chunks of 12 pixels), K odd so only the 4-byte kernels run (3x7x9x11 in 9
@@ -441,30 +411,29 @@ CHUNKED_CASES = [((3, 5, 4, 4), 4), ((3, 7, 9, 11), 9), ((1, 7, 8, 8), 4),
 @pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("shape,chunks", CHUNKED_CASES, ids=str)
-def test_cuda_chunked_path_matches_numpy(shape, chunks, variant, vectorize, rng, monkeypatch):
-    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
-    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
-    assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+def test_cuda_chunked_path_matches_numpy(shape, chunks, variant, vectorize, rng):
+    with override(gdn_param_gemm_chunks=chunks, gdn_vectorize=vectorize):
+        assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("shape,chunks", CHUNKED_CASES, ids=str)
-def test_cuda_chunked_path_with_stored_parameters(shape, chunks, variant, rng, monkeypatch):
+def test_cuda_chunked_path_with_stored_parameters(shape, chunks, variant, rng):
     # The reduction over chunks is where the chain rule to the stored forms runs.
-    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
-    assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
+    with override(gdn_param_gemm_chunks=chunks):
+        assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("beta_sums", [True, False], ids=["segment sums", "ones row"])
 @pytest.mark.parametrize("vectorize", [True, False], ids=["vec4", "scalar"])
 @pytest.mark.parametrize("shape", [(3, 5, 16, 16), (2, 7, 8, 8)], ids=str)
-def test_cuda_beta_gradient_both_ways(shape, vectorize, beta_sums, rng, monkeypatch):
+def test_cuda_beta_gradient_both_ways(shape, vectorize, beta_sums, rng):
     # 16x16: segment sums at both widths (2 or 8 per row); 8x8: only at width 1.
-    monkeypatch.setattr(gdn_module, "BETA_SUMS", beta_sums)
-    monkeypatch.setattr(gdn_module, "VECTORIZE", vectorize)
-    assert_backends_match(gdn_stored_fn(False, False), gpu_stored_sample(rng, shape), rtol=1e-4)
+    with override(gdn_beta_sums=beta_sums, gdn_vectorize=vectorize):
+        assert_backends_match(gdn_stored_fn(False, False), gpu_stored_sample(rng, shape),
+                              rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -485,18 +454,8 @@ def test_cuda_backward_twice_through_a_retained_graph(channels, fused_calls, rng
     for name, before, again in zip(["gx", "gbeta", "ggamma"], first,
                                    [t.grad.numpy() for t in inputs]):
         np.testing.assert_allclose(again, before, rtol=1e-6, err_msg=name)
-    fused = channels in gdn_module.FUSED_CHANNELS
-    assert fused_calls == {"forward": int(fused), "backward": 2 * int(fused)}
-
-
-@pytest.mark.gpu
-def test_cuda_plan_cuts_as_asked():
-    plan = gdn_module.cuda_plan("gdn", (3, 5, 4, 4), 4)
-    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (4, 12, True)
-    plan = gdn_module.cuda_plan("gdn", (3, 7, 9, 11), 9)
-    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (9, 33, False)
-    plan = gdn_module.cuda_plan("gdn", (2, 6, 6, 6), 4)
-    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (3, 24, True)
+    fused = channels in FUSED_CHANNELS
+    assert fused_calls() == {"forward": int(fused), "backward": 2 * int(fused)}
 
 
 @pytest.mark.gpu
@@ -504,13 +463,10 @@ def test_cuda_plan_cuts_as_asked():
 def test_cuda_unaligned_input_takes_the_4_byte_kernels(variant, rng):
     # x one float past a 16-byte boundary: the 16-byte kernels would fault or
     # read the wrong elements; the plan must fall back to the 4-byte ones.
-    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
-    from gdnflow.tensor import Tensor
     x, beta, gamma = gpu_sample(rng, (2, 6, 4, 8))
     x32 = x.astype(np.float32)
-    base = get_runtime().from_numpy(np.concatenate([[np.float32(7.0)], x32.ravel()]))
-    x_gpu = Tensor.wrap(CudaArray(x.shape, np.dtype(np.float32), base.allocation, base.ptr + 4),
-                        "cuda", requires_grad=True)
+    base = cuda.runtime().from_numpy(np.concatenate([[np.float32(7.0)], x32.ravel()]))
+    x_gpu = Tensor.wrap(base.offset(1, x.shape), "cuda", requires_grad=True)
     beta_gpu, gamma_gpu = tensors(beta, gamma, device="cuda", dtype=np.float32,
                                   requires_grad=True)
     y = gdn_fn(*variant)(x_gpu, beta_gpu, gamma_gpu)
@@ -547,31 +503,36 @@ FUSED_CASES = [((2, 64, 5, 12), "auto"), ((3, 128, 12, 13), "auto"), ((2, 192, 1
 
 
 @pytest.fixture
-def fused_calls(monkeypatch):
-    """Counts the fused kernels' launches: {"forward": n, "backward": n}."""
-    calls = {"forward": 0, "backward": 0}
-    for stage in calls:
-        method = getattr(gdn_module.CudaPlan, f"fused_{stage}")
+def fused_calls():
+    """A function giving how often the fused kernels ran, {"forward": n, "backward": n},
+    summed over every GDN operator applied in the test (seen through autograd's trace)."""
+    applied = []
 
-        def spy(*args, _method=method, _stage=stage):
-            calls[_stage] += 1
-            return _method(*args)
-        monkeypatch.setattr(gdn_module.CudaPlan, f"fused_{stage}", spy)
-    return calls
+    def record(op, inputs, output):
+        if isinstance(op, GDNOperator):
+            applied.append(op)
+
+    def counts():
+        return {"forward": sum(op.fused_forward_runs for op in applied),
+                "backward": sum(op.fused_backward_runs for op in applied)}
+
+    with trace(record):
+        yield counts
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("parameters", ["effective", "stored"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("shape,chunks", FUSED_CASES, ids=str)
-def test_cuda_fused_kernels_match_numpy(shape, chunks, variant, parameters, fused_calls, rng,
-                                        monkeypatch):
-    monkeypatch.setattr(gdn_module, "PARAM_GEMM_CHUNKS", chunks)
-    if parameters == "stored":
-        assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape), rtol=1e-4)
-    else:
-        assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
-    assert fused_calls["forward"] >= 1 and fused_calls["backward"] >= 1
+def test_cuda_fused_kernels_match_numpy(shape, chunks, variant, parameters, fused_calls, rng):
+    with override(gdn_param_gemm_chunks=chunks):
+        if parameters == "stored":
+            assert_backends_match(gdn_stored_fn(*variant), gpu_stored_sample(rng, shape),
+                                  rtol=1e-4)
+        else:
+            assert_backends_match(gdn_fn(*variant), list(gpu_sample(rng, shape)), rtol=1e-4)
+    calls = fused_calls()
+    assert calls["forward"] >= 1 and calls["backward"] >= 1
 
 
 @pytest.mark.gpu
@@ -586,22 +547,23 @@ def test_cuda_fused_forward_gradient_of_one_input_only(wanted, fused_calls, rng)
         return gdn_fn(False, False)(args["x"], args["beta"], args["gamma"])
 
     assert_backends_match(only, [arrays[wanted]], rtol=1e-4)
-    assert fused_calls["forward"] >= 1
-    assert fused_calls["backward"] == (1 if wanted == "x" else 0)
+    calls = fused_calls()
+    assert calls["forward"] >= 1
+    assert calls["backward"] == (1 if wanted == "x" else 0)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("forward_fused", [True, False], ids=["fused forward", "cuBLAS forward"])
-def test_cuda_fused_and_unfused_halves_combine(variant, forward_fused, rng, monkeypatch):
+def test_cuda_fused_and_unfused_halves_combine(variant, forward_fused, rng):
     # D and S are chunked on both paths: either backward reads either forward's.
     x, beta, gamma = gpu_sample(rng, (2, 128, 6, 10))
     weight = rng.standard_normal(x.shape)
-    monkeypatch.setattr(gdn_module, "FUSED", forward_fused)
     inputs = tensors(x, beta, gamma, device="cuda", dtype=np.float32, requires_grad=True)
-    y = gdn_fn(*variant)(*inputs)
-    monkeypatch.setattr(gdn_module, "FUSED", not forward_fused)
-    y.backward(gf.tensor(weight, device="cuda"))
+    with override(gdn_fused=forward_fused):
+        y = gdn_fn(*variant)(*inputs)
+    with override(gdn_fused=not forward_fused):
+        y.backward(gf.tensor(weight, device="cuda"))
     ref = tensors(x, beta, gamma, requires_grad=True)
     y_ref = gdn_fn(*variant)(*ref)
     y_ref.backward(gf.tensor(weight, device="numpy", dtype=np.float64))
@@ -618,15 +580,15 @@ def test_cuda_fused_forward_without_gradient(variant, fused_calls, rng):
         got = gdn_fn(*variant)(*tensors(x, beta, gamma, device="cuda", dtype=np.float32)).numpy()
     want = naive_gdn(*(a.astype(np.float32).astype(np.float64) for a in (x, beta, gamma)), *variant)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-    assert fused_calls["forward"] == 1
+    assert fused_calls()["forward"] == 1
 
 
 @pytest.mark.gpu
 def test_cuda_channels_without_fused_kernels_take_cublas(fused_calls, rng):
     # C = 256 (and anything outside FUSED_CHANNELS): the cuBLAS path, same results.
-    assert not gdn_module.cuda_plan("gdn", (1, 256, 4, 8)).fusable
+    assert not cuda_plan("gdn", (1, 256, 4, 8)).fusable
     assert_backends_match(gdn_fn(False, False), list(gpu_sample(rng, (1, 256, 4, 8))), rtol=1e-4)
-    assert fused_calls == {"forward": 0, "backward": 0}
+    assert fused_calls() == {"forward": 0, "backward": 0}
 
 
 @pytest.mark.gpu
@@ -634,9 +596,7 @@ def test_cuda_channels_without_fused_kernels_take_cublas(fused_calls, rng):
 def test_cuda_layer_memory_is_steady(channels, rng):
     # After the first calls every buffer comes back from the pool: neither the
     # training step nor the inference forward makes the pool grow.
-    from gdnflow.backends.cuda.runtime import get_runtime
-    from gdnflow.nn import GDN
-    pool = get_runtime().pool
+    pool = cuda.runtime().pool
     layer = GDN(channels).to("cuda")
     x = gf.tensor(rng.standard_normal((2, channels, 16, 16)), device="cuda",
                   dtype=np.float32, requires_grad=True)

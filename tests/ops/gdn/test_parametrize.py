@@ -1,11 +1,15 @@
-"""lower_bound and the non-negative reparameterisation of GDN's parameters."""
+"""The non-negative reparameterisation of GDN's parameters: the stored form
+(NonNegativeReparametrization) and the operator (NonNegativeParametrize),
+against lower_bound, square and shift composed. lower_bound alone:
+tests/ops/test_bound.py."""
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import registry
-from gdnflow.ops.parametrize import (PEDESTAL, LowerBound, NonNegativeParametrize,
-                                     NonNegativeParametrizer, lower_bound)
+from gdnflow.ops.bound import lower_bound
+from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
+                                         NonNegativeReparametrization)
 from gdnflow.testing import assert_backends_match, gradcheck
 
 DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -13,36 +17,17 @@ DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 def test_pedestal_and_bounds_are_compressais():
     assert PEDESTAL == 2.0 ** -36
-    assert NonNegativeParametrizer(0.0).bound == 2.0 ** -18
-    beta_bound = NonNegativeParametrizer(1e-6).bound
+    assert NonNegativeReparametrization(0.0).bound == 2.0 ** -18
+    beta_bound = NonNegativeReparametrization(1e-6).bound
     assert beta_bound == pytest.approx(np.sqrt(1e-6 + 2.0 ** -36), rel=1e-15)
 
 
-def test_registered_as_lower_bound():
-    assert registry.get("lower_bound") is LowerBound
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_lower_bound_forward(device):
-    x = gf.tensor([-1.0, 0.5, 1.0, 2.5], device=device)
-    np.testing.assert_array_equal(lower_bound(x, 1.0).numpy(), [1.0, 1.0, 1.0, 2.5])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_lower_bound_gradient_below_the_bound_passes_only_when_negative(device):
-    # x:        below,  below,  at the bound, above, above
-    x = gf.tensor([0.1, 0.2, 1.0, 3.0, 4.0], device=device, requires_grad=True)
-    y = lower_bound(x, 1.0)
-    y.backward(gf.tensor([-2.0, 3.0, 5.0, 7.0, -11.0], device=device))
-    np.testing.assert_array_equal(x.grad.numpy(), [-2.0, 0.0, 5.0, 7.0, -11.0])
-
-
-def test_lower_bound_gradient_above_the_bound(rng):
-    gradcheck(lambda t: lower_bound(t, 0.3), [rng.uniform(0.35, 2.0, (3, 5))])
+def test_registered_as_nonnegative_parametrize():
+    assert registry.get("nonnegative_parametrize") is NonNegativeParametrize
 
 
 def test_init_then_effective_gives_the_value_back(rng):
-    param = NonNegativeParametrizer(1e-6)
+    param = NonNegativeReparametrization(1e-6)
     value = rng.uniform(0.0, 3.0, (4, 5))
     value[0, 0] = 1e-3
     stored = param.init(value)
@@ -51,7 +36,7 @@ def test_init_then_effective_gives_the_value_back(rng):
 
 
 def test_values_below_the_minimum_come_back_at_the_minimum():
-    param = NonNegativeParametrizer(0.01)
+    param = NonNegativeReparametrization(0.01)
     stored = param.init(np.array([-5.0, 0.0, 0.004, 0.02]))
     np.testing.assert_allclose(stored[:2], [2.0 ** -18, np.sqrt(PEDESTAL)], rtol=1e-15)
     effective = param(gf.tensor(stored, device="numpy", dtype=np.float64)).numpy()
@@ -60,7 +45,7 @@ def test_values_below_the_minimum_come_back_at_the_minimum():
 
 def test_zero_minimum_maps_zero_to_exactly_zero():
     # gamma's off-diagonal at initialisation: stored 2^-18, effective 0 exactly (float32 too).
-    param = NonNegativeParametrizer(0.0)
+    param = NonNegativeReparametrization(0.0)
     stored = param.init(np.zeros(3))
     assert np.all(stored == 2.0 ** -18)
     effective = param(gf.tensor(stored, device="numpy", dtype=np.float32)).numpy()
@@ -68,7 +53,7 @@ def test_zero_minimum_maps_zero_to_exactly_zero():
 
 
 def test_effective_value_gradient_above_the_bound(rng):
-    param = NonNegativeParametrizer(1e-6)
+    param = NonNegativeReparametrization(1e-6)
     gradcheck(param, [rng.uniform(0.01, 2.0, (3, 4))])
 
 
@@ -76,7 +61,7 @@ def test_effective_value_gradient_above_the_bound(rng):
 def test_effective_value_gradient_at_and_below_the_bound(device):
     # d(max(p, b)^2)/dp = 2 max(p, b) where the gradient passes: for p below
     # the bound, 2b, and only for a negative incoming gradient.
-    param = NonNegativeParametrizer(0.25)
+    param = NonNegativeReparametrization(0.25)
     bound = param.bound
     p = gf.tensor([0.0, 0.0, 2.0], device=device, requires_grad=True)
     param(p).backward(gf.tensor([-1.0, 1.0, 1.0], device=device))
@@ -95,9 +80,8 @@ def around(rng, bound, shape):
 @pytest.mark.parametrize("shape", [(7,), (192,), (192, 192), (1000003,)], ids=str)
 def test_cuda_matches_numpy(shape, rng):
     # Random-signed gradients, so that below the bound some pass and some do not.
-    param = NonNegativeParametrizer(1e-2)
+    param = NonNegativeReparametrization(1e-2)
     assert_backends_match(param, [around(rng, param.bound, shape)], rtol=1e-5)
-    assert_backends_match(lambda t: lower_bound(t, 0.1), [around(rng, 0.1, shape)], rtol=1e-6)
 
 
 # ------------------------------------------------ the fused reparameterisation --

@@ -10,16 +10,25 @@ p and used as::
 
 the reparameterisation of CompressAI's ``NonNegativeParametrizer`` and
 tensorflow-compression, so that weights trained there load here unchanged.
-Training p instead of v scales the step a gradient makes on v with sqrt(v)
-(small values move slowly, as GDN needs for stability), and the bound keeps
-v >= m. The max is :class:`LowerBound`, whose gradient also passes *below*
-the bound when it is negative: gradient descent then raises p (and so v) back
-toward the bound, instead of p being stuck under it with a zero gradient.
+The max is a lower bound (:class:`~gdnflow.ops.bound.LowerBound`) whose
+gradient also passes *below* the bound when it is negative, so that
+gradient descent raises p (and so v) back toward the bound.
+
+Two names, two jobs:
+
+- :class:`NonNegativeReparametrization` describes how one parameter is
+  stored (its minimum, pedestal and bound): ``init(v)`` gives the stored
+  form of initial values, and calling it on a stored Tensor gives the
+  effective Tensor. The GDN layer holds one per parameter
+  (``beta_reparam``, ``gamma_reparam``). It is not an operator.
+- :class:`NonNegativeParametrize` is the operator (registered as
+  ``"nonnegative_parametrize"``) that computes v from p, with its gradient.
 
 :func:`nonnegative_value` and :func:`nonnegative_value_grad` are the two
-formulas on NumPy arrays; :class:`NonNegativeParametrize` applies them as an
-operator of its own, and the GDN operator (:mod:`gdnflow.ops.gdn`) inside its
-own forward and backward when given stored parameters.
+formulas on NumPy arrays; the operator applies them, and so does the GDN
+operator (:mod:`gdnflow.ops.gdn.operator`) inside its own forward and
+backward when given stored parameters. ``docs/gdn.md`` says why GDN trains
+the stored form.
 """
 import numpy as np
 
@@ -50,61 +59,17 @@ def nonnegative_value_grad(p, gv, bound):
     return np.where(passes, 2 * np.maximum(p, bound) * gv, gv.dtype.type(0))
 
 
-@register("lower_bound")
-class LowerBound(Operator):
-    """y = max(x, bound) for a constant ``bound``.
-
-    The gradient passes where x >= bound, and also where x < bound if the
-    incoming gradient is negative (see the module docstring); elsewhere it is 0.
-    """
-
-    def __init__(self, bound):
-        self.bound = float(bound)
-
-    def forward_numpy(self, x):
-        self.saved = (x,)
-        return np.maximum(x, x.dtype.type(self.bound))
-
-    def forward_cuda(self, x):
-        y = cuda.empty(x.shape, x.dtype)
-        cuda.kernel(SOURCE, "lower_bound_forward", "PPif").launch(
-            x.size, x.ptr, y.ptr, x.size, self.bound)
-        self.saved = (x,)
-        return y
-
-    def backward(self, grad_output):
-        return (self.wrap(self.dispatch("backward", grad_output.data)),)
-
-    def backward_numpy(self, gy):
-        (x,) = self.saved
-        passes = (x >= x.dtype.type(self.bound)) | (gy < 0)
-        return np.where(passes, gy, gy.dtype.type(0))
-
-    def backward_cuda(self, gy):
-        (x,) = self.saved
-        gx = cuda.empty(gy.shape, gy.dtype)
-        cuda.kernel(SOURCE, "lower_bound_backward", "PPPif").launch(
-            gy.size, x.ptr, gy.ptr, gx.ptr, gy.size, self.bound)
-        return gx
-
-
-def lower_bound(x, bound):
-    """max(x, bound), with the gradient of :class:`LowerBound`."""
-    return LowerBound(bound)(x)
-
-
 @register("nonnegative_parametrize")
 class NonNegativeParametrize(Operator):
-    """v = max(p, bound)^2 - pedestal: :class:`LowerBound`, square and shift in one pass.
+    """v = max(p, bound)^2 - pedestal, elementwise, any shape: lower bound,
+    square and shift in one pass.
 
     The gradient is that of the three composed: dv/dp = 2 max(p, bound), kept
     where p >= bound or where the incoming gradient is negative (the sign of
-    LowerBound's incoming gradient, 2 max(p, bound) > 0 times it). One
-    kernel each way instead of three: at ~10 µs of Python per launch the
-    composed form cost more than the GDN kernels' own small-layer time. (The
-    GDN layer's forward goes further and folds these formulas into the GDN
-    operator itself, ``ops.gdn(..., parametrized=...)``; this operator gives
-    its ``effective_beta`` and ``effective_gamma``.)
+    the lower bound's incoming gradient, 2 max(p, bound) > 0 times it). One
+    kernel each way instead of three. The GDN layer's forward folds these
+    formulas into the GDN operator itself (``ops.gdn(..., parametrized=...)``);
+    this operator gives its ``effective_beta`` and ``effective_gamma``.
     """
 
     def __init__(self, bound, pedestal):
@@ -112,38 +77,40 @@ class NonNegativeParametrize(Operator):
         self.pedestal = float(pedestal)
 
     def forward_numpy(self, p):
-        self.saved = (p,)
+        self.save(p=p)
         return nonnegative_value(p, self.bound, self.pedestal)
 
     def forward_cuda(self, p):
         v = cuda.empty(p.shape, p.dtype)
         cuda.kernel(SOURCE, "nonnegative_forward", "PPiff").launch(
             p.size, p.ptr, v.ptr, p.size, self.bound, self.pedestal)
-        self.saved = (p,)
+        self.save(p=p)
         return v
 
     def backward(self, grad_output):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gv):
-        (p,) = self.saved
-        return nonnegative_value_grad(p, gv, self.bound)
+        return nonnegative_value_grad(self.saved.p, gv, self.bound)
 
     def backward_cuda(self, gv):
-        (p,) = self.saved
+        p = self.saved.p
         gp = cuda.empty(gv.shape, gv.dtype)
         cuda.kernel(SOURCE, "nonnegative_backward", "PPPif").launch(
             gv.size, p.ptr, gv.ptr, gp.ptr, gv.size, self.bound)
         return gp
 
 
-class NonNegativeParametrizer:
-    """Maps stored values p to effective values v >= ``minimum`` and back.
+class NonNegativeReparametrization:
+    """How one parameter is stored so that its value stays >= ``minimum``:
+    stored values p map to effective values v and back (not an operator).
 
     ``init(v)`` gives the stored form of initial values v (a NumPy array);
-    calling the parametrizer on a stored Tensor p gives the effective Tensor
-    ``max(p, bound)^2 - pedestal``, differentiable with respect to p. See the
-    module docstring for the formulas and why.
+    calling it on a stored Tensor p gives the effective Tensor
+    ``max(p, bound)^2 - pedestal`` through :class:`NonNegativeParametrize`,
+    differentiable with respect to p. ``bound`` = sqrt(minimum + pedestal).
+    See the module docstring for the formulas. (CompressAI calls this object
+    ``NonNegativeParametrizer``.)
     """
 
     def __init__(self, minimum=0.0, pedestal=PEDESTAL):
@@ -161,4 +128,4 @@ class NonNegativeParametrizer:
         return NonNegativeParametrize(self.bound, self.pedestal)(stored)
 
     def __repr__(self):
-        return f"NonNegativeParametrizer(minimum={self.minimum:g})"
+        return f"NonNegativeReparametrization(minimum={self.minimum:g})"
