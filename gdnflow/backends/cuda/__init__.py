@@ -121,6 +121,12 @@ def launch_grid(threads, block=256, blocks_per_sm=16):
     return (_device or _loaded()).launch_grid(threads, block, blocks_per_sm)
 
 
+def check_index_range(n, what):
+    """Kernels index with 32-bit ints; refuse arrays they cannot address (ValueError naming ``what``)."""
+    if n >= 2 ** 31:
+        raise ValueError(f"{what}: {n} elements exceed the 2^31 - 1 that gdnflow's kernels index")
+
+
 @contextlib.contextmanager
 def simulated(device):
     """Within the block, the functions above go to ``device`` instead of the GPU.

@@ -109,9 +109,3 @@ def launch_grid(threads, block=DEFAULT_BLOCK, blocks_per_sm=DEFAULT_BLOCKS_PER_S
     """
     blocks = (threads + block - 1) // block
     return (max(1, min(blocks, get_runtime().sm_count * blocks_per_sm)), 1, 1)
-
-
-def check_index_range(n, what):
-    """Kernels index with 32-bit ints; refuse arrays they cannot address."""
-    if n >= 2 ** 31:
-        raise ValueError(f"{what}: {n} elements exceed the 2^31 - 1 that gdnflow's kernels index")

@@ -163,8 +163,6 @@ class CudaPlan:
 
     def __init__(self, variant, shape, chunks_request="auto"):
         from gdnflow.backends.cuda import blas  # local import: PyCUDA on first use
-        # local import: PyCUDA on first use (the backend facade has no check_index_range yet)
-        from gdnflow.backends.cuda.kernels import check_index_range
         batch, channels, height, width = shape
         self.variant, self.shape, self.channels = variant, tuple(shape), channels
         self.hw = height * width
@@ -174,8 +172,8 @@ class CudaPlan:
         self.chunks = choose_chunks(self.pixels, channels, cuda.sm_count(),
                                     4 if self.can_vectorize else 1, chunks_request)
         self.chunk = self.pixels // self.chunks
-        check_index_range(self.total + self.pixels, variant)
-        check_index_range(self.chunks * channels * (channels + 1), variant)
+        cuda.check_index_range(self.total + self.pixels, variant)
+        cuda.check_index_range(self.chunks * channels * (channels + 1), variant)
         self.matmul = blas.matmul
         self.kernels = {}
         for vec, suffix, floats in ((False, "", 1), (True, "_vec4", 4)):
