@@ -15,6 +15,10 @@ from gdnflow import models, nn
 from gdnflow.io import keras
 from gdnflow.io.checkpoint import load_checkpoint, save_checkpoint
 from gdnflow.io.keras import KerasImportError
+from gdnflow.io.keras.applications import application_model, mobilenet_v2_names
+from gdnflow.io.keras.graph import tensor_refs
+from gdnflow.io.keras.layers import tf_same
+from gdnflow.io.keras.weights import LegacyWeights, read_flat_weights
 from gdnflow.nn.module import Module
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "keras"
@@ -109,7 +113,7 @@ def test_layers_are_submodules_named_after_keras_layers():
 
 
 def test_same_padding_is_tensorflows():
-    same = keras._tf_same
+    same = tf_same
     assert same(13, 3, 2) == (1, 1)             # odd size, stride 2: symmetric
     assert same(224, 3, 2) == (0, 1)            # even size: the extra row after
     assert same(7, 4, 2) == (1, 2)              # even kernel
@@ -145,7 +149,7 @@ def keras2_config(config):
                 layer["config"]["batch_input_shape"] = layer["config"].pop("batch_shape")
             nodes = []
             for node in layer["inbound_nodes"]:
-                refs = keras._tensor_refs(node["args"], [])
+                refs = tensor_refs(node["args"], [])
                 nodes.append([[l, n, t, {}] for l, n, t in refs])
             layer["inbound_nodes"] = nodes
             if layer["class_name"] in ("Functional", "Sequential"):
@@ -239,9 +243,9 @@ def test_weights_without_classifier_are_refused(tmp_path):
 
 def test_keras3_weights_layout_is_read_like_the_legacy_one():
     with h5py.File(FIXTURES / "sequential.weights.h5", "r") as f:
-        new = keras._read_flat_weights(f, "keras3", "new")
+        new = read_flat_weights(f, "keras3", "new")
     with h5py.File(FIXTURES / "sequential.h5", "r") as f:
-        old = keras._LegacyWeights.from_group(f["model_weights"], "old").flat()
+        old = LegacyWeights.from_group(f["model_weights"], "old").flat()
     assert set(new) == set(old) == {"c1", "c2", "bn2", "out"}
     for layer in old:
         assert set(new[layer]) == set(old[layer])
@@ -324,7 +328,7 @@ def keras_layout(model):
     """{Keras layer: {variable: array}} of a Keras-style gdnflow MobileNetV2 (the inverse map)."""
     state = model.state_dict()
     flat = {}
-    for prefix, layer, class_name, _ in keras._mobilenet_v2_names(model):
+    for prefix, layer, class_name, _ in mobilenet_v2_names(model):
         if class_name == "BatchNormalization":
             flat[layer] = {"gamma": state[f"{prefix}.weight"], "beta": state[f"{prefix}.bias"],
                            "moving_mean": state[f"{prefix}.running_mean"],
@@ -344,7 +348,7 @@ def test_every_published_mobilenet_v2_width_is_recognised(alpha):
                                  rng=np.random.default_rng(1))
     flat = keras_layout(source)
     assert len(flat) == 2 + 4 + 16 * 6 + 2 + 1         # Keras' layers with weights
-    model = keras._application_model(flat, "weights.h5", "numpy")
+    model = application_model(flat, "weights.h5", "numpy")
     assert model.config["width_mult"] == alpha and model.config["num_classes"] == 1000
     for name, array in source.state_dict().items():
         np.testing.assert_array_equal(model.state_dict()[name], array, err_msg=name)
