@@ -18,4 +18,4 @@ from gdnflow import config, nn, ops, optim
 # operator name; name the plugin owning a CUDA source that fails to compile).
 from gdnflow import plugins  # noqa: F401
 
-__version__ = "0.1.0"
+from gdnflow.version import __version__  # noqa: F401
