@@ -20,15 +20,20 @@ import os
 import sys
 from pathlib import Path
 
+from PIL import Image
+
+from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image, write_bytes_atomic
+from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
+from gdnflow.codec.format import CodecError
+from gdnflow.data.images import NoImagesError
+from gdnflow.errors import BackendUnavailableError
+
 #: Environment variable: folders searched for checkpoints by ``decompress``.
 CHECKPOINT_PATH_VARIABLE = "GDNFLOW_CHECKPOINTS"
 
 
 def _errors():
     """The exceptions a command reports as one line (anything else is a bug: traceback)."""
-    from gdnflow.codec.format import CodecError
-    from gdnflow.data.images import NoImagesError
-    from gdnflow.errors import BackendUnavailableError
     # OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
     # ValueError: bad images and arguments. Each message names its file.
     return (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
@@ -66,8 +71,6 @@ def _check_free(paths, force):
 
 def save_image(path, image, overwrite=False):
     """Write a uint8 (H, W, 3) image atomically, in the format of ``path``'s suffix (Pillow)."""
-    from PIL import Image
-    from gdnflow.codec.codec import write_bytes_atomic
     path = Path(path)
     formats = Image.registered_extensions()
     if path.suffix.lower() not in formats:
@@ -81,8 +84,6 @@ def save_image(path, image, overwrite=False):
 # ---------------------------------------------------------------- commands --
 def cmd_compress(args):
     """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding."""
-    from gdnflow.codec.codec import Codec, read_image, write_bytes_atomic
-    from gdnflow.codec.evaluate import quality_metrics
     try:
         if len(args.images) > 1 and args.output is not None:
             Path(args.output).mkdir(parents=True, exist_ok=True)
@@ -114,8 +115,6 @@ def checkpoint_folders(file):
 
 def cmd_decompress(args):
     """Decode each ``.gdn`` file to an image; print its size and bpp."""
-    from gdnflow.codec.codec import Codec, find_checkpoint, read_header
-    from gdnflow.codec.format import CodecError
     try:
         if len(args.files) > 1 and args.output is not None:
             Path(args.output).mkdir(parents=True, exist_ok=True)
@@ -148,7 +147,6 @@ def cmd_decompress(args):
 
 def cmd_eval(args):
     """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
-    from gdnflow.codec.evaluate import evaluate, markdown_table
     try:
         results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
     except _errors() as exc:

@@ -267,7 +267,7 @@ def _models(tables):
 
 def _constriction():
     try:
-        import constriction
+        import constriction     # local import: on first use; a missing one is a CodecError that says so
     except ImportError:
         raise CodecError("the codec needs the constriction package (pip install "
                          "constriction)") from None
