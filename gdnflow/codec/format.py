@@ -267,7 +267,8 @@ def _models(tables):
 
 def _constriction():
     try:
-        import constriction     # local import: on first use; a missing one is a CodecError that says so
+        # local import: on first use; a missing one is a CodecError that says so
+        import constriction
     except ImportError:
         raise CodecError("the codec needs the constriction package (pip install "
                          "constriction)") from None

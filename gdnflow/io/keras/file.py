@@ -18,7 +18,7 @@ class KerasImportError(GdnflowError, ValueError):
 
 
 class KerasFile:
-    """``with KerasFile(path) as f``: h5py.File(path) as a context manager whose every failure names the file.
+    """``with KerasFile(path) as f``: h5py.File(path), every failure naming the file.
 
     A missing file, a Keras 3 ``.keras`` archive and a file that is not HDF5
     raise :class:`KerasImportError` on entering; any other error raised

@@ -43,7 +43,7 @@ class LegacyWeights:
 
     @classmethod
     def from_group(cls, group, path):
-        """The weights under an h5py group with a ``layer_names`` attribute (``path`` for errors)."""
+        """The weights under an h5py group with a ``layer_names`` attribute (``path``: errors)."""
         names = attr_list(group, "layer_names")
         if names is None:
             raise KerasImportError(f"{path}: the weights group has no layer_names attribute")
@@ -149,7 +149,7 @@ def read_flat_weights(f, kind, path):
 
 # ------------------------------------------------------ converting weights --
 def to_gdnflow(name, class_name, config, variables):
-    """A layer's Keras variables ({variable: array}) as gdnflow arrays (NCHW kernels), by parameter name.
+    """A layer's Keras variables ({variable: array}) as gdnflow arrays (NCHW), by parameter name.
 
     Raises :class:`KerasImportError` naming the layer when a variable it
     needs is missing. Layers without weights give an empty dict.
