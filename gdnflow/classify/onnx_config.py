@@ -36,7 +36,7 @@ def onnx_from_config(path, config, parameters, device):
     """
     try:
         import onnx     # local import: onnx is optional, loaded on first use
-        from onnx import helper, numpy_helper   # local import: as above
+        from onnx import helper, numpy_helper   # local import: onnx is optional
     except ImportError:
         raise ClassifyError(f"{path} holds an ONNX graph: reading it needs the onnx package "
                             "(pip install onnx)") from None
