@@ -32,11 +32,10 @@ from gdnflow.errors import BackendUnavailableError
 CHECKPOINT_PATH_VARIABLE = "GDNFLOW_CHECKPOINTS"
 
 
-def _errors():
-    """The exceptions a command reports as one line (anything else is a bug: traceback)."""
-    # OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
-    # ValueError: bad images and arguments. Each message names its file.
-    return (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
+#: The exceptions a command reports as one line (anything else is a bug: traceback).
+#: OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
+#: ValueError: bad images and arguments. Each message names its file.
+ERRORS = (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
 
 
 def output_paths(inputs, out, suffix):
@@ -100,7 +99,7 @@ def cmd_compress(args):
             bpp = 8 * os.path.getsize(target) / (height * width)
             print(f"{source} -> {target}: {height}x{width}, {len(data)} bytes, {bpp:.4f} bpp, "
                   f"PSNR {quality_metrics(image, decoded)['psnr']:.2f} dB")
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow compress: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -139,7 +138,7 @@ def cmd_decompress(args):
             bpp = 8 * len(data) / (header.height * header.width)
             print(f"{source} -> {target}: {header.height}x{header.width}, {len(data)} bytes, "
                   f"{bpp:.4f} bpp")
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow decompress: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -149,7 +148,7 @@ def cmd_eval(args):
     """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
     try:
         results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow eval: {exc}", file=sys.stderr)
         return 1
     print()

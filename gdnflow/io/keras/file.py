@@ -22,7 +22,7 @@ class KerasFile:
 
     A missing file, a Keras 3 ``.keras`` archive and a file that is not HDF5
     raise :class:`KerasImportError` on entering; any other error raised
-    inside the block (h5py's for a damaged file) leaves it as one.
+    inside the block (h5py's for a damaged file) is raised again as one.
     """
 
     def __init__(self, path):
