@@ -1,5 +1,5 @@
-"""``gdnflow classify``, ``convert`` and ``info FILE`` (gdnflow.classify.cli) on images made here with
-Pillow, small checkpoints saved here, the Keras fixtures and a small ONNX
+"""``gdnflow classify``, ``convert`` and ``info FILE`` (gdnflow.classify.cli) on images
+made here with Pillow, small checkpoints saved here, the Keras fixtures and a small ONNX
 model; and the errors for files they cannot use."""
 from pathlib import Path
 
