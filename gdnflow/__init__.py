@@ -15,9 +15,8 @@ from gdnflow.errors import (DeviceMismatchError, DTypeError, GdnflowError, Graph
                             KernelCompileError, ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor, full, ones, tensor, zeros
+from gdnflow.version import __version__
 from gdnflow import config, nn, ops, optim, registry
-
-__version__ = "0.1.0"
 
 #: The parts of gdnflow that ``import gdnflow`` leaves unloaded until used:
 #: ``gdnflow.<name>`` imports them on first access.

@@ -16,7 +16,6 @@
 import argparse
 import sys
 
-import gdnflow
 from gdnflow import classify, plugins, registry
 from gdnflow.backends import cuda, default_device
 from gdnflow.backends.cuda.sources import source_dir
@@ -26,13 +25,14 @@ from gdnflow.inference_bench import add_bench_parser
 from gdnflow.sparse import describe as describe_sparse
 from gdnflow.sparse.cli import add_prune_parser
 from gdnflow.train.cli import add_train_parser
+from gdnflow.version import __version__
 
 
 def cmd_info(args):
     """Print the version, the devices and the registered operators (or what FILE holds)."""
     if getattr(args, "file", None):
         return classify.cmd_info_file(args)
-    print(f"gdnflow {gdnflow.__version__}")
+    print(f"gdnflow {__version__}")
     if cuda.is_available():
         runtime = cuda.runtime()
         print(f"cuda: {runtime.name} ({runtime.arch}, {runtime.sm_count} SMs)")

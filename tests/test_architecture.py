@@ -20,7 +20,7 @@ PACKAGE = ROOT / "gdnflow"
 
 #: Lowest first. A name covers the module or package of that name and everything below it.
 LAYERS = (
-    ("errors", "config"),
+    ("errors", "config", "version"),
     ("registry", "backends"),
     ("tensor",),
     ("autograd",),

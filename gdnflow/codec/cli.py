@@ -20,18 +20,22 @@ import os
 import sys
 from pathlib import Path
 
+from PIL import Image
+
+from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image, write_bytes_atomic
+from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
+from gdnflow.codec.format import CodecError
+from gdnflow.data.images import NoImagesError
+from gdnflow.errors import BackendUnavailableError
+
 #: Environment variable: folders searched for checkpoints by ``decompress``.
 CHECKPOINT_PATH_VARIABLE = "GDNFLOW_CHECKPOINTS"
 
 
-def _errors():
-    """The exceptions a command reports as one line (anything else is a bug: traceback)."""
-    from gdnflow.codec.format import CodecError
-    from gdnflow.data.images import NoImagesError
-    from gdnflow.errors import BackendUnavailableError
-    # OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
-    # ValueError: bad images and arguments. Each message names its file.
-    return (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
+#: The exceptions a command reports as one line (anything else is a bug: traceback).
+#: OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
+#: ValueError: bad images and arguments. Each message names its file.
+ERRORS = (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
 
 
 def output_paths(inputs, out, suffix):
@@ -66,8 +70,6 @@ def _check_free(paths, force):
 
 def save_image(path, image, overwrite=False):
     """Write a uint8 (H, W, 3) image atomically, in the format of ``path``'s suffix (Pillow)."""
-    from PIL import Image
-    from gdnflow.codec.codec import write_bytes_atomic
     path = Path(path)
     formats = Image.registered_extensions()
     if path.suffix.lower() not in formats:
@@ -81,8 +83,6 @@ def save_image(path, image, overwrite=False):
 # ---------------------------------------------------------------- commands --
 def cmd_compress(args):
     """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding."""
-    from gdnflow.codec.codec import Codec, read_image, write_bytes_atomic
-    from gdnflow.codec.evaluate import quality_metrics
     try:
         if len(args.images) > 1 and args.output is not None:
             Path(args.output).mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,7 @@ def cmd_compress(args):
             bpp = 8 * os.path.getsize(target) / (height * width)
             print(f"{source} -> {target}: {height}x{width}, {len(data)} bytes, {bpp:.4f} bpp, "
                   f"PSNR {quality_metrics(image, decoded)['psnr']:.2f} dB")
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow compress: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -114,8 +114,6 @@ def checkpoint_folders(file):
 
 def cmd_decompress(args):
     """Decode each ``.gdn`` file to an image; print its size and bpp."""
-    from gdnflow.codec.codec import Codec, find_checkpoint, read_header
-    from gdnflow.codec.format import CodecError
     try:
         if len(args.files) > 1 and args.output is not None:
             Path(args.output).mkdir(parents=True, exist_ok=True)
@@ -140,7 +138,7 @@ def cmd_decompress(args):
             bpp = 8 * len(data) / (header.height * header.width)
             print(f"{source} -> {target}: {header.height}x{header.width}, {len(data)} bytes, "
                   f"{bpp:.4f} bpp")
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow decompress: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -148,10 +146,9 @@ def cmd_decompress(args):
 
 def cmd_eval(args):
     """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
-    from gdnflow.codec.evaluate import evaluate, markdown_table
     try:
         results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
-    except _errors() as exc:
+    except ERRORS as exc:
         print(f"gdnflow eval: {exc}", file=sys.stderr)
         return 1
     print()

@@ -23,6 +23,7 @@ the model's device, crops the padding and rounds to 8 bits
 tolerance (at most 1 level where a value straddles .5) on another.
 """
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,9 @@ from gdnflow.codec.format import (DOWNSAMPLING, MAX_SIDE, MODEL_ID_BYTES, TABLES
                                   CodecError, Header, check_model, decode_symbols,
                                   encode_symbols, pack, unpack)
 from gdnflow.codec.tables import build_tables, model_id
-from gdnflow.data.images import pad_to_multiple
+from gdnflow.data.images import load_image, pad_to_multiple
+from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
+from gdnflow.models.factorized_prior import FactorizedPrior
 from gdnflow.tensor import Tensor
 
 #: Largest |q| coded: the escape codes and the float32 round trip of q stay exact below it.
@@ -61,7 +64,6 @@ def to_uint8(x):
 
 def read_image(path):
     """The image file at ``path`` as uint8 (H, W, 3) RGB (grey, palette, alpha converted)."""
-    from gdnflow.data.images import load_image
     # load_image gives k / 255 in float32 for 8-bit files: the round trip is exact.
     return to_uint8(load_image(path))
 
@@ -162,7 +164,6 @@ def write_bytes_atomic(path, data, overwrite=False):
     failure (or a crash) leaves any earlier file at ``path`` as it was and
     no temporary file behind.
     """
-    import uuid
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists: pass --force to overwrite it")
@@ -185,8 +186,6 @@ def load_model(path, device=None):
     Raises CodecError naming the file if it is missing, unreadable or holds
     another kind of model.
     """
-    from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
-    from gdnflow.models.factorized_prior import FactorizedPrior
     path = os.fspath(path)
     try:
         info = read_checkpoint_info(path)
@@ -208,7 +207,6 @@ def load_model(path, device=None):
 
 def checkpoint_id(path):
     """:func:`~gdnflow.codec.tables.model_id` of a checkpoint file's weights (no model built)."""
-    from gdnflow.io.checkpoint import load_checkpoint
     saved = load_checkpoint(path)
     return model_id({**saved["parameters"], **saved["buffers"]})
 

@@ -20,11 +20,17 @@ import io
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import PIL
+from PIL import Image, ImageDraw, features
 
 from gdnflow.codec.codec import Codec, read_image, write_bytes_atomic
+from gdnflow.data.images import NoImagesError, list_images
+from gdnflow.io.checkpoint import read_checkpoint_info
+from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
 from gdnflow.train.losses import ms_ssim, psnr
 
 #: The JPEG qualities whose sizes are measured on each image (encoding only: cheap).
@@ -37,7 +43,6 @@ PLOT_RATE_SPAN = 1.6
 
 def jpeg_bytes(image, quality):
     """The bytes of a uint8 (H, W, 3) image as a JPEG file of ``quality`` (Pillow, optimised)."""
-    from PIL import Image
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, "JPEG", quality=int(quality), optimize=True)
     return buffer.getvalue()
@@ -45,7 +50,6 @@ def jpeg_bytes(image, quality):
 
 def decode_jpeg(data):
     """uint8 (H, W, 3) pixels of JPEG bytes."""
-    from PIL import Image
     with Image.open(io.BytesIO(data)) as image:
         return np.asarray(image.convert("RGB"))
 
@@ -111,7 +115,6 @@ class JpegReference:
 
 def checkpoint_label(path, name=None):
     """A checkpoint's short name: ``name`` (default: its file stem), with its lambda if recorded."""
-    from gdnflow.io.checkpoint import read_checkpoint_info
     label = name or Path(path).stem
     try:
         lmbda = read_checkpoint_info(path)["extra"].get("train_config", {}).get("lmbda")
@@ -134,11 +137,8 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
     overwrite earlier outputs. ``log`` receives one line per image and
     model. Returns the results dict written to ``eval.json``.
     """
-    import tempfile
-    from gdnflow.data.images import list_images
     images = list_images(data)
     if not images:
-        from gdnflow.data.images import NoImagesError
         raise NoImagesError(f"no images in {data}")
     outputs = []
     if out_dir is not None:
@@ -177,8 +177,6 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
     models = [label for label, _, _ in codecs]
     means = [_model_mean(label, [r for r in rows if r["model"] == label]) for label in models]
     curve = jpeg_curve(references, max(m["bpp"] for m in means))
-    from PIL import features
-    import PIL
     results = {
         "data": str(data), "images": [str(p.relative_to(data)) for p in images],
         "checkpoints": {label: str(path) for (label, _, _), path in zip(codecs, checkpoints)},
@@ -276,12 +274,8 @@ MODEL_COLOURS = ((210, 60, 40), (30, 80, 170), (40, 150, 70), (150, 60, 170), (2
 
 def _rd_panel(draw, origin, title, key, results, font):
     """One panel: ``key`` (psnr or ms_ssim) against bpp: JPEG's curve and the models' points."""
-    from gdnflow.train.plots import MARGIN_B, MARGIN_L, MARGIN_R, MARGIN_T, _label, _nice_ticks
-    ox, oy = origin
-    left, top = ox + MARGIN_L, oy + MARGIN_T
-    right, bottom = ox + PLOT_W - MARGIN_R, oy + PLOT_H - MARGIN_B
-    draw.text((left, oy + 8), title, fill=(0, 0, 0), font=font)
-    draw.rectangle([left, top, right, bottom], outline=(120, 120, 120))
+    ox = origin[0]
+    left, top, right, bottom = frame(draw, origin, (PLOT_W, PLOT_H), title, font)
     models = [(m["bpp"], m[key]) for m in results["means"] if math.isfinite(m[key])]
     curve = [(p["bpp"], p[key]) for p in results["jpeg_curve"] if math.isfinite(p[key])]
     if not models:
@@ -298,14 +292,14 @@ def _rd_panel(draw, origin, title, key, results, font):
         return (left + b / x_high * (right - left),
                 bottom - (min(max(v, y_low), y_high) - y_low) / (y_high - y_low) * (bottom - top))
 
-    for tick in _nice_ticks(y_low, y_high):
+    for tick in nice_ticks(y_low, y_high):
         _, y = xy(0, tick)
         draw.line([left, y, right, y], fill=(232, 232, 232))
-        draw.text((ox + 6, y - 7), _label(tick), fill=(60, 60, 60), font=font)
-    for tick in _nice_ticks(0, x_high):
+        draw.text((ox + 6, y - 7), tick_label(tick), fill=(60, 60, 60), font=font)
+    for tick in nice_ticks(0, x_high):
         x, _ = xy(tick, y_low)
         draw.line([x, bottom, x, bottom + 4], fill=(120, 120, 120))
-        draw.text((x - 10, bottom + 8), _label(tick), fill=(60, 60, 60), font=font)
+        draw.text((x - 10, bottom + 8), tick_label(tick), fill=(60, 60, 60), font=font)
     draw.text((right - 110, bottom + 22), "bits per pixel", fill=(60, 60, 60), font=font)
     inside = [(b, v) for b, v in curve if b <= x_high]
     line = list(inside)
@@ -328,9 +322,7 @@ def _rd_panel(draw, origin, title, key, results, font):
 
 def plot_rate_distortion(results):
     """PNG bytes of the rate-distortion plot: PSNR and MS-SSIM against bpp (module docstring)."""
-    from PIL import Image, ImageDraw
-    from gdnflow.train.plots import MARGIN_L, _font
-    font = _font()
+    font = default_font()
     panels = [("psnr", "PSNR (dB), mean over images")]
     if any(math.isfinite(m["ms_ssim"]) for m in results["means"]):
         panels.append(("ms_ssim", "MS-SSIM, mean over images"))

@@ -267,6 +267,7 @@ def _models(tables):
 
 def _constriction():
     try:
+        # local import: on first use; a missing one is a CodecError that says so
         import constriction
     except ImportError:
         raise CodecError("the codec needs the constriction package (pip install "

@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
+
 from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
@@ -38,7 +40,6 @@ class NoImagesError(GdnflowError, ValueError):
 
 def load_image(path):
     """The image at ``path`` as a float32 array (3, H, W) in [0, 1] (RGB; alpha dropped)."""
-    from PIL import Image
     with Image.open(path) as image:
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
             # 16-bit or float grey: scale to 8 bits before Pillow's RGB
@@ -54,7 +55,6 @@ def load_image(path):
 
 def image_size(path):
     """(height, width) of the image at ``path``, read from its header only."""
-    from PIL import Image
     with Image.open(path) as image:
         return image.height, image.width
 
@@ -69,13 +69,15 @@ def list_images(folder, recursive=True):
                   if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
-def sample_photos():
+def sample_photos(package="skimage"):
     """Paths of scikit-image's bundled natural photographs, or raise NoImagesError.
 
     The files are read straight from the installed package's ``data`` folder:
-    scikit-image itself is not imported.
+    scikit-image itself is not imported. ``package`` is the name the package
+    is imported by; a name that is not installed raises NoImagesError saying
+    how to install scikit-image.
     """
-    spec = importlib.util.find_spec("skimage")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise NoImagesError(
             "no training images: pass a folder of images (PNG/JPEG), or install "

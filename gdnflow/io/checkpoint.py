@@ -33,12 +33,14 @@ import json
 import os
 import uuid
 
+import h5py
 import numpy as np
 
 from gdnflow.backends import get_backend
+from gdnflow.errors import GdnflowError
 from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
-from gdnflow.errors import GdnflowError
+from gdnflow.version import __version__
 
 FORMAT_NAME = "gdnflow-checkpoint"
 FORMAT_VERSION = 1
@@ -75,7 +77,7 @@ def save_checkpoint(path, model, optimizer=None, extra=None):
     header = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "gdnflow_version": _gdnflow_version(),
+        "gdnflow_version": __version__,
         "model_name": str(getattr(model, "name", None) or type(model).__name__),
         "model_config": _to_json(config, "the model's config"),
         "extra": _to_json({} if extra is None else extra, "extra"),
@@ -86,7 +88,6 @@ def save_checkpoint(path, model, optimizer=None, extra=None):
 
     folder, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-    import h5py
     try:
         with h5py.File(temporary, "x", libver=_LIBVER) as f:
             f.attrs.update(header)
@@ -211,7 +212,6 @@ def _read(path, arrays):
     """Everything in the file (arrays too if ``arrays``), read and checked while it is open."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
-    import h5py
     try:
         with h5py.File(path, "r") as f:
             if f.attrs.get("format") != FORMAT_NAME:
@@ -221,7 +221,7 @@ def _read(path, arrays):
             if version > FORMAT_VERSION:
                 raise CheckpointError(
                     f"{path}: checkpoint format version {version} is newer than this gdnflow "
-                    f"({_gdnflow_version()}) reads (up to {FORMAT_VERSION}); upgrade gdnflow")
+                    f"({__version__}) reads (up to {FORMAT_VERSION}); upgrade gdnflow")
             result = {
                 "model_name": str(f.attrs["model_name"]),
                 "config": json.loads(f.attrs["model_config"]),
@@ -310,7 +310,3 @@ def _to_json(value, what):
 def _python_scalar(value):
     return value.item() if isinstance(value, np.generic) else value
 
-
-def _gdnflow_version():
-    import gdnflow
-    return gdnflow.__version__

@@ -29,11 +29,11 @@ raise :class:`OnnxImportError` naming the node and the feature.
 """
 import numpy as np
 
-from gdnflow import ops
+from gdnflow import ops, registry
 from gdnflow.backends import default_device
+from gdnflow.errors import GdnflowError
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.tensor import Tensor
-from gdnflow.errors import GdnflowError
 
 
 class OnnxImportError(GdnflowError, ValueError):
@@ -43,7 +43,7 @@ class OnnxImportError(GdnflowError, ValueError):
 def load(path, device=None):
     """Read an ONNX file into an :class:`OnnxModule` on ``device`` (default device if None)."""
     try:
-        import onnx
+        import onnx     # local import: onnx is optional (gdnflow[test]), loaded on first use
     except ImportError:
         raise OnnxImportError("reading ONNX files needs the onnx package: pip install onnx") from None
     try:
@@ -69,7 +69,7 @@ class OnnxModule(Module):
 
     def __init__(self, model, device=None, source="<model>"):
         super().__init__()
-        from onnx import numpy_helper
+        from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
         self.device = device or default_device()
         self.source = source
         graph = model.graph
@@ -152,7 +152,7 @@ class _Node:
                 "Transpose", "Flatten"}
 
     def __init__(self, node, opset):
-        from onnx import helper
+        from onnx import helper     # local import: onnx is optional, loaded on first use
         self.op_type = node.op_type
         self.domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         self.name = node.name or f"{node.op_type}->{node.output[0]}"
@@ -175,7 +175,10 @@ class _Node:
         """The outputs for ``inputs`` (Tensors or NumPy arrays; None for omitted ones)."""
         if self.domain:
             operator_class = custom_operator(self.domain, self.op_type)
-            operator = operator_class.from_onnx({k: self.attr(k) for k in self.attrs})
+            attributes = {k: self.attr(k) for k in self.attrs}
+            from_onnx = getattr(operator_class, "from_onnx", None)
+            operator = (from_onnx(attributes) if from_onnx is not None
+                        else operator_class(**attributes))
             result = operator(*[_as_tensor(v, device) for v in inputs if v is not None])
             return result if isinstance(result, (list, tuple)) else [result]
         data = inputs[0] if inputs else None
@@ -198,8 +201,6 @@ def custom_operator(domain, op_type):
     returning an operator instance. Installed plugins are loaded the first
     time an unknown custom op is met.
     """
-    from gdnflow import plugins, registry
-
     def find():
         for name in registry.names():
             cls = registry.get(name)
@@ -209,10 +210,14 @@ def custom_operator(domain, op_type):
 
     found = find()
     if found is None:
-        plugins.load_installed()
+        # Asked for a name nothing has registered, the registry runs its
+        # on_unknown_name hooks (gdnflow's plugin layer loads the installed
+        # plugins there), then it raises KeyError: look again after that.
+        try:
+            registry.get(f"{domain}.{op_type}")
+        except KeyError:
+            pass
         found = find()
-    if found is not None and not hasattr(found, "from_onnx"):
-        found.from_onnx = classmethod(lambda cls, attributes: cls(**attributes))
     return found
 
 
@@ -528,7 +533,7 @@ def _cast(node, inputs, device):
 
 
 def _constant(node, inputs, device):
-    from onnx import numpy_helper
+    from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
     if "value" in node.attrs:
         return numpy_helper.to_array(node.attrs["value"])
     for key, dtype in (("value_float", np.float32), ("value_int", np.int64),
@@ -539,7 +544,7 @@ def _constant(node, inputs, device):
 
 
 def _constant_of_shape(node, inputs, device):
-    from onnx import numpy_helper
+    from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
     value = node.attrs.get("value")
     fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
     return np.full(_ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)

