@@ -43,6 +43,7 @@ Checks
     :func:`gradcheck` on the declared example inputs and, where CUDA is usable,
     :func:`assert_backends_match`.
 """
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -61,6 +62,7 @@ from gdnflow import registry
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda_available
 from gdnflow.backends.cuda import empty, kernel, launch_grid
+from gdnflow.backends import cuda
 from gdnflow.backends.cuda import sources
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
 from gdnflow.errors import BackendUnavailableError, GdnflowError, KernelCompileError, ShapeError
@@ -148,6 +150,21 @@ class Plugin:
 
 
 _plugins = []       # every Plugin loaded or tried, in order
+
+
+@contextlib.contextmanager
+def fresh_records():
+    """Within the block gdnflow knows of no plugin tried before it; those records return after.
+
+    For tests of plugin loading: each starts as a fresh process would, and
+    the plugins it loads are forgotten (as records) when it ends.
+    """
+    saved = list(_plugins)
+    _plugins.clear()
+    try:
+        yield
+    finally:
+        _plugins[:] = saved
 
 
 def loaded():
@@ -360,7 +377,6 @@ def check_operator(op_class, *, seed=0):
     for check, what in ((gradcheck, "gradcheck (numpy, float64)"),
                         (assert_backends_match, "cuda against numpy (float32)")):
         if check is assert_backends_match and not cuda_available():
-            from gdnflow.backends import cuda
             done.append(f"{what}: skipped, {cuda.unavailable_reason() or 'no CUDA device'}")
             continue
         try:

@@ -10,12 +10,13 @@ import contextlib
 
 import numpy as np
 
+from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda
 from gdnflow.tensor import Tensor
 
 
 def _weighted_output(fn, arrays, weight):
     """sum(weight * fn(arrays)) in float64 on NumPy, without recording."""
-    from gdnflow.autograd import no_grad
     with no_grad():
         out = fn(*[Tensor(a, device="numpy", dtype=np.float64) for a in arrays]).numpy()
     return float(np.sum(weight * out))
@@ -67,8 +68,7 @@ def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
 
 @contextlib.contextmanager
 def _poisoned_allocations():
-    from gdnflow.backends.cuda.runtime import get_runtime
-    runtime = get_runtime()
+    runtime = cuda.runtime()
     previous, runtime.poison = runtime.poison, True
     try:
         yield

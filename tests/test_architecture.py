@@ -97,7 +97,7 @@ def _imports(module):
         text = "\n".join(lines[max(node.lineno - 2, 0):node.end_lineno])
         for name in dict.fromkeys(names):
             found.append((name, node.lineno, node in top_level, text))
-    return found
+    return sorted(found)
 
 
 def _gdnflow_edges():
@@ -249,7 +249,7 @@ def global_assignments(source):
                   and isinstance(node.args[1], ast.Constant)
                   and str(node.args[1].value).startswith("gdnflow")):
                 found.append(node.lineno)         # sys.modules["gdnflow..."] = stand-in
-    return found
+    return sorted(found)
 
 
 def test_the_global_assignment_check_sees_patches():

@@ -67,12 +67,12 @@ def fake_distribution(site, dist, entry_points, modules):
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch):
+def isolated():
     """Each test starts with no plugin recorded, and leaves no operator of its own behind."""
     operators = dict(registry._operators)
     modules = set(sys.modules)
-    monkeypatch.setattr(plugins, "_plugins", [])
-    yield
+    with plugins.fresh_records():
+        yield
     # Forget the test's plugins: their operators and modules together (an
     # installed plugin the test imported stays, registered, as in real use).
     ours = ("gdnflow_plugin_", "tp_", "gdnflow_swish")

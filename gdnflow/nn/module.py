@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from gdnflow.backends import get_backend
 from gdnflow.errors import ShapeError
 from gdnflow.tensor import Tensor
 
@@ -242,7 +243,6 @@ def _replace_array(parameter, values, device):
 
     Its gradient is dropped (it belonged to the old array).
     """
-    from gdnflow.backends import get_backend
     backend = get_backend(device)
     dtype = parameter.dtype if device == "numpy" else backend.check_dtype(parameter.dtype)
     parameter.data = backend.from_numpy(np.asarray(values, dtype=dtype))

@@ -9,12 +9,15 @@
 import dataclasses
 import sys
 
+from gdnflow.data import NoImagesError
+from gdnflow.io.checkpoint import CheckpointError
 from gdnflow.train.losses import LAMBDAS
+from gdnflow.train.numerics import NonFiniteError
+from gdnflow.train.trainer import TrainConfig, Trainer
 
 
 def add_arguments(parser):
     """Add the training options to an ``argparse`` parser."""
-    from gdnflow.train.trainer import TrainConfig
     defaults = TrainConfig()
     data = parser.add_argument_group("data")
     data.add_argument("--data", metavar="DIR",
@@ -73,7 +76,6 @@ def add_arguments(parser):
 
 def config_from_args(args):
     """The :class:`~gdnflow.train.trainer.TrainConfig` that parsed ``args`` describe."""
-    from gdnflow.train.trainer import TrainConfig
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if args.quality is not None:
@@ -86,10 +88,6 @@ def config_from_args(args):
 
 def cmd_train(args):
     """Run (or resume) training; exit status 0, 1 on bad arguments or data, 2 on NaN/inf."""
-    from gdnflow.data import NoImagesError
-    from gdnflow.io.checkpoint import CheckpointError
-    from gdnflow.train.numerics import NonFiniteError
-    from gdnflow.train.trainer import Trainer
     try:
         trainer = Trainer(config_from_args(args))
         if args.resume:

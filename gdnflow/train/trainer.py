@@ -38,18 +38,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from gdnflow.autograd import no_grad
 from gdnflow.backends import check_device, default_device
 from gdnflow.data.images import ImageFolder, pad_to_multiple
 from gdnflow.data.loader import BackgroundLoader
-from gdnflow.io.checkpoint import load_checkpoint, save_checkpoint
+from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
 from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
 from gdnflow.tensor import Tensor
 from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, mse_to_psnr, psnr
 from gdnflow.train.numerics import (NonFiniteError, first_nonfinite_output, nonfinite_gradients,
                                     nonfinite_parameters)
+from gdnflow.train.plots import plot_curves, plot_reconstructions
 
 CHECKPOINT_NAME = "checkpoint.h5"
 
@@ -325,7 +327,6 @@ class Trainer:
         size differ from this run's (it would not continue the same run).
         """
         path = Path(path) if path is not None else self.checkpoint_path()
-        from gdnflow.io.checkpoint import read_checkpoint_info
         info = read_checkpoint_info(path)
         extra = info["extra"]
         saved = extra.get("train_config", {})
@@ -397,7 +398,6 @@ class Trainer:
         checkpoint of the last finished step before re-raising. Draws
         ``curves.png`` and ``reconstructions.png`` at the end.
         """
-        from tqdm import tqdm
         config = self.config
         self.train_data         # built (and its notices printed) before the progress bar
         if self.step >= config.steps:
@@ -442,7 +442,6 @@ class Trainer:
 
     def draw(self):
         """Write ``curves.png`` and (after an evaluation) ``reconstructions.png``; returns the paths."""
-        from gdnflow.train.plots import plot_curves, plot_reconstructions
         self.out_dir.mkdir(parents=True, exist_ok=True)
         paths = [plot_curves(self.history, self.eval_history, self.out_dir / "curves.png")]
         if self.last_reconstructions:
