@@ -8,6 +8,8 @@ from gdnflow import registry
 from gdnflow.ops.bound import LowerBound, lower_bound
 from gdnflow.testing import assert_backends_match, gradcheck
 
+from bound_inputs import values_around
+
 DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -34,16 +36,8 @@ def test_lower_bound_gradient_above_the_bound(rng):
     gradcheck(lambda t: lower_bound(t, 0.3), [rng.uniform(0.35, 2.0, (3, 5))])
 
 
-def around(rng, bound, shape):
-    """Values on both sides of ``bound``, none within 1e-4 of it (where float32
-    and float64 could disagree about which side they are on)."""
-    values = rng.uniform(0.0, 3 * bound, shape)
-    values[np.abs(values - bound) < 1e-4] += 2e-4
-    return values
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(7,), (192,), (192, 192), (1000003,)], ids=str)
 def test_cuda_matches_numpy(shape, rng):
     # Random-signed gradients, so that below the bound some pass and some do not.
-    assert_backends_match(lambda t: lower_bound(t, 0.1), [around(rng, 0.1, shape)], rtol=1e-6)
+    assert_backends_match(lambda t: lower_bound(t, 0.1), [values_around(rng, 0.1, shape)], rtol=1e-6)

@@ -12,6 +12,8 @@ from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
                                          NonNegativeReparametrization)
 from gdnflow.testing import assert_backends_match, gradcheck
 
+from bound_inputs import values_around
+
 DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -68,20 +70,12 @@ def test_effective_value_gradient_at_and_below_the_bound(device):
     np.testing.assert_allclose(p.grad.numpy(), [-2 * bound, 0.0, 4.0], rtol=1e-6)
 
 
-def around(rng, bound, shape):
-    """Values on both sides of ``bound``, none within 1e-4 of it (where float32
-    and float64 could disagree about which side they are on)."""
-    values = rng.uniform(0.0, 3 * bound, shape)
-    values[np.abs(values - bound) < 1e-4] += 2e-4
-    return values
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(7,), (192,), (192, 192), (1000003,)], ids=str)
 def test_cuda_matches_numpy(shape, rng):
     # Random-signed gradients, so that below the bound some pass and some do not.
     param = NonNegativeReparametrization(1e-2)
-    assert_backends_match(param, [around(rng, param.bound, shape)], rtol=1e-5)
+    assert_backends_match(param, [values_around(rng, param.bound, shape)], rtol=1e-5)
 
 
 # ------------------------------------------------ the fused reparameterisation --
