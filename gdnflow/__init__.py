@@ -24,9 +24,17 @@ OPTIONAL_PARTS = ("classify", "codec", "data", "inference", "io", "models", "plu
                   "sparse", "testing", "train")
 
 
+#: Functions of optional parts that ``gdnflow.<name>`` reaches, importing the part
+#: on first use: {name: the module defining it}.
+LAZY_FUNCTIONS = {"compile": "gdnflow.inference"}
+
+
 def __getattr__(name):
     if name in OPTIONAL_PARTS:
         return importlib.import_module(f"gdnflow.{name}")
+    if name in LAZY_FUNCTIONS:
+        # gdnflow.compile(model, input_shape=None, **options): gdnflow.inference.compile
+        return getattr(importlib.import_module(LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'gdnflow' has no attribute {name!r}")
 
 

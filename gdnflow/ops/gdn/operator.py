@@ -142,7 +142,7 @@ class GDNOperator(Operator):
 
         The operator computes the same normalisation from the effective
         values; for inference plans, which evaluate the reparameterisation
-        of constant weights once (``gdnflow.inference``'s ``fold_constants``).
+        of constant weights once (``gdnflow.inference.passes.fold_constants``).
         Only for a ``parametrized`` operator.
         """
         beta_bound, gamma_bound, pedestal = self.parametrized
