@@ -1,10 +1,10 @@
 """Device memory of a plan: allocations recorded with their lifetimes, then placed in one arena.
 
-A plan runs its program once under a :class:`_RecordingPool` (given to
+A plan runs its program once under a :class:`RecordingPool` (given to
 ``Runtime.allocating_from``), which notes each allocation's size and when
 Python freed it; :func:`plan_memory` places the buffers at offsets of one
 arena so that buffers alive at the same time never share bytes; the capture
-runs under an :class:`_ArenaPool`, which hands out those offsets in the
+runs under an :class:`ArenaPool`, which hands out those offsets in the
 recorded order. Pure Python: the pools wrap whatever allocator they are given.
 """
 import contextlib
@@ -65,8 +65,13 @@ class _RecordedBlock:
         self.recorder.freed_at[self.index] = len(self.recorder.sizes)
 
 
-class _RecordingPool:
-    """Stands in for the runtime's pool: allocates from it and records sizes and lifetimes."""
+class RecordingPool:
+    """Stands in for the runtime's pool: allocates from it and records sizes and lifetimes.
+
+    ``sizes[i]`` is the i-th allocation's byte count; ``freed_at[i]`` how many
+    allocations had been made when Python freed it (None while it lives): the
+    input of :func:`plan_memory`.
+    """
 
     def __init__(self, pool):
         self.pool = pool
@@ -91,8 +96,13 @@ class _ArenaBlock:
         return self.ptr
 
 
-class _ArenaPool:
-    """Stands in for the runtime's pool during capture: the recorded allocations, in order."""
+class ArenaPool:
+    """Stands in for the runtime's pool during capture: the recorded allocations, in order.
+
+    The i-th ``allocate(nbytes)`` returns the address ``int(arena) + offsets[i]``;
+    a size other than ``sizes[i]``, or more allocations than recorded, raises
+    :class:`~gdnflow.inference.errors.PlanError`. ``count``: how many were handed out.
+    """
 
     def __init__(self, arena, offsets, sizes):
         self.arena, self.base = arena, int(arena)
@@ -111,7 +121,7 @@ class _ArenaPool:
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """No cyclic garbage collection within the block.
 
     During capture a collected device allocation that is not pooled would be

@@ -1,4 +1,4 @@
-"""Inference plans: a model's forward for one input shape, optimised and, on the GPU, one CUDA graph.
+"""Inference plans: a model's forward for one input shape, optimised and on the GPU one CUDA graph.
 
 :class:`InferencePlan` traces the model (:mod:`~gdnflow.inference.tracing`),
 rewrites the program (:mod:`~gdnflow.inference.passes`) and, on the GPU,
@@ -18,8 +18,7 @@ from gdnflow.autograd import no_grad
 from gdnflow.backends import check_device, cuda, default_device, get_backend
 from gdnflow.errors import ShapeError
 from gdnflow.inference.errors import PlanError, StalePlanError
-from gdnflow.inference.memory import (ALIGNMENT, _ArenaPool, _gc_paused, _RecordingPool,
-                                      plan_memory)
+from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_paused, plan_memory
 from gdnflow.inference.passes import optimize
 from gdnflow.inference.tracing import trace
 from gdnflow.nn.module import weights_version
@@ -145,17 +144,17 @@ class InferencePlan:
         frozen = functools.partial(frozen_weights, self._derived_weights)
         with no_grad(), frozen():
             self.program.run(x)
-            recorder = _RecordingPool(runtime.pool)
+            recorder = RecordingPool(runtime.pool)
             with runtime.allocating_from(recorder):
                 outputs = self.program.run(x)
             del outputs         # the outputs live to the end: freed after the last allocation
         sizes = recorder.sizes
         offsets, total = plan_memory(sizes, recorder.freed_at)
         self._arena = drv.mem_alloc(max(total, ALIGNMENT))
-        arena_pool = _ArenaPool(self._arena, offsets, sizes)
+        arena_pool = ArenaPool(self._arena, offsets, sizes)
         self.graph = CudaGraph(runtime.stream)
         try:
-            with no_grad(), frozen(), runtime.allocating_from(arena_pool), _gc_paused():
+            with no_grad(), frozen(), runtime.allocating_from(arena_pool), gc_paused():
                 self._outputs = self.graph.capture(lambda: self.program.run(x))
         except Exception as exc:
             self.close()

@@ -69,7 +69,14 @@ def _flatten_outputs(result):
 
 
 def trace(model, x):
-    """Run ``model(x)`` under no_grad, recording its operators: (Program, model output list)."""
+    """Run ``model(x)`` under no_grad, recording its operators: (Program, model output list).
+
+    The program's input value is ``x``; tensors read before any operator
+    produced them are its constants. Warns (UserWarning) when a constant is
+    neither a parameter nor a buffer of ``model`` (a tensor ``forward`` made:
+    it is frozen); raises :class:`~gdnflow.inference.errors.PlanError` when the
+    model returns anything but a Tensor or a tuple or list of Tensors.
+    """
     tracer = _Tracer()
     input_value = tracer.new_value(x)
     with no_grad(), autograd.trace(tracer.record):

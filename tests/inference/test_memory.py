@@ -2,7 +2,7 @@
 import pytest
 
 from gdnflow.inference import PlanError
-from gdnflow.inference.memory import _ArenaPool, _RecordingPool, plan_memory
+from gdnflow.inference.memory import ArenaPool, RecordingPool, plan_memory
 
 
 def check_no_live_overlap(sizes, freed_at, offsets, total):
@@ -56,7 +56,7 @@ class FakePool:
 
 
 def test_recording_pool_notes_when_python_frees_each_block():
-    recorder = _RecordingPool(FakePool())
+    recorder = RecordingPool(FakePool())
     a = recorder.allocate(100)
     b = recorder.allocate(200)
     del a
@@ -67,10 +67,10 @@ def test_recording_pool_notes_when_python_frees_each_block():
 
 
 def test_arena_pool_hands_out_the_plan_and_refuses_another_sequence():
-    pool = _ArenaPool(4096, [0, 512], [100, 200])
+    pool = ArenaPool(4096, [0, 512], [100, 200])
     assert int(pool.allocate(100)) == 4096 and int(pool.allocate(200)) == 4608
     with pytest.raises(PlanError, match="allocation #2 asks for 8 bytes"):
         pool.allocate(8)
     with pytest.raises(PlanError, match="allocation #0 asks for 99 bytes but the recording "
                                         "run made 100"):
-        _ArenaPool(0, [0], [100]).allocate(99)
+        ArenaPool(0, [0], [100]).allocate(99)
