@@ -6,6 +6,9 @@ compiled at run time, with a NumPy reference backend behind the same API.
     y = (x.relu() * 3).sum()
     y.backward()
     x.grad.numpy()      # [[3., 0.]]
+
+``gf.compile(model.eval(), input_shape)`` makes an inference plan
+(:func:`gdnflow.inference.compile`; the package loads on first use).
 """
 import importlib
 
