@@ -499,3 +499,17 @@ def test_cuda_host_code_on_a_simulated_device(name, rng, fake_device):
     packed = plan.entries(dv)
     assert plan.entries(dv) is packed
     np.testing.assert_allclose(sparse_module.forward_cuda(g, csr, dx, dv, db).host(), y)
+
+
+def test_operator_found_by_name_without_importing_sparse_first():
+    # import gdnflow leaves gdnflow.sparse unloaded; asking the registry for its operator
+    # by name loads it (the front door's unknown-name hook).
+    import subprocess
+    import sys
+    script = ("import sys, gdnflow\n"
+              "assert not [m for m in sys.modules if m.startswith('gdnflow.sparse')]\n"
+              "from gdnflow import registry\n"
+              "print(registry.get('sparse_conv2d').__name__)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "SparseConv2dOp"
