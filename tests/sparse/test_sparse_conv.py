@@ -1,15 +1,23 @@
 """sparse_conv2d: against the dense convolution, finite differences, a block-by-block
 replay of the CUDA kernels' plans (runs without a GPU), and CUDA against NumPy."""
+import subprocess
+import sys
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import ops
+from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
-from gdnflow.sparse import conv as sparse_module
-from gdnflow.sparse.conv import (WARPS, backward_plans, choose_tiling, forward_plan,
-                                 sparse_conv2d, sparse_geometry)
+from gdnflow.ops.conv import normalize_padding
+from gdnflow.sparse import cuda_plan, reference, tiling
+from gdnflow.sparse.conv import sparse_conv2d
 from gdnflow.sparse.csr import to_csr
+from gdnflow.sparse.cuda_plan import backward_plans, forward_plan
+from gdnflow.sparse.geometry import sparse_geometry
+from gdnflow.sparse.tiling import WARPS, Tiling, choose_tiling
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 # name -> (x shape, w shape, keyword arguments of the call, dilation); odd sizes throughout.
@@ -214,7 +222,6 @@ def replay_values_grad(plan, inp, gout):
 
 
 def _geometry(x_shape, csr, kwargs):
-    from gdnflow.ops.conv import normalize_padding
     stride = kwargs.get("stride", 1)
     stride = (stride, stride) if isinstance(stride, int) else stride
     return sparse_geometry("t", x_shape, csr, stride,
@@ -223,43 +230,43 @@ def _geometry(x_shape, csr, kwargs):
 
 @pytest.mark.parametrize("per_sm", [1, 64])
 @pytest.mark.parametrize("name", CASES)
-def test_cuda_plans_replayed_on_numpy_match_the_reference(name, per_sm, rng, monkeypatch):
+def test_cuda_plans_replayed_on_numpy_match_the_reference(name, per_sm, rng):
     # What the kernels would compute from the plans' offsets, chunk pointers,
     # windows and (backward) stride phases, block by block, for two tilings.
-    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
-    x, w, csr, kwargs, _ = _case(rng, name, 0.6)
-    g = _geometry(x.shape, csr, kwargs)
-    values = csr.values.astype(np.float64)
-    y_ref = sparse_module.forward_numpy(g, csr, x, values)
-    y = np.full(g.y_shape, np.nan)
-    replay(forward_plan(g, csr, sm_count=1), x, values, y)
-    assert relative_error(y, y_ref) <= 1e-12
+    with gf.config.override(sparse_blocks_per_sm=per_sm):
+        x, w, csr, kwargs, _ = _case(rng, name, 0.6)
+        g = _geometry(x.shape, csr, kwargs)
+        values = csr.values.astype(np.float64)
+        y_ref = reference.forward_numpy(g, csr, x, values)
+        y = np.full(g.y_shape, np.nan)
+        replay(forward_plan(g, csr, sm_count=1), x, values, y)
+        assert relative_error(y, y_ref) <= 1e-12
 
-    gy = rng.standard_normal(g.y_shape)
-    phases, index = backward_plans(g, csr, sm_count=1)
-    assert sorted(index.tolist()) == sorted(set(index.tolist()))     # each entry at most once
-    gx = np.full(g.x_shape, np.nan)
-    for plan, start in phases:
-        replay(plan, gy, values[index][start:], gx)
-    assert relative_error(gx, sparse_module.backward_data_numpy(g, csr, gy, values)) <= 1e-12
+        gy = rng.standard_normal(g.y_shape)
+        phases, index = backward_plans(g, csr, sm_count=1)
+        assert sorted(index.tolist()) == sorted(set(index.tolist()))     # each entry at most once
+        gx = np.full(g.x_shape, np.nan)
+        for plan, start in phases:
+            replay(plan, gy, values[index][start:], gx)
+        assert relative_error(gx, reference.backward_data_numpy(g, csr, gy, values)) <= 1e-12
 
-    gv = replay_values_grad(forward_plan(g, csr, sm_count=1), x, gy)
-    assert relative_error(gv, sparse_module.backward_values_numpy(g, csr, x, gy)) <= 1e-12
+        gv = replay_values_grad(forward_plan(g, csr, sm_count=1), x, gy)
+        assert relative_error(gv, reference.backward_values_numpy(g, csr, x, gy)) <= 1e-12
 
 
 @pytest.mark.parametrize("per_sm,cpw,groups", [(1, 4, 3), (64, 1, 9)])
-def test_replay_with_several_chunks_and_channel_groups(per_sm, cpw, groups, rng, monkeypatch):
+def test_replay_with_several_chunks_and_channel_groups(per_sm, cpw, groups, rng):
     # 40 input channels (3 chunks of 16), 70 output channels in groups of 8*cpw.
-    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
     x = rng.standard_normal((1, 40, 6, 7))
     csr = to_csr(_pruned_weight(rng, (70, 40, 3, 3), 0.9), (8, 9))
     g = _geometry(x.shape, csr, dict(padding=1))
-    plan = forward_plan(g, csr, sm_count=1)
+    with gf.config.override(sparse_blocks_per_sm=per_sm):
+        plan = forward_plan(g, csr, sm_count=1)
     assert plan.n_chunks == 3 and plan.groups == groups and plan.tiling.cpw == cpw
     values = csr.values.astype(np.float64)
     y = np.full(g.y_shape, np.nan)
     replay(plan, x, values, y)
-    assert relative_error(y, sparse_module.forward_numpy(g, csr, x, values)) <= 1e-12
+    assert relative_error(y, reference.forward_numpy(g, csr, x, values)) <= 1e-12
 
 
 @pytest.mark.parametrize("n,c,size", [(1, 64, 224), (1, 512, 14), (16, 256, 56), (1, 3, 224),
@@ -270,7 +277,7 @@ def test_tilings_fit_shared_memory_and_avoid_bank_conflicts(n, c, size, stride, 
     assert t.cc * t.in_h * t.pitch * 4 <= 48 * 1024 and t.pitch >= t.in_w
     assert t.tw in (8, 16, 32) and t.rows in (1, 2, 4, 8) and t.cpw in (1, 2, 4)
     if stride == 1:
-        assert sparse_module._bank_conflicts(t.tw, t.rows, 1, 1, t.pitch) == 1
+        assert tiling._bank_conflicts(t.tw, t.rows, 1, 1, t.pitch) == 1
 
 
 # ------------------------------------------------------------------ GPU --
@@ -287,11 +294,11 @@ def test_cuda_matches_numpy(name, sparsity, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_sm", [1, 4, 64])
 @pytest.mark.parametrize("name", ["s1_p1", "s2_p1_odd", "rect_stride_5x5", "dilation2"])
-def test_cuda_every_tiling_matches_numpy(name, per_sm, rng, monkeypatch):
-    monkeypatch.setattr(sparse_module, "blocks_per_sm", per_sm)
+def test_cuda_every_tiling_matches_numpy(name, per_sm, rng):
     x, w, csr, kwargs, _ = _case(rng, name, 0.8)
-    assert_backends_match(lambda x, v: sparse_conv2d(x, csr, v, **kwargs), [x, csr.values],
-                          rtol=1e-4)
+    with gf.config.override(sparse_blocks_per_sm=per_sm):
+        assert_backends_match(lambda x, v: sparse_conv2d(x, csr, v, **kwargs), [x, csr.values],
+                              rtol=1e-4)
 
 
 # VGG16 3x3 layers (and a stride-2 one) at 90%: chunks, groups and wide tiles for real.
@@ -401,6 +408,10 @@ class _FakeArray:
     def reshape(self, shape):
         return _FakeArray(self.device, tuple(shape), self.dtype, self.ptr)
 
+    def offset(self, elements, shape):
+        return _FakeArray(self.device, tuple(shape), self.dtype,
+                          self.ptr + elements * self.dtype.itemsize)
+
 
 class _FakeKernel:
     def __init__(self, device, name, defines):
@@ -410,8 +421,6 @@ class _FakeKernel:
         self((0, 1, 1), (256, 1, 1), *args)
 
     def _plan(self, ints, grid, forward):
-        from types import SimpleNamespace
-        from gdnflow.sparse.conv import Tiling
         d = self.defines
         tiling = Tiling(d["TW"], d["ROWS"], d["CPW"], d["CC"], d["SH"], d["SW"], d["SPAN_H"],
                         d["SPAN_W"], d["PITCH"])
@@ -466,15 +475,9 @@ class _FakeKernel:
 
 
 @pytest.fixture
-def fake_device(monkeypatch):
-    import sys
-    import types
-    from gdnflow.backends import cuda as cuda_package
+def fake_device():
     device = _FakeDevice()
-    runtime_module = types.ModuleType("gdnflow.backends.cuda.runtime")
-    runtime_module.get_runtime = device.get_runtime
-    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.runtime", runtime_module)
-    with cuda_package.simulated(device):
+    with cuda.simulated(device):
         yield device
 
 
@@ -488,24 +491,22 @@ def test_cuda_host_code_on_a_simulated_device(name, rng, fake_device):
     values = csr.values.astype(np.float64)
     dx, dgy, dv, db = (fake_device.from_numpy(a.astype(np.float32))
                        for a in (x, gy, csr.values, b))
-    y = sparse_module.forward_cuda(g, csr, dx, dv, db).host()
-    assert relative_error(y, sparse_module.forward_numpy(g, csr, x, values, b)) <= 1e-5
-    gx = sparse_module.backward_data_cuda(g, csr, dgy, dv).host()
-    assert relative_error(gx, sparse_module.backward_data_numpy(g, csr, gy, values)) <= 1e-5
-    gv = sparse_module.backward_values_cuda(g, csr, dx, dgy).host()
-    assert relative_error(gv, sparse_module.backward_values_numpy(g, csr, x, gy)) <= 1e-5
+    y = cuda_plan.forward_cuda(g, csr, dx, dv, db).host()
+    assert relative_error(y, reference.forward_numpy(g, csr, x, values, b)) <= 1e-5
+    gx = cuda_plan.backward_data_cuda(g, csr, dgy, dv).host()
+    assert relative_error(gx, reference.backward_data_numpy(g, csr, gy, values)) <= 1e-5
+    gv = cuda_plan.backward_values_cuda(g, csr, dx, dgy).host()
+    assert relative_error(gv, reference.backward_values_numpy(g, csr, x, gy)) <= 1e-5
     # A second forward reuses the packed entries of the same values array.
-    plan = sparse_module.forward_plan(g, csr)
+    plan = cuda_plan.forward_plan(g, csr)
     packed = plan.entries(dv)
     assert plan.entries(dv) is packed
-    np.testing.assert_allclose(sparse_module.forward_cuda(g, csr, dx, dv, db).host(), y)
+    np.testing.assert_allclose(cuda_plan.forward_cuda(g, csr, dx, dv, db).host(), y)
 
 
 def test_operator_found_by_name_without_importing_sparse_first():
     # import gdnflow leaves gdnflow.sparse unloaded; asking the registry for its operator
     # by name loads it (the front door's unknown-name hook).
-    import subprocess
-    import sys
     script = ("import sys, gdnflow\n"
               "assert not [m for m in sys.modules if m.startswith('gdnflow.sparse')]\n"
               "from gdnflow import registry\n"
