@@ -1,142 +1,18 @@
-"""sparse_conv2d: against the dense convolution, finite differences, a block-by-block
-replay of the CUDA kernels' plans (runs without a GPU), and CUDA against NumPy."""
-import subprocess
-import sys
+"""The CUDA path's plans (gdnflow.sparse.cuda_plan) without a GPU: a block-by-block replay of
+the kernels from the plans' host arrays, and the host code run on a simulated device."""
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
-from gdnflow import ops
 from gdnflow.backends import cuda
-from gdnflow.errors import ShapeError
-from gdnflow.ops.conv import normalize_padding
-from gdnflow.sparse import cuda_plan, reference, tiling
-from gdnflow.sparse.conv import sparse_conv2d
+from gdnflow.sparse import cuda_plan, reference
 from gdnflow.sparse.csr import to_csr
 from gdnflow.sparse.cuda_plan import backward_plans, forward_plan
-from gdnflow.sparse.geometry import sparse_geometry
-from gdnflow.sparse.tiling import WARPS, Tiling, choose_tiling
-from gdnflow.testing import assert_backends_match, gradcheck, relative_error
-
-# name -> (x shape, w shape, keyword arguments of the call, dilation); odd sizes throughout.
-CASES = {
-    "s1_p1": ((2, 5, 9, 11), (7, 5, 3, 3), dict(padding=1), 1),
-    "s1_p0": ((1, 4, 8, 7), (6, 4, 3, 3), dict(padding=0), 1),
-    "s2_p1_odd": ((2, 3, 9, 7), (5, 3, 3, 3), dict(stride=2, padding=1), 1),
-    "s2_p0": ((1, 4, 10, 9), (3, 4, 3, 3), dict(stride=2, padding=0), 1),
-    "asymmetric": ((2, 3, 8, 9), (4, 3, 3, 3), dict(padding=(0, 2, 1, 0)), 1),
-    "s2_asymmetric": ((1, 3, 8, 9), (4, 3, 3, 3), dict(stride=2, padding=(1, 0, 0, 1)), 1),
-    "rect_stride_5x5": ((1, 2, 11, 10), (3, 2, 5, 5), dict(stride=(2, 1), padding=2), 1),
-    "dilation2": ((1, 3, 9, 10), (4, 3, 3, 3), dict(padding=2), 2),
-    "1x1_s2": ((2, 6, 7, 7), (3, 6, 1, 1), dict(stride=2), 1),
-    "padding_past_kernel": ((1, 2, 5, 6), (3, 2, 3, 3), dict(padding=3), 1),
-}
-SPARSITIES = (0.5, 0.9, 0.98)
-
-
-def _padded(x_shape, padding):
-    top, bottom, left, right = ((padding,) * 4 if isinstance(padding, int) else
-                                (padding[0], padding[0], padding[1], padding[1])
-                                if len(padding) == 2 else padding)
-    return x_shape[2] + top + bottom, x_shape[3] + left + right
-
-
-def _pruned_weight(rng, w_shape, sparsity):
-    """N(0, 1/fan_in) weights with round(sparsity * size) zeros, never all of a filter
-    unless the sparsity asks for it."""
-    size = int(np.prod(w_shape))
-    w = rng.standard_normal(size) / np.sqrt(np.prod(w_shape[1:]))
-    w[rng.choice(size, int(round(sparsity * size)), replace=False)] = 0.0
-    return w.reshape(w_shape)
-
-
-def _case(rng, name, sparsity):
-    x_shape, w_shape, kwargs, dilation = CASES[name]
-    w = _pruned_weight(rng, w_shape, sparsity)
-    csr = to_csr(w, _padded(x_shape, kwargs.get("padding", 0)), dilation)
-    return rng.standard_normal(x_shape), w, csr, kwargs, dilation
-
-
-def _tensors(*arrays, dtype=np.float64, requires_grad=False):
-    return [gf.tensor(a, device="numpy", dtype=dtype, requires_grad=requires_grad)
-            for a in arrays]
-
-
-# ------------------------------------------------------- sparse vs dense --
-@pytest.mark.parametrize("sparsity", SPARSITIES)
-@pytest.mark.parametrize("name", CASES)
-def test_forward_matches_dense_conv2d(name, sparsity, rng):
-    x, w, csr, kwargs, dilation = _case(rng, name, sparsity)
-    b = rng.standard_normal(w.shape[0])
-    for dtype in (np.float64, np.float32):
-        tx, tv, tb = _tensors(x, csr.values, b, dtype=dtype)
-        got = sparse_conv2d(tx, csr, tv, tb, **kwargs).numpy()
-        tw = gf.tensor(csr.to_dense(), device="numpy", dtype=dtype)
-        want = ops.conv2d(tx, tw, tb, dilation=dilation, **kwargs).numpy()
-        assert got.dtype == dtype
-        assert relative_error(got, want) <= (1e-12 if dtype == np.float64 else 1e-5)
-
-
-@pytest.mark.parametrize("sparsity", SPARSITIES)
-@pytest.mark.parametrize("name", CASES)
-def test_gradients_match_dense_conv2d(name, sparsity, rng):
-    # The transpose and the values' gradient, against conv2d's gx and gw at the pattern.
-    x, w, csr, kwargs, dilation = _case(rng, name, sparsity)
-    b = rng.standard_normal(w.shape[0])
-    tx, tv, tb = _tensors(x, csr.values, b, requires_grad=True)
-    y = sparse_conv2d(tx, csr, tv, tb, **kwargs)
-    gy = rng.standard_normal(y.shape)
-    y.backward(gf.tensor(gy, device="numpy", dtype=np.float64))
-    dx, dw, db = _tensors(x, csr.to_dense().astype(np.float64), b, requires_grad=True)
-    ops.conv2d(dx, dw, db, dilation=dilation, **kwargs).backward(
-        gf.tensor(gy, device="numpy", dtype=np.float64))
-    np.testing.assert_allclose(tx.grad.numpy(), dx.grad.numpy(), rtol=1e-10, atol=1e-12)
-    gw = dw.grad.numpy()[csr.rows, csr.channel, csr.tap_row, csr.tap_col]
-    np.testing.assert_allclose(tv.grad.numpy(), gw, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(tb.grad.numpy(), db.grad.numpy(), rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("name", ["s1_p1", "s2_asymmetric", "rect_stride_5x5", "dilation2"])
-def test_gradcheck(name, rng):
-    x, w, csr, kwargs, _ = _case(rng, name, 0.7)
-    b = rng.standard_normal(w.shape[0])
-    gradcheck(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs), [x, csr.values, b])
-
-
-def test_offsets_for_another_input_size_are_recomputed(rng):
-    # The CSR's offsets were made for another padded size; the result must not change.
-    x, w, csr, kwargs, _ = _case(rng, "s1_p1", 0.8)
-    stale = to_csr(w, (40, 41))
-    tx, = _tensors(x)
-    np.testing.assert_allclose(sparse_conv2d(tx, stale, **kwargs).numpy(),
-                               sparse_conv2d(tx, csr, **kwargs).numpy(), rtol=1e-12)
-
-
-def test_all_zero_filter_gives_bias_only(rng):
-    csr = to_csr(np.zeros((3, 2, 3, 3)), (7, 7))
-    tx, tv, tb = _tensors(rng.standard_normal((1, 2, 5, 5)), np.zeros(0), [1.0, 2.0, 3.0],
-                          requires_grad=True)
-    y = sparse_conv2d(tx, csr, tv, tb, padding=1)
-    np.testing.assert_array_equal(y.numpy(), np.broadcast_to([[[[1.0]], [[2.0]], [[3.0]]]],
-                                                              (1, 3, 5, 5)))
-    y.backward(gf.tensor(np.ones(y.shape), device="numpy", dtype=np.float64))
-    assert not tx.grad.numpy().any() and tv.grad.shape == (0,)
-
-
-def test_errors_name_what_is_wrong(rng):
-    csr = to_csr(_pruned_weight(rng, (4, 3, 3, 3), 0.5), (7, 7))
-    x, = _tensors(rng.standard_normal((1, 3, 5, 5)))
-    with pytest.raises(ShapeError, match="x has 2 channels, the filter expects 3"):
-        sparse_conv2d(_tensors(rng.standard_normal((1, 2, 5, 5)))[0], csr)
-    with pytest.raises(ShapeError, match=rf"values must have shape \({csr.nnz},\)"):
-        sparse_conv2d(x, csr, _tensors(np.ones(5))[0])
-    with pytest.raises(ShapeError, match=r"bias must have shape \(4,\)"):
-        sparse_conv2d(x, csr, bias=_tensors(np.ones(3))[0])
-    with pytest.raises(TypeError, match="CSRWeight"):
-        sparse_conv2d(x, np.ones((4, 3, 3, 3)))
-    assert sparse_geometry("t", (1, 3, 5, 5), csr, (1, 1), (1, 1, 1, 1)).y_shape == (1, 4, 5, 5)
+from gdnflow.sparse.tiling import WARPS, Tiling
+from gdnflow.testing import relative_error
+from sparse_cases import CASES, case, geometry_of, pruned_weight
 
 
 # ------------------------------------ replay of the CUDA plans on NumPy --
@@ -221,21 +97,14 @@ def replay_values_grad(plan, inp, gout):
     return gvalues
 
 
-def _geometry(x_shape, csr, kwargs):
-    stride = kwargs.get("stride", 1)
-    stride = (stride, stride) if isinstance(stride, int) else stride
-    return sparse_geometry("t", x_shape, csr, stride,
-                           normalize_padding("t", kwargs.get("padding", 0)))
-
-
 @pytest.mark.parametrize("per_sm", [1, 64])
 @pytest.mark.parametrize("name", CASES)
 def test_cuda_plans_replayed_on_numpy_match_the_reference(name, per_sm, rng):
     # What the kernels would compute from the plans' offsets, chunk pointers,
     # windows and (backward) stride phases, block by block, for two tilings.
     with gf.config.override(sparse_blocks_per_sm=per_sm):
-        x, w, csr, kwargs, _ = _case(rng, name, 0.6)
-        g = _geometry(x.shape, csr, kwargs)
+        x, w, csr, kwargs, _ = case(rng, name, 0.6)
+        g = geometry_of(x.shape, csr, kwargs)
         values = csr.values.astype(np.float64)
         y_ref = reference.forward_numpy(g, csr, x, values)
         y = np.full(g.y_shape, np.nan)
@@ -258,8 +127,8 @@ def test_cuda_plans_replayed_on_numpy_match_the_reference(name, per_sm, rng):
 def test_replay_with_several_chunks_and_channel_groups(per_sm, cpw, groups, rng):
     # 40 input channels (3 chunks of 16), 70 output channels in groups of 8*cpw.
     x = rng.standard_normal((1, 40, 6, 7))
-    csr = to_csr(_pruned_weight(rng, (70, 40, 3, 3), 0.9), (8, 9))
-    g = _geometry(x.shape, csr, dict(padding=1))
+    csr = to_csr(pruned_weight(rng, (70, 40, 3, 3), 0.9), (8, 9))
+    g = geometry_of(x.shape, csr, dict(padding=1))
     with gf.config.override(sparse_blocks_per_sm=per_sm):
         plan = forward_plan(g, csr, sm_count=1)
     assert plan.n_chunks == 3 and plan.groups == groups and plan.tiling.cpw == cpw
@@ -267,78 +136,6 @@ def test_replay_with_several_chunks_and_channel_groups(per_sm, cpw, groups, rng)
     y = np.full(g.y_shape, np.nan)
     replay(plan, x, values, y)
     assert relative_error(y, reference.forward_numpy(g, csr, x, values)) <= 1e-12
-
-
-@pytest.mark.parametrize("n,c,size", [(1, 64, 224), (1, 512, 14), (16, 256, 56), (1, 3, 224),
-                                      (64, 512, 7), (1, 128, 112), (2, 32, 9)])
-@pytest.mark.parametrize("stride,span", [(1, 3), (2, 3), (1, 5), (2, 7)])
-def test_tilings_fit_shared_memory_and_avoid_bank_conflicts(n, c, size, stride, span):
-    t = choose_tiling(n, c, c, size, size, stride, stride, span, span, 132)
-    assert t.cc * t.in_h * t.pitch * 4 <= 48 * 1024 and t.pitch >= t.in_w
-    assert t.tw in (8, 16, 32) and t.rows in (1, 2, 4, 8) and t.cpw in (1, 2, 4)
-    if stride == 1:
-        assert tiling._bank_conflicts(t.tw, t.rows, 1, 1, t.pitch) == 1
-
-
-# ------------------------------------------------------------------ GPU --
-@pytest.mark.gpu
-@pytest.mark.parametrize("sparsity", SPARSITIES)
-@pytest.mark.parametrize("name", CASES)
-def test_cuda_matches_numpy(name, sparsity, rng):
-    x, w, csr, kwargs, _ = _case(rng, name, sparsity)
-    b = rng.standard_normal(w.shape[0])
-    assert_backends_match(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs),
-                          [x, csr.values, b], rtol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("per_sm", [1, 4, 64])
-@pytest.mark.parametrize("name", ["s1_p1", "s2_p1_odd", "rect_stride_5x5", "dilation2"])
-def test_cuda_every_tiling_matches_numpy(name, per_sm, rng):
-    x, w, csr, kwargs, _ = _case(rng, name, 0.8)
-    with gf.config.override(sparse_blocks_per_sm=per_sm):
-        assert_backends_match(lambda x, v: sparse_conv2d(x, csr, v, **kwargs), [x, csr.values],
-                              rtol=1e-4)
-
-
-# VGG16 3x3 layers (and a stride-2 one) at 90%: chunks, groups and wide tiles for real.
-REAL_LAYERS = {
-    "vgg16_64_64_56_b1": ((1, 64, 56, 56), (64, 64, 3, 3), dict(padding=1)),
-    "vgg16_256_256_28_b2": ((2, 256, 28, 28), (256, 256, 3, 3), dict(padding=1)),
-    "vgg16_512_512_14_b1": ((1, 512, 14, 14), (512, 512, 3, 3), dict(padding=1)),
-    "vgg16_3_64_224_b1": ((1, 3, 224, 224), (64, 3, 3, 3), dict(padding=1)),
-    "stride2_128_256_28": ((2, 128, 28, 28), (256, 128, 3, 3), dict(stride=2, padding=1)),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", REAL_LAYERS)
-def test_cuda_real_layers_match_numpy(name, rng):
-    x_shape, w_shape, kwargs = REAL_LAYERS[name]
-    csr = to_csr(_pruned_weight(rng, w_shape, 0.9), _padded(x_shape, kwargs["padding"]))
-    b = rng.standard_normal(w_shape[0])
-    assert_backends_match(lambda x, v, b: sparse_conv2d(x, csr, v, b, **kwargs),
-                          [rng.standard_normal(x_shape), csr.values, b], rtol=1e-4)
-
-
-@pytest.mark.gpu
-def test_cuda_sparse_matches_dense_conv2d_on_the_gpu(rng):
-    x_shape, w_shape, kwargs = REAL_LAYERS["vgg16_256_256_28_b2"]
-    w = _pruned_weight(rng, w_shape, 0.95).astype(np.float32)
-    csr = to_csr(w, _padded(x_shape, 1))
-    x = gf.tensor(rng.standard_normal(x_shape), device="cuda")
-    dense = ops.conv2d(x, gf.tensor(w, device="cuda"), **kwargs).numpy()
-    assert relative_error(sparse_conv2d(x, csr, **kwargs).numpy(), dense) <= 1e-4
-
-
-@pytest.mark.gpu
-def test_cuda_packed_entries_follow_new_values(rng):
-    # The packed (value, offset) pairs are cached per values array; new values repack.
-    x, w, csr, kwargs, _ = _case(rng, "s1_p1", 0.5)
-    tx = gf.tensor(x, device="cuda")
-    first = sparse_conv2d(tx, csr, gf.tensor(csr.values, device="cuda"), **kwargs).numpy()
-    second = sparse_conv2d(tx, csr, gf.tensor(2 * csr.values, device="cuda"), **kwargs).numpy()
-    np.testing.assert_allclose(second, 2 * first, rtol=1e-5, atol=1e-6)
 
 
 # ------------------- the CUDA path's host side, on a simulated device --
@@ -484,8 +281,8 @@ def fake_device():
 @pytest.mark.parametrize("name", ["s1_p1", "s2_asymmetric", "rect_stride_5x5", "dilation2",
                                   "1x1_s2", "padding_past_kernel"])
 def test_cuda_host_code_on_a_simulated_device(name, rng, fake_device):
-    x, w, csr, kwargs, _ = _case(rng, name, 0.7)
-    g = _geometry(x.shape, csr, kwargs)
+    x, w, csr, kwargs, _ = case(rng, name, 0.7)
+    g = geometry_of(x.shape, csr, kwargs)
     b = rng.standard_normal(g.c_out).astype(np.float32)
     gy = rng.standard_normal(g.y_shape).astype(np.float32)
     values = csr.values.astype(np.float64)
@@ -502,15 +299,3 @@ def test_cuda_host_code_on_a_simulated_device(name, rng, fake_device):
     packed = plan.entries(dv)
     assert plan.entries(dv) is packed
     np.testing.assert_allclose(cuda_plan.forward_cuda(g, csr, dx, dv, db).host(), y)
-
-
-def test_operator_found_by_name_without_importing_sparse_first():
-    # import gdnflow leaves gdnflow.sparse unloaded; asking the registry for its operator
-    # by name loads it (the front door's unknown-name hook).
-    script = ("import sys, gdnflow\n"
-              "assert not [m for m in sys.modules if m.startswith('gdnflow.sparse')]\n"
-              "from gdnflow import registry\n"
-              "print(registry.get('sparse_conv2d').__name__)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "SparseConv2dOp"
