@@ -11,8 +11,9 @@ uniformly random pattern), one process times the forward (no gradient) of:
   call forced to im2col + SGEMM;
 - torch: ``F.conv2d`` (cuDNN, benchmark mode, TF32 off), dense weight;
 - gdnflow sparse: ``sparse_conv2d`` with the pruned weight in CSR form, the
-  default tiling (``blocks_per_sm`` = 4) and, at 90%, the best of two other
-  tilings (``blocks_per_sm`` 1 and 16), to see what the heuristic leaves.
+  default tiling (``gdnflow.config`` ``sparse_blocks_per_sm`` = 4) and, at 90%,
+  the best of two other tilings (``sparse_blocks_per_sm`` 1 and 16), to see what
+  the heuristic leaves.
 
 CUDA events, warm-up, median (``gdnflow.benchmarking``). ratio = dense / sparse (above
 1: sparse is faster). "chosen" marks the layers where the dispatcher would
@@ -50,8 +51,9 @@ import gdnflow as gf
 from gdnflow import ops
 from gdnflow.ops import conv as conv_module
 from gdnflow.ops.conv import Im2colGemm, conv_geometry
-from gdnflow.sparse import conv as sparse_module
+from gdnflow.sparse.conv import sparse_conv2d
 from gdnflow.sparse.csr import to_csr
+from gdnflow.sparse.cuda_plan import forward_plan
 
 #: VGG16's 3x3 layers at 224²: (C_in, C_out, side) -> how many of the 13 have that shape.
 VGG16 = collections.Counter([(3, 64, 224), (64, 64, 224), (64, 128, 112), (128, 128, 112),
@@ -60,7 +62,7 @@ VGG16 = collections.Counter([(3, 64, 224), (64, 64, 224), (64, 128, 112), (128, 
                              (512, 512, 14)])
 BATCHES = (1, 16)
 SPARSITIES = (0.7, 0.9, 0.95)
-SWEEP = (1, 16)                 # other blocks_per_sm values tried at 90%
+SWEEP = (1, 16)                 # other sparse_blocks_per_sm values tried at 90%
 
 
 class _Forced:
@@ -122,26 +124,22 @@ def bench_layer(torch, n, c_in, c_out, side, rng, warmup, repeats):
         pruned = magnitude_prune(w_host, sparsity)
         csr = to_csr(pruned, (side + 2, side + 2))
         with gf.no_grad():
-            run = lambda: sparse_module.sparse_conv2d(x, csr, padding=1)  # noqa: E731
+            run = lambda: sparse_conv2d(x, csr, padding=1)  # noqa: E731
             y = run().numpy()
             ms = harness.time_gdnflow(run, warmup, repeats)
             sweep = {}
             if sparsity == 0.9:
-                default = sparse_module.blocks_per_sm
-                try:
-                    for per_sm in SWEEP:
-                        sparse_module.blocks_per_sm = per_sm
+                for per_sm in SWEEP:
+                    with gf.config.override(sparse_blocks_per_sm=per_sm):
                         run()
                         sweep[per_sm] = harness.time_gdnflow(run, warmup, repeats)
-                finally:
-                    sparse_module.blocks_per_sm = default
         if torch:
             with torch.no_grad():
                 ref = F.conv2d(tx, torch.from_numpy(pruned).cuda(), padding=1).cpu().numpy()
         else:
             with gf.no_grad():
                 ref = ops.conv2d(x, gf.tensor(pruned, device="cuda"), padding=1).numpy()
-        tiling = sparse_module.forward_plan(g, csr).tiling
+        tiling = forward_plan(g, csr).tiling
         result[sparsity] = (ms, relative_difference(y, ref), sweep, tiling)
     return result
 
@@ -205,8 +203,8 @@ def main():
         "sparse: a random N(0, 1/fan_in) weight magnitude-pruned per layer (uniformly random "
         "pattern); **bold** = faster than gdnflow dense, where the dispatcher runs it; "
         "dispatched totals take min(dense, sparse) per layer",
-        f"90% best of tilings: also blocks_per_sm in {SWEEP} (default 4); tw/rows/cpw = tile "
-        "width, outputs per lane, channels per warp of the default tiling",
+        f"90% best of tilings: also sparse_blocks_per_sm in {SWEEP} (default 4); tw/rows/cpw = "
+        "tile width, outputs per lane, channels per warp of the default tiling",
         "batch-1 inputs fit in L2, so those rows time L2-resident data",
         f"benchmark wall time {time.perf_counter() - started:.0f} s",
     ]

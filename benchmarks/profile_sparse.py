@@ -29,7 +29,9 @@ import gdnflow as gf  # noqa: E402
 from gdnflow import benchmarking as harness  # noqa: E402
 from gdnflow import ops  # noqa: E402
 from gdnflow.errors import KernelCompileError  # noqa: E402
-from gdnflow.sparse import conv as sparse_module  # noqa: E402
+from gdnflow.sparse.conv import SparseConv2dOp, sparse_conv2d, values_tensor  # noqa: E402
+from gdnflow.sparse.cuda_plan import TilePlan, forward_plan  # noqa: E402
+from gdnflow.sparse.tiling import Tiling, _pitch  # noqa: E402
 from gdnflow.sparse.csr import to_csr  # noqa: E402
 
 LAYERS = ((3, 64, 224), (64, 64, 224), (512, 512, 28))
@@ -69,18 +71,18 @@ def main():
             label = f"b{n} {c_in}->{c_out} {side}²"
             with gf.no_grad():
                 calls = {"dense conv2d": lambda: ops.conv2d(x, w, padding=1),
-                         "sparse_conv2d": lambda: sparse_module.sparse_conv2d(x, csr, padding=1)}
+                         "sparse_conv2d": lambda: sparse_conv2d(x, csr, padding=1)}
                 for name, fn in calls.items():
                     events = harness.time_gdnflow(fn, 10, 30)
                     busy, host = timer.time(fn, flushes=2)
                     rows.append([label, name, f"{events * 1e3:.1f}", f"{busy * 1e3:.1f}",
                                  f"{host:.1f}"])
-                y = sparse_module.sparse_conv2d(x, csr, padding=1)
-                op = sparse_module.SparseConv2dOp(csr, padding=1)
-                values = sparse_module.values_tensor(csr, "cuda")
+                y = sparse_conv2d(x, csr, padding=1)
+                op = SparseConv2dOp(csr, padding=1)
+                values = values_tensor(csr, "cuda")
                 op.check(x, values)
                 g = op.geometry
-                plan = sparse_module.forward_plan(g, csr)
+                plan = forward_plan(g, csr)
                 floor_us = y.size * 4 / HBM_BYTES_PER_S * 1e6
                 gy = gf.tensor(rng.standard_normal(y.shape, dtype=np.float32), device="cuda")
                 gvalues = timer.runtime.full((csr.nnz,), 0.0, np.float32)
@@ -91,13 +93,10 @@ def main():
                              f"{ms * 1e3:.1f}", ""])
                 t = plan.tiling
                 for tile_rows, cpw in TILINGS:
-                    tiling = sparse_module.Tiling(t.tw, tile_rows, cpw, t.cc, t.sh, t.sw,
-                                                  t.span_h, t.span_w,
-                                                  sparse_module._pitch(t.tw, tile_rows, t.sh,
-                                                                       t.sw, t.in_w))
-                    variant = sparse_module.TilePlan(tiling, csr.rows, g.c_out, g.c_in,
-                                                     csr.channel, csr.tap_row, csr.tap_col,
-                                                     plan.geometry)
+                    tiling = Tiling(t.tw, tile_rows, cpw, t.cc, t.sh, t.sw, t.span_h, t.span_w,
+                                    _pitch(t.tw, tile_rows, t.sh, t.sw, t.in_w))
+                    variant = TilePlan(tiling, csr.rows, g.c_out, g.c_in, csr.channel,
+                                       csr.tap_row, csr.tap_col, plan.geometry)
                     ventries = variant.entries(values.data)
                     try:
                         ms = per_launch_ms(timer, lambda: variant.forward(
@@ -119,7 +118,7 @@ def main():
             profile = cProfile.Profile()
             profile.enable()
             for _ in range(200):
-                sparse_module.sparse_conv2d(x, csr, padding=1)
+                sparse_conv2d(x, csr, padding=1)
                 timer.stream.synchronize()
             profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)

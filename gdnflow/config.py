@@ -51,6 +51,10 @@ class Config:
     # --- sparse convolution (gdnflow.sparse) ----------------------------------
     #: Resident blocks per SM the sparse kernels' grids are sized for.
     sparse_blocks_per_sm: int = 4
+    #: Which convolution a SparseConv2d runs: "auto" (per layer, the faster on
+    #: the GPU, dense on NumPy), "sparse" or "dense" everywhere. None: the
+    #: environment variable GDNFLOW_SPARSE, else "auto".
+    sparse_policy: str = None
 
     def override(self, **changes):
         """Context manager: the given knobs take the given values within the block."""

@@ -140,6 +140,3 @@ def pad(x, pads, value=0.0):
     """Constant padding: one (before, after) pair per leading dimension."""
     return Pad(pads, value)(x)
 
-
-# Registers the "sparse_conv2d" operator (gdnflow.sparse: pruned networks).
-from gdnflow.sparse.conv import sparse_conv2d  # noqa: E402

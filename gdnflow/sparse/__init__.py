@@ -7,6 +7,9 @@ picks dense or sparse per shape, and pruned checkpoints.
     sparse.apply_masks(model)           # after each optimiser step when fine-tuning
     sparse.sparsify(model)              # pruned Conv2d -> SparseConv2d (inference)
     y = sparse.sparse_conv2d(x, sparse.to_csr(w, (Hp, Wp)), stride=1, padding=1)
+
+An optional part: ``import gdnflow`` does not load it (the registry loads it
+when asked for "sparse_conv2d" by name). docs/sparse.md lists its modules.
 """
 from gdnflow.sparse.csr import CSRWeight, tap_offsets, to_csr
 from gdnflow.sparse.conv import sparse_conv2d

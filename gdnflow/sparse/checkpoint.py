@@ -10,6 +10,7 @@ too. A freshly built model has no mask buffers, so loading goes through
 """
 import inspect
 
+from gdnflow import models
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info
 from gdnflow.sparse.prune import MASK, add_mask_slots
 
@@ -20,7 +21,6 @@ def build_model(info, device=None):
     The constructor is ``gdnflow.models.get(config["name"])`` (else the
     lower-cased model name), called with the config's entries it accepts.
     """
-    from gdnflow import models
     config = dict(info.get("config") or {})
     name = config.pop("name", None) or info["model_name"].lower()
     constructor = models.get(name)

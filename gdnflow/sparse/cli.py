@@ -6,11 +6,15 @@ weights and their masks; the run's settings go to the checkpoint's
 ``extra["pruning"]``. The lead wires it into ``gdnflow.cli.build_parser``
 with ``add_prune_parser(sub)``.
 """
+import argparse
 import sys
+
+from gdnflow.io.checkpoint import CheckpointError, save_checkpoint
+from gdnflow.sparse.checkpoint import load_pruned
+from gdnflow.sparse.prune import prune, sparsity_report
 
 
 def _sparsity(text):
-    import argparse
     try:
         value = float(text)
     except ValueError:
@@ -37,9 +41,6 @@ def add_prune_parser(subparsers):
 
 def cmd_prune(args):
     """Prune ``args.model`` and write ``args.output``; prints the per-layer sparsity."""
-    from gdnflow.io.checkpoint import CheckpointError, save_checkpoint
-    from gdnflow.sparse.checkpoint import load_pruned
-    from gdnflow.sparse.prune import prune, sparsity_report
     try:
         model, checkpoint = load_pruned(args.model, device="numpy")
     except (FileNotFoundError, CheckpointError, KeyError) as exc:

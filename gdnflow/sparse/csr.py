@@ -21,6 +21,8 @@ non-zero -- is what stays fixed). Offsets are unique and increasing within a
 row as long as Wp > (kw-1)*dw and Hp > (kh-1)*dh, which any valid
 convolution's padded input satisfies.
 """
+import math
+
 import numpy as np
 
 from gdnflow.errors import ShapeError
@@ -142,3 +144,18 @@ def to_csr(weight, padded_size, dilation=1, mask=None):
     np.cumsum(np.bincount(rows, minlength=weight.shape[0]), out=row_ptr[1:])
     return CSRWeight(weight.shape, padded_size, dilation, row_ptr, channel, tap_row, tap_col,
                      weight[rows, channel, tap_row, tap_col])
+
+
+def random_csr(shape, density, padded, dilation=1, rng=None):
+    """A CSRWeight with a uniformly random pattern of ``density`` and N(0, 1/fan_in) values.
+
+    ``shape`` is [C_out, C_in, kh, kw]; round(density * size) entries are kept;
+    ``padded`` is the padded input size (Hp, Wp); ``rng`` a NumPy Generator
+    (default: seed 0).
+    """
+    rng = rng or np.random.default_rng(0)
+    size = math.prod(shape)
+    keep = np.zeros(size, bool)
+    keep[rng.choice(size, int(round(density * size)), replace=False)] = True
+    w = rng.standard_normal(size).astype(np.float32) / math.sqrt(math.prod(shape[1:]))
+    return to_csr(w.reshape(shape), padded, dilation, mask=keep.reshape(shape))

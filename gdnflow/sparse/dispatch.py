@@ -9,22 +9,41 @@ density, whether :func:`~gdnflow.sparse.conv.sparse_conv2d` or the dense
   faster; the answer is cached per (geometry, density to 0.01), so a
   network pays for it on its first forward. Do that first forward before
   capturing a CUDA graph: timing allocates.
-- on NumPy it is a rule, not a measurement: dense. The NumPy sparse code is
-  the reference, a gather through fancy indexing; on the development machine
-  (2 cores) it ran 20-70x slower than the BLAS-backed dense convolution at
-  10% density and still 4-10x slower at 2% (3x3 layers of 64-512 channels,
-  7-56 pixels wide), so there is no density at which it wins.
+- on NumPy it is a rule, not a measurement: dense (the NumPy sparse code
+  is the reference, a gather through fancy indexing, slower than the
+  BLAS-backed dense convolution at any density; docs/sparse.md has the
+  measurements).
 
-``GDNFLOW_SPARSE=dense`` or ``=sparse`` (or :attr:`SparseDispatcher.policy`)
-forces one side everywhere; the default is ``auto``.
-:func:`describe` lists the choices made so far (for ``gdnflow info``).
+The policy comes from ``gdnflow.config.settings.sparse_policy`` ("auto",
+"sparse" or "dense"; "sparse"/"dense" force one side everywhere), read at
+each choice; when that knob is None, from the environment variable
+``GDNFLOW_SPARSE``; else "auto". A dispatcher built with a policy of its own
+uses that one. :func:`describe` lists the choices made so far (for
+``gdnflow info``).
 """
 import os
 import statistics
 
 import numpy as np
 
+from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda
+from gdnflow.config import settings
+from gdnflow.ops.conv import conv2d
+from gdnflow.sparse.conv import sparse_conv2d
+from gdnflow.sparse.csr import random_csr
+from gdnflow.sparse.geometry import padded_size
+from gdnflow.tensor import Tensor
+
 POLICIES = ("auto", "sparse", "dense")
+
+
+def checked_policy(policy, source):
+    """``policy`` if it is one of POLICIES, else a ValueError naming ``source``, its origin."""
+    if policy not in POLICIES:
+        raise ValueError(f"{source} must be one of {POLICIES}, got {policy!r} (GDNFLOW_SPARSE "
+                         "and gdnflow.config.settings.sparse_policy take the same values)")
+    return policy
 
 
 def describe_geometry(g):
@@ -37,19 +56,29 @@ class SparseDispatcher:
     """Chooses "sparse" or "dense" per (geometry, density, device); see the module docstring."""
 
     def __init__(self, policy=None):
-        policy = policy or os.environ.get("GDNFLOW_SPARSE", "auto") or "auto"
-        if policy not in POLICIES:
-            raise ValueError(f"GDNFLOW_SPARSE must be one of {POLICIES}, got {policy!r}")
-        self.policy = policy
+        #: This dispatcher's own policy, or None: the knob's (see :attr:`policy`).
+        self.own_policy = checked_policy(policy, "policy") if policy else None
         #: (geometry, density, device) -> "sparse" or "dense"
         self.cache = {}
         #: (geometry, density) -> {"sparse": ms, "dense": ms}, for what was measured.
         self.timings = {}
 
+    @property
+    def policy(self):
+        """"auto", "sparse" or "dense": the dispatcher's own policy, else the knob
+        ``settings.sparse_policy``, else ``GDNFLOW_SPARSE``, else "auto" (ValueError if
+        the one that applies is none of these)."""
+        if self.own_policy is not None:
+            return self.own_policy
+        if settings.sparse_policy is not None:
+            return checked_policy(settings.sparse_policy, "gdnflow.config.settings.sparse_policy")
+        return checked_policy(os.environ.get("GDNFLOW_SPARSE") or "auto", "GDNFLOW_SPARSE")
+
     def choose(self, g, density, device):
         """"sparse" or "dense" for geometry ``g`` with a weight of ``density`` on ``device``."""
-        if self.policy != "auto":
-            return self.policy
+        policy = self.policy
+        if policy != "auto":
+            return policy
         density = round(float(density), 2)
         key = (g, density, device)
         choice = self.cache.get(key)
@@ -70,20 +99,15 @@ class SparseDispatcher:
         Each is warmed up twice (compiling its kernels), then timed ``trials``
         times over ``repeats`` calls between two events; the median trial counts.
         """
-        import pycuda.driver as drv
-        from gdnflow import ops
-        from gdnflow.autograd import no_grad
-        from gdnflow.backends.cuda.runtime import get_runtime
-        from gdnflow.sparse.conv import padded_size, random_csr, sparse_conv2d
-        from gdnflow.tensor import Tensor
+        import pycuda.driver as drv     # local import: PyCUDA on first use (CUDA events)
         rng = np.random.default_rng(seed)
-        runtime = get_runtime()
+        runtime = cuda.runtime()
         csr = random_csr(g.w_shape, max(density, 1e-6), padded_size(g), g.dilation, rng)
         x = Tensor(rng.standard_normal(g.x_shape, dtype=np.float32), device="cuda")
         w = Tensor(csr.to_dense(), device="cuda")
         runs = {
-            "dense": lambda: ops.conv2d(x, w, stride=g.stride, padding=g.padding,
-                                        dilation=g.dilation),
+            "dense": lambda: conv2d(x, w, stride=g.stride, padding=g.padding,
+                                    dilation=g.dilation),
             "sparse": lambda: sparse_conv2d(x, csr, stride=g.stride, padding=g.padding),
         }
         start, end = drv.Event(), drv.Event()
@@ -106,8 +130,10 @@ class SparseDispatcher:
 
     def describe(self):
         """One line per choice made so far: layer, density, choice and, if measured, the times."""
-        if self.policy != "auto":
-            header = f"sparse convolution: forced {self.policy} (GDNFLOW_SPARSE)"
+        policy = self.policy
+        if policy != "auto":
+            header = (f"sparse convolution: forced {policy} "
+                      "(gdnflow.config sparse_policy or GDNFLOW_SPARSE)")
         else:
             header = "sparse convolution: per layer, measured on the GPU, dense on NumPy"
         lines = [header]

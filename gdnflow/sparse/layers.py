@@ -16,15 +16,17 @@ layers in place.
 import numpy as np
 
 from gdnflow import ops
-from gdnflow.autograd import grad_enabled
+from gdnflow.autograd import grad_enabled, no_grad
 from gdnflow.errors import ShapeError
 from gdnflow.nn.conv import Conv2d
 from gdnflow.nn.module import Module, weights_changed, weights_version
-from gdnflow.ops.conv import conv_parameters
+from gdnflow.ops.conv import conv_geometry, conv_parameters
 from gdnflow.sparse import dispatch
-from gdnflow.sparse.conv import padded_size, sparse_conv2d, values_tensor
+from gdnflow.sparse.conv import sparse_conv2d, values_tensor
 from gdnflow.sparse.csr import to_csr
+from gdnflow.sparse.geometry import padded_size
 from gdnflow.sparse.prune import MASK, set_mask
+from gdnflow.tensor import Tensor
 
 _COPIED = ("in_channels", "out_channels", "groups", "kernel_size", "stride", "padding",
            "dilation", "activation")
@@ -87,7 +89,6 @@ class SparseConv2d(Conv2d):
     def _geometry(self, x):
         stride, padding, dilation, _ = conv_parameters("SparseConv2d", self.stride, self.padding,
                                                        self.dilation, 1)
-        from gdnflow.ops.conv import conv_geometry
         return conv_geometry("SparseConv2d", x.shape, self.weight.shape, stride, padding,
                              dilation, 1)
 
@@ -158,8 +159,6 @@ def describe_model(model, input_shape, device=None, seed=0):
     that each SparseConv2d sees its real input size (on the GPU this is
     where the layers are timed), then adds the dispatcher's table.
     """
-    from gdnflow.autograd import no_grad
-    from gdnflow.tensor import Tensor
     rng = np.random.default_rng(seed)
     x = Tensor(rng.standard_normal(input_shape), device=device)
     was_training = model.training

@@ -22,6 +22,7 @@ so the optimiser's parameter tables stay valid.
 """
 import numpy as np
 
+from gdnflow.backends import cuda
 from gdnflow.nn.conv import Conv2d
 from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
@@ -122,7 +123,6 @@ def apply_masks(module):
         if weight.device == "numpy":
             weight.data *= mask.data.astype(weight.data.dtype, copy=False)
         elif weight.size:
-            from gdnflow.backends import cuda
             cuda.kernel("sparse_conv.cu", "multiply_in_place", "PPi").launch(
                 weight.size, weight.data.ptr, mask.data.ptr, weight.size)
         changed = True

@@ -1,11 +1,14 @@
 """SparseConv2d, sparsify, the dispatcher, pruned checkpoints and ``gdnflow prune``."""
 import argparse
+import contextlib
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import models, nn
+from gdnflow.io import save_checkpoint
+from gdnflow.ops.conv import conv_geometry
 from gdnflow.sparse import (SparseConv2d, describe, describe_model, load_pruned, prune,
                             sparsify)
 from gdnflow.sparse import dispatch
@@ -35,11 +38,10 @@ def tiny(width=8, device=None, rng=None):
 
 
 @pytest.fixture
-def forced(monkeypatch):
-    """Set the dispatcher's policy for one test."""
-    def force(policy):
-        monkeypatch.setattr(dispatch.dispatcher, "policy", policy)
-    return force
+def forced():
+    """force(policy): the dispatcher's policy for the rest of the test (the knob sparse_policy)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda policy: stack.enter_context(gf.config.override(sparse_policy=policy))
 
 
 def _outputs(model, x):
@@ -95,7 +97,6 @@ def test_weights_changed_rebuild_the_csr(rng, forced):
 
 
 def test_dispatcher_on_numpy_is_dense_and_described(rng):
-    from gdnflow.ops.conv import conv_geometry
     chooser = dispatch.SparseDispatcher("auto")
     g = conv_geometry("t", (1, 8, 9, 9), (8, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
     assert chooser.choose(g, 0.1, "numpy") == "dense"
@@ -104,6 +105,21 @@ def test_dispatcher_on_numpy_is_dense_and_described(rng):
     with pytest.raises(ValueError, match="GDNFLOW_SPARSE"):
         dispatch.SparseDispatcher("fast")
     assert describe().startswith("sparse convolution")
+
+
+def test_dispatcher_policy_from_the_knob_else_the_environment(monkeypatch):
+    g = conv_geometry("t", (1, 8, 9, 9), (8, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    chooser = dispatch.SparseDispatcher()
+    monkeypatch.setenv("GDNFLOW_SPARSE", "sparse")
+    assert chooser.choose(g, 0.5, "numpy") == "sparse"
+    with gf.config.override(sparse_policy="dense"):
+        assert chooser.choose(g, 0.5, "numpy") == "dense"
+        assert "forced dense" in chooser.describe()
+        assert dispatch.SparseDispatcher("sparse").choose(g, 0.5, "numpy") == "sparse"
+    monkeypatch.delenv("GDNFLOW_SPARSE")
+    assert chooser.policy == "auto"
+    with gf.config.override(sparse_policy="fast"), pytest.raises(ValueError, match="sparse_policy"):
+        chooser.choose(g, 0.5, "numpy")
 
 
 def test_describe_model_lists_each_sparse_layer(rng):
@@ -117,7 +133,6 @@ def test_describe_model_lists_each_sparse_layer(rng):
 
 @pytest.mark.gpu
 def test_dispatcher_measures_both_on_the_gpu(rng):
-    from gdnflow.ops.conv import conv_geometry
     chooser = dispatch.SparseDispatcher("auto")
     g = conv_geometry("t", (1, 64, 28, 28), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
     choice = chooser.choose(g, 0.1, "cuda")
@@ -134,7 +149,6 @@ def tiny_registered(monkeypatch):
 
 
 def test_pruned_checkpoint_reloads_with_masks(tmp_path, rng, tiny_registered):
-    from gdnflow.io import save_checkpoint
     model = tiny(rng=rng)
     prune(model, 0.75)
     save_checkpoint(tmp_path / "p.h5", model)
@@ -148,7 +162,6 @@ def test_pruned_checkpoint_reloads_with_masks(tmp_path, rng, tiny_registered):
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_prune_command_writes_a_pruned_checkpoint(tmp_path, rng, tiny_registered, per_layer,
                                                   capsys):
-    from gdnflow.io import save_checkpoint
     save_checkpoint(tmp_path / "model.h5", tiny(rng=rng), extra={"step": 7})
     parser = argparse.ArgumentParser()
     add_prune_parser(parser.add_subparsers(dest="command"))
