@@ -42,16 +42,16 @@ def __getattr__(name):
 
 
 @registry.on_unknown_name
-def _load_plugins():
-    """An operator name nothing has registered: load the installed plugins, then look again."""
-    from gdnflow import plugins     # local import: plugins load on first use
-    return plugins.load_for_unknown_name()
-
-
-@registry.on_unknown_name
 def _load_sparse():
     """An operator name nothing has registered: import gdnflow.sparse, which registers
     "sparse_conv2d" (an ONNX file, a saved graph or ``registry.get`` may name it)."""
     # import_module rather than an import statement: gdnflow.sparse is an optional part
     # (layer 9) that ``import gdnflow`` leaves unloaded; only this hook loads it, on demand.
     importlib.import_module("gdnflow.sparse")
+
+
+@registry.on_unknown_name
+def _load_plugins():
+    """An operator name nothing has registered: load the installed plugins, then look again."""
+    from gdnflow import plugins     # local import: plugins load on first use
+    return plugins.load_for_unknown_name()

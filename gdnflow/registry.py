@@ -51,9 +51,11 @@ def get(name):
     """
     if name in _operators:
         return _operators[name]
-    notes = [hook() for hook in _unknown_name_hooks]
-    if name in _operators:
-        return _operators[name]
+    notes = []
+    for hook in _unknown_name_hooks:       # in the order given, until one registers the name
+        notes.append(hook())
+        if name in _operators:
+            return _operators[name]
     explained = "".join(note for note in notes if note)
     raise KeyError(f"no operator named {name!r}; registered: {sorted(_operators)}{explained}")
 
