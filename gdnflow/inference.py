@@ -319,7 +319,8 @@ def _op_types():
     """The operator classes the passes recognise (imported late: ops imports Tensor)."""
     from gdnflow.ops.batchnorm import BatchNorm
     from gdnflow.ops.conv import Conv2d
-    from gdnflow.ops.elementwise import Add, Clamp, ReLU, ReLU6
+    from gdnflow.ops.arithmetic import Add
+    from gdnflow.ops.elementwise import Clamp, ReLU, ReLU6
     return Conv2d, BatchNorm, Add, ReLU, ReLU6, Clamp
 
 
