@@ -131,7 +131,7 @@ class BatchNorm(Operator):
         l = math.prod(x.shape[2:])
         # mean, invstd and gamma * invstd per channel, in one allocation.
         coefficients = cuda.empty((3, c))
-        mean, invstd, scale = (_row(coefficients, k) for k in range(3))
+        mean, invstd, scale = (coefficients.offset(k * c, (c,)) for k in range(3))
         if self.training:
             partial, splits = _channel_sums("bn_stats_partial", x, x)
             update = self.running_mean is not None
@@ -155,7 +155,7 @@ class BatchNorm(Operator):
         x, coefficients = self.saved.x, self.saved.coefficients
         c = x.shape[1]
         l = math.prod(x.shape[2:])
-        mean, invstd, scale = (_row(coefficients, k) for k in range(3))
+        mean, invstd, scale = (coefficients.offset(k * c, (c,)) for k in range(3))
         need = self.needs_grad
         gx = gbeta = ggamma = None
         if self.training or need[1] or need[2]:
@@ -178,12 +178,6 @@ class BatchNorm(Operator):
         need = self.needs_grad
         return tuple(self.wrap(g) if g is not None and wanted else None
                      for g, wanted in zip((gx, ggamma, gbeta), need))
-
-
-def _row(matrix, k):
-    """Row k of a [rows, C] CudaArray as a [C] view."""
-    c = matrix.shape[1]
-    return matrix.offset(k * c, (c,))
 
 
 def _split_count(channels, count):

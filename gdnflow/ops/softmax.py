@@ -26,7 +26,7 @@ from gdnflow.registry import register
 SOURCE = "softmax.cu"
 SOFTMAX_BLOCK = 256     # threads per block of the *_rows_block kernels (their -DSOFTMAX_BLOCK)
 LONG_ROW = 512          # rows at least this long get a block each, shorter ones a warp
-# (a warp then loops at most 16 times per pass; a guess, not yet measured)
+# (how it was chosen: docs/ops.md)
 # Every kernel of the file is fetched with the same defines: one compiled module, not two.
 DEFINES = (("SOFTMAX_BLOCK", SOFTMAX_BLOCK),)
 
