@@ -6,6 +6,9 @@ compiled at run time, with a NumPy reference backend behind the same API.
     y = (x.relu() * 3).sum()
     y.backward()
     x.grad.numpy()      # [[3., 0.]]
+
+``gf.compile(model.eval(), input_shape)`` makes an inference plan
+(:func:`gdnflow.inference.compile`; the package loads on first use).
 """
 import importlib
 
@@ -24,9 +27,17 @@ OPTIONAL_PARTS = ("classify", "codec", "data", "inference", "io", "models", "plu
                   "sparse", "testing", "train")
 
 
+#: Functions of optional parts that ``gdnflow.<name>`` reaches, importing the part
+#: on first use: {name: the module defining it}.
+LAZY_FUNCTIONS = {"compile": "gdnflow.inference"}
+
+
 def __getattr__(name):
     if name in OPTIONAL_PARTS:
         return importlib.import_module(f"gdnflow.{name}")
+    if name in LAZY_FUNCTIONS:
+        # gdnflow.compile(model, input_shape=None, **options): gdnflow.inference.compile
+        return getattr(importlib.import_module(LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'gdnflow' has no attribute {name!r}")
 
 

@@ -11,16 +11,17 @@ import datetime
 import platform
 import statistics
 
+from gdnflow.backends import cuda
+
 
 def gdnflow_stream():
     """The stream every gdnflow kernel runs on."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().stream
+    return cuda.runtime().stream
 
 
 def time_gdnflow(fn, warmup=10, repeats=50):
     """Median milliseconds of ``fn()`` measured with events on gdnflow's stream."""
-    import pycuda.driver as drv
+    import pycuda.driver as drv     # local import: PyCUDA on first use
     stream = gdnflow_stream()
     for _ in range(warmup):
         fn()
@@ -38,7 +39,7 @@ def time_gdnflow(fn, warmup=10, repeats=50):
 
 def time_torch(fn, warmup=10, repeats=50):
     """Median milliseconds of ``fn()`` measured with events on PyTorch's current stream."""
-    import torch
+    import torch    # local import: PyTorch, optional (the baseline), loaded on first use
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -57,9 +58,10 @@ def torch_or_none(need_torchvision=False):
     """PyTorch with TF32 off and cuDNN in benchmark mode, or None if it cannot run here
     (or, with ``need_torchvision``, if torchvision is missing)."""
     try:
-        import torch
+        import torch    # local import: PyTorch, optional (the baseline); may be absent
         if need_torchvision:
-            import torchvision  # noqa: F401  (the baseline models)
+            # local import: torchvision, optional (the baseline models); may be absent
+            import torchvision  # noqa: F401
     except ImportError:
         return None
     if not torch.cuda.is_available():
@@ -72,8 +74,7 @@ def torch_or_none(need_torchvision=False):
 
 def gpu_name():
     """The name of the GPU gdnflow runs on."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().name
+    return cuda.runtime().name
 
 
 def markdown_table(title, headers, rows, notes=()):

@@ -18,7 +18,17 @@ inputs. The torch models get random weights and non-trivial batch-norm
 statistics, and gdnflow's models load the same state dict, so the table also
 reports the plan's error against PyTorch.
 """
+import datetime
+import sys
+
 import numpy as np
+
+from gdnflow import benchmarking, inference, models as zoo
+from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda, cuda_available
+from gdnflow.benchmarking import time_gdnflow, time_torch
+from gdnflow.tensor import tensor
+from gdnflow.testing import relative_error
 
 #: Models and batch sizes timed by default.
 MODELS = ("mobilenet_v2", "vgg16")
@@ -37,13 +47,9 @@ HEADERS = ["model", "batch", "torch eager ms", "torch graph ms", "gdnflow eager 
 
 
 # ------------------------------------------------------------------ timing --
-from gdnflow.benchmarking import time_gdnflow, time_torch  # noqa: E402
-
-
 def torch_or_none():
     """PyTorch and torchvision set up as the baseline, or None where they cannot run."""
-    from gdnflow.benchmarking import torch_or_none as baseline
-    return baseline(need_torchvision=True)
+    return benchmarking.torch_or_none(need_torchvision=True)
 
 
 def _cycle(items):
@@ -67,14 +73,13 @@ def random_state(name, torch=None, seed=0):
     rng = np.random.default_rng(seed)
     reference = None
     if torch is not None:
-        import torchvision
+        import torchvision  # local import: torchvision, optional (the baseline models)
         torch.manual_seed(seed)
         reference = getattr(torchvision.models, name)(weights=None).eval()
         state = {k: v.numpy().copy() for k, v in reference.state_dict().items()
                  if not k.endswith("num_batches_tracked")}
     else:
-        from gdnflow import models
-        state = models.get(name)(device="numpy").state_dict()
+        state = zoo.get(name)(device="numpy").state_dict()
     for key, value in state.items():
         if key.endswith("running_mean"):
             state[key] = rng.uniform(-0.1, 0.1, value.shape).astype(np.float32)
@@ -120,9 +125,6 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
     ``image_size`` other than "cuda" and 224 are for testing this code (VGG16
     needs 224).
     """
-    import gdnflow as gf
-    from gdnflow import inference, models as zoo
-    from gdnflow.testing import relative_error
     time_g, time_t = timers
     rows, notes = [], []
     for name in models:
@@ -136,13 +138,13 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
             rng = np.random.default_rng(batch)
             shape = (batch, 3, image_size, image_size)
             hosts = [rng.standard_normal(shape).astype(np.float32) for _ in range(INPUT_SETS)]
-            xs = [gf.tensor(h, device=device) for h in hosts]
+            xs = [tensor(h, device=device) for h in hosts]
             log(f"{name} batch {batch}: building plans")
             plan = compiled.plan(shape)
             fused_plan = fused.plan(shape)
 
             def eager(next_x=_cycle(xs)):
-                with gf.no_grad():
+                with no_grad():
                     model(next_x())
             t_eager = time_g(eager, warmup, repeats)
             next_x = _cycle(xs)
@@ -201,9 +203,7 @@ def _fmt_ratio(value):
 
 def markdown(rows, notes, title="Inference: gdnflow plans against PyTorch"):
     """The table as markdown, headed by the GPU's name and the date."""
-    import datetime
-    from gdnflow.backends.cuda.runtime import get_runtime
-    lines = [f"## {title}", "", f"GPU: {get_runtime().name}; date: "
+    lines = [f"## {title}", "", f"GPU: {benchmarking.gpu_name()}; date: "
              f"{datetime.date.today().isoformat()}", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -230,10 +230,7 @@ def add_bench_parser(subparsers):
 
 def cmd_bench(args):
     """Run the benchmark for the ``gdnflow bench`` command; exit status 1 without a GPU."""
-    import sys
-    import gdnflow
-    if not gdnflow.cuda_available():
-        from gdnflow.backends import cuda
+    if not cuda_available():
         print(f"bench: needs a CUDA device ({cuda.unavailable_reason()})", file=sys.stderr)
         return 1
     torch = None if args.no_torch else torch_or_none()

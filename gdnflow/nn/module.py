@@ -163,15 +163,6 @@ class Module:
         """Set inference mode on this module and below."""
         return self.train(False)
 
-    def compile_inference(self, input_shape=None, **options):
-        """This model (in eval mode) as a :class:`gdnflow.inference.CompiledModel`.
-
-        Batch norm folded, activations and residual adds fused, and on the
-        GPU one CUDA graph per input shape; see :func:`gdnflow.inference.compile`.
-        """
-        from gdnflow import inference
-        return inference.compile(self, input_shape, **options)
-
     def zero_grad(self):
         """Forget the gradients of every parameter."""
         for p in self.parameters():

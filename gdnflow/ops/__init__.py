@@ -10,7 +10,7 @@ from gdnflow.ops.conv_transpose import conv_transpose2d
 from gdnflow.ops.arithmetic import Add, Div, Mul, Sub  # noqa: F401 (registers add, sub, mul, div)
 from gdnflow.ops.elementwise import Affine, Clamp, Exp, Log, Neg, Pow, ReLU, ReLU6, Sigmoid, Sqrt
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
-from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.gdn import gdn
 from gdnflow.ops.bound import lower_bound
 from gdnflow.ops.linear import linear, matmul
 from gdnflow.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d
@@ -119,21 +119,6 @@ def mean(x, axis=None, keepdims=False):
 def broadcast_to(x, shape):
     """x repeated along broadcast dimensions to ``shape``."""
     return BroadcastTo(shape)(x)
-
-
-def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
-    """Generalized divisive normalization of NCHW ``x``: y = x * (beta + gamma s(x))^a per pixel.
-
-    gamma is (C, C), laid out [output channel, input channel]; beta is (C,).
-    s(x) = x^2 and a = -1/2 (GDN) or +1/2 (``inverse``); ``simplified`` uses
-    s(x) = |x| and a = -1 or +1. With ``parametrized`` = (beta_bound,
-    gamma_bound, pedestal), beta and gamma are stored forms p used as
-    max(p, bound)^2 - pedestal, as the GDN layer trains them (the
-    reparameterisation of :mod:`gdnflow.ops.gdn.parametrize` fused into the
-    operator), and their gradients are with respect to p. See
-    :mod:`gdnflow.ops.gdn`.
-    """
-    return GDNOperator(inverse, simplified, parametrized)(x, beta, gamma)
 
 
 def transpose(x, perm):

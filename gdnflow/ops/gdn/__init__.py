@@ -12,9 +12,9 @@
 ``docs/gdn.md`` has the derivation, the design and the measurements.
 """
 from gdnflow.ops.gdn.cuda_plan import CudaPlan
-from gdnflow.ops.gdn.operator import VARIANTS, GDNOperator
+from gdnflow.ops.gdn.operator import VARIANTS, GDNOperator, gdn
 from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
                                          NonNegativeReparametrization)
 
-__all__ = ["GDNOperator", "VARIANTS", "CudaPlan", "NonNegativeParametrize",
+__all__ = ["gdn", "GDNOperator", "VARIANTS", "CudaPlan", "NonNegativeParametrize",
            "NonNegativeReparametrization", "PEDESTAL"]

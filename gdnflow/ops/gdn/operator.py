@@ -142,7 +142,7 @@ class GDNOperator(Operator):
 
         The operator computes the same normalisation from the effective
         values; for inference plans, which evaluate the reparameterisation
-        of constant weights once (``gdnflow.inference``'s ``fold_constants``).
+        of constant weights once (``gdnflow.inference.passes.fold_constants``).
         Only for a ``parametrized`` operator.
         """
         beta_bound, gamma_bound, pedestal = self.parametrized
@@ -325,3 +325,17 @@ class GDNOperator(Operator):
         plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta,
                                 None if stored is None else stored + self.parametrized[:2])
         return gbeta, ggamma
+
+
+def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
+    """Generalized divisive normalization of NCHW ``x``: y = x * (beta + gamma s(x))^a per pixel.
+
+    gamma is (C, C), laid out [output channel, input channel]; beta is (C,).
+    s(x) = x^2 and a = -1/2 (GDN) or +1/2 (``inverse``); ``simplified`` uses
+    s(x) = |x| and a = -1 or +1. With ``parametrized`` = (beta_bound,
+    gamma_bound, pedestal), beta and gamma are stored forms p used as
+    max(p, bound)^2 - pedestal, as the GDN layer trains them (the
+    reparameterisation of :mod:`gdnflow.ops.gdn.parametrize` fused into the
+    operator), and their gradients are with respect to p.
+    """
+    return GDNOperator(inverse, simplified, parametrized)(x, beta, gamma)

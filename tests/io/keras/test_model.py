@@ -128,5 +128,5 @@ def test_inference_plan_of_an_imported_model_matches_keras(device):
     """gdnflow.inference traces the graph's operators: BN folding works on Keras models too."""
     model = keras.load(FIXTURES / "mobilenet_v2.h5", device=device)
     x = reference_input("mobilenet_v2")
-    compiled = model.compile_inference(x.shape)
+    compiled = gf.compile(model, x.shape)
     assert_close(compiled(gf.tensor(x, device=device)).numpy(), REFERENCE["mobilenet_v2_y"])
