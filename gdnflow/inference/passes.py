@@ -20,9 +20,10 @@ import math
 
 from gdnflow.autograd import Operator, no_grad
 from gdnflow.inference.program import FusedConv, Step
+from gdnflow.ops.arithmetic import Add
 from gdnflow.ops.batchnorm import BatchNorm, fold_batch_norm
 from gdnflow.ops.conv import Conv2d
-from gdnflow.ops.elementwise import Add, Clamp, ReLU, ReLU6
+from gdnflow.ops.elementwise import Clamp, ReLU, ReLU6
 from gdnflow.ops.gdn import GDNOperator
 from gdnflow.tensor import Tensor
 

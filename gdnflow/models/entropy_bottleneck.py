@@ -28,8 +28,8 @@ Training adds U(-1/2, 1/2) noise to the latent (a differentiable stand-in for
 rounding); evaluation rounds around each channel's median. ``quantiles``
 holds per channel the values where c = -t, 0, +t with t = log(2/tail_mass - 1)
 (so that each tail carries tail_mass/2); the auxiliary loss :meth:`loss`
-learns them, with the density itself held fixed. A codec (issue 8) uses them
-to bound the range of symbols.
+learns them, with the density itself held fixed. The codec
+(:mod:`gdnflow.codec`) uses them to bound the range of symbols.
 
 Parameter names follow CompressAI's ``EntropyBottleneck`` (``matrices.0``,
 ``biases.0``, ``factors.0``, ``quantiles``; buffer ``target``) so that its

@@ -20,6 +20,8 @@ Names follow CompressAI's ``FactorizedPrior`` (``g_a.0.weight``,
 same reparameterisation, so :func:`load_compressai_state_dict` loads its
 trained weights.
 """
+import re
+
 import numpy as np
 
 from gdnflow.errors import ShapeError
@@ -145,7 +147,6 @@ def load_compressai_state_dict(model, state_dict):
     parameters ``_matrix0``, ``_bias0``, ``_factor0``: those are renamed.
     Returns the list of skipped names.
     """
-    import re
     plural = {"matrix": "matrices", "bias": "biases", "factor": "factors"}
     own = set(model.state_dict())
     converted, skipped = {}, []

@@ -28,8 +28,8 @@ class VGG(Module):
                 layers.append(nn.MaxPool2d(2, 2))
             else:
                 # ReLU is a separate module (as in torchvision, keeping its
-                # indices) but fused into the convolution by the planner of
-                # issue 6; here it is applied by its own operator.
+                # indices): applied by its own operator here, fused into the
+                # convolution by inference plans.
                 layers += [Conv2d(channels, item, 3, 1, 1, rng=rng), nn.ReLU()]
                 channels = item
         self.features = nn.Sequential(*layers)

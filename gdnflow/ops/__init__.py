@@ -7,14 +7,14 @@ tensor on the other operand's device.
 """
 from gdnflow.ops.conv import conv2d
 from gdnflow.ops.conv_transpose import conv_transpose2d
-from gdnflow.ops.elementwise import (Affine, BroadcastTo, Clamp, Exp, Log, Neg, Pow, ReLU, ReLU6,
-                                     Sigmoid, Sqrt, sum_to)
+from gdnflow.ops.arithmetic import Add, Div, Mul, Sub  # noqa: F401 (registers add, sub, mul, div)
+from gdnflow.ops.elementwise import Affine, Clamp, Exp, Log, Neg, Pow, ReLU, ReLU6, Sigmoid, Sqrt
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
 from gdnflow.ops.gdn import gdn
 from gdnflow.ops.bound import lower_bound
 from gdnflow.ops.linear import linear, matmul
 from gdnflow.ops.pool import avg_pool2d, global_avg_pool2d, max_pool2d
-from gdnflow.ops.reduction import Mean, Sum
+from gdnflow.ops.reduction import BroadcastTo, Mean, Sum, sum_to
 from gdnflow.ops.shape import Concat, Pad, Reshape, Slice, Transpose, flatten
 from gdnflow.ops.softmax import log_softmax, softmax
 from gdnflow.ops.batchnorm import batch_norm, fold_batch_norm

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import DeviceMismatchError, ShapeError
 from gdnflow.registry import register
@@ -80,7 +80,6 @@ class BatchNorm(Operator):
         if self.training and self.count < 2:
             raise ShapeError(f"{self.label}: training needs more than one value per channel to "
                              f"estimate a variance, got input of shape {x.shape}")
-        self.recording = grad_enabled() and any(t.requires_grad for t in (x, gamma, beta))
 
     # ------------------------------------------------------------- NumPy --
     def forward_numpy(self, x, gamma, beta):
@@ -98,7 +97,7 @@ class BatchNorm(Operator):
         y = ((x - mean.reshape(per_channel)) * (gamma * invstd).reshape(per_channel)
              + beta.reshape(per_channel))
         if self.recording:
-            self.saved = (x, gamma, mean, invstd)
+            self.save(x=x, gamma=gamma, mean=mean, invstd=invstd)
         return y
 
     def _update_running_numpy(self, mean, var):
@@ -111,7 +110,8 @@ class BatchNorm(Operator):
         rv += (m * unbiased).astype(rv.dtype)
 
     def backward_numpy(self, gy):
-        x, gamma, mean, invstd = self.saved
+        saved = self.saved
+        x, gamma, mean, invstd = saved.x, saved.gamma, saved.mean, saved.invstd
         axes = (0,) + tuple(range(2, x.ndim))
         per_channel = (1, -1) + (1,) * (x.ndim - 2)
         xhat = (x - mean.reshape(per_channel)) * invstd.reshape(per_channel)
@@ -131,7 +131,7 @@ class BatchNorm(Operator):
         l = math.prod(x.shape[2:])
         # mean, invstd and gamma * invstd per channel, in one allocation.
         coefficients = cuda.empty((3, c))
-        mean, invstd, scale = (_row(coefficients, k) for k in range(3))
+        mean, invstd, scale = (coefficients.offset(k * c, (c,)) for k in range(3))
         if self.training:
             partial, splits = _channel_sums("bn_stats_partial", x, x)
             update = self.running_mean is not None
@@ -148,14 +148,14 @@ class BatchNorm(Operator):
         cuda.kernel(SOURCE, "bn_normalize", "PPPPPiii", DEFINES).launch(
             y.size, x.ptr, y.ptr, mean.ptr, scale.ptr, beta.ptr, c, l, y.size)
         if self.recording:
-            self.saved = (x, coefficients)
+            self.save(x=x, coefficients=coefficients)
         return y
 
     def backward_cuda(self, gy):
-        x, coefficients = self.saved
+        x, coefficients = self.saved.x, self.saved.coefficients
         c = x.shape[1]
         l = math.prod(x.shape[2:])
-        mean, invstd, scale = (_row(coefficients, k) for k in range(3))
+        mean, invstd, scale = (coefficients.offset(k * c, (c,)) for k in range(3))
         need = self.needs_grad
         gx = gbeta = ggamma = None
         if self.training or need[1] or need[2]:
@@ -180,17 +180,9 @@ class BatchNorm(Operator):
                      for g, wanted in zip((gx, ggamma, gbeta), need))
 
 
-def _row(matrix, k):
-    """Row k of a [rows, C] CudaArray as a [C] view."""
-    from gdnflow.backends.cuda.runtime import CudaArray
-    c = matrix.shape[1]
-    return CudaArray((c,), matrix.dtype, matrix.allocation, matrix.ptr + 4 * k * c)
-
-
 def _split_count(channels, count):
     """How many blocks share one channel's sums: enough blocks to fill the GPU, each busy."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    target = BLOCKS_PER_SM * get_runtime().sm_count
+    target = BLOCKS_PER_SM * cuda.sm_count()
     return max(1, min(-(-target // channels), -(-count // MIN_PER_BLOCK)))
 
 

@@ -8,12 +8,9 @@ rescaling; in inference dropout is the identity::
     gx = gy * mask
 
 The mask is drawn on the host with a NumPy ``Generator`` and uploaded, then
-applied by the elementwise ``mul`` operator (which also gives the backward).
-Drawing on the host costs one host-to-device copy of the mask per call: in
-VGG16 and MobileNetV2 dropout sits only in the classifier, on [N, 4096] or
-[N, 1280] features, where that copy is a few microseconds. In return the
-mask is the same on both backends for the same generator state, so runs are
-reproducible and the CUDA result can be checked against NumPy exactly.
+applied by the ``mul`` operator (which also gives the backward), so it is the
+same on both backends for the same generator state (the cost of the upload:
+docs/ops.md).
 """
 import numpy as np
 

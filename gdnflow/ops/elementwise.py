@@ -1,18 +1,14 @@
-"""Elementwise operators. CUDA kernels: ``cuda_src/elementwise.cu``.
+"""Elementwise maps of one tensor. CUDA kernels: ``cuda_src/elementwise.cu``.
 
-Unary operators (``neg exp log sqrt pow relu relu6 sigmoid clamp affine``)
-map each element and have one fused backward kernel each. Binary arithmetic
-(``add sub mul div``) broadcasts NumPy-style; the CUDA kernels handle any
-broadcast that merges into six index dimensions, which covers scalars,
-per-channel vectors against NCHW tensors, rows and columns.
+``neg exp log sqrt pow relu relu6 sigmoid clamp affine``: y has x's shape,
+y_i = f(x_i), and each operator has one fused backward kernel computing
+gx_i = df(x_i, y_i, gy_i). The binary arithmetic with broadcasting, whose
+kernels share the file, is :mod:`gdnflow.ops.arithmetic`.
 """
 import numpy as np
 
 from gdnflow.autograd import Operator
-from gdnflow.errors import ShapeError
 from gdnflow.backends import cuda
-from gdnflow.backends.numpy_backend import contiguous
-from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
 from gdnflow.registry import register
 
 SOURCE = "elementwise.cu"
@@ -46,7 +42,8 @@ class UnaryOperator(Operator):
         raise NotImplementedError
 
     def _save(self, x, y):
-        self.saved = (x if "x" in self.saves else None, y if "y" in self.saves else None)
+        """Keep x and y as ``self.saved.x`` / ``.y``, each None unless ``saves`` names it."""
+        self.save(x=x if "x" in self.saves else None, y=y if "y" in self.saves else None)
 
     def forward_numpy(self, x):
         y = np.asarray(self.f(x), dtype=x.dtype)
@@ -64,13 +61,12 @@ class UnaryOperator(Operator):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
-        x, y = self.saved
-        return np.asarray(self.df(x, y, gy), dtype=gy.dtype)
+        return np.asarray(self.df(self.saved.x, self.saved.y, gy), dtype=gy.dtype)
 
     def backward_cuda(self, gy):
         # The kernel does not read what the operator did not save: any valid
         # pointer can stand in for it.
-        x, y = (a if a is not None else gy for a in self.saved)
+        x, y = (a if a is not None else gy for a in (self.saved.x, self.saved.y))
         gx = cuda.empty(gy.shape, gy.dtype)
         cuda.kernel(SOURCE, self.backward_kernel, "PPPPiff").launch(
             gy.size, x.ptr, y.ptr, gy.ptr, gx.ptr, gy.size, *self.params)
@@ -170,131 +166,3 @@ class Affine(UnaryOperator):
 
     def f(self, x): return x * x.dtype.type(self.params[0]) + x.dtype.type(self.params[1])
     def df(self, x, y, gy): return gy * gy.dtype.type(self.params[0])
-
-
-# ----------------------------------------------------------------- binary --
-class BinaryOperator(Operator):
-    """out = a OP b with NumPy broadcasting; ``kernel`` names the CUDA pair.
-
-    Subclasses give ``grads(gy)``: the gradients at the broadcast shape; the
-    base class sums each back to its input's shape.
-    """
-
-    kernel = None
-    numpy_function = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.same_kernel, cls.broadcast_kernel = f"{cls.kernel}_same", f"{cls.kernel}_broadcast"
-
-    def check(self, a, b):
-        self.out_shape = broadcast_shape(self.label, a.shape, b.shape)
-
-    def forward_numpy(self, a, b):
-        self._save(a, b)
-        return type(self).numpy_function(a, b)
-
-    def forward_cuda(self, a, b):
-        out = cuda.empty(self.out_shape, a.dtype)
-        n = out.size
-        if a.shape == b.shape:
-            cuda.kernel(SOURCE, self.same_kernel, "PPPi").launch(
-                n, a.ptr, b.ptr, out.ptr, n)
-        else:
-            dims, (sa, sb) = kernel_layout(self.out_shape, a.shape, b.shape)
-            cuda.kernel(SOURCE, self.broadcast_kernel, "PPPi" + "i" * 17).launch(
-                n, a.ptr, b.ptr, out.ptr, n, *dims, *sa, *sb)
-        self._save(a, b)
-        return out
-
-    def _save(self, a, b):
-        """Keep what the backward needs (nothing, by default)."""
-
-    def backward(self, gy):
-        return tuple(None if g is None else sum_to(g, shape)
-                     for g, shape in zip(self.grads(gy), self.input_shapes))
-
-    def grads(self, gy):
-        """Gradients with respect to a and b at the output's (broadcast) shape."""
-        raise NotImplementedError
-
-
-@register("add")
-class Add(BinaryOperator):
-    """a + b."""
-    kernel, numpy_function = "add", np.add
-
-    def grads(self, gy):
-        return gy, gy
-
-
-@register("sub")
-class Sub(BinaryOperator):
-    """a - b."""
-    kernel, numpy_function = "sub", np.subtract
-
-    def grads(self, gy):
-        return gy, (-gy if self.needs_grad[1] else None)
-
-
-@register("mul")
-class Mul(BinaryOperator):
-    """a * b."""
-    kernel, numpy_function = "mul", np.multiply
-
-    def _save(self, a, b):
-        self.saved = (a, b)
-
-    def grads(self, gy):
-        a, b = (self.wrap(x) for x in self.saved)
-        return (gy * b if self.needs_grad[0] else None,
-                gy * a if self.needs_grad[1] else None)
-
-
-@register("div")
-class Div(BinaryOperator):
-    """a / b."""
-    kernel, numpy_function = "div", np.divide
-
-    def _save(self, a, b):
-        self.saved = (a, b)
-
-    def grads(self, gy):
-        a, b = (self.wrap(x) for x in self.saved)
-        ga = gy / b if self.needs_grad[0] else None
-        gb = -(gy * a) / (b * b) if self.needs_grad[1] else None
-        return ga, gb
-
-
-@register("broadcast_to")
-class BroadcastTo(Operator):
-    """Repeat x along its size-1 (or missing leading) dimensions to ``shape``."""
-
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def check(self, x):
-        if broadcast_shape(self.label, x.shape, self.shape) != self.shape:
-            raise ShapeError(f"broadcast_to: cannot broadcast shape {x.shape} to {self.shape}")
-
-    def forward_numpy(self, x):
-        return contiguous(np.broadcast_to(x, self.shape))
-
-    def forward_cuda(self, x):
-        out = cuda.empty(self.shape, x.dtype)
-        dims, (strides,) = kernel_layout(self.shape, x.shape)
-        cuda.kernel(SOURCE, "broadcast_copy", "PPi" + "i" * 11).launch(
-            out.size, x.ptr, out.ptr, out.size, *dims, *strides)
-        return out
-
-    def backward(self, gy):
-        return (sum_to(gy, self.input_shapes[0]),)
-
-
-def sum_to(t, shape):
-    """Sum ``t`` over the dimensions along which ``shape`` was broadcast to t's shape."""
-    if t.shape == tuple(shape):
-        return t
-    from gdnflow.ops.reduction import Sum
-    from gdnflow.ops.shape import Reshape
-    return Reshape(shape)(Sum(reduced_axes(t.shape, shape), keepdims=True)(t))

@@ -44,7 +44,7 @@ class EntropyUnary(UnaryOperator):
     def backward_cuda(self, gy):
         # Any valid pointer stands in for what the operator did not save:
         # the kernel does not read it.
-        x, y = (a if a is not None else gy for a in self.saved)
+        x, y = (a if a is not None else gy for a in (self.saved.x, self.saved.y))
         gx = cuda.empty(gy.shape, gy.dtype)
         if gy.size:
             cuda.kernel(SOURCE, self.backward_kernel, "PPPPi").launch(
@@ -199,7 +199,7 @@ class SigmoidDifference(Operator):
                              f"{lower.shape} and {upper.shape}")
 
     def forward_numpy(self, lower, upper):
-        self.saved = (lower, upper)
+        self.save(lower=lower, upper=upper)
         s = np.where(lower + upper > 0, -1, 1).astype(lower.dtype)
         return np.abs(_logistic(s * upper) - _logistic(s * lower))
 
@@ -208,14 +208,14 @@ class SigmoidDifference(Operator):
         if y.size:
             cuda.kernel(SOURCE, "sigmoid_difference_forward", "PPPi").launch(
                 y.size, lower.ptr, upper.ptr, y.ptr, y.size)
-        self.saved = (lower, upper)
+        self.save(lower=lower, upper=upper)
         return y
 
     def backward(self, grad_output):
         return tuple(self.wrap(g) for g in self.dispatch("backward", grad_output.data))
 
     def backward_numpy(self, gy):
-        lower, upper = self.saved
+        lower, upper = self.saved.lower, self.saved.upper
         s = np.where(lower + upper > 0, -1, 1).astype(gy.dtype)
         a, b = _logistic(s * upper), _logistic(s * lower)
         d = a - b
@@ -223,7 +223,7 @@ class SigmoidDifference(Operator):
         return -g * b * (1 - b), g * a * (1 - a)
 
     def backward_cuda(self, gy):
-        lower, upper = self.saved
+        lower, upper = self.saved.lower, self.saved.upper
         g_lower, g_upper = cuda.empty(gy.shape, gy.dtype), cuda.empty(gy.shape, gy.dtype)
         if gy.size:
             cuda.kernel(SOURCE, "sigmoid_difference_backward", "PPPPPi").launch(

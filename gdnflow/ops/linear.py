@@ -19,25 +19,26 @@ import math
 
 import numpy as np
 
-from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
+from gdnflow.ops.reduction import BroadcastTo, sum_cuda
+from gdnflow.ops.shape import Reshape
 from gdnflow.registry import register
 
 FLOAT = 4   # bytes per float32
 
 
-def _keep_for_backward(*tensors):
-    """Per input: will the backward need it? Decided where requires_grad is at hand.
+def _keep_for_backward(op):
+    """(keep the first operand, keep the second) for the backward of the product ``op``.
 
     In a product each operand feeds only the *other* operand's gradient, so
-    an input is kept when any other input requires a gradient; nothing is
+    an operand is kept when the other's gradient is asked for; nothing is
     kept when no graph is recorded (inference frees activations at once).
     """
-    if not grad_enabled():
-        return (False,) * len(tensors)
-    wants = [t.requires_grad for t in tensors]
-    return tuple(any(w for j, w in enumerate(wants) if j != i) for i in range(len(tensors)))
+    if not op.recording:
+        return False, False
+    return op.needs_grad[1], op.needs_grad[0]
 
 
 @register("linear")
@@ -60,17 +61,16 @@ class Linear(Operator):
         if bias and bias[0].shape != (w.shape[0],):
             raise ShapeError(f"{self.label}: bias must have shape ({w.shape[0]},) (one per "
                              f"output feature), got {bias[0].shape}")
-        self.keep = _keep_for_backward(x, w)
         self.out_shape = x.shape[:-1] + (w.shape[0],)
 
     def forward_numpy(self, x, w, b=None):
-        self.saved = (x if self.keep[0] else None, w if self.keep[1] else None)
+        keep_x, keep_w = _keep_for_backward(self)
+        self.save(x=x if keep_x else None, w=w if keep_w else None)
         y = x @ w.T
         return y + b if b is not None else y
 
     def forward_cuda(self, x, w, b=None):
-        from gdnflow.backends.cuda import blas
-        from gdnflow.ops.elementwise import BroadcastTo
+        from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
         rows, (out, inp) = math.prod(x.shape[:-1]), w.shape
         if b is None:
             y, beta = cuda.empty(self.out_shape), 0.0
@@ -78,7 +78,8 @@ class Linear(Operator):
             y, beta = BroadcastTo((rows, out)).forward_cuda(b).reshape(self.out_shape), 1.0
         if rows and out:
             blas.matmul(x.ptr, w.ptr, y.ptr, rows, out, inp, trans_b=True, beta=beta)
-        self.saved = (x if self.keep[0] else None, w if self.keep[1] else None)
+        keep_x, keep_w = _keep_for_backward(self)
+        self.save(x=x if keep_x else None, w=w if keep_w else None)
         return y
 
     def backward(self, grad_output):
@@ -86,7 +87,7 @@ class Linear(Operator):
         return tuple(None if g is None else self.wrap(g) for g in grads)
 
     def backward_numpy(self, gy):
-        x, w = self.saved
+        x, w = self.saved.x, self.saved.w
         need = self.needs_grad
         g2 = gy.reshape(-1, gy.shape[-1])                                 # [M, out]
         gx = (gy @ w) if need[0] else None
@@ -95,29 +96,23 @@ class Linear(Operator):
         return (gx, gw) + ((gb,) if len(need) > 2 else ())
 
     def backward_cuda(self, gy):
-        from gdnflow.backends.cuda import blas
-        from gdnflow.ops.reduction import sum_cuda
-        x, w = self.saved
+        from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
+        x, w = self.saved.x, self.saved.w
         need = self.needs_grad
         out, inp = self.input_shapes[1]
         rows = math.prod(self.input_shapes[0][:-1])
         gx = gw = gb = None
         if need[0]:
-            gx = _zeros_cuda(self.input_shapes[0]) if not out else cuda.empty(self.input_shapes[0])
+            gx = cuda.zeros(self.input_shapes[0]) if not out else cuda.empty(self.input_shapes[0])
             if rows and out:
                 blas.matmul(gy.ptr, w.ptr, gx.ptr, rows, inp, out)            # gy @ w
         if need[1]:
-            gw = _zeros_cuda((out, inp)) if not rows else cuda.empty((out, inp))
+            gw = cuda.zeros((out, inp)) if not rows else cuda.empty((out, inp))
             if rows and out:
                 blas.matmul(gy.ptr, x.ptr, gw.ptr, out, inp, rows, trans_a=True)   # gy^T @ x
         if len(need) > 2 and need[2]:
             gb = sum_cuda(gy.reshape((rows, out)), (0,), 1.0).reshape((out,))
         return (gx, gw) + ((gb,) if len(need) > 2 else ())
-
-
-def _zeros_cuda(shape):
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().full(tuple(shape), 0.0, np.float32)
 
 
 @register("matmul")
@@ -146,17 +141,18 @@ class MatMul(Operator):
         self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
         batched = a.ndim == 3 or b.ndim == 3
         self.out_shape = ((self.batch,) if batched else ()) + (self.m, self.n)
-        self.keep = _keep_for_backward(a, b)
 
     def forward_numpy(self, a, b):
-        self.saved = (a if self.keep[0] else None, b if self.keep[1] else None)
+        keep_a, keep_b = _keep_for_backward(self)
+        self.save(a=a if keep_a else None, b=b if keep_b else None)
         return np.matmul(a, b)
 
     def forward_cuda(self, a, b):
-        self.saved = (a if self.keep[0] else None, b if self.keep[1] else None)
+        keep_a, keep_b = _keep_for_backward(self)
+        self.save(a=a if keep_a else None, b=b if keep_b else None)
         m, n, k = self.m, self.n, self.k
         if k == 0:                      # an empty sum: cuBLAS would leave y unwritten
-            return _zeros_cuda(self.out_shape)
+            return cuda.zeros(self.out_shape)
         y = cuda.empty(self.out_shape)
         if y.size:
             self._gemm(a, b, y, m, n, k, False, False, self._stride(a, m * k),
@@ -168,7 +164,7 @@ class MatMul(Operator):
         return matrix if array.ndim == 3 and array.shape[0] > 1 else 0
 
     def _gemm(self, a, b, c, m, n, k, trans_a, trans_b, stride_a, stride_b, stride_c):
-        from gdnflow.backends.cuda import blas
+        from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
         blas.matmul(a.ptr, b.ptr, c.ptr, m, n, k, trans_a, trans_b, batch=self.batch,
                     stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
 
@@ -177,7 +173,7 @@ class MatMul(Operator):
         return tuple(None if g is None else self.wrap(g) for g in grads)
 
     def backward_numpy(self, gy):
-        a, b = self.saved
+        a, b = self.saved.a, self.saved.b
         ga = gb = None
         # np.matmul broadcast the batch; the gradients sum it back where an
         # operand was shared (a 2-D operand or a batch of 1).
@@ -190,16 +186,15 @@ class MatMul(Operator):
         return ga, gb
 
     def backward_cuda(self, gy):
-        from gdnflow.backends.cuda import blas
-        from gdnflow.ops.reduction import sum_cuda
-        a, b = self.saved
+        from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
+        a, b = self.saved.a, self.saved.b
         m, n, k, batch = self.m, self.n, self.k, self.batch
         a_shape, b_shape = self.input_shapes
         ga = gb = None
         if self.needs_grad[0]:
             shared = math.prod(a_shape) == m * k and batch > 1
             if not gy.size:
-                ga = _zeros_cuda(a_shape)
+                ga = cuda.zeros(a_shape)
             elif shared:            # sum_i gy[i] @ b[i]^T: per-product terms, then a batch sum
                 terms = cuda.empty((batch, m, k))
                 self._gemm(gy, b, terms, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
@@ -210,7 +205,7 @@ class MatMul(Operator):
         if self.needs_grad[1]:
             shared = math.prod(b_shape) == k * n and batch > 1
             if not gy.size:
-                gb = _zeros_cuda(b_shape)
+                gb = cuda.zeros(b_shape)
             elif shared:
                 # b shared means a is batched (both shared would make batch 1):
                 # sum_i a[i]^T @ gy[i] is then one GEMM, a as [B*m, k] and gy
@@ -250,8 +245,6 @@ def matmul(a, b):
     batch must be broadcast against the other's is expanded first
     (``broadcast_to``, whose gradient sums the copies back).
     """
-    from gdnflow.ops.elementwise import BroadcastTo
-    from gdnflow.ops.shape import Reshape
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError(f"matmul: operands must have at least one dimension, got shapes "
                          f"{a.shape} and {b.shape}")

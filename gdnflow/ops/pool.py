@@ -22,9 +22,10 @@ is a real one.
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
+from gdnflow.ops.reduction import sum_cuda
 from gdnflow.registry import register
 
 SOURCE = "pool.cu"
@@ -83,7 +84,6 @@ class Pool2d(Operator):
                              f"{self.padding})")
         self.out_hw = ((h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1)
         self.out_shape = (n, c) + self.out_hw
-        self.recording = grad_enabled() and x.requires_grad
 
     def _kernel_args(self):
         """The geometry arguments every pool.cu kernel takes after its pointers."""
@@ -117,7 +117,7 @@ class MaxPool2d(Pool2d):
             # moves to holds -inf too.
             rows = np.clip(np.arange(oh)[:, None] * sh - self.padding[0] + k // kw, 0, h - 1)
             cols = np.clip(np.arange(ow) * sw - self.padding[2] + k % kw, 0, w - 1)
-            self.saved = ((rows * w + cols).astype(np.int32),)
+            self.save(argmax=(rows * w + cols).astype(np.int32))
         return np.ascontiguousarray(y)
 
     def forward_cuda(self, x):
@@ -126,14 +126,14 @@ class MaxPool2d(Pool2d):
         cuda.kernel(SOURCE, "max_pool_forward", "PPP" + "i" * 11).launch(
             y.size, x.ptr, y.ptr, 0 if argmax is None else argmax.ptr, *self._kernel_args())
         if self.recording:
-            self.saved = (argmax,)
+            self.save(argmax=argmax)
         return y
 
     def backward(self, grad_output):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
-        (argmax,) = self.saved
+        argmax = self.saved.argmax
         n, c, h, w = self.input_shapes[0]
         # Scatter-add into the flat gx: plane offset + index within the plane.
         planes = np.arange(n * c).reshape(n, c, 1, 1) * (h * w)
@@ -141,7 +141,7 @@ class MaxPool2d(Pool2d):
         return gx.astype(gy.dtype).reshape(n, c, h, w)
 
     def backward_cuda(self, gy):
-        (argmax,) = self.saved
+        argmax = self.saved.argmax
         gx = cuda.empty(self.input_shapes[0], gy.dtype)
         cuda.kernel(SOURCE, "max_pool_backward", "PPP" + "i" * 11).launch(
             gx.size, gy.ptr, argmax.ptr, gx.ptr, *self._kernel_args())
@@ -220,7 +220,6 @@ class GlobalAvgPool2d(Operator):
         return x.mean(axis=(2, 3), keepdims=True)
 
     def forward_cuda(self, x):
-        from gdnflow.ops.reduction import sum_cuda
         h, w = x.shape[2:]
         return sum_cuda(x, (2, 3), 1.0 / (h * w)).reshape(self.out_shape)
 

@@ -1,4 +1,10 @@
-"""Sum and mean over all elements or given axes. CUDA kernels: ``cuda_src/reduction.cu``.
+"""Sum and mean over all elements or given axes, and their adjoint ``broadcast_to``.
+
+CUDA kernels: ``cuda_src/reduction.cu`` (sums) and ``broadcast_copy`` of
+``cuda_src/elementwise.cu``. Each is the other's gradient: the gradient of a
+sum is its output gradient broadcast back to the input's shape, the gradient
+of a broadcast is its output gradient summed over the broadcast dimensions
+(:func:`sum_to`).
 
 On the GPU the reduced axes are merged into blocks of adjacent dimensions and
 summed one block at a time, innermost first, each pass seeing its input as
@@ -11,14 +17,18 @@ import numpy as np
 
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
+from gdnflow.backends.numpy_backend import contiguous
 from gdnflow.errors import ShapeError
+from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
+from gdnflow.ops.elementwise import Affine
+from gdnflow.ops.shape import Reshape
 from gdnflow.registry import register
 
 SOURCE = "reduction.cu"
+BROADCAST_SOURCE = "elementwise.cu"     # broadcast_copy sits beside the binary kernels
 SUM_BLOCK = 256          # threads per block of sum_partial (its -DSUM_BLOCK)
 SUM_BLOCKS_PER_SM = 8    # one full wave of 256-thread blocks: 2048 threads per SM
-# (an unroll of 8 float4 loads and 8 blocks per SM were the fastest of a
-# 3 x 3 sweep on an H200; see benchmarks/results/foundation.md)
+# (how these were chosen: docs/ops.md)
 LONG_ROW = 2048          # rows at least this long get a block each, shorter ones a warp
 
 
@@ -58,8 +68,6 @@ class Sum(Operator):
         return sum_cuda(x, self.axes, self.scale).reshape(self.out_shape)
 
     def backward(self, gy):
-        from gdnflow.ops.elementwise import Affine, BroadcastTo
-        from gdnflow.ops.shape import Reshape
         g = Reshape(self.kept_shape)(gy)
         if self.scale != 1.0:
             g = Affine(self.scale, 0.0)(g)
@@ -87,7 +95,6 @@ def sum_cuda(x, axes, scale):
         else:
             blocks.append([size, reduced])
     if not any(reduced for _, reduced in blocks):
-        from gdnflow.ops.elementwise import Affine
         return Affine(scale, 0.0).forward_cuda(x)      # nothing to add up: a scaled copy
     current = x
     while any(reduced for _, reduced in blocks):
@@ -123,3 +130,35 @@ def _sum_pass(x, outer, r, inner, scale):
         cuda.kernel(SOURCE, "sum_middle", "PPiiif").launch(
             outer * inner, x.ptr, out.ptr, outer, r, inner, scale)
     return out
+
+
+@register("broadcast_to")
+class BroadcastTo(Operator):
+    """Repeat x along its size-1 (or missing leading) dimensions to ``shape``."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def check(self, x):
+        if broadcast_shape(self.label, x.shape, self.shape) != self.shape:
+            raise ShapeError(f"broadcast_to: cannot broadcast shape {x.shape} to {self.shape}")
+
+    def forward_numpy(self, x):
+        return contiguous(np.broadcast_to(x, self.shape))
+
+    def forward_cuda(self, x):
+        out = cuda.empty(self.shape, x.dtype)
+        dims, (strides,) = kernel_layout(self.shape, x.shape)
+        cuda.kernel(BROADCAST_SOURCE, "broadcast_copy", "PPi" + "i" * 11).launch(
+            out.size, x.ptr, out.ptr, out.size, *dims, *strides)
+        return out
+
+    def backward(self, gy):
+        return (sum_to(gy, self.input_shapes[0]),)
+
+
+def sum_to(t, shape):
+    """Sum ``t`` over the dimensions along which ``shape`` was broadcast to t's shape."""
+    if t.shape == tuple(shape):
+        return t
+    return Reshape(shape)(Sum(reduced_axes(t.shape, shape), keepdims=True)(t))

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from gdnflow.autograd import Operator
+from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
 from gdnflow.registry import register
 
@@ -84,7 +85,6 @@ def view_arguments(shape, strides):
 
 
 def _launch_view_kernel(name, source, destination, base, dense_shape, view_strides):
-    from gdnflow.backends import cuda
     dims, strides = view_arguments(dense_shape, view_strides)
     n = math.prod(dense_shape)
     if n:
@@ -94,7 +94,6 @@ def _launch_view_kernel(name, source, destination, base, dense_shape, view_strid
 
 def cuda_gather(x, shape, base, strides):
     """A dense array of ``shape`` read from ``x`` through the view (base, strides)."""
-    from gdnflow.backends import cuda
     out = cuda.empty(tuple(shape), x.dtype)
     _launch_view_kernel("strided_gather", x, out, base, shape, strides)
     return out
@@ -103,11 +102,6 @@ def cuda_gather(x, shape, base, strides):
 def cuda_scatter(x, out, base, strides):
     """Write the dense ``x`` into ``out`` through the view (base, strides)."""
     _launch_view_kernel("strided_scatter", x, out, base, x.shape, strides)
-
-
-def _cuda_full(shape, value, dtype):
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().full(tuple(shape), value, dtype)
 
 
 @register("transpose")
@@ -169,7 +163,7 @@ class Slice(Operator):
         return gx
 
     def backward_cuda(self, gy):
-        gx = _cuda_full(self.input_shapes[0], 0.0, gy.dtype)
+        gx = cuda.zeros(self.input_shapes[0], gy.dtype)
         cuda_scatter(gy, gx, self.base, self.view_strides)
         return gx
 
@@ -200,7 +194,6 @@ class Concat(Operator):
         return np.concatenate(xs, axis=self.axis)
 
     def forward_cuda(self, *xs):
-        from gdnflow.backends import cuda
         out = cuda.empty(self.out_shape, xs[0].dtype)
         strides = contiguous_strides(self.out_shape)
         offset = 0
@@ -240,7 +233,7 @@ class Pad(Operator):
         return np.pad(x, self.full_pads, constant_values=self.value)
 
     def forward_cuda(self, x):
-        out = _cuda_full(self.out_shape, self.value, x.dtype)
+        out = cuda.runtime().full(self.out_shape, self.value, x.dtype)
         strides = contiguous_strides(self.out_shape)
         cuda_scatter(x, out, sum(b * s for (b, _), s in zip(self.full_pads, strides)), strides)
         return out

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from gdnflow.autograd import Operator, grad_enabled
+from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
 from gdnflow.registry import register
@@ -26,7 +26,7 @@ from gdnflow.registry import register
 SOURCE = "softmax.cu"
 SOFTMAX_BLOCK = 256     # threads per block of the *_rows_block kernels (their -DSOFTMAX_BLOCK)
 LONG_ROW = 512          # rows at least this long get a block each, shorter ones a warp
-# (a warp then loops at most 16 times per pass; a guess, not yet measured)
+# (how it was chosen: docs/ops.md)
 # Every kernel of the file is fetched with the same defines: one compiled module, not two.
 DEFINES = (("SOFTMAX_BLOCK", SOFTMAX_BLOCK),)
 
@@ -47,7 +47,6 @@ class Softmax(Operator):
             raise ShapeError(f"{self.label}: axis {self.axis} out of range for shape {x.shape}")
         axis = self.axis % x.ndim
         self.layout = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-        self.recording = grad_enabled() and x.requires_grad
 
     def forward_numpy(self, x):
         shifted = x - np.max(x, axis=self.axis, keepdims=True)
@@ -57,7 +56,7 @@ class Softmax(Operator):
             e = np.exp(shifted)
             y = e / np.sum(e, axis=self.axis, keepdims=True)
         if self.recording:
-            self.saved = (y,)
+            self.save(y=y)
         return y
 
     def forward_cuda(self, x):
@@ -65,7 +64,7 @@ class Softmax(Operator):
         if y.size:
             self._launch("softmax", x, y)
         if self.recording:
-            self.saved = (y,)
+            self.save(y=y)
         return y
 
     def _launch(self, prefix, *arrays):
@@ -87,13 +86,13 @@ class Softmax(Operator):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
-        (y,) = self.saved
+        y = self.saved.y
         if self.log_mode:
             return gy - np.exp(y) * np.sum(gy, axis=self.axis, keepdims=True)
         return y * (gy - np.sum(gy * y, axis=self.axis, keepdims=True))
 
     def backward_cuda(self, gy):
-        (y,) = self.saved
+        y = self.saved.y
         gx = cuda.empty(gy.shape, gy.dtype)
         if gx.size:
             self._launch("softmax_backward", y, gy, gx)

@@ -2,6 +2,7 @@
 import math
 
 from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda
 from gdnflow.tensor import Tensor
 
 
@@ -54,5 +55,4 @@ def _scale_in_place(t, scale):
     if t.device == "numpy":
         t.data *= t.data.dtype.type(scale)
     elif t.size:
-        from gdnflow.backends import cuda
         cuda.kernel("optim.cu", "scale_in_place", "Pif").launch(t.size, t.data.ptr, t.size, scale)

@@ -16,7 +16,7 @@ they record no autograd history whether or not they run under ``no_grad``.
 """
 import numpy as np
 
-from gdnflow.backends import get_backend
+from gdnflow.backends import cuda, get_backend
 from gdnflow.errors import ShapeError
 from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
@@ -293,7 +293,6 @@ class FusedGroup:
 
     def run(self, optimizer, params, updates):
         """Update ``updates`` [(param, state, scalars)], all among the group's CUDA ``params``."""
-        from gdnflow.backends import cuda
         sizes = tuple(p.data.size for p in params)
         if sizes != self.sizes:
             self._build_blocks(sizes)
@@ -334,7 +333,7 @@ class FusedGroup:
         self.n_blocks = len(rows)
         self.sizes = sizes
         if rows:
-            self.blocks = get_backend("cuda").from_numpy(np.array(rows, dtype=np.int32).ravel())
+            self.blocks = cuda.runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
 
     def _upload(self, name, values, dtype):
         """The device array ``name`` holding ``values``, copied only if they changed."""
@@ -344,12 +343,11 @@ class FusedGroup:
             return array
         host = np.array(values, dtype=dtype)
         if array is None or array.size != host.size:
-            array = get_backend("cuda").from_numpy(host)
+            array = cuda.runtime().from_numpy(host)
         else:
             # Into the same device array, on gdnflow's one stream: the copy
             # runs after every launch queued before it that reads the array.
-            import pycuda.driver as drv
-            from gdnflow.backends.cuda.runtime import get_runtime
-            drv.memcpy_htod_async(array.ptr, host, get_runtime().stream)
+            import pycuda.driver as drv     # local import: PyCUDA on first use
+            drv.memcpy_htod_async(array.ptr, host, cuda.runtime().stream)
         self._arrays[name] = (values, array)
         return array

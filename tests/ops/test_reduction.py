@@ -1,4 +1,4 @@
-"""sum and mean: forward against NumPy, gradients, CUDA against NumPy."""
+"""sum, mean and broadcast_to: forward against NumPy, gradients, CUDA against NumPy."""
 import numpy as np
 import pytest
 
@@ -50,6 +50,13 @@ def test_bad_axis_names_operator_and_shape():
         ops.sum(gf.zeros((2, 3), device="numpy"), 4)
 
 
+def test_broadcast_to_and_its_gradient(rng):
+    x = rng.standard_normal((3, 1, 5))
+    out = ops.broadcast_to(gf.tensor(x, device="numpy"), (2, 3, 4, 5))
+    np.testing.assert_array_equal(out.numpy(), np.broadcast_to(x.astype(np.float32), (2, 3, 4, 5)))
+    gradcheck(lambda t: ops.broadcast_to(t, (2, 3, 4, 5)), [x])
+
+
 # -------------------------------------------------------------------- GPU --
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 1023, 1024, 1025, 1000003, 2 ** 22 + 3])
@@ -71,3 +78,9 @@ def test_axis_reductions_cuda_match_numpy(op, axis, shape, rng):
                                         ((9, 5000, 2), (0, 2))], ids=str)
 def test_long_rows_and_columns_cuda(shape, axis, rng):
     assert_backends_match(lambda t: ops.sum(t, axis), [rng.standard_normal(shape)], rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_broadcast_to_cuda_matches_numpy(rng):
+    assert_backends_match(lambda t: ops.broadcast_to(t, (3, 5, 17, 19)),
+                          [rng.standard_normal((5, 1, 19))], rtol=1e-5)

@@ -1,0 +1,116 @@
+"""Binary arithmetic with NumPy broadcasting: ``add sub mul div``.
+
+CUDA kernels: the ``<op>_same`` and ``<op>_broadcast`` pairs of
+``cuda_src/elementwise.cu``. out has the broadcast of the two shapes
+(:func:`gdnflow.ops.broadcast.broadcast_shape`, a ShapeError naming the
+operator if there is none); the CUDA kernels handle any broadcast that
+merges into six index dimensions, which covers scalars, per-channel vectors
+against NCHW tensors, rows and columns. Gradients are computed at the
+broadcast shape and summed back to each input's shape
+(:func:`gdnflow.ops.reduction.sum_to`)::
+
+    add: ga = gy,      gb = gy            mul: ga = gy b,   gb = gy a
+    sub: ga = gy,      gb = -gy           div: ga = gy / b, gb = -gy a / b^2
+"""
+import numpy as np
+
+from gdnflow.autograd import Operator
+from gdnflow.backends import cuda
+from gdnflow.ops.broadcast import broadcast_shape, kernel_layout
+from gdnflow.ops.reduction import sum_to
+from gdnflow.registry import register
+
+SOURCE = "elementwise.cu"       # the binary kernels sit beside the unary ones
+
+
+class BinaryOperator(Operator):
+    """out = a OP b with NumPy broadcasting; ``kernel`` names the CUDA pair.
+
+    Subclasses give ``grads(gy)``: the gradients at the broadcast shape; the
+    base class sums each back to its input's shape.
+    """
+
+    kernel = None
+    numpy_function = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.same_kernel, cls.broadcast_kernel = f"{cls.kernel}_same", f"{cls.kernel}_broadcast"
+
+    def check(self, a, b):
+        self.out_shape = broadcast_shape(self.label, a.shape, b.shape)
+
+    def forward_numpy(self, a, b):
+        self._save(a, b)
+        return type(self).numpy_function(a, b)
+
+    def forward_cuda(self, a, b):
+        out = cuda.empty(self.out_shape, a.dtype)
+        n = out.size
+        if a.shape == b.shape:
+            cuda.kernel(SOURCE, self.same_kernel, "PPPi").launch(
+                n, a.ptr, b.ptr, out.ptr, n)
+        else:
+            dims, (sa, sb) = kernel_layout(self.out_shape, a.shape, b.shape)
+            cuda.kernel(SOURCE, self.broadcast_kernel, "PPPi" + "i" * 17).launch(
+                n, a.ptr, b.ptr, out.ptr, n, *dims, *sa, *sb)
+        self._save(a, b)
+        return out
+
+    def _save(self, a, b):
+        """Keep what the backward needs (nothing, by default)."""
+
+    def backward(self, gy):
+        return tuple(None if g is None else sum_to(g, shape)
+                     for g, shape in zip(self.grads(gy), self.input_shapes))
+
+    def grads(self, gy):
+        """Gradients with respect to a and b at the output's (broadcast) shape."""
+        raise NotImplementedError
+
+
+@register("add")
+class Add(BinaryOperator):
+    """a + b."""
+    kernel, numpy_function = "add", np.add
+
+    def grads(self, gy):
+        return gy, gy
+
+
+@register("sub")
+class Sub(BinaryOperator):
+    """a - b."""
+    kernel, numpy_function = "sub", np.subtract
+
+    def grads(self, gy):
+        return gy, (-gy if self.needs_grad[1] else None)
+
+
+@register("mul")
+class Mul(BinaryOperator):
+    """a * b."""
+    kernel, numpy_function = "mul", np.multiply
+
+    def _save(self, a, b):
+        self.save(a=a, b=b)
+
+    def grads(self, gy):
+        a, b = self.wrap(self.saved.a), self.wrap(self.saved.b)
+        return (gy * b if self.needs_grad[0] else None,
+                gy * a if self.needs_grad[1] else None)
+
+
+@register("div")
+class Div(BinaryOperator):
+    """a / b."""
+    kernel, numpy_function = "div", np.divide
+
+    def _save(self, a, b):
+        self.save(a=a, b=b)
+
+    def grads(self, gy):
+        a, b = self.wrap(self.saved.a), self.wrap(self.saved.b)
+        ga = gy / b if self.needs_grad[0] else None
+        gb = -(gy * a) / (b * b) if self.needs_grad[1] else None
+        return ga, gb
