@@ -19,6 +19,7 @@ from gdnflow.backends import cuda
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout
 from gdnflow.ops.reduction import sum_to
 from gdnflow.registry import register
+from gdnflow.tensor import Tensor
 
 SOURCE = "elementwise.cu"       # the binary kernels sit beside the unary ones
 
@@ -114,3 +115,28 @@ class Div(BinaryOperator):
         ga = gy / b if self.needs_grad[0] else None
         gb = -(gy * a) / (b * b) if self.needs_grad[1] else None
         return ga, gb
+
+
+# Arithmetic with numbers and NumPy arrays is defined once, by Tensor's
+# operators (gdnflow.tensor); these functions are the same operations by name.
+def add(a, b):
+    """a + b, broadcasting (a number or a NumPy array on either side)."""
+    return a + b if isinstance(a, Tensor) else b.__radd__(a)
+
+
+
+def sub(a, b):
+    """a - b, broadcasting (a number or a NumPy array on either side)."""
+    return a - b if isinstance(a, Tensor) else b.__rsub__(a)
+
+
+
+def mul(a, b):
+    """a * b, broadcasting (a number or a NumPy array on either side)."""
+    return a * b if isinstance(a, Tensor) else b.__rmul__(a)
+
+
+
+def div(a, b):
+    """a / b, broadcasting (a number or a NumPy array on either side)."""
+    return a / b if isinstance(a, Tensor) else b.__rtruediv__(a)

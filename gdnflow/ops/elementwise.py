@@ -166,3 +166,62 @@ class Affine(UnaryOperator):
 
     def f(self, x): return x * x.dtype.type(self.params[0]) + x.dtype.type(self.params[1])
     def df(self, x, y, gy): return gy * gy.dtype.type(self.params[0])
+
+
+def neg(x):
+    """-x."""
+    return Neg()(x)
+
+
+
+def exp(x):
+    """e^x, elementwise."""
+    return Exp()(x)
+
+
+
+def log(x):
+    """Natural logarithm, elementwise."""
+    return Log()(x)
+
+
+
+def sqrt(x):
+    """Square root, elementwise."""
+    return Sqrt()(x)
+
+
+
+def pow(x, exponent):
+    """x ** exponent for a constant exponent."""
+    return Pow(exponent)(x)
+
+
+
+def relu(x):
+    """max(x, 0)."""
+    return ReLU()(x)
+
+
+
+def relu6(x):
+    """min(max(x, 0), 6)."""
+    return ReLU6()(x)
+
+
+
+def sigmoid(x):
+    """1 / (1 + e^-x)."""
+    return Sigmoid()(x)
+
+
+
+def clamp(x, low, high):
+    """x limited to [low, high]."""
+    return Clamp(low, high)(x)
+
+
+
+def affine(x, scale, shift):
+    """scale * x + shift for constants scale, shift."""
+    return Affine(scale, shift)(x)

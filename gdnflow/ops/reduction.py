@@ -11,6 +11,7 @@ summed one block at a time, innermost first, each pass seeing its input as
 [outer, r, inner]: the two-pass whole-tensor kernel when outer = inner = 1,
 one warp or block per row when inner = 1, one thread per output otherwise.
 """
+import builtins
 import math
 
 import numpy as np
@@ -101,7 +102,7 @@ def sum_cuda(x, axes, scale):
         k = max(i for i, (_, reduced) in enumerate(blocks) if reduced)
         outer = math.prod(size for size, _ in blocks[:k])
         inner = math.prod(size for size, _ in blocks[k + 1:])
-        last = sum(reduced for _, reduced in blocks) == 1
+        last = builtins.sum(reduced for _, reduced in blocks) == 1   # sum() here is the operator
         current = _sum_pass(current, outer, blocks[k][0], inner, scale if last else 1.0)
         del blocks[k]
         if 0 < k < len(blocks) and not blocks[k - 1][1] and not blocks[k][1]:
@@ -162,3 +163,20 @@ def sum_to(t, shape):
     if t.shape == tuple(shape):
         return t
     return Reshape(shape)(Sum(reduced_axes(t.shape, shape), keepdims=True)(t))
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)
+    """Sum over all elements or over ``axis``."""
+    return Sum(axis, keepdims)(x)
+
+
+
+def mean(x, axis=None, keepdims=False):
+    """Mean over all elements or over ``axis``."""
+    return Mean(axis, keepdims)(x)
+
+
+
+def broadcast_to(x, shape):
+    """x repeated along broadcast dimensions to ``shape``."""
+    return BroadcastTo(shape)(x)

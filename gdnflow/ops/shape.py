@@ -240,3 +240,32 @@ class Pad(Operator):
 
     def backward(self, gy):
         return (Slice(self.inner)(gy),)
+
+
+def reshape(x, shape):
+    """The same elements in another shape (one -1 allowed)."""
+    return Reshape(shape)(x)
+
+
+
+def transpose(x, perm):
+    """Permute dimensions like numpy.transpose (a copy)."""
+    return Transpose(perm)(x)
+
+
+
+def slice_(x, index):
+    """x[index] for basic slicing: a tuple of Python slices, one per leading dimension."""
+    return Slice(index if isinstance(index, (tuple, list)) else (index,))(x)
+
+
+
+def concat(tensors, axis=0):
+    """Join tensors along ``axis``."""
+    return Concat(axis)(*tensors)
+
+
+
+def pad(x, pads, value=0.0):
+    """Constant padding: one (before, after) pair per leading dimension."""
+    return Pad(pads, value)(x)
