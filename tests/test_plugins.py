@@ -28,11 +28,11 @@ class Cube(plugins.Operator):
     example_inputs = {{"x": (2, 3)}}
 
     def forward_numpy(self, x):
-        self.saved = (x,)
+        self.save(x=x)
         return x ** 3
 
     def backward(self, gy):
-        (x,) = self.saved
+        x = self.saved.x
         return (gy * self.wrap({factor} * x ** 2),)
 '''
 

@@ -10,11 +10,11 @@ class SquareWithWrongGradient(Operator):
     """y = x^2 with backward 2x + 0.01: subtly wrong."""
 
     def forward_numpy(self, x):
-        self.saved = (x,)
+        self.save(x=x)
         return x * x
 
     def backward(self, gy):
-        (x,) = self.saved
+        x = self.saved.x
         return (gy * self.wrap(2 * x + 0.01),)
 
 
@@ -22,7 +22,7 @@ class SquareWithOneWrongElement(SquareWithWrongGradient):
     """Right everywhere but in one element: only the element-wise check sees it."""
 
     def backward(self, gy):
-        (x,) = self.saved
+        x = self.saved.x
         g = 2 * x
         g.flat[3] += 1e-3
         return (gy * self.wrap(g),)

@@ -42,7 +42,7 @@ class SoftShrinkOperator(plugins.Operator):
 
     def forward_numpy(self, x, theta):
         t = theta.reshape((1, -1) + (1,) * (x.ndim - 2))
-        self.saved = (x, theta)
+        self.save(x=x, theta=theta)
         return np.copysign(np.maximum(np.abs(x) - t, 0), x)
 
     def forward_cuda(self, x, theta):
@@ -50,7 +50,7 @@ class SoftShrinkOperator(plugins.Operator):
         inner = math.prod(x.shape[2:])
         plugins.kernel(SOURCE, "softshrink_forward", "PPPiii").launch(
             x.size, x.ptr, theta.ptr, y.ptr, x.size, x.shape[1], inner)
-        self.saved = (x, theta)
+        self.save(x=x, theta=theta)
         return y
 
     def backward(self, grad_output):
@@ -59,7 +59,7 @@ class SoftShrinkOperator(plugins.Operator):
                 self.wrap(gtheta) if self.needs_grad[1] else None)
 
     def backward_numpy(self, gy):
-        x, theta = self.saved
+        x, theta = self.saved.x, self.saved.theta
         active = np.abs(x) > theta.reshape((1, -1) + (1,) * (x.ndim - 2))
         gx = np.where(active, gy, 0)
         other_axes = (0,) + tuple(range(2, x.ndim))
@@ -67,7 +67,7 @@ class SoftShrinkOperator(plugins.Operator):
         return gx, gtheta.astype(gy.dtype)
 
     def backward_cuda(self, gy):
-        x, theta = self.saved
+        x, theta = self.saved.x, self.saved.theta
         gx = plugins.empty(x.shape, x.dtype)
         gtheta = plugins.empty(theta.shape, theta.dtype)
         # One block per channel (see softshrink.cu); the channel's sum stays in it.
