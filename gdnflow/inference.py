@@ -747,7 +747,7 @@ class InferencePlan:
         import pycuda.driver as drv
         from gdnflow.backends.cuda.graphs import CudaGraph
         from gdnflow.backends.cuda.runtime import get_runtime
-        from gdnflow.ops.winograd import frozen_weights
+        from gdnflow.backends.cuda.weight_cache import frozen_weights
         runtime = get_runtime()
         self._derived_weights = {}
         # Every run below inside the plan's own frozen-weights cache: the warm-up

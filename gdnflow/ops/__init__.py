@@ -5,8 +5,7 @@ it. Arithmetic accepts Python numbers and NumPy arrays on either side: a
 number becomes the constant of an ``affine`` operator, an array a constant
 tensor on the other operand's device.
 """
-from gdnflow.ops.conv import conv2d
-from gdnflow.ops.conv_transpose import conv_transpose2d
+from gdnflow.ops.conv import conv2d, conv_transpose2d
 from gdnflow.ops.elementwise import (Affine, BroadcastTo, Clamp, Exp, Log, Neg, Pow, ReLU, ReLU6,
                                      Sigmoid, Sqrt, sum_to)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
