@@ -29,11 +29,8 @@ MAX_INTENSITY = 16.0
 #: ... and for small products whatever their intensity: at most this many
 #: multiply-adds, C_in and C_out at most SMALL_PRODUCT_MAX_K (the inner
 #: dimension of the forward and of backward-data). There the GPU time is a
-#: few µs and the call's host time decides: a cuBLAS call
-#: costs 12-20 µs on the host, a launch 4-7 µs (profile_host.md). At batch 1
-#: the MobileNetV2 1x1 layers that qualify ran 1.2-2x faster by the direct
-#: kernel, event-timed (conv.md's forced columns); those with K = 576 or 960
-#: ran slower (a long K loop over few blocks).
+#: few µs and the call's host time decides: a launch costs less host time
+#: than a cuBLAS call (the measurements: docs/conv.md).
 SMALL_PRODUCT_FMAS = 32e6
 SMALL_PRODUCT_MAX_K = 384
 

@@ -45,9 +45,8 @@ SOURCE = "winograd.cu"
 #: The heuristic prefers F(4x4) when min(C_in, C_out) >= MIN_CHANNELS, C_in *
 #: C_out >= MIN_CHANNEL_PRODUCT and N*OH*OW >= MIN_PIXELS (see
 #: :meth:`WinogradF4.preferred`). The transforms move (C_in + C_out) floats per
-#: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little.
-#: 64*64 (VGG16's second layer) gains too: 3.63 against 8.58 ms at batch 64 on
-#: an H200 (benchmarks/results/conv.md).
+#: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little;
+#: 64*64 (VGG16's second layer) gains too (docs/conv.md).
 MIN_CHANNELS = 64
 MIN_CHANNEL_PRODUCT = 64 * 64
 #: Below this many output pixels the filter transform (a pass over U, which is
