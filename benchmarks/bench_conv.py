@@ -41,12 +41,14 @@ import numpy as np
 from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops import conv as conv_module
-from gdnflow.ops import winograd
 from gdnflow.backends.cuda.sources import InlineSource
-from gdnflow.ops.conv import STAGES, Im2colGemm, Pointwise, conv_geometry, normalize_padding
-from gdnflow.ops.pointwise import Im2colDirect, PointwiseDirect
-from gdnflow.ops.winograd import WinogradF2, WinogradF4
+from gdnflow.config import override
+from gdnflow.ops.conv.algorithms import winograd
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
+from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
+from gdnflow.ops.conv.algorithms.winograd import WinogradF2, WinogradF4
+from gdnflow.ops.conv.geometry import STAGES, conv_geometry, normalize_padding
+from gdnflow.ops.conv.planning import ConvPlanner, current_planner
 
 #: The algorithms timed side by side (extra columns) where they apply.
 COMPARED = (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2, Pointwise, PointwiseDirect)
@@ -243,16 +245,11 @@ class ForcedPlanner:
         return self.fallback.choose(g, stage)
 
 
-@contextlib.contextmanager
 def forced(algorithm):
     """Within the block, conv2d runs ``algorithm`` where it can (None: the normal planner)."""
-    saved = conv_module.planner
-    if algorithm is not None:
-        conv_module.planner = ForcedPlanner(algorithm, saved)
-    try:
-        yield
-    finally:
-        conv_module.planner = saved
+    if algorithm is None:
+        return contextlib.nullcontext()
+    return override(conv_planner=ForcedPlanner(algorithm, current_planner()))
 
 
 def output_shape(layer):
@@ -268,11 +265,11 @@ def output_shape(layer):
 def algorithm_name(layer, stage):
     """What the planner runs for this layer (conv_transpose2d's forward is backward-data)."""
     if not layer.transposed:
-        return conv_module.planner.choose(geometry(layer), stage).name
+        return current_planner().choose(geometry(layer), stage).name
     # The convolution whose input has this layer's output shape.
     g = geometry(layer._replace(x_shape=output_shape(layer), transposed=False))
     stage = {"forward": "backward_data", "backward_data": "forward"}.get(stage, stage)
-    return conv_module.planner.choose(g, stage).name
+    return current_planner().choose(g, stage).name
 
 
 def make_inputs(layer, rng):
@@ -370,9 +367,14 @@ def main():
     parser.add_argument("--models", default="mobilenet_v2,vgg16,gdn",
                         help="comma-separated subset of " + ",".join(MODELS))
     args = parser.parse_args()
+    with override(conv_planner=ConvPlanner(autotune=args.autotune)):
+        run(args)
+
+
+def run(args):
+    """Time every layer of the chosen models with the planner in effect; write the table."""
     repeats = args.repeats or (10 if args.quick else 30)
     warmup = 3 if args.quick else 10
-    conv_module.planner.autotune = args.autotune
     torch = harness.torch_or_none()
     rng = np.random.default_rng(0)
     rows, notes = [], []

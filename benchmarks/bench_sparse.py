@@ -41,7 +41,6 @@ TFLOP/s, shared memory ~128 B/clock/SM):
 """
 import argparse
 import collections
-import contextlib
 import time
 
 import numpy as np
@@ -49,8 +48,8 @@ import numpy as np
 from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops import conv as conv_module
-from gdnflow.ops.conv import Im2colGemm, conv_geometry
+from gdnflow.config import override
+from gdnflow.ops.conv import Im2colGemm, conv_geometry, current_planner
 from gdnflow.sparse.conv import sparse_conv2d
 from gdnflow.sparse.csr import to_csr
 from gdnflow.sparse.cuda_plan import forward_plan
@@ -75,14 +74,8 @@ class _Forced:
         return self.algorithm if self.algorithm.supports(g) else self.fallback.choose(g, stage)
 
 
-@contextlib.contextmanager
 def forced(algorithm):
-    saved = conv_module.planner
-    conv_module.planner = _Forced(algorithm, saved)
-    try:
-        yield
-    finally:
-        conv_module.planner = saved
+    return override(conv_planner=_Forced(algorithm, current_planner()))
 
 
 def magnitude_prune(w, sparsity):
@@ -105,7 +98,7 @@ def bench_layer(torch, n, c_in, c_out, side, rng, warmup, repeats):
     g = conv_geometry("conv2d", x_host.shape, w_host.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     x = gf.tensor(x_host, device="cuda")
     w = gf.tensor(w_host, device="cuda")
-    result = {"algorithm": conv_module.planner.choose(g, "forward").name}
+    result = {"algorithm": current_planner().choose(g, "forward").name}
     with gf.no_grad():
         result["dense"] = harness.time_gdnflow(lambda: ops.conv2d(x, w, padding=1),
                                                warmup, repeats)

@@ -86,8 +86,7 @@ def profile_lines(fn, calls=CALLS, top=12):
 def primitives():
     """(name, callable) for the building blocks of a call."""
     from gdnflow.backends.cuda import blas
-    from gdnflow.backends.cuda.runtime import get_runtime
-    runtime = get_runtime()
+    runtime = cuda.runtime()
     a = runtime.empty((64, 64))
     noop = cuda.kernel(bench_conv.SPIN, "spin", "q")
     return [

@@ -2,7 +2,8 @@
 
     python benchmarks/sweep_pointwise_tiles.py --out benchmarks/results/pointwise_tiles.md
 
-For tuning the cost model of gdnflow/ops/pointwise.py (:func:`predicted_seconds`):
+For tuning the cost model of gdnflow/ops/conv/algorithms/pointwise_tiles.py
+(:func:`predicted_seconds`):
 for each layer, the thread tiles the model ranks best (and those measured
 best before) run the layer's forward with every K step (BK 8, 16, 32),
 pipeline depth (2-4 stages) and number of thread groups sharing a tile
@@ -23,9 +24,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_conv import gdnflow_gpu_ms  # noqa: E402  (benchmarks/ is not a package)
 
 from gdnflow import benchmarking as harness  # noqa: E402
+from gdnflow.backends import cuda  # noqa: E402
 from gdnflow.backends.cuda.kernels import precompile  # noqa: E402
-from gdnflow.ops import pointwise  # noqa: E402
-from gdnflow.ops.conv import conv_geometry  # noqa: E402
+from gdnflow.config import override  # noqa: E402
+from gdnflow.ops.conv.algorithms import pointwise_tiles  # noqa: E402
+from gdnflow.ops.conv.algorithms.pointwise import SOURCE, PointwiseDirect  # noqa: E402
+from gdnflow.ops.conv.geometry import conv_geometry  # noqa: E402
 
 #: (batch, C_in, side, C_out): MobileNetV2's narrow projections (slower than
 #: cuDNN in benchmarks/results/conv.md before stages), an expansion, and
@@ -43,8 +47,9 @@ def variants(layer, tiles_per_layer):
     """The configs to time for a layer: each chosen tile at every BK, depth and KSPLIT."""
     batch, c_in, side, c_out = layer
     columns = batch * side * side
-    fitting = [c for c in pointwise.candidate_configs(4) if c.bm <= 1.34 * c_out]
-    ranked = sorted(fitting, key=lambda c: pointwise.predicted_seconds(c, c_out, c_in, columns))
+    fitting = [c for c in pointwise_tiles.candidate_configs(4) if c.bm <= 1.34 * c_out]
+    ranked = sorted(fitting,
+                    key=lambda c: pointwise_tiles.predicted_seconds(c, c_out, c_in, columns))
     tiles = []
     for c in ranked:
         if (c.tm, c.tn, c.tx, c.ty) not in tiles:
@@ -52,34 +57,29 @@ def variants(layer, tiles_per_layer):
         if len(tiles) == tiles_per_layer:
             break
     tiles += [t for t in KNOWN_TILES if t not in tiles and t[0] * t[3] <= 1.34 * c_out]
-    chosen = pointwise.choose_config(c_out, c_in, side * side, columns, 4)
+    chosen = pointwise_tiles.choose_config(c_out, c_in, side * side, columns, 4)
     return [c for c in fitting if (c.tm, c.tn, c.tx, c.ty) in tiles] + (
         [] if chosen in fitting else [chosen])
 
 
 def sweep(layer, configs, top):
     """Rows (tile, threads, BK, stages, predicted µs, measured µs, mark) of one layer."""
-    from gdnflow.backends.cuda.runtime import get_runtime
     batch, c_in, side, c_out = layer
-    runtime = get_runtime()
+    runtime = cuda.runtime()
     rng = np.random.default_rng(0)
     g = conv_geometry("conv2d", (batch, c_in, side, side), (c_out, c_in, 1, 1), (1, 1),
                       (0, 0, 0, 0), (1, 1), 1)
     x = runtime.from_numpy(rng.standard_normal(g.x_shape, dtype=np.float32))
     w = runtime.from_numpy(rng.standard_normal(g.w_shape, dtype=np.float32))
     hw, columns = side * side, batch * side * side
-    chosen = pointwise.choose_config(c_out, c_in, hw, columns, 4, runtime.sm_count)
-    original = pointwise.choose_config
+    chosen = pointwise_tiles.choose_config(c_out, c_in, hw, columns, 4, runtime.sm_count)
     rows = []
-    try:
-        for config in configs:
-            pointwise.choose_config = lambda *args, config=config: config
-            measured = gdnflow_gpu_ms(lambda: pointwise.PointwiseDirect.forward(g, x, w))
-            predicted = pointwise.predicted_seconds(config, c_out, c_in, columns,
-                                                    runtime.sm_count)
-            rows.append((measured, config, predicted))
-    finally:
-        pointwise.choose_config = original
+    for config in configs:
+        with override(pointwise_config_chooser=lambda *args, config=config: config):
+            measured = gdnflow_gpu_ms(lambda: PointwiseDirect.forward(g, x, w))
+        predicted = pointwise_tiles.predicted_seconds(config, c_out, c_in, columns,
+                                                      runtime.sm_count)
+        rows.append((measured, config, predicted))
     rows.sort(key=lambda r: r[0])
     two_stage = [r for r in rows if r[1].stages == 2 and r[1].bk == 8 and r[1].ksplit == 1][:1]
     keep = rows[:top] + [r for r in rows[top:] if r[1] == chosen or r in two_stage]
@@ -90,7 +90,7 @@ def sweep(layer, configs, top):
                         if yes)
     return [[f"{batch}x{c_in}x{side}² -> {c_out}",
              f"{c.tm}x{c.tn} of {c.tx}x{c.ty} (BM {c.bm}, BN {c.bn})", c.ksplit, c.threads,
-             c.bk, c.stages, pointwise.blocks_per_sm(c), f"{1e6 * p:.1f}", f"{1e3 * m:.1f}",
+             c.bk, c.stages, pointwise_tiles.blocks_per_sm(c), f"{1e6 * p:.1f}", f"{1e3 * m:.1f}",
              mark(c)] for m, c, p in keep]
 
 
@@ -103,7 +103,7 @@ def main():
                         help="block tiles per layer from the model's ranking")
     args = parser.parse_args()
     configs = {layer: variants(layer, args.tiles) for layer in LAYERS}
-    precompile(pointwise.SOURCE, {c.defines(False) for cs in configs.values() for c in cs},
+    precompile(SOURCE, {c.defines(False) for cs in configs.values() for c in cs},
                workers=os.cpu_count() or 8)
     rows = [row for layer in LAYERS for row in sweep(layer, configs[layer], args.top)]
     harness.emit(harness.markdown_table(
@@ -111,7 +111,7 @@ def main():
         ["layer", "thread tile of threads (block tile)", "groups", "threads", "BK", "stages",
          "blocks/SM (model)", "predicted µs", "measured GPU µs", ""], rows,
         ["measured: GPU time per call, calls queued behind a busy kernel (bench_conv.py's "
-         "'gpu ms'); predicted: pointwise.predicted_seconds; per layer the model's best "
+         "'gpu ms'); predicted: pointwise_tiles.predicted_seconds; per layer the model's best "
          f"{args.tiles} block tiles and the formerly best ones (at most a third of their rows "
          "idle), each at every BK, depth and group count that fits; listed: the fastest, the "
          "model's choice and the fastest 2-stage, BK-8, one-group variant ('before': the "

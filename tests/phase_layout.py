@@ -1,5 +1,5 @@
 """NumPy models of the phase split of an NCHW tensor and its inverse, the
-layout of the sub-pixel rewrite (gdnflow/ops/subpixel.py, cuda_src/subpixel.cu
+layout of the sub-pixel rewrite (gdnflow/ops/conv/algorithms/subpixel.py, cuda_src/subpixel.cu
 and the phase views of cuda_src/winograd.cu), for the tests of both."""
 import numpy as np
 

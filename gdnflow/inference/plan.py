@@ -22,7 +22,7 @@ from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_pau
 from gdnflow.inference.passes import optimize
 from gdnflow.inference.tracing import trace
 from gdnflow.nn.module import weights_version
-from gdnflow.ops.winograd import frozen_weights
+from gdnflow.backends.cuda.weight_cache import frozen_weights
 from gdnflow.tensor import Tensor
 from gdnflow.testing import relative_error
 

@@ -1,5 +1,5 @@
 """Convolution layers: parameters plus one call to the convolution operators
-of :mod:`gdnflow.ops.conv` and :mod:`gdnflow.ops.conv_transpose`."""
+of :mod:`gdnflow.ops.conv` (conv2d and conv_transpose2d)."""
 import math
 
 import numpy as np

@@ -5,8 +5,7 @@ it. Arithmetic accepts Python numbers and NumPy arrays on either side: a
 number becomes the constant of an ``affine`` operator, an array a constant
 tensor on the other operand's device.
 """
-from gdnflow.ops.conv import conv2d
-from gdnflow.ops.conv_transpose import conv_transpose2d
+from gdnflow.ops.conv import conv2d, conv_transpose2d
 from gdnflow.ops.arithmetic import add, div, mul, sub
 from gdnflow.ops.elementwise import (affine, clamp, exp, log, neg, pow, relu, relu6,  # noqa: A004
                                      sigmoid, sqrt)

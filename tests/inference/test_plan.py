@@ -222,7 +222,7 @@ def test_gdn_autoencoder_transforms_run_as_graph_plans(rng):
     # transform captured in one CUDA graph, against the eager modules.
     from gdnflow.models.factorized_prior import FactorizedPrior
     from gdnflow.ops import conv as conv_module
-    from gdnflow.ops.subpixel import Subpixel
+    from gdnflow.ops.conv.algorithms.subpixel import Subpixel
     model = FactorizedPrior(64, 96, seed=0, device="cuda").eval()
     inputs = {"g_a": tensor(rng, (2, 3, 128, 128), "cuda"),
               "g_s": tensor(rng, (2, 96, 8, 8), "cuda")}

@@ -121,6 +121,19 @@ def launch_grid(threads, block=256, blocks_per_sm=16):
     return (_device or _loaded()).launch_grid(threads, block, blocks_per_sm)
 
 
+def matmul(a, b, c, m, n, k, **options):
+    """C = op(A) @ op(B) for row-major float32 matrices at device addresses ``a``, ``b``, ``c``.
+
+    The arguments and options of :func:`gdnflow.backends.cuda.blas.matmul`, which runs it
+    (cuBLAS); a simulated device's own ``matmul`` instead, where it has one.
+    """
+    stand_in = getattr(_device, "matmul", None)
+    if stand_in is not None:
+        return stand_in(a, b, c, m, n, k, **options)
+    from gdnflow.backends.cuda import blas    # local import: PyCUDA on first use
+    return blas.matmul(a, b, c, m, n, k, **options)
+
+
 def check_index_range(n, what):
     """Kernels index with 32-bit ints; refuse arrays they cannot address (ValueError naming ``what``)."""
     if n >= 2 ** 31:
@@ -135,7 +148,7 @@ def simulated(device):
     host, NumPy arrays as device memory): ``device`` has ``kernel(file, name,
     arg_types, defines)``, ``launch_grid(threads, block, blocks_per_sm)`` and
     ``get_runtime()`` (an object with ``empty``, ``full``, ``sm_count`` and
-    ``stream``).
+    ``stream``), and optionally ``matmul`` (as :func:`matmul`, on its memory).
     """
     global _device
     previous, _device = _device, device

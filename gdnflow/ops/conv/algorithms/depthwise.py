@@ -7,7 +7,7 @@ filters each (image, channel) plane on its own::
 
 It has kh*kw multiply-adds per output and nothing to share across channels,
 so it is bound by memory traffic: the floor is one read of x and one write of
-y. The NumPy reference and the operator itself are in :mod:`gdnflow.ops.conv`;
+y. The NumPy reference and the operator are elsewhere in :mod:`gdnflow.ops.conv`;
 this module is one of its algorithms.
 
 Forward (and backward-data at stride 1, which is the forward of gy with the
@@ -16,43 +16,16 @@ input rows of a strip of output rows of one or more planes into shared
 memory with cp.async, contiguous runs of 16-byte copies where the layout
 allows, then each thread computes RPT rows x OUT_COLS columns of outputs from
 them and stores 16 bytes at a time (:func:`forward_plan` picks the tiling;
-the file's header says how the kernel works).
-
-Why the previous kernel (tiles of 32x32 outputs, 256 threads, a 65x65
-input tile staged by plain loads) was slow. It reached 1.3-1.4 TB/s at both
-strides (H200, batch 64, forward: 32x112² stride 1 157 µs against a 50 µs
-floor, 96x112² stride 2 274 against 94, wall times with ~15-20 µs of
-dispatch in them); stride 2 only looked worse because torch's stride-2
-kernel is better (45% of HBM against 19% at stride 1). The staging loop
-issued one 4-byte load per iteration with an integer division and bounds
-checks, and stored it to shared memory before the next (its PTX: one
-ld.global.nc.f32, one st.shared.f32 per trip, no unrolling), so each thread
-had one load in flight: ~2000 resident threads x 4 B = ~8 KB per SM against
-the ~20 KB that full bandwidth needs at HBM latency. Rows of 65 floats start
-unaligned, so a warp's 32 loads touch two 128-byte lines; the fixed 32x32
-tiles left 23% of the threads idle on 56x56 planes (and 16x16 tiles 23% on
-14x14 planes, 8x8 tiles 23% on 7x7 ones); stride-2 shared-memory
-reads were 2-way bank conflicted; stores were 4 bytes.
-
-Prediction (written before any GPU run of this version; H200, batch 64,
-forward): every MobileNetV2 depthwise layer at 70-85% of 4.1 TB/s in GPU
-time (bench_conv's "gpu ms" column: the launches queued, no host gaps):
-96x112² s2 ~115 µs, 32x112² s1 ~65, 144x56² s1 ~70, 144x56² s2 ~45, 192x28²
-s1 ~25, 192x28² s2 ~15, 384x14² ~12, 576x14² s1 ~18, 576x14² s2 ~11, 960x7²
-~8 (the 7x7 and 14x14 inputs fit in L2, so repeated runs may beat the HBM
-floor). Against the old kernel's wall times (274, 157, 175, 111, 67, 53, 46,
-59, 49, 43 µs, benchmarks/results/conv.md; they include ~15-20 µs of Python
-dispatch, as the new wall-time column will) that is 1.6-2.4x on the large
-layers; on the small ones the dispatch dominates the wall time. Against
-torch in GPU time: 2.5-4x at stride 1, 1.5-2x at stride 2. Backward-data at
-stride 1 through the same kernel: similar times instead of the old tiled
-kernel's (not measured before).
+the file's header says how the kernel works). Strided backward-data and the
+weight gradient have kernels of their own. Why the kernel is built this way,
+and what it measured: docs/conv.md.
 """
 import dataclasses
 import functools
 import math
 
 from gdnflow.backends import cuda
+from gdnflow.ops.reduction import sum_cuda
 
 SOURCE = "depthwise.cu"
 SHARED_LIMIT = 48 * 1024        # bytes of shared memory a block may take without opting in
@@ -199,18 +172,11 @@ def _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip):
             ("FLIP", int(flip)))
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count():
-    """The device's multiprocessor count (one device per process)."""
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return get_runtime().sm_count
-
-
 def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
                  pad_left, activation, flip):
     """y <- depthwise_forward(x) for x [planes, h, wd] and y [planes, oh, ow] (see depthwise.cu)."""
     plan, defines = _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
-                                     pad_left, flip, alignment(x), alignment(y), _sm_count())
+                                     pad_left, flip, alignment(x), alignment(y), cuda.sm_count())
     kernel = cuda.kernel(SOURCE, "depthwise_forward", "PPPP" + "i" * 14, defines)
     kernel((plan.blocks, 1, 1), (plan.threads, 1, 1), x.ptr, w.ptr,
            0 if bias is None else bias.ptr, y.ptr, planes, c, h, wd, oh, ow, pad_top,
@@ -332,14 +298,12 @@ class Depthwise:
         enough splits that the grid fills the GPU even at batch 1, and the
         partials are added by a second reduction (deterministic, no atomics).
         """
-        from gdnflow.backends.cuda.runtime import get_runtime
-        from gdnflow.ops.reduction import sum_cuda
         rows = g.n * g.oh
         taps = g.kh * g.kw
         if rows == 0:
-            return get_runtime().full(g.w_shape, 0.0)
+            return cuda.zeros(g.w_shape)
         # Aim for 8 blocks per SM in all, each with at least ~8 outputs per thread.
-        wanted = math.ceil(8 * get_runtime().sm_count / g.c_in)
+        wanted = math.ceil(8 * cuda.sm_count() / g.c_in)
         most = max(1, rows * g.ow // (8 * BACKWARD_WEIGHT_BLOCK))
         rows_per_split = math.ceil(rows / max(1, min(wanted, most)))
         splits = math.ceil(rows / rows_per_split)

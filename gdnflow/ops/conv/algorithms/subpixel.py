@@ -16,9 +16,10 @@ so both run as stride-1 convolutions, and C' takes the stride-1 3x3 paths
 (Winograd F(4x4, 3x3)) where C (5x5 / 2, the GDN autoencoders' layers) had
 only im2col + GEMM, whose column matrix is 25 floats per pixel and channel.
 Winograd's transforms read x' and write x through a phase view of x
-(:class:`gdnflow.ops.winograd.PhaseView`), so split and interleave then cost
-no pass of their own; the kernels of this module do them for any other
-inner algorithm.
+(:class:`~gdnflow.ops.conv.algorithms.winograd.PhaseView`), so split and
+interleave then cost no pass of their own; the kernels of this module do
+them for any other inner algorithm. C's algorithm is chosen by the planner
+the :class:`Subpixel` instance is bound to.
 
 Index arithmetic, one axis (stride s, C's padding p before, kernel k). C's
 backward-data sends y[o] * w[kk] to x[o*s - p + kk]. Write x's index as
@@ -33,16 +34,20 @@ ceil(H/s) cells per phase, which fixes its padding after. For 5x5 / 2 with
 padding 2, P = 1 and taps = 3: w' is [4 C_x, C_y, 3, 3], 36 taps of which 25
 are w's. C' is supported when that padding after is not negative.
 
-Cost against im2col + GEMM for C (both GEMM-bound): 36/25 the multiply-adds
-before Winograd's 4x saving, plus a weight rearrangement (36/25 the
-weight's size). The heuristic prefers this path where C' would run F(4x4)
-(:meth:`Subpixel.preferred`); autotune times it against the others. The
-weight gradient stays with the other algorithms.
+The heuristic prefers this path where C' would run F(4x4)
+(:meth:`Subpixel.preferred`; its cost against im2col + GEMM: docs/conv.md);
+autotune times it against the others. The weight gradient stays with
+im2col + GEMM.
 """
 import dataclasses
 import functools
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.weight_cache import weight_cache
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm
+from gdnflow.ops.conv.algorithms.winograd import PhaseView, WinogradF4
+from gdnflow.ops.conv.epilogue import epilogue_cuda
+from gdnflow.ops.conv.geometry import ConvGeometry
 
 SOURCE = "subpixel.cu"
 
@@ -94,7 +99,6 @@ class SubpixelPlan:
 def subpixel_plan(g):
     """The :class:`SubpixelPlan` of ConvGeometry ``g``, or None where the
     rewrite does not apply (stride 1, dilation, groups, negative padding after)."""
-    from gdnflow.ops.conv import ConvGeometry
     if g.stride == (1, 1) or g.dilation != (1, 1) or g.groups != 1:
         return None
     top, _, left, _ = g.padding
@@ -111,8 +115,7 @@ def subpixel_plan(g):
 
 def subpixel_weight(plan, g, w):
     """w' [sh*sw*C_x, C_y, taps_h, taps_w] from C's weight w (once per weight
-    inside :func:`gdnflow.ops.winograd.frozen_weights`)."""
-    from gdnflow.ops.winograd import derived_weight
+    inside :func:`gdnflow.backends.cuda.weight_cache.frozen_weights`)."""
     rows, cols = plan.rows, plan.cols
 
     def rearrange():
@@ -122,7 +125,7 @@ def subpixel_weight(plan, g, w):
             cols.stride, rows.pad, cols.pad, rows.inner_pad, cols.inner_pad, rows.taps,
             cols.taps)
         return w_sub
-    return derived_weight(("subpixel", g), w, rearrange)
+    return weight_cache.derived(("subpixel", g), w, rearrange)
 
 
 def _phase_args(plan, g):
@@ -147,11 +150,6 @@ def interleave(plan, g, x_sub):
     return x
 
 
-def _inner_algorithm(plan, stage):
-    from gdnflow.ops import conv
-    return conv.planner.choose(plan.inner, stage)
-
-
 def _reads_phases(algorithm):
     """Whether ``algorithm`` reads and writes phase splits itself (its forward takes
     ``output_phases`` and its backward_data ``input_phases``: Winograd's do)."""
@@ -162,26 +160,36 @@ def _epilogue(y, bias, activation):
     """y <- act(y + bias) in one pass where there is anything to do; returns y."""
     if bias is None and not activation:
         return y
-    from gdnflow.ops.conv import epilogue_cuda
     return epilogue_cuda(y, bias, None, activation)
 
 
 def _phases(plan, g):
     """C's input x as the phase split C' produces or reads (a Winograd PhaseView)."""
-    from gdnflow.ops.winograd import PhaseView
     return PhaseView(g.c_in, plan.rows.stride, plan.cols.stride, g.h, g.w)
 
 
 class Subpixel:
     """Strided conv2d (groups 1, no dilation) through a stride-1 convolution on
     the sub-pixel grid: forward and backward-data (so conv_transpose2d's
-    forward and backward-data too); see the module docstring."""
+    forward and backward-data too); see the module docstring.
+
+    The planner offers the class; its maps run on an instance bound to a
+    planner (``Subpixel(planner)``, :func:`~gdnflow.ops.conv.planning.bound`
+    does it), which chooses the algorithm of the stride-1 convolution C'.
+    """
 
     name = "subpixel"
     stages = ("forward", "backward_data")
     fuses_bias_activation = True
     #: backward_data takes a bias too (conv_transpose2d's forward passes its own).
     backward_data_fuses_bias = True
+    #: Its maps run other algorithms: they need an instance bound to a planner.
+    binds_planner = True
+
+    def __init__(self, planner):
+        """The rewrite, asking ``planner`` (an object with ``choose(g, stage)``) for C''s
+        algorithm."""
+        self.planner = planner
 
     @staticmethod
     def supports(g):
@@ -191,16 +199,14 @@ class Subpixel:
     @staticmethod
     def preferred(g):
         """Where C' would run Winograd F(4x4, 3x3) by the heuristic."""
-        from gdnflow.ops.winograd import WinogradF4
         inner = subpixel_plan(g).inner
         return WinogradF4.supports(inner) and WinogradF4.preferred(inner)
 
-    @staticmethod
-    def forward(g, x, w, bias=None, activation=0):
+    def forward(self, g, x, w, bias=None, activation=0):
         """y = act(C'.backward_data(split(x), w') + bias), the epilogue in Winograd's
         output transform (or one pass after another inner algorithm)."""
         plan = subpixel_plan(g)
-        algorithm = _inner_algorithm(plan, "backward_data")
+        algorithm = self.planner.choose(plan.inner, "backward_data")
         w_sub = subpixel_weight(plan, g, w)
         if _reads_phases(algorithm):
             return algorithm.backward_data(plan.inner, x, w_sub, input_phases=_phases(plan, g),
@@ -208,12 +214,11 @@ class Subpixel:
         y = algorithm.backward_data(plan.inner, split(plan, g, x), w_sub)
         return _epilogue(y, bias, activation)
 
-    @staticmethod
-    def backward_data(g, gy, w, bias=None):
+    def backward_data(self, g, gy, w, bias=None):
         """gx = interleave(C'.forward(gy, w')) + bias (conv_transpose2d's bias, per
         channel of gx; in Winograd's output transform where it runs)."""
         plan = subpixel_plan(g)
-        algorithm = _inner_algorithm(plan, "forward")
+        algorithm = self.planner.choose(plan.inner, "forward")
         w_sub = subpixel_weight(plan, g, w)
         if _reads_phases(algorithm):
             return algorithm.forward(plan.inner, gy, w_sub, bias, output_phases=_phases(plan, g))
@@ -222,5 +227,4 @@ class Subpixel:
     @staticmethod
     def backward_weight(g, x, gy):
         """im2col + GEMM (the planner does not ask this class for this stage)."""
-        from gdnflow.ops.conv import Im2colGemm
         return Im2colGemm.backward_weight(g, x, gy)

@@ -1,4 +1,5 @@
-"""Strided convolutions on the sub-pixel grid (gdnflow/ops/subpixel.py, cuda_src/subpixel.cu).
+"""Strided convolutions on the sub-pixel grid (gdnflow/ops/conv/algorithms/subpixel.py,
+cuda_src/subpixel.cu).
 
 On the CPU: a NumPy model of the rewrite, driven by the module's plan (the
 inner geometry and each axis's taps and paddings) and the kernels' tap
@@ -11,11 +12,14 @@ import numpy as np
 import pytest
 
 from gdnflow import ops
-from gdnflow.ops import conv as conv_module
-from gdnflow.ops.conv import (STAGES, ConvPlanner, Im2colGemm, NumpyConv, conv_geometry,
-                              normalize_padding)
-from gdnflow.ops.subpixel import Subpixel, split_axis, subpixel_plan
-from gdnflow.ops.winograd import WinogradF4
+from gdnflow.config import override
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm
+from gdnflow.ops.conv.algorithms.subpixel import Subpixel, split_axis, subpixel_plan
+from gdnflow.ops.conv.algorithms.winograd import WinogradF4
+from gdnflow.ops.conv.geometry import STAGES, conv_geometry, normalize_padding
+from gdnflow.ops.conv import planning
+from gdnflow.ops.conv.planning import ConvPlanner, conv_algorithm
+from gdnflow.ops.conv.reference import NumpyConv
 from gdnflow.testing import assert_backends_match
 from phase_layout import interleave_phases, split_phases
 
@@ -120,6 +124,21 @@ def test_heuristic_takes_the_rewrite_where_the_inner_convolution_is_winograd():
     assert planner.choose(rgb, "forward") is not Subpixel
 
 
+def test_the_rewrite_runs_bound_to_the_planner_in_effect():
+    # The planner offers the class; the operator runs an instance that asks the
+    # same planner for the inner convolution's algorithm.
+    wide = _geometry((16, 128, 128, 128), (128, 128, 5, 5), 2, 2)
+    forced = _ForcedSubpixel(Im2colGemm)
+    with override(conv_planner=forced):
+        algorithm = conv_algorithm("cuda", wide, "forward")
+        assert isinstance(algorithm, Subpixel) and algorithm.planner is forced
+        assert algorithm.planner.choose(subpixel_plan(wide).inner, "backward_data") is Im2colGemm
+    default = conv_algorithm("cuda", wide, "backward_data")
+    assert isinstance(default, Subpixel) and default.planner is planning.planner
+    assert conv_algorithm("cuda", wide, "backward_weight") is Im2colGemm
+    assert conv_algorithm("numpy", wide, "forward") is NumpyConv
+
+
 # --------------------------------------------------------------------- GPU --
 class _ForcedSubpixel:
     """A planner that runs Subpixel wherever it can and ``inner`` for the
@@ -144,14 +163,14 @@ INNER = {"winograd": WinogradF4, "im2col": Im2colGemm}
 @pytest.mark.parametrize("inner", INNER)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("activation", [None, "relu"])
-def test_conv2d_through_subpixel_cuda_matches_numpy(case, activation, inner, rng, monkeypatch):
+def test_conv2d_through_subpixel_cuda_matches_numpy(case, activation, inner, rng):
     x_shape, w_shape, stride, padding = CASES[case]
-    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel(INNER[inner]))
     x, w, b = (rng.standard_normal(x_shape), rng.standard_normal(w_shape),
                rng.standard_normal(w_shape[0]))
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, stride=stride, padding=padding,
-                                                     activation=activation),
-                          [x, w, b], rtol=1e-4)
+    with override(conv_planner=_ForcedSubpixel(INNER[inner])):
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, stride=stride, padding=padding,
+                                                         activation=activation),
+                              [x, w, b], rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -160,15 +179,15 @@ def test_conv2d_through_subpixel_cuda_matches_numpy(case, activation, inner, rng
 @pytest.mark.parametrize("output_padding", [0, 1])
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_transpose2d_through_subpixel_cuda_matches_numpy(shape, output_padding, bias, inner,
-                                                              rng, monkeypatch):
-    monkeypatch.setattr(conv_module, "planner", _ForcedSubpixel(INNER[inner]))
+                                                              rng):
     c_in = shape[1]
     x, w, b = (rng.standard_normal(shape), rng.standard_normal((c_in, c_in, 5, 5)) / c_in,
                rng.standard_normal(c_in))
     kwargs = dict(stride=2, padding=2, output_padding=output_padding)
-    if bias:
-        assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kwargs),
-                              [x, w, b], rtol=1e-4)
-    else:
-        assert_backends_match(lambda x, w: ops.conv_transpose2d(x, w, **kwargs), [x, w],
-                              rtol=1e-4)
+    with override(conv_planner=_ForcedSubpixel(INNER[inner])):
+        if bias:
+            assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kwargs),
+                                  [x, w, b], rtol=1e-4)
+        else:
+            assert_backends_match(lambda x, w: ops.conv_transpose2d(x, w, **kwargs), [x, w],
+                                  rtol=1e-4)

@@ -1,4 +1,4 @@
-"""Transposed 2-D convolution: the adjoint of :func:`gdnflow.ops.conv.conv2d`.
+"""Transposed 2-D convolution: the adjoint of :func:`~gdnflow.ops.conv.operator.conv2d`.
 
 No kernels of its own. For the convolution C whose input has this
 operator's output shape and whose weight is this operator's weight, with
@@ -17,8 +17,9 @@ transform); otherwise the bias is one pass after it.
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
-from gdnflow.ops.conv import (_arrays_to_keep, _bias_grad, _ints, conv_algorithm, conv_geometry,
-                              conv_parameters, epilogue_cuda, epilogue_numpy)
+from gdnflow.ops.conv.epilogue import bias_grad, epilogue_cuda, epilogue_numpy
+from gdnflow.ops.conv.geometry import conv_parameters, conv_transpose_geometry, int_tuple
+from gdnflow.ops.conv.planning import conv_algorithm
 from gdnflow.registry import register
 
 
@@ -43,7 +44,7 @@ class ConvTranspose2d(Operator):
         op = "conv_transpose2d"
         self.stride, self.padding, self.dilation, self.groups = conv_parameters(
             op, stride, padding, dilation, groups)
-        self.output_padding = _ints(op, "output_padding", output_padding, 2, 0)
+        self.output_padding = int_tuple(op, "output_padding", output_padding, 2, 0)
         if any(o >= s for o, s in zip(self.output_padding, self.stride)):
             raise ValueError(f"{op}: output_padding {self.output_padding} must be smaller than "
                              f"the stride {self.stride} along each axis")
@@ -53,31 +54,10 @@ class ConvTranspose2d(Operator):
         if len(extras) != self.has_bias:
             raise TypeError(f"{self.label}: expected {2 + self.has_bias} input tensors, "
                             f"got {2 + len(extras)}")
-        if x.ndim != 4:
-            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {x.shape}")
-        if w.ndim != 4:
-            raise ShapeError(f"{self.label}: weight must be 4-D [C_in, C_out/groups, kh, kw], "
-                             f"got shape {w.shape}")
-        n, c_in, h, width = x.shape
-        if c_in % self.groups:
-            raise ShapeError(f"{self.label}: groups={self.groups} does not divide the {c_in} "
-                             "input channels")
-        if w.shape[0] != c_in:
-            raise ShapeError(f"{self.label}: input has C_in={c_in} channels but the weight "
-                             f"{w.shape} expects w.shape[0] = {w.shape[0]}")
-        top, bottom, left, right = self.padding
-        (sh, sw), (dh, dw), (oph, opw) = self.stride, self.dilation, self.output_padding
-        out_h = (h - 1) * sh - top - bottom + dh * (w.shape[2] - 1) + oph + 1
-        out_w = (width - 1) * sw - left - right + dw * (w.shape[3] - 1) + opw + 1
-        if out_h < 1 or out_w < 1:
-            raise ShapeError(f"{self.label}: output size {out_h}x{out_w} is not positive "
-                             f"(input {h}x{width}, padding {self.padding})")
-        c_out = w.shape[1] * self.groups
-        # The convolution this operator is the adjoint of: input = our output.
-        self.geometry = g = conv_geometry(self.label, (n, c_out, out_h, out_w), w.shape,
-                                          self.stride, self.padding, self.dilation, self.groups)
-        assert (g.oh, g.ow) == (h, width), "output_padding < stride makes the sizes round-trip"
-        self.keep = _arrays_to_keep(x, w, *extras)
+        self.geometry = g = conv_transpose_geometry(
+            self.label, x.shape, w.shape, self.stride, self.padding, self.output_padding,
+            self.dilation, self.groups)
+        c_out = g.c_in          # the adjoint convolution's input is this operator's output
         if self.has_bias and extras[0].shape != (c_out,):
             raise ShapeError(f"{self.label}: bias must have shape ({c_out},) (one per output "
                              f"channel), got {extras[0].shape}")
@@ -91,8 +71,9 @@ class ConvTranspose2d(Operator):
             y = algorithm.backward_data(g, x, w)
             if self.has_bias:
                 y = self.dispatch("epilogue", y, extras[0])
-        keep_x, keep_w, _ = self.keep
-        self.saved = (x if keep_x else None, w if keep_w else None)
+        # x feeds gw and w feeds gx.
+        need = self.needs_grad or (False, False)
+        self.save(x=x if need[1] else None, w=w if need[0] else None)
         return y
 
     forward_numpy = forward_cuda = _forward
@@ -105,16 +86,17 @@ class ConvTranspose2d(Operator):
 
     def backward(self, grad_output):
         g = self.geometry
-        x, w = self.saved
+        saved = self.saved
         gy = grad_output.data
         need = self.needs_grad
         grads = [None, None]
         if need[0]:
-            grads[0] = conv_algorithm(self.device, g, "forward").forward(g, gy, w)
+            grads[0] = conv_algorithm(self.device, g, "forward").forward(g, gy, saved.w)
         if need[1]:
-            grads[1] = conv_algorithm(self.device, g, "backward_weight").backward_weight(g, gy, x)
+            grads[1] = conv_algorithm(self.device, g, "backward_weight").backward_weight(
+                g, gy, saved.x)
         if self.has_bias:
-            grads.append(_bias_grad(self.device, gy) if need[2] else None)
+            grads.append(bias_grad(self.device, gy) if need[2] else None)
         return tuple(None if a is None else self.wrap(a) for a in grads)
 
 

@@ -1,4 +1,6 @@
-"""Winograd F(m x m, 3 x 3) convolution (gdnflow/ops/winograd.py, cuda_src/winograd.cu).
+"""Winograd F(m x m, 3 x 3) convolution (gdnflow/ops/conv/algorithms/winograd.py,
+cuda_src/winograd.cu), and the weight cache it keeps its transforms in
+(gdnflow/backends/cuda/weight_cache.py).
 
 On the CPU: the transform matrices satisfy the Winograd identity (float64),
 a NumPy model of the whole algorithm driven by the module's tiling matches
@@ -9,20 +11,22 @@ every thread index, orchestrated by the module's own Python, matches NumPy.
 On the GPU: CUDA against NumPy with every Winograd variant forced.
 """
 import ctypes
-import sys
-import types
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops import conv as conv_module
-from gdnflow.ops import winograd
-from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, conv_geometry, epilogue_numpy,
-                              normalize_padding)
-from gdnflow.ops.pointwise import Im2colDirect
-from gdnflow.ops.winograd import TRANSFORMS, WinogradF2, WinogradF4, tiling
+from gdnflow.backends.cuda.weight_cache import frozen_weights, weight_cache
+from gdnflow.config import override, settings
+from gdnflow.ops.conv.algorithms import winograd
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm
+from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect
+from gdnflow.ops.conv.algorithms.winograd import TRANSFORMS, WinogradF2, WinogradF4, tiling
+from gdnflow.ops.conv.epilogue import epilogue_numpy
+from gdnflow.ops.conv.geometry import conv_geometry, normalize_padding
+from gdnflow.ops.conv.planning import ConvPlanner
+from gdnflow.ops.conv.reference import NumpyConv
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HostArray, host_builder
 from phase_layout import interleave_phases, split_phases
@@ -187,7 +191,7 @@ def test_planner_keeps_im2col_elsewhere(x_shape, w_shape, kwargs, expected):
 
 _SHIM = """
 // Host loops over every thread index of each kernel (the bounds of their
-// grid-stride loops), for tests/ops/test_winograd.py.
+// grid-stride loops), for tests/ops/conv/test_winograd.py.
 #define HOST_KERNELS(M)                                                                    \\
 extern "C" void host_winograd_filter_f##M(const float* w, float* u, int C_y, int C_x,     \\
                                           int flip) {                                      \\
@@ -232,7 +236,7 @@ def _host_matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta
 
 
 @pytest.fixture
-def on_host(host_library, monkeypatch):
+def on_host(host_library, simulate):
     """Winograd's module runs its kernels on the host library and its GEMMs in NumPy."""
     kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
     launched = []
@@ -248,12 +252,7 @@ def on_host(host_library, monkeypatch):
             launched.append(self.name)
             self.function(*args)
 
-    monkeypatch.setattr(winograd, "cuda", types.SimpleNamespace(
-        empty=lambda shape, dtype=np.float32: HostArray(shape), kernel=Kernel))
-    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.blas",
-                        types.SimpleNamespace(matmul=_host_matmul))
-    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.kernels",
-                        types.SimpleNamespace(check_index_range=lambda n, what: None))
+    simulate(Kernel, matmul=_host_matmul)
     return launched
 
 
@@ -327,15 +326,15 @@ def test_cuda_code_on_host_through_phase_views(algorithm, case, on_host, rng):
     assert got.guards_untouched() and relative_error(got.get(), want) <= 1e-4
 
 
-def test_cuda_code_on_host_in_chunks(on_host, rng, monkeypatch):
+def test_cuda_code_on_host_in_chunks(on_host, rng):
     # Room for 7 tiles: 40 tiles in 6 chunks (7, 7, 7, 7, 7, 5), a chunk
     # boundary inside an image; the filter is transformed once per call.
     g = _geometry((2, 3, 17, 19), (5, 3, 3, 3), (0, 1, 1, 0))
-    monkeypatch.setattr(winograd, "WORKSPACE_BYTES", 7 * 4 * 36 * (3 + 5) + 100)
-    assert [n for _, n in tiling(g, 4, "forward").chunks(winograd.WORKSPACE_BYTES)] == \
-        [7, 7, 7, 7, 7, 5]
     x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
-    got = WinogradF4.forward(g, HostArray(g.x_shape, x), HostArray(g.w_shape, w))
+    with override(conv_workspace_bytes=7 * 4 * 36 * (3 + 5) + 100):
+        assert [n for _, n in tiling(g, 4, "forward").chunks(settings.conv_workspace_bytes)] \
+            == [7, 7, 7, 7, 7, 5]
+        got = WinogradF4.forward(g, HostArray(g.x_shape, x), HostArray(g.w_shape, w))
     assert relative_error(got.get(), NumpyConv.forward(g, x, w)) <= 1e-4
     assert on_host.count("winograd_filter_f4") == 1 and on_host.count("winograd_input_f4") == 6
 
@@ -344,11 +343,11 @@ def test_frozen_weights_transform_each_weight_once(on_host, rng):
     g = _geometry((1, 3, 9, 9), (4, 3, 3, 3))
     x = HostArray(g.x_shape, rng.standard_normal(g.x_shape))
     w = HostArray(g.w_shape, rng.standard_normal(g.w_shape))
-    with winograd.frozen_weights():
+    with frozen_weights():
         first = WinogradF4.forward(g, x, w).get()
         w.array[:] = rng.standard_normal(w.size)     # a change the caller promised not to make
         again = WinogradF4.forward(g, x, w).get()
-        with winograd.frozen_weights():             # nested: the same cache
+        with frozen_weights():                      # nested: the same cache
             WinogradF4.forward(g, x, w)
         WinogradF4.backward_data(g, HostArray(g.y_shape, rng.standard_normal(g.y_shape)), w)
     np.testing.assert_array_equal(first, again)      # the cached U was used
@@ -356,7 +355,7 @@ def test_frozen_weights_transform_each_weight_once(on_host, rng):
     after = WinogradF4.forward(g, x, w).get()        # outside: transformed afresh
     assert relative_error(after, NumpyConv.forward(g, x.get().astype(np.float64),
                                                    w.get().astype(np.float64))) <= 1e-4
-    assert on_host.count("winograd_filter_f4") == 3 and winograd._frozen is None
+    assert on_host.count("winograd_filter_f4") == 3 and weight_cache.entries is None
 
 
 def test_frozen_weights_into_a_cache_of_the_callers(on_host, rng):
@@ -366,15 +365,15 @@ def test_frozen_weights_into_a_cache_of_the_callers(on_host, rng):
     x = HostArray(g.x_shape, rng.standard_normal(g.x_shape))
     w = HostArray(g.w_shape, rng.standard_normal(g.w_shape))
     kept = {}
-    with winograd.frozen_weights():
-        enclosing = winograd._frozen
-        with winograd.frozen_weights(kept):
+    with frozen_weights():
+        enclosing = weight_cache.entries
+        with frozen_weights(kept):
             first = WinogradF4.forward(g, x, w).get()
-            assert winograd._frozen is kept and enclosing == {}
-        assert winograd._frozen is enclosing
-    assert winograd._frozen is None and len(kept) == 1
+            assert weight_cache.entries is kept and enclosing == {}
+        assert weight_cache.entries is enclosing
+    assert weight_cache.entries is None and len(kept) == 1
     w.array[:] = rng.standard_normal(w.size)         # the cached U is the old weight's
-    with winograd.frozen_weights(kept):
+    with frozen_weights(kept):
         np.testing.assert_array_equal(WinogradF4.forward(g, x, w).get(), first)
     assert on_host.count("winograd_filter_f4") == 1
 
@@ -406,24 +405,22 @@ GPU_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", WINOGRADS, ids=lambda a: a.name)
 @pytest.mark.parametrize("case", GPU_CASES)
-def test_winograd_cuda_matches_numpy(algorithm, case, rng, monkeypatch):
+def test_winograd_cuda_matches_numpy(algorithm, case, rng):
     x_shape, w_shape, kwargs = GPU_CASES[case]
-    monkeypatch.setattr(conv_module, "planner", _Forced(algorithm))
     fan_in = w_shape[1] * 9
     x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(
         w_shape[0])
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
-                          [x, w / np.sqrt(fan_in), b], rtol=1e-4)
+    with override(conv_planner=_Forced(algorithm)):
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                              [x, w / np.sqrt(fan_in), b], rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", WINOGRADS, ids=lambda a: a.name)
 @pytest.mark.parametrize("case", ["odd_pad1", "odd_asymmetric", "vgg16_64_64_56_b1"])
 @pytest.mark.parametrize("activation,residual", [("relu", False), ("relu6", True), (None, True)])
-def test_winograd_fused_epilogue_cuda_matches_numpy(algorithm, case, activation, residual, rng,
-                                                     monkeypatch):
+def test_winograd_fused_epilogue_cuda_matches_numpy(algorithm, case, activation, residual, rng):
     x_shape, w_shape, kwargs = GPU_CASES[case]
-    monkeypatch.setattr(conv_module, "planner", _Forced(algorithm))
     g = _geometry(x_shape, w_shape, **kwargs)
     x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(
         w_shape[0])
@@ -432,42 +429,46 @@ def test_winograd_fused_epilogue_cuda_matches_numpy(algorithm, case, activation,
 
     def fn(x, w, b, *r):
         return ops.conv2d(x, w, b, activation=activation, residual=r[0] if r else None, **kwargs)
-    assert_backends_match(fn, inputs, rtol=1e-4)
+    with override(conv_planner=_Forced(algorithm)):
+        assert_backends_match(fn, inputs, rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", WINOGRADS, ids=lambda a: a.name)
-def test_winograd_cuda_in_several_chunks(algorithm, rng, monkeypatch):
+def test_winograd_cuda_in_several_chunks(algorithm, rng):
     x_shape, w_shape, kwargs = GPU_CASES["odd_asymmetric"]
-    monkeypatch.setattr(conv_module, "planner", _Forced(algorithm))
     alpha2 = (algorithm.m + 2) ** 2
-    monkeypatch.setattr(winograd, "WORKSPACE_BYTES", 7 * 4 * alpha2 * (5 + 7) + 100)
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
-                          [rng.standard_normal(x_shape), rng.standard_normal(w_shape),
-                           rng.standard_normal(w_shape[0])], rtol=1e-4)
+    # The one workspace knob bounds the GEMM paths' columns too: the weight
+    # gradient (im2col) then runs one image at a time.
+    with override(conv_planner=_Forced(algorithm),
+                  conv_workspace_bytes=7 * 4 * alpha2 * (5 + 7) + 100):
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, **kwargs),
+                              [rng.standard_normal(x_shape), rng.standard_normal(w_shape),
+                               rng.standard_normal(w_shape[0])], rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", WINOGRADS, ids=lambda a: a.name)
-def test_conv_transpose2d_through_winograd(algorithm, rng, monkeypatch):
+def test_conv_transpose2d_through_winograd(algorithm, rng):
     # conv_transpose2d's forward is conv2d's backward-data, its backward-data conv2d's forward.
-    monkeypatch.setattr(conv_module, "planner", _Forced(algorithm))
     x, w, b = (rng.standard_normal((2, 6, 11, 13)), rng.standard_normal((6, 4, 3, 3)),
                rng.standard_normal(4))
-    assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, padding=(1, 0, 2, 1)),
-                          [x, w, b], rtol=1e-4)
+    with override(conv_planner=_Forced(algorithm)):
+        assert_backends_match(
+            lambda x, w, b: ops.conv_transpose2d(x, w, b, padding=(1, 0, 2, 1)), [x, w, b],
+            rtol=1e-4)
 
 
 @pytest.mark.gpu
-def test_heuristic_runs_winograd_on_a_wide_layer(rng, monkeypatch):
+def test_heuristic_runs_winograd_on_a_wide_layer(rng):
     x_shape, w_shape = (2, 128, 28, 28), (128, 128, 3, 3)
     g = _geometry(x_shape, w_shape)
     planner = ConvPlanner(autotune=False)
-    monkeypatch.setattr(conv_module, "planner", planner)
     assert planner.choose(g, "forward") is planner.choose(g, "backward_data") is WinogradF4
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation="relu"),
-                          [rng.standard_normal(x_shape), rng.standard_normal(w_shape) / 34,
-                           rng.standard_normal(128)], rtol=1e-4)
+    with override(conv_planner=planner):
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation="relu"),
+                              [rng.standard_normal(x_shape), rng.standard_normal(w_shape) / 34,
+                               rng.standard_normal(128)], rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -475,10 +476,10 @@ def test_frozen_weights_on_the_gpu(rng):
     x = gf.tensor(rng.standard_normal((2, 64, 12, 12)), device="cuda")
     w = gf.tensor(rng.standard_normal((64, 64, 3, 3)) / 24, device="cuda")
     g = _geometry(x.shape, w.shape)
-    with winograd.frozen_weights():
+    with frozen_weights():
         first = WinogradF4.forward(g, x.data, w.data).get()
         second = WinogradF4.forward(g, x.data, w.data).get()
-        assert len(winograd._frozen) == 1
+        assert len(weight_cache.entries) == 1
     np.testing.assert_array_equal(first, second)
     want = NumpyConv.forward(g, x.numpy().astype(np.float64), w.numpy().astype(np.float64))
     assert relative_error(first, want) <= 1e-4

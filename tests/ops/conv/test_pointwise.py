@@ -1,4 +1,5 @@
-"""The direct 1x1 convolution kernel (gdnflow/ops/pointwise.py, cuda_src/pointwise.cu).
+"""The direct 1x1 convolution kernel (gdnflow/ops/conv/algorithms/pointwise.py and
+pointwise_tiles.py, cuda_src/pointwise.cu).
 
 On the CPU: the tile choice and the planner's choice; and, where nvcc is
 installed, the kernel's per-thread code compiled for the host and run over
@@ -9,19 +10,21 @@ sizes and MobileNetV2's shapes, forward and gradients.
 """
 import ctypes
 import dataclasses
-import sys
-import types
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops import conv as conv_module
-from gdnflow.ops import pointwise
-from gdnflow.ops.conv import (ConvPlanner, Im2colGemm, NumpyConv, Pointwise, conv_geometry,
-                              epilogue_numpy)
-from gdnflow.ops.pointwise import Im2colDirect, PointwiseConfig, PointwiseDirect
+from gdnflow.config import override
+from gdnflow.ops.conv.algorithms import pointwise, pointwise_tiles
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
+from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
+from gdnflow.ops.conv.algorithms.pointwise_tiles import PointwiseConfig
+from gdnflow.ops.conv.epilogue import epilogue_numpy
+from gdnflow.ops.conv.geometry import conv_geometry
+from gdnflow.ops.conv.planning import ConvPlanner
+from gdnflow.ops.conv.reference import NumpyConv
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
 
@@ -41,14 +44,14 @@ def _geometry(x_shape, c_out, groups=1):
 def test_intensity_formula():
     # 16 -> 96 per pixel: 16*96 multiply-adds (2 flop each) over 4*(16+96) bytes.
     g = _geometry((64, 16, 112, 112), 96)
-    assert pointwise.intensity(g) == pytest.approx(2 * 16 * 96 / (4 * (16 + 96)))
+    assert pointwise_tiles.intensity(g) == pytest.approx(2 * 16 * 96 / (4 * (16 + 96)))
 
 
 @pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
 def test_planner_takes_the_direct_kernel_for_memory_bound_layers(c_in, size, c_out):
     g = _geometry((64, c_in, size, size), c_out)
     planner = ConvPlanner(autotune=False)
-    memory_bound = pointwise.intensity(g) <= pointwise.MAX_INTENSITY
+    memory_bound = pointwise_tiles.intensity(g) <= pointwise.MAX_INTENSITY
     expected = PointwiseDirect if memory_bound else Pointwise
     assert planner.choose(g, "forward") is expected
     assert planner.choose(g, "backward_data") is expected
@@ -76,7 +79,7 @@ def test_grouped_and_strided_1x1_stay_elsewhere():
 
 @pytest.mark.parametrize("vec_x", [1, 4])
 def test_candidate_configs_satisfy_the_kernel_constraints(vec_x):
-    configs = pointwise.candidate_configs(vec_x)
+    configs = pointwise_tiles.candidate_configs(vec_x)
     assert configs
     for c in configs:
         slots = c.bn // vec_x
@@ -94,8 +97,8 @@ def test_choose_config_fits_the_layer(batch, c_in, size, c_out):
     hw = size * size
     vec_x = 4 if hw % 4 == 0 else 1
     for m, k in ((c_out, c_in), (c_in, c_out)):           # forward, backward-data
-        config = pointwise.choose_config(m, k, hw, batch * hw, vec_x, 132)
-        assert config in pointwise.candidate_configs(vec_x)
+        config = pointwise_tiles.choose_config(m, k, hw, batch * hw, vec_x, 132)
+        assert config in pointwise_tiles.candidate_configs(vec_x)
         m_tiles = -(-m // config.bm)
         # At most a third of the multiply-adds on rows past m.
         assert m_tiles * config.bm <= 1.34 * m or m < 16
@@ -103,18 +106,18 @@ def test_choose_config_fits_the_layer(batch, c_in, size, c_out):
             blocks = m_tiles * -(-batch * hw // config.bn)
             assert blocks >= 0.9 * 132                       # (nearly) every SM has work
             # Memory and arithmetic add up in the model (they overlap only in part).
-            floor = (4 * batch * hw * (m + k) / pointwise.HBM_BYTES_PER_S
-                     + batch * hw * m * k / pointwise.FMA_PER_S)
-            assert pointwise.predicted_seconds(config, m, k, batch * hw) < 2.5 * floor
+            floor = (4 * batch * hw * (m + k) / pointwise_tiles.HBM_BYTES_PER_S
+                     + batch * hw * m * k / pointwise_tiles.FMA_PER_S)
+            assert pointwise_tiles.predicted_seconds(config, m, k, batch * hw) < 2.5 * floor
 
 
 def test_cost_model_prefers_exact_channel_tiles():
     # 24 output channels: a 24-row tile beats 32 rows with a quarter idle.
-    config = pointwise.choose_config(24, 96, 3136, 64 * 3136, 4, 132)
+    config = pointwise_tiles.choose_config(24, 96, 3136, 64 * 3136, 4, 132)
     assert config.bm == 24
     wide = PointwiseConfig(8, 8, 32, 4, 8, 4)                # BM 32
-    assert pointwise.predicted_seconds(config, 24, 96, 64 * 3136) < \
-        pointwise.predicted_seconds(wide, 24, 96, 64 * 3136)
+    assert pointwise_tiles.predicted_seconds(config, 24, 96, 64 * 3136) < \
+        pointwise_tiles.predicted_seconds(wide, 24, 96, 64 * 3136)
 
 
 # ---------------------------------------- CUDA code, run on the host (nvcc) --
@@ -175,7 +178,7 @@ def host_build(tmp_path_factory):
 
 
 @pytest.fixture
-def on_host(host_build, monkeypatch):
+def on_host(host_build, simulate):
     """The module launches pointwise_conv on the host build; returns the launches' defines.
 
     ``launched.backwards = True`` runs blocks and storing threads in reverse order.
@@ -200,11 +203,7 @@ def on_host(host_build, monkeypatch):
             faults = self.function(int(launched.backwards), grid[0], block[0], *args)
             assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
 
-    monkeypatch.setattr(pointwise, "cuda", types.SimpleNamespace(
-        empty=lambda shape, dtype=np.float32: HostArray(shape), kernel=Kernel))
-    monkeypatch.setattr(pointwise, "_sm_count", lambda: 132)
-    monkeypatch.setitem(sys.modules, "gdnflow.backends.cuda.kernels",
-                        types.SimpleNamespace(check_index_range=lambda n, what: None))
+    simulate(Kernel, sm_count=132)
     return launched
 
 
@@ -258,16 +257,16 @@ def _run_case(x_shape, c_out, rng, epilogue, offset=0):
 
 @pytest.mark.parametrize("case", HOST_CASES)
 @pytest.mark.parametrize("tile", FORCED)
-def test_cuda_code_on_host_with_forced_tiles(case, tile, on_host, rng, monkeypatch):
+def test_cuda_code_on_host_with_forced_tiles(case, tile, on_host, rng):
     n, c_in, h, w, c_out = HOST_CASES[case]
     config = FORCED[tile]
-    assert config in pointwise.candidate_configs(config.vec_x)
+    assert config in pointwise_tiles.candidate_configs(config.vec_x)
     if (h * w % 4 == 0) != (config.vec_x == 4):
         pytest.skip("the kernel picks the other vector width for this plane")
-    monkeypatch.setattr(pointwise, "choose_config", lambda *args: config)
     on_host.backwards = tile.endswith("scalar")
     for epilogue in (False, True):
-        y, want, gx, gx_want = _run_case((n, c_in, h, w), c_out, rng, epilogue)
+        with override(pointwise_config_chooser=lambda *args: config):
+            y, want, gx, gx_want = _run_case((n, c_in, h, w), c_out, rng, epilogue)
         assert relative_error(y, want) <= 1e-5          # NaN (an unwritten output) fails too
         if epilogue and y.size > 100:
             assert (y == 6).any() and (y == 0).any()
@@ -312,9 +311,7 @@ ODD_CASES = [((1, 5, 7, 9), 6), ((3, 5, 7, 9), 13), ((3, 37, 6, 6), 70), ((1, 17
 @pytest.mark.parametrize("x_shape,c_out", ODD_CASES, ids=str)
 @pytest.mark.parametrize("activation,residual,bias", [(None, False, False), ("relu6", True, True),
                                                       ("relu", False, True), (None, True, False)])
-def test_direct_cuda_matches_numpy_at_odd_sizes(x_shape, c_out, activation, residual, bias, rng,
-                                                monkeypatch):
-    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
+def test_direct_cuda_matches_numpy_at_odd_sizes(x_shape, c_out, activation, residual, bias, rng):
     g = _geometry(x_shape, c_out)
     inputs = [3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)]
     if bias:
@@ -326,7 +323,8 @@ def test_direct_cuda_matches_numpy_at_odd_sizes(x_shape, c_out, activation, resi
         b = rest[0] if bias else None
         r = rest[-1] if residual else None
         return ops.conv2d(x, w, b, activation=activation, residual=r)
-    assert_backends_match(fn, inputs, rtol=1e-4)
+    with override(conv_planner=_Fixed(PointwiseDirect)):
+        assert_backends_match(fn, inputs, rtol=1e-4)
 
 
 def _forced_on_gpu_cases():
@@ -337,7 +335,7 @@ def _forced_on_gpu_cases():
         vec_x = 4 if x_shape[2] * x_shape[3] % 4 == 0 else 1
         for name, config in FORCED.items():
             config = dataclasses.replace(config, vec_x=vec_x)
-            if config in pointwise.candidate_configs(vec_x):
+            if config in pointwise_tiles.candidate_configs(vec_x):
                 cases.append((name, x_shape, c_out, config))
     return cases
 
@@ -345,52 +343,53 @@ def _forced_on_gpu_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile,x_shape,c_out,config", _forced_on_gpu_cases(),
                          ids=lambda v: v if isinstance(v, str) else None)
-def test_direct_cuda_forced_tiles_match_numpy(tile, x_shape, c_out, config, rng, monkeypatch):
+def test_direct_cuda_forced_tiles_match_numpy(tile, x_shape, c_out, config, rng):
     # Every forced tile (stages, BK, thread groups) compiled for the GPU.
     g = _geometry(x_shape, c_out)
-    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
-    monkeypatch.setattr(pointwise, "choose_config", lambda *args: config)
     inputs = [3 * rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape),
               rng.standard_normal(c_out), rng.standard_normal(g.y_shape)]
-    assert_backends_match(lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r),
-                          inputs, rtol=1e-4)
+    with override(conv_planner=_Fixed(PointwiseDirect),
+                  pointwise_config_chooser=lambda *args: config):
+        assert_backends_match(
+            lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r), inputs,
+            rtol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("c_in,size,c_out", MOBILENET_POINTWISE)
-def test_direct_cuda_matches_numpy_on_mobilenet_layers(c_in, size, c_out, rng, monkeypatch):
+def test_direct_cuda_matches_numpy_on_mobilenet_layers(c_in, size, c_out, rng):
     # Batch 2 of the real layer with its bias, forced; gradients too. No
     # activation at this size: a few of millions of outputs lie within float32
     # rounding of 0, where relu's gradient may differ between the backends.
-    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
     g = _geometry((2, c_in, size, size), c_out)
     x, w, b = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape), \
         rng.standard_normal(c_out)
-    assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b), [x, w / np.sqrt(c_in), b],
-                          rtol=1e-4)
+    with override(conv_planner=_Fixed(PointwiseDirect)):
+        assert_backends_match(lambda x, w, b: ops.conv2d(x, w, b), [x, w / np.sqrt(c_in), b],
+                              rtol=1e-4)
 
 
 @pytest.mark.gpu
-def test_heuristic_runs_the_direct_kernel_on_a_narrow_layer(rng, monkeypatch):
+def test_heuristic_runs_the_direct_kernel_on_a_narrow_layer(rng):
     planner = ConvPlanner(autotune=False)
-    monkeypatch.setattr(conv_module, "planner", planner)
     g = _geometry((3, 24, 20, 20), 144)
     x, w, b, r = (rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape),
                   rng.standard_normal(144), rng.standard_normal(g.y_shape))
-    assert_backends_match(lambda x, w, b, r: ops.conv2d(x, w, b, residual=r),
-                          [x, w / np.sqrt(24), b, r], rtol=1e-4)
+    with override(conv_planner=planner):
+        assert_backends_match(lambda x, w, b, r: ops.conv2d(x, w, b, residual=r),
+                              [x, w / np.sqrt(24), b, r], rtol=1e-4)
     assert planner.cache[(g, "forward")] is PointwiseDirect
     assert planner.cache[(g, "backward_data")] is PointwiseDirect
 
 
 @pytest.mark.gpu
-def test_autotune_times_the_direct_kernel_too(rng, monkeypatch):
+def test_autotune_times_the_direct_kernel_too(rng):
     planner = ConvPlanner(autotune=True)
-    monkeypatch.setattr(conv_module, "planner", planner)
     g = _geometry((2, 16, 12, 12), 48)
-    assert_backends_match(lambda x, w: ops.conv2d(x, w),
-                          [rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)],
-                          rtol=1e-4)
+    with override(conv_planner=planner):
+        assert_backends_match(lambda x, w: ops.conv2d(x, w),
+                              [rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)],
+                              rtol=1e-4)
     assert set(planner.timings[(g, "forward")]) == {"pointwise_direct", "pointwise",
                                                     "im2col_direct", "im2col_gemm"}
     assert set(planner.timings[(g, "backward_weight")]) == {"pointwise", "im2col_gemm"}
@@ -419,12 +418,13 @@ def test_direct_cuda_with_unaligned_views(offset, rng):
 
 
 @pytest.mark.gpu
-def test_conv_transpose2d_1x1_through_the_direct_kernel(rng, monkeypatch):
+def test_conv_transpose2d_1x1_through_the_direct_kernel(rng):
     # conv_transpose2d's forward is conv2d's backward-data (the transposed weight).
-    monkeypatch.setattr(conv_module, "planner", _Fixed(PointwiseDirect))
     x, w, b = rng.standard_normal((3, 20, 5, 7)), rng.standard_normal((20, 12, 1, 1)), \
         rng.standard_normal(12)
-    assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b), [x, w, b], rtol=1e-4)
+    with override(conv_planner=_Fixed(PointwiseDirect)):
+        assert_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b), [x, w, b],
+                              rtol=1e-4)
 
 
 @pytest.mark.gpu
@@ -455,19 +455,18 @@ class _Im2colDirectForward:
     ((2, 8, 10, 10), (16, 8, 1, 1), dict(stride=2)),                       # strided 1x1
 ], ids=str)
 @pytest.mark.parametrize("chunked", [False, True])
-def test_im2col_direct_matches_numpy(x_shape, w_shape, kwargs, chunked, rng, monkeypatch):
+def test_im2col_direct_matches_numpy(x_shape, w_shape, kwargs, chunked, rng):
     # With the epilogue (bias, relu6, residual) fused, and with the batch
     # lowered one image at a time (a workspace too small for two).
-    monkeypatch.setattr(conv_module, "planner", _Im2colDirectForward())
-    if chunked:
-        monkeypatch.setattr(conv_module, "WORKSPACE_BYTES", 4)
     y_shape = ops.conv2d(gf.tensor(np.zeros(x_shape, np.float32)),
                          gf.tensor(np.zeros(w_shape, np.float32)), **kwargs).shape
     inputs = [3 * rng.standard_normal(x_shape), rng.standard_normal(w_shape),
               rng.standard_normal(w_shape[0]), rng.standard_normal(y_shape)]
-    assert_backends_match(
-        lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r, **kwargs),
-        inputs, rtol=1e-4)
+    knobs = dict(conv_workspace_bytes=4) if chunked else {}
+    with override(conv_planner=_Im2colDirectForward(), **knobs):
+        assert_backends_match(
+            lambda x, w, b, r: ops.conv2d(x, w, b, activation="relu6", residual=r, **kwargs),
+            inputs, rtol=1e-4)
 
 
 def test_small_products_take_the_direct_kernel():

@@ -1,7 +1,7 @@
 """Winograd convolution F(m x m, 3 x 3) on the GPU: 3x3 kernels, stride 1, dilation 1, groups 1.
 
-Kernels in ``cuda_src/winograd.cu``; the GEMM through
-:mod:`gdnflow.backends.cuda.blas`. With alpha = m + 2 and the matrices of
+Kernels in ``cuda_src/winograd.cu``; the GEMM is cuBLAS's, through
+:func:`gdnflow.backends.cuda.matmul`. With alpha = m + 2 and the matrices of
 :data:`TRANSFORMS` (B^T alpha x alpha, G alpha x 3, A^T m x alpha), one m x m
 output tile of image n, output channel o is::
 
@@ -15,75 +15,38 @@ input). Four steps over the whole batch:
 3. alpha^2 GEMMs     M[xi] [C_out, tiles] = U[xi] @ V[xi]   (one strided-batched cuBLAS call)
 4. output transform  y tile = act(A^T M A + bias + residual), written as NCHW
 
-(2-4 per chunk of tiles, within :data:`WORKSPACE_BYTES` for V and M.) The
-backward-data pass is the same algorithm: gx is the convolution of gy with the
-filter rotated by 180 degrees and its channel axes swapped, padded by 2 - top
-on top and 2 - left on the left (a negative value crops). The weight gradient
-stays with im2col + GEMM (:class:`~gdnflow.ops.conv.Im2colGemm`).
+(2-4 per chunk of tiles, within ``settings.conv_workspace_bytes`` for V and
+M.) The backward-data pass is the same algorithm: gx is the convolution of gy
+with the filter rotated by 180 degrees and its channel axes swapped, padded
+by 2 - top on top and 2 - left on the left (a negative value crops). The
+weight gradient stays with im2col + GEMM
+(:class:`~gdnflow.ops.conv.algorithms.im2col.Im2colGemm`).
 
-Multiplications and bytes. Direct convolution (im2col + GEMM) does
-9 C_in C_out multiply-adds per output pixel; F(2x2) does 16/4 = 4 (2.25x
-fewer), F(4x4) 36/16 = 2.25 (4x fewer), less for tiles that overhang the edge
-(14x14 planes in 4x4 tiles: 2.94). The price is memory traffic: V and M hold
-alpha^2/m^2 floats per pixel and channel (4 for F(2x2), 2.25 for F(4x4)), each
-written once and read once, against im2col's column matrix of 9 floats per
-pixel and input channel (also written and read once). Float32 error, measured
-with a NumPy float32 model of this algorithm against float64 (max |err| / max
-|ref|, random and post-ReLU inputs, 64-512 channels): direct 5e-7, F(2x2) 6e-7,
-F(4x4) 1.3e-5, so both stay well inside gdnflow's 1e-4.
-
-Prediction (H200, fp32, batch 64, written before any GPU run). Model:
-transform kernels at 80% of 4.1 TB/s, cuBLAS at 40 TFLOP/s (30 for C_in =
-64), every byte of x, V, M, y and U counted once per pass. VGG16's 3x3
-layers in F(4x4), ms, as (gdnflow im2col measured / cuDNN measured / this
-model): 64x64x224² 8.46 / 5.63 / 3.6; 64x64x112²->128 3.31 / 2.84 / 1.6;
-64x128x112² 6.25 / 5.50 / 2.3; 64x128x56²->256 3.07 / 2.77 / 1.05; 64x256x56²
-6.37 / 4.68 / 1.9; 64x256x28²->512 3.01 / 1.10 / 0.9; 64x512x28² 6.67 / 2.08 /
-1.7; 64x512x14² 1.71 / 0.74 / 0.56. All thirteen layers (the 3-channel first
-one stays on im2col, 0.75): 56.1 / 34.3 / 19.0, or 23.9 with the 64->64 layer
-left on im2col (see MIN_CHANNEL_PRODUCT).
-The model is a floor: expect measured Winograd layers 1.2-1.5x above it
-(redundant tile loads through L1, batched-GEMM efficiency at these shapes,
-launch gaps between chunks), so VGG16's thirteen layers at 28-32 ms as
-shipped (ratio to cuDNN 1.05-1.25) and 23-28 ms with the 64->64 layer on
-F(4x4) too (1.2-1.5); the 512-channel 28x28 layers are the tightest against
-cuDNN's own Winograd (ratio 0.8-1.05). F(2x2) predicted about 1.7x slower
-than F(4x4) at batch 64 (33 ms for the model); autotune measures it. At batch
-1 the filter transform (a pass over U, 4x the weight) and U's reads dominate
-the 14x14 layers: im2col there (MIN_PIXELS).
-
-Filter transforms and caching. U is recomputed on every call by default:
-gdnflow's weights are updated in place by the optimizers and its arrays carry
-no version counter, so a cache keyed on the weight's address could return a
-stale U after an optimizer step, and no cheap check on the device can tell.
-Recomputing costs one pass over U (alpha^2 C_in C_out floats, 38 MB for a
-512x512 layer in F(4x4): about 12 µs, under 1% of that layer at batch 64).
-Inside :func:`frozen_weights` (inference, where the caller promises the
-weights do not change) each weight array's U is computed once and kept until
-the block ends.
+F(2x2) does 2.25x fewer multiply-adds than direct convolution, F(4x4) 4x
+fewer; the price is the transforms' memory traffic, and F(4x4)'s float32
+error is larger (still well inside gdnflow's 1e-4). U is recomputed on every
+call, except inside :func:`gdnflow.backends.cuda.weight_cache.frozen_weights`
+(inference), where each weight's U is computed once. Error measurements,
+predictions and timings: docs/conv.md.
 """
-import contextlib
 import dataclasses
 import functools
 
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.weight_cache import weight_cache
+from gdnflow.config import settings
+from gdnflow.ops.conv.algorithms.im2col import Im2colGemm
+from gdnflow.ops.conv.geometry import FLOAT_BYTES
 
 SOURCE = "winograd.cu"
-FLOAT = 4                       # bytes per float32
-
-#: Bytes of V plus M (the transformed input and the GEMM's output) one chunk
-#: of tiles may use. At batch 64 a 512-channel 28x28 layer in F(4x4) needs
-#: 462 MB, so it runs in two chunks.
-WORKSPACE_BYTES = 256 << 20
 
 #: The heuristic prefers F(4x4) when min(C_in, C_out) >= MIN_CHANNELS, C_in *
 #: C_out >= MIN_CHANNEL_PRODUCT and N*OH*OW >= MIN_PIXELS (see
 #: :meth:`WinogradF4.preferred`). The transforms move (C_in + C_out) floats per
-#: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little.
-#: 64*64 (VGG16's second layer) gains too: 3.63 against 8.58 ms at batch 64 on
-#: an H200 (benchmarks/results/conv.md).
+#: pixel for 6.75 C_in C_out multiply-adds saved, so few channels gain little;
+#: 64*64 (VGG16's second layer) gains too (docs/conv.md).
 MIN_CHANNELS = 64
 MIN_CHANNEL_PRODUCT = 64 * 64
 #: Below this many output pixels the filter transform (a pass over U, which is
@@ -177,7 +140,7 @@ class WinogradTiling:
         """
         if self.tiles == 0:
             return ()
-        per_tile = FLOAT * self.alpha ** 2 * (self.c_x + self.c_y)
+        per_tile = FLOAT_BYTES * self.alpha ** 2 * (self.c_x + self.c_y)
         most = max(1, workspace_bytes // per_tile)
         count = -(-self.tiles // most)
         size = -(-self.tiles // count)
@@ -208,35 +171,6 @@ def supports(g):
 
 
 # ------------------------------------------------------ filter transforms --
-_frozen = None          # {key: (allocation, derived array)} inside frozen_weights()
-
-
-@contextlib.contextmanager
-def frozen_weights(cache=None):
-    """Within this block, transform each weight array once and reuse its U.
-
-    For inference: the caller promises that no weight changes inside the
-    block (no optimizer step, no load_state_dict). A transform is keyed on the
-    weight's address, shape, tile size and pass, and holds a reference to the
-    weight's allocation, so the address cannot be handed to another array
-    while the cached U exists. Everything cached is dropped when the
-    outermost block ends, unless ``cache`` (a dict of the caller's) is given:
-    the transforms then go there, live as long as the caller keeps it, and
-    replace any enclosing block's cache until this block ends (an inference
-    plan keeps the transforms its CUDA graph reads this way).
-    """
-    global _frozen
-    enclosing = _frozen
-    if cache is not None:
-        _frozen = cache
-    elif _frozen is None:
-        _frozen = {}
-    try:
-        yield
-    finally:
-        _frozen = enclosing
-
-
 def filter_transform(w, m, c_y, c_x, flip):
     """U [alpha^2, C_y, C_x] = G g G^T per channel pair, on the GPU.
 
@@ -248,22 +182,7 @@ def filter_transform(w, m, c_y, c_x, flip):
         cuda.kernel(SOURCE, f"winograd_filter_f{m}", "PPiii").launch(
             c_y * c_x, w.ptr, u.ptr, c_y, c_x, int(flip))
         return u
-    return derived_weight(("winograd", m, flip), w, transform)
-
-
-def derived_weight(kind, w, make):
-    """``make()``, an array computed from the weight ``w`` alone: once per weight
-    inside :func:`frozen_weights` (keyed on ``kind`` and w's address and shape,
-    guarded by w's allocation), on every call outside it."""
-    if _frozen is None:
-        return make()
-    key = (kind, w.ptr, w.shape)
-    hit = _frozen.get(key)
-    if hit is not None and hit[0] is w.allocation:
-        return hit[1]
-    value = make()
-    _frozen[key] = (w.allocation, value)
-    return value
+    return weight_cache.derived(("winograd", m, flip), w, transform)
 
 
 # ------------------------------------------------------------------ passes --
@@ -272,7 +191,7 @@ class PhaseView:
     """A pass's input or output seen as the phase split of a real tensor
     [N, ``channels``, ``h``, ``w``] (see winograd.cu): pass channel
     (rh * sw + rw) * channels + c, cell (i, j) is the real element
-    (c, i * sh + rh, j * sw + rw). :mod:`gdnflow.ops.subpixel` passes these."""
+    (c, i * sh + rh, j * sw + rw). :mod:`~gdnflow.ops.conv.algorithms.subpixel` passes these."""
 
     channels: int
     sh: int
@@ -296,30 +215,28 @@ def _winograd_pass(t, x, u, bias=None, residual=None, activation=0, input_phases
     (and the residual) are the real tensors whose phase split the pass reads
     / writes; y then has the real shape and the bias is per real channel.
     """
-    from gdnflow.backends.cuda import blas
-    from gdnflow.backends.cuda.kernels import check_index_range
     x_view = _view_args(input_phases, t.c_x, t.h_x, t.w_x)
     y_view = _view_args(output_phases, t.c_y, t.h_y, t.w_y)
     y = cuda.empty((t.n, y_view[0], y_view[3], y_view[4]))
-    chunks = t.chunks(WORKSPACE_BYTES)
+    chunks = t.chunks(settings.conv_workspace_bytes)
     if not chunks:
         return y
     m, alpha2 = t.m, t.alpha ** 2
     size = max(count for _, count in chunks)
-    check_index_range(alpha2 * max(t.c_x, t.c_y) * size, "winograd workspace")
-    check_index_range(max(x.size, y.size), "winograd input/output")
+    cuda.check_index_range(alpha2 * max(t.c_x, t.c_y) * size, "winograd workspace")
+    cuda.check_index_range(max(x.size, y.size), "winograd input/output")
     v = cuda.empty((alpha2 * t.c_x * size,))
     mm = cuda.empty((alpha2 * t.c_y * size,))
     # Whole rows of a tile in one vector store: every tile inside the width
     # and every row start aligned to m floats.
-    vector = int(output_phases is None and t.w_y % m == 0 and y.ptr % (FLOAT * m) == 0
-                 and (residual is None or residual.ptr % (FLOAT * m) == 0))
+    vector = int(output_phases is None and t.w_y % m == 0 and y.ptr % (FLOAT_BYTES * m) == 0
+                 and (residual is None or residual.ptr % (FLOAT_BYTES * m) == 0))
     forward_input = cuda.kernel(SOURCE, f"winograd_input_f{m}", "PP" + "i" * 12)
     forward_output = cuda.kernel(SOURCE, f"winograd_output_f{m}", "PPPP" + "i" * 12)
     for t0, count in chunks:
         forward_input.launch(t.c_x * count, x.ptr, v.ptr, t.c_x, *x_view, t.tiles_h,
                              t.tiles_w, t0, count, t.pad_top, t.pad_left)
-        blas.matmul(u.ptr, v.ptr, mm.ptr, t.c_y, count, t.c_x, batch=alpha2,
+        cuda.matmul(u.ptr, v.ptr, mm.ptr, t.c_y, count, t.c_x, batch=alpha2,
                     stride_a=t.c_y * t.c_x, stride_b=t.c_x * count, stride_c=t.c_y * count)
         forward_output.launch(t.c_y * count, mm.ptr, 0 if bias is None else bias.ptr,
                               0 if residual is None else residual.ptr, y.ptr, t.c_y, *y_view,
@@ -363,7 +280,6 @@ class _Winograd:
     @staticmethod
     def backward_weight(g, x, gy):
         """im2col + GEMM (the planner does not ask Winograd for this stage)."""
-        from gdnflow.ops.conv import Im2colGemm
         return Im2colGemm.backward_weight(g, x, gy)
 
 

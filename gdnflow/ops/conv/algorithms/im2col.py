@@ -1,0 +1,190 @@
+"""Convolutions as matrix products on the GPU: im2col + SGEMM, and one GEMM per image for 1x1.
+
+Kernels: ``cuda_src/conv2d.cu`` (im2col, col2im, the NCHW -> CNHW transpose);
+the GEMMs are cuBLAS's, through :func:`gdnflow.backends.cuda.matmul`. The
+column matrices are made a chunk of images at a time, within
+``settings.conv_workspace_bytes`` (:mod:`gdnflow.config`).
+"""
+from gdnflow.backends import cuda
+from gdnflow.config import settings
+from gdnflow.ops.conv.geometry import FLOAT_BYTES
+
+SOURCE = "conv2d.cu"
+
+
+def chunk_images(n, floats_per_image):
+    """How many images to lower at once within ``settings.conv_workspace_bytes`` (at least one)."""
+    most = settings.conv_workspace_bytes // (FLOAT_BYTES * max(floats_per_image, 1))
+    chunk = max(1, min(n, most))
+    cuda.check_index_range(chunk * floats_per_image, "conv2d workspace")
+    return chunk
+
+
+def im2col(g, x, cols, nb, row_stride, image_stride):
+    """cols <- the column matrices of the ``nb`` images that ``x`` starts with (see conv2d.cu)."""
+    kernel = cuda.kernel(SOURCE, "im2col", "PP" + "i" * 14, (("KH", g.kh), ("KW", g.kw)))
+    kernel.launch(nb * g.c_in * g.oh * g.ow, x.ptr, cols.ptr, nb, g.c_in, g.h, g.w, g.oh, g.ow,
+                  *g.stride, *g.dilation, g.padding[0], g.padding[2], row_stride, image_stride)
+
+
+def col2im(g, cols, x, nb, row_stride, image_stride):
+    """The ``nb`` images of gx that ``x`` starts with <- the adjoint of im2col applied to cols."""
+    kernel = cuda.kernel(SOURCE, "col2im", "PP" + "i" * 14, (("KH", g.kh), ("KW", g.kw)))
+    kernel.launch(nb * g.c_in * g.h * g.w, cols.ptr, x.ptr, nb, g.c_in, g.h, g.w, g.oh, g.ow,
+                  *g.stride, *g.dilation, g.padding[0], g.padding[2], row_stride, image_stride)
+
+
+def nchw_to_cnhw(src, dst, nb, channels, pixels):
+    """dst [C, nb, P] <- src [nb, C, P]."""
+    cuda.kernel(SOURCE, "nchw_to_cnhw", "PPiii").launch(
+        nb * channels * pixels, src.ptr, dst.ptr, nb, channels, pixels)
+
+
+def gemm_backward_weight(g, x, gy, lower):
+    """gw[grp] = sum_n gy[n, grp] @ cols[n, grp]^T as one GEMM per chunk of images.
+
+    ``lower(x_chunk, cols, nb)`` writes the column matrix of the ``nb`` images
+    ``x_chunk`` starts with, the images side by side ([C_in*kh*kw, nb*OH*OW]);
+    the chunk's gy is brought to the same layout ([C_out, nb*OH*OW], a
+    transpose unless nb == 1), so the GEMM's inner dimension runs over all
+    pixels of all images of the chunk and accumulates (beta = 1) over chunks.
+    Groups are the GEMM's batch.
+    """
+    if g.n == 0:
+        return cuda.zeros(g.w_shape)
+    gw = cuda.empty(g.w_shape)
+    ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
+    chunk = chunk_images(g.n, (k_rows + g.c_out) * ohw)
+    cols = cuda.empty((chunk * k_rows * ohw,))
+    gyt = cuda.empty((chunk * g.c_out * ohw,)) if chunk > 1 else None
+    og, kg = g.c_out // g.groups, k_rows // g.groups
+    for n0 in range(0, g.n, chunk):
+        nb = min(chunk, g.n - n0)
+        width = nb * ohw
+        lower(x.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), cols, nb)
+        gy_chunk = gy.offset(n0 * g.c_out * ohw, (nb, g.c_out, g.oh, g.ow))
+        if nb > 1:
+            nchw_to_cnhw(gy_chunk, gyt, nb, g.c_out, ohw)
+            gy_chunk = gyt
+        cuda.matmul(gy_chunk.ptr, cols.ptr, gw.ptr, og, kg, width, trans_b=True,
+                    beta=0.0 if n0 == 0 else 1.0, batch=g.groups,
+                    stride_a=og * width, stride_b=kg * width, stride_c=og * kg)
+    return gw
+
+
+class Im2colGemm:
+    """Any convolution: lower the input to column matrices, multiply with cuBLAS SGEMM.
+
+    forward:          y[n, grp] = W[grp] @ cols[n, grp], strided-batched over
+                      the images of a chunk (the weight's batch stride is 0),
+                      one call per group;
+    backward_data:    gcols[n, grp] = W[grp]^T @ gy[n, grp], then col2im;
+    backward_weight:  :func:`gemm_backward_weight` with im2col as the lowering.
+    """
+
+    name = "im2col_gemm"
+    fuses_bias_activation = False
+
+    @staticmethod
+    def supports(g):
+        """Every geometry."""
+        return True
+
+    @staticmethod
+    def forward(g, x, w, bias=None, activation=0):
+        """y [N, C_out, OH, OW] from x and w (bias and activation: the caller's epilogue)."""
+        y = cuda.empty(g.y_shape)
+        ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
+        per_image = k_rows * ohw
+        chunk = chunk_images(g.n, per_image)
+        cols = cuda.empty((chunk * per_image,))
+        og, kg = g.c_out // g.groups, k_rows // g.groups
+        for n0 in range(0, g.n, chunk):
+            nb = min(chunk, g.n - n0)
+            im2col(g, x.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), cols, nb, ohw,
+                   per_image)
+            for grp in range(g.groups):
+                cuda.matmul(w.offset(grp * og * kg, (og, kg)).ptr,
+                            cols.offset(grp * kg * ohw, (kg, ohw)).ptr,
+                            y.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr, og, ohw, kg,
+                            batch=nb, stride_a=0, stride_b=per_image, stride_c=g.c_out * ohw)
+        return y
+
+    @staticmethod
+    def backward_data(g, gy, w):
+        """gx [N, C_in, H, W] from gy [N, C_out, OH, OW] and w."""
+        gx = cuda.empty(g.x_shape)
+        ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
+        per_image = k_rows * ohw
+        chunk = chunk_images(g.n, per_image)
+        gcols = cuda.empty((chunk * per_image,))
+        og, kg = g.c_out // g.groups, k_rows // g.groups
+        for n0 in range(0, g.n, chunk):
+            nb = min(chunk, g.n - n0)
+            for grp in range(g.groups):
+                cuda.matmul(w.offset(grp * og * kg, (og, kg)).ptr,
+                            gy.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr,
+                            gcols.offset(grp * kg * ohw, (kg, ohw)).ptr, kg, ohw, og,
+                            trans_a=True, batch=nb, stride_a=0, stride_b=g.c_out * ohw,
+                            stride_c=per_image)
+            col2im(g, gcols, gx.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), nb, ohw,
+                   per_image)
+        return gx
+
+    @staticmethod
+    def backward_weight(g, x, gy):
+        """gw [C_out, C_in/groups, kh, kw] from x and gy."""
+        ohw = g.oh * g.ow
+        return gemm_backward_weight(
+            g, x, gy, lambda x_chunk, cols, nb: im2col(g, x_chunk, cols, nb, nb * ohw, ohw))
+
+
+class Pointwise:
+    """1x1 convolution, stride 1, no padding: no lowering at all.
+
+    Each image's input already is the column matrix X_n [C_in, H*W], so
+    y_n = W [C_out, C_in] @ X_n is one strided-batched GEMM over the images
+    (weight stride 0), per group; gx_n = W^T @ gy_n likewise; the weight
+    gradient transposes x and gy to [C, N*H*W] and makes one GEMM of it.
+    """
+
+    name = "pointwise"
+    fuses_bias_activation = False
+
+    @staticmethod
+    def supports(g):
+        """1x1 kernels at stride 1 without padding (any groups)."""
+        return g.is_pointwise
+
+    @staticmethod
+    def forward(g, x, w, bias=None, activation=0):
+        """y_n[grp] = W[grp] @ x_n[grp] (bias and activation: the caller's epilogue)."""
+        y = cuda.empty(g.y_shape)
+        hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
+        for grp in range(g.groups):
+            cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
+                        x.offset(grp * cg * hw, (cg, hw)).ptr,
+                        y.offset(grp * og * hw, (og, hw)).ptr, og, hw, cg, batch=g.n,
+                        stride_a=0, stride_b=g.c_in * hw, stride_c=g.c_out * hw)
+        return y
+
+    @staticmethod
+    def backward_data(g, gy, w):
+        """gx_n[grp] = W[grp]^T @ gy_n[grp]."""
+        gx = cuda.empty(g.x_shape)
+        hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
+        for grp in range(g.groups):
+            cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
+                        gy.offset(grp * og * hw, (og, hw)).ptr,
+                        gx.offset(grp * cg * hw, (cg, hw)).ptr, cg, hw, og, trans_a=True,
+                        batch=g.n, stride_a=0, stride_b=g.c_out * hw, stride_c=g.c_in * hw)
+        return gx
+
+    @staticmethod
+    def backward_weight(g, x, gy):
+        """gw[grp] = sum_n gy_n[grp] @ x_n[grp]^T, x transposed to [C_in, N*H*W] as the columns."""
+        hw = g.h * g.w
+
+        def lower(x_chunk, cols, nb):
+            nchw_to_cnhw(x_chunk, cols, nb, g.c_in, hw)
+        return gemm_backward_weight(g, x, gy, lower)

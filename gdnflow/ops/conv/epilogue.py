@@ -1,0 +1,56 @@
+"""The pass after a convolution: y <- act(y + bias[c] + residual), and its gradients.
+
+On both backends (NumPy, and one kernel of ``cuda_src/conv2d.cu``). Algorithms
+that fuse the epilogue into their own kernels skip this pass; the others
+leave it to the operator. ``activation`` is a code of
+:data:`~gdnflow.ops.conv.geometry.ACTIVATIONS` (0 identity, 1 relu, 2 relu6).
+"""
+import numpy as np
+
+from gdnflow.backends import cuda
+from gdnflow.ops.reduction import sum_cuda
+
+SOURCE = "conv2d.cu"
+
+
+def epilogue_numpy(y, bias, residual, activation):
+    """act(y + bias[c] + residual); None skips a term, activation 0 is the identity."""
+    if bias is not None:
+        y = y + bias.reshape(1, -1, 1, 1)
+    if residual is not None:
+        y = y + residual
+    if activation == 1:
+        y = np.maximum(y, 0)
+    elif activation == 2:
+        y = np.clip(y, 0, 6)
+    return y
+
+
+def activation_grad_numpy(gy, y, activation):
+    """gy where the activation passed its input (read from its output y), else 0."""
+    passed = (y > 0) if activation == 1 else (y > 0) & (y < 6)
+    return np.where(passed, gy, 0).astype(gy.dtype)
+
+
+def epilogue_cuda(y, bias, residual, activation):
+    """y <- act(y + bias[c] + residual) in one pass, in place; returns y."""
+    n, c = y.shape[:2]
+    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiii").launch(
+        y.size, y.ptr, 0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr,
+        y.ptr, y.size, c, y.size // max(n * c, 1), activation)
+    return y
+
+
+def activation_grad_cuda(gy, y, activation):
+    """As :func:`activation_grad_numpy`, one kernel."""
+    gz = cuda.empty(gy.shape, gy.dtype)
+    cuda.kernel(SOURCE, "conv_activation_backward", "PPPii").launch(
+        gy.size, gy.ptr, y.ptr, gz.ptr, gy.size, activation)
+    return gz
+
+
+def bias_grad(device, gy):
+    """gy [N, C, H, W] summed over N, H, W: [C] (the bias's gradient)."""
+    if device == "numpy":
+        return gy.sum(axis=(0, 2, 3))
+    return sum_cuda(gy, (0, 2, 3), 1.0).reshape((gy.shape[1],))
