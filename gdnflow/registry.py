@@ -3,7 +3,7 @@
 Built-in operators register with the same decorator a plugin uses::
 
     @register("relu")
-    class ReLU(UnaryOperator): ...
+    class ReLUOp(UnaryOp): ...
 
 A second registration under a taken name is an error unless ``replace=True``
 is passed, so a plugin cannot silently shadow a built-in.

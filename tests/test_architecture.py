@@ -270,3 +270,15 @@ def test_tests_and_benchmarks_assign_no_module_globals(folder):
         offenders += [f"{path.relative_to(ROOT)}:{line}" for line in global_assignments(path.read_text())]
     assert not offenders, ("assignments to gdnflow modules' globals (use gdnflow.config.override, "
                            "gdnflow.backends.cuda.simulated or a hook):\n" + "\n".join(offenders))
+
+
+def test_operator_classes_follow_the_naming_rule():
+    # <Operation>Op for operators; the plain name belongs to the nn layer (Conv2d).
+    code = ("import gdnflow.sparse; from gdnflow import registry; "
+            "print('\\n'.join(f'{c.__module__}.{c.__qualname__}' for c in "
+            "map(registry.get, registry.names()) if c.__module__.startswith('gdnflow')))")
+    classes = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert classes, "no built-in operator found"
+    wrong = [c for c in classes if not c.endswith("Op")]
+    assert not wrong, f"operator classes not named <Operation>Op: {wrong}"

@@ -13,7 +13,7 @@ from gdnflow import cli, plugins, registry
 from gdnflow.backends.cuda import sources
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
-from gdnflow.ops.elementwise import ReLU
+from gdnflow.ops.elementwise import ReLUOp
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -143,7 +143,7 @@ def test_a_clash_with_a_builtin_names_the_plugin_and_the_builtin(tmp_path):
     message = str(caught.value)
     assert "plugin 'tp_clash'" in message and str(path) in message
     assert "operator name 'relu' is taken by gdnflow.ops.elementwise.ReLU" in message
-    assert registry.get("relu") is ReLU
+    assert registry.get("relu") is ReLUOp
 
 
 # ---------------------------------------------------------- entry points --
@@ -172,7 +172,7 @@ def test_broken_plugins_are_recorded_and_break_nothing(tmp_path, monkeypatch, ca
     assert broken.error.endswith(f"tp_broken.py:{CUBE.count(chr(10)) + 1})")
     assert "tp_half" not in registry.names()      # its half-done registration is undone
     assert "operator name 'relu' is taken by gdnflow.ops.elementwise.ReLU" in clashes.error
-    assert registry.get("relu") is ReLU
+    assert registry.get("relu") is ReLUOp
     with pytest.raises(KeyError, match="plugin 'tp_broken' failed to load: ModuleNotFound"):
         registry.get("tp_half")
     assert cli.main(["plugins"]) == 1

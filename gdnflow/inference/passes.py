@@ -20,17 +20,17 @@ import math
 
 from gdnflow.autograd import Operator, no_grad
 from gdnflow.inference.program import FusedConv, Step
-from gdnflow.ops.arithmetic import Add
-from gdnflow.ops.batchnorm import BatchNorm, fold_batch_norm
-from gdnflow.ops.conv import Conv2d
-from gdnflow.ops.elementwise import Clamp, ReLU, ReLU6
-from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.arithmetic import AddOp
+from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
+from gdnflow.ops.conv import Conv2dOp
+from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
+from gdnflow.ops.gdn import GDNOp
 from gdnflow.tensor import Tensor
 
 
 def _conv_of(step):
     """The FusedConv form of ``step`` if it is a convolution, else None."""
-    if isinstance(step.call, FusedConv) or type(step.call) is Conv2d:
+    if isinstance(step.call, FusedConv) or type(step.call) is Conv2dOp:
         return FusedConv.of(step.call)
     return None
 
@@ -38,11 +38,11 @@ def _conv_of(step):
 def _activation_of(step):
     """The activation ``step`` applies ("relu" or "relu6", also as a clamp), else None."""
     kind = type(step.call)
-    if kind is ReLU:
+    if kind is ReLUOp:
         return "relu"
-    if kind is ReLU6:
+    if kind is ReLU6Op:
         return "relu6"
-    if kind is Clamp:
+    if kind is ClampOp:
         low, high = step.call.params
         if low == 0 and high == 6:
             return "relu6"
@@ -89,7 +89,7 @@ def fold_batch_norms(program):
     """conv2d -> batch_norm (inference) becomes one conv2d with folded weights; returns a count."""
     def match(step, producer_of, uses):
         op = step.call
-        if type(op) is not BatchNorm or op.training:
+        if type(op) is not BatchNormOp or op.training:
             return None
         found = _single_use_conv(program, step.inputs[0], producer_of, uses)
         if found is None:
@@ -118,7 +118,7 @@ def fold_batch_norms(program):
 def fuse_residuals(program):
     """conv2d -> add(., r) of equal shapes becomes conv2d(residual=r); returns the count."""
     def match(step, producer_of, uses):
-        if type(step.call) is not Add or len(step.inputs) != 2:
+        if type(step.call) is not AddOp or len(step.inputs) != 2:
             return None
         a, b = step.inputs
         shape = program.shapes[step.output]
@@ -206,7 +206,7 @@ def fold_constants(program):
                 count += 1
                 continue
             op = step.call
-            if (type(op) is GDNOperator and op.parametrized is not None
+            if (type(op) is GDNOp and op.parametrized is not None
                     and step.inputs[1] in constants and step.inputs[2] in constants):
                 x, beta, gamma = step.inputs
                 plain, beta_eff, gamma_eff = op.fold_parameters(constants[beta],

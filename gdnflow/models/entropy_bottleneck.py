@@ -20,7 +20,7 @@ the unit bin around it::
 (the sign trick: the difference is taken in the tail where sigmoid is small,
 so masses near 1e-9 keep float32 precision; see
 :func:`gdnflow.ops.entropy.sigmoid_difference`), bounded below by
-``likelihood_bound`` with :class:`~gdnflow.ops.bound.LowerBound`'s
+``likelihood_bound`` with :class:`~gdnflow.ops.bound.LowerBoundOp`'s
 gradient (it still passes where it would raise a likelihood that sits on the
 bound, as CompressAI's ``LowerBound`` does).
 

@@ -13,8 +13,8 @@ import numpy as np
 from gdnflow import ops
 from gdnflow.errors import ShapeError
 from gdnflow.nn.module import Module, Parameter
-from gdnflow.ops.pool import AvgPool2d as AvgPool2dOperator
-from gdnflow.ops.pool import MaxPool2d as MaxPool2dOperator
+from gdnflow.ops.pool import AvgPool2dOp as AvgPool2dOperator
+from gdnflow.ops.pool import MaxPool2dOp as MaxPool2dOperator
 
 
 def _check_nchw(layer, x, channels=None):

@@ -24,7 +24,7 @@ from gdnflow.tensor import Tensor
 SOURCE = "elementwise.cu"       # the binary kernels sit beside the unary ones
 
 
-class BinaryOperator(Operator):
+class BinaryOp(Operator):
     """out = a OP b with NumPy broadcasting; ``kernel`` names the CUDA pair.
 
     Subclasses give ``grads(gy)``: the gradients at the broadcast shape; the
@@ -71,7 +71,7 @@ class BinaryOperator(Operator):
 
 
 @register("add")
-class Add(BinaryOperator):
+class AddOp(BinaryOp):
     """a + b."""
     kernel, numpy_function = "add", np.add
 
@@ -80,7 +80,7 @@ class Add(BinaryOperator):
 
 
 @register("sub")
-class Sub(BinaryOperator):
+class SubOp(BinaryOp):
     """a - b."""
     kernel, numpy_function = "sub", np.subtract
 
@@ -89,7 +89,7 @@ class Sub(BinaryOperator):
 
 
 @register("mul")
-class Mul(BinaryOperator):
+class MulOp(BinaryOp):
     """a * b."""
     kernel, numpy_function = "mul", np.multiply
 
@@ -103,7 +103,7 @@ class Mul(BinaryOperator):
 
 
 @register("div")
-class Div(BinaryOperator):
+class DivOp(BinaryOp):
     """a / b."""
     kernel, numpy_function = "div", np.divide
 

@@ -41,7 +41,7 @@ DEFINES = (("BN_BLOCK", BN_BLOCK),)
 
 
 @register("batch_norm")
-class BatchNorm(Operator):
+class BatchNormOp(Operator):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta per channel; see the module docstring.
 
     Inputs: x [N, C, ...], gamma [C], beta [C]. ``running_mean`` and
@@ -214,7 +214,7 @@ def batch_norm(x, gamma, beta, running_mean=None, running_var=None, training=Fal
     Otherwise the running statistics normalise. Differentiable in x, gamma
     and beta in both modes.
     """
-    return BatchNorm(running_mean, running_var, training, momentum, eps)(x, gamma, beta)
+    return BatchNormOp(running_mean, running_var, training, momentum, eps)(x, gamma, beta)
 
 
 def fold_batch_norm(weight, bias, gamma, beta, mean, var, eps=1e-5):

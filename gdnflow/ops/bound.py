@@ -19,7 +19,7 @@ SOURCE = "parametrize.cu"
 
 
 @register("lower_bound")
-class LowerBound(Operator):
+class LowerBoundOp(Operator):
     """y = max(x, bound) for a constant ``bound``, any shape.
 
     The gradient passes where x >= bound, and also where x < bound if the
@@ -57,5 +57,5 @@ class LowerBound(Operator):
 
 
 def lower_bound(x, bound):
-    """max(x, bound), with the gradient of :class:`LowerBound`."""
-    return LowerBound(bound)(x)
+    """max(x, bound), with the gradient of :class:`LowerBoundOp`."""
+    return LowerBoundOp(bound)(x)

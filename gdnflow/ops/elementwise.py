@@ -15,7 +15,7 @@ SOURCE = "elementwise.cu"
 
 
 # ------------------------------------------------------------------ unary --
-class UnaryOperator(Operator):
+class UnaryOp(Operator):
     """y = f(x) elementwise, with up to two scalar parameters ``self.params``.
 
     Subclasses name their CUDA kernel pair (``kernel``: ``<kernel>_forward``
@@ -74,7 +74,7 @@ class UnaryOperator(Operator):
 
 
 @register("neg")
-class Neg(UnaryOperator):
+class NegOp(UnaryOp):
     """y = -x."""
     kernel, saves = "neg", ()
     def f(self, x): return -x
@@ -82,7 +82,7 @@ class Neg(UnaryOperator):
 
 
 @register("exp")
-class Exp(UnaryOperator):
+class ExpOp(UnaryOp):
     """y = e^x."""
     kernel, saves = "exp", ("y",)
     def f(self, x): return np.exp(x)
@@ -90,7 +90,7 @@ class Exp(UnaryOperator):
 
 
 @register("log")
-class Log(UnaryOperator):
+class LogOp(UnaryOp):
     """y = ln x (natural logarithm)."""
     kernel = "log"
     def f(self, x): return np.log(x)
@@ -98,7 +98,7 @@ class Log(UnaryOperator):
 
 
 @register("sqrt")
-class Sqrt(UnaryOperator):
+class SqrtOp(UnaryOp):
     """y = sqrt(x)."""
     kernel, saves = "sqrt", ("y",)
     def f(self, x): return np.sqrt(x)
@@ -106,7 +106,7 @@ class Sqrt(UnaryOperator):
 
 
 @register("pow")
-class Pow(UnaryOperator):
+class PowOp(UnaryOp):
     """y = x^exponent for a constant exponent."""
     kernel = "pow"
 
@@ -119,7 +119,7 @@ class Pow(UnaryOperator):
 
 
 @register("relu")
-class ReLU(UnaryOperator):
+class ReLUOp(UnaryOp):
     """y = max(x, 0); the gradient at 0 is taken as 0."""
     kernel = "relu"
     def f(self, x): return np.maximum(x, 0)
@@ -127,7 +127,7 @@ class ReLU(UnaryOperator):
 
 
 @register("relu6")
-class ReLU6(UnaryOperator):
+class ReLU6Op(UnaryOp):
     """y = min(max(x, 0), 6); the gradient passes for 0 < x < 6."""
     kernel = "relu6"
     def f(self, x): return np.clip(x, 0, 6)
@@ -135,7 +135,7 @@ class ReLU6(UnaryOperator):
 
 
 @register("sigmoid")
-class Sigmoid(UnaryOperator):
+class SigmoidOp(UnaryOp):
     """y = 1 / (1 + e^-x)."""
     kernel, saves = "sigmoid", ("y",)
     def f(self, x): return 1 / (1 + np.exp(-x))
@@ -143,7 +143,7 @@ class Sigmoid(UnaryOperator):
 
 
 @register("clamp")
-class Clamp(UnaryOperator):
+class ClampOp(UnaryOp):
     """y = min(max(x, low), high); the gradient passes for low <= x <= high."""
     kernel = "clamp"
 
@@ -157,7 +157,7 @@ class Clamp(UnaryOperator):
 
 
 @register("affine")
-class Affine(UnaryOperator):
+class AffineOp(UnaryOp):
     """y = scale * x + shift, for constants: arithmetic with a Python number."""
     kernel, saves = "affine", ()
 
@@ -170,58 +170,58 @@ class Affine(UnaryOperator):
 
 def neg(x):
     """-x."""
-    return Neg()(x)
+    return NegOp()(x)
 
 
 
 def exp(x):
     """e^x, elementwise."""
-    return Exp()(x)
+    return ExpOp()(x)
 
 
 
 def log(x):
     """Natural logarithm, elementwise."""
-    return Log()(x)
+    return LogOp()(x)
 
 
 
 def sqrt(x):
     """Square root, elementwise."""
-    return Sqrt()(x)
+    return SqrtOp()(x)
 
 
 
 def pow(x, exponent):
     """x ** exponent for a constant exponent."""
-    return Pow(exponent)(x)
+    return PowOp(exponent)(x)
 
 
 
 def relu(x):
     """max(x, 0)."""
-    return ReLU()(x)
+    return ReLUOp()(x)
 
 
 
 def relu6(x):
     """min(max(x, 0), 6)."""
-    return ReLU6()(x)
+    return ReLU6Op()(x)
 
 
 
 def sigmoid(x):
     """1 / (1 + e^-x)."""
-    return Sigmoid()(x)
+    return SigmoidOp()(x)
 
 
 
 def clamp(x, low, high):
     """x limited to [low, high]."""
-    return Clamp(low, high)(x)
+    return ClampOp(low, high)(x)
 
 
 
 def affine(x, scale, shift):
     """scale * x + shift for constants scale, shift."""
-    return Affine(scale, shift)(x)
+    return AffineOp(scale, shift)(x)

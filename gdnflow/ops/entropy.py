@@ -25,13 +25,13 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
-from gdnflow.ops.elementwise import UnaryOperator
+from gdnflow.ops.elementwise import UnaryOp
 from gdnflow.registry import register
 
 SOURCE = "entropy.cu"
 
 
-class EntropyUnary(UnaryOperator):
+class EntropyUnaryOp(UnaryOp):
     """A parameterless elementwise operator whose kernels live in entropy.cu."""
 
     def forward_cuda(self, x):
@@ -53,7 +53,7 @@ class EntropyUnary(UnaryOperator):
 
 
 @register("softplus")
-class Softplus(EntropyUnary):
+class SoftplusOp(EntropyUnaryOp):
     """y = log(1 + e^x); dy/dx = sigmoid(x). Above x = 20 the CUDA kernel returns x."""
     kernel = "softplus"
     def f(self, x): return np.logaddexp(x.dtype.type(0), x)
@@ -61,7 +61,7 @@ class Softplus(EntropyUnary):
 
 
 @register("tanh")
-class Tanh(EntropyUnary):
+class TanhOp(EntropyUnaryOp):
     """y = tanh(x); dy/dx = 1 - y^2."""
     kernel, saves = "tanh", ("y",)
     def f(self, x): return np.tanh(x)
@@ -69,7 +69,7 @@ class Tanh(EntropyUnary):
 
 
 @register("abs")
-class Abs(EntropyUnary):
+class AbsOp(EntropyUnaryOp):
     """y = |x|; dy/dx = sign(x), taken as 0 at x = 0."""
     kernel = "abs"
     def f(self, x): return np.abs(x)
@@ -77,7 +77,7 @@ class Abs(EntropyUnary):
 
 
 @register("round")
-class Round(Operator):
+class RoundOp(Operator):
     """y = x rounded to the nearest integer, halves to even (numpy.rint, torch.round).
 
     The gradient is the identity (straight-through estimator), not the true
@@ -154,7 +154,7 @@ def uniform_noise_values(shape, key, stream, dtype=np.float32):
 
 
 @register("uniform_noise")
-class UniformNoise(Operator):
+class UniformNoiseOp(Operator):
     """y = x + u with u ~ U(-1/2, 1/2) drawn from (``key``, ``stream``); gradient: identity.
 
     See the module docstring for the generator. ``key`` and ``stream`` are
@@ -183,7 +183,7 @@ class UniformNoise(Operator):
 
 
 @register("sigmoid_difference")
-class SigmoidDifference(Operator):
+class SigmoidDifferenceOp(Operator):
     """y = |sigmoid(s u) - sigmoid(s l)| for logits l (``lower``) and u (``upper``) of one shape.
 
     s = -1 where l + u > 0, else +1 (see the module docstring). Gradients,
@@ -240,29 +240,29 @@ def _logistic(v):
 # ------------------------------------------------------------- functions --
 def softplus(x):
     """log(1 + e^x), elementwise."""
-    return Softplus()(x)
+    return SoftplusOp()(x)
 
 
 def tanh(x):
     """Hyperbolic tangent, elementwise."""
-    return Tanh()(x)
+    return TanhOp()(x)
 
 
 def abs(x):  # noqa: A001 (mirrors numpy.abs)
     """|x|, elementwise (gradient sign(x), 0 at 0)."""
-    return Abs()(x)
+    return AbsOp()(x)
 
 
 def round(x):  # noqa: A001 (mirrors numpy.round)
     """x rounded half to even, with the identity as gradient (straight-through)."""
-    return Round()(x)
+    return RoundOp()(x)
 
 
 def uniform_noise(x, key, stream=0):
     """x + U(-1/2, 1/2) noise that is a function of (key, stream) only; gradient: identity."""
-    return UniformNoise(key, stream)(x)
+    return UniformNoiseOp(key, stream)(x)
 
 
 def sigmoid_difference(lower, upper):
     """|sigmoid(upper) - sigmoid(lower)|, computed in the logistic's tail (see the module doc)."""
-    return SigmoidDifference()(lower, upper)
+    return SigmoidDifferenceOp()(lower, upper)

@@ -22,8 +22,8 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
-from gdnflow.ops.reduction import BroadcastTo, sum_cuda
-from gdnflow.ops.shape import Reshape
+from gdnflow.ops.reduction import BroadcastToOp, sum_cuda
+from gdnflow.ops.shape import ReshapeOp
 from gdnflow.registry import register
 
 FLOAT = 4   # bytes per float32
@@ -42,7 +42,7 @@ def _keep_for_backward(op):
 
 
 @register("linear")
-class Linear(Operator):
+class LinearOp(Operator):
     """y = x @ w^T + b for x [..., in], w [out, in] and the optional b [out].
 
     The leading dimensions of x are flattened into the GEMM's rows (M), so a
@@ -75,7 +75,7 @@ class Linear(Operator):
         if b is None:
             y, beta = cuda.empty(self.out_shape), 0.0
         else:
-            y, beta = BroadcastTo((rows, out)).forward_cuda(b).reshape(self.out_shape), 1.0
+            y, beta = BroadcastToOp((rows, out)).forward_cuda(b).reshape(self.out_shape), 1.0
         if rows and out:
             blas.matmul(x.ptr, w.ptr, y.ptr, rows, out, inp, trans_b=True, beta=beta)
         keep_x, keep_w = _keep_for_backward(self)
@@ -116,7 +116,7 @@ class Linear(Operator):
 
 
 @register("matmul")
-class MatMul(Operator):
+class MatMulOp(Operator):
     """a @ b for 2-D matrices or batches of them (3-D), as ONNX MatMul and Gemm need.
 
     a [m, k] or [Ba, m, k]; b [k, n] or [Bb, k, n]. With two batches, Ba and
@@ -231,7 +231,7 @@ def linear(x, w, b=None):
     x [..., in], w [out, in] (PyTorch's layout), b [out] or None; y [..., out].
     Gradients: gx = gy @ w, gw = gy^T @ x, gb = gy summed over the leading axes.
     """
-    return Linear()(x, w) if b is None else Linear()(x, w, b)
+    return LinearOp()(x, w) if b is None else LinearOp()(x, w, b)
 
 
 def matmul(a, b):
@@ -251,9 +251,9 @@ def matmul(a, b):
     a_shape, b_shape = a.shape, b.shape
     row, column = a.ndim == 1, b.ndim == 1
     if row:
-        a = Reshape((1,) + a_shape)(a)
+        a = ReshapeOp((1,) + a_shape)(a)
     if column:
-        b = Reshape(b_shape + (1,))(b)
+        b = ReshapeOp(b_shape + (1,))(b)
     (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     if k != k2:
         raise ShapeError(f"matmul: inner dimensions differ: shapes {a_shape} and {b_shape} "
@@ -269,11 +269,11 @@ def matmul(a, b):
         """t as [rows, cols] (shared by the batch) or [count, rows, cols]."""
         own = t.shape[:-2]
         if math.prod(own) == 1:
-            return t if t.ndim == 2 else Reshape((rows, cols))(t)
+            return t if t.ndim == 2 else ReshapeOp((rows, cols))(t)
         if (1,) * (len(batch) - len(own)) + own != batch:
-            t = BroadcastTo(batch + (rows, cols))(t)
-        return t if t.ndim == 3 else Reshape((count, rows, cols))(t)
+            t = BroadcastToOp(batch + (rows, cols))(t)
+        return t if t.ndim == 3 else ReshapeOp((count, rows, cols))(t)
 
-    y = MatMul()(as_gemm_operand(a, m, k), as_gemm_operand(b, k, n))
+    y = MatMulOp()(as_gemm_operand(a, m, k), as_gemm_operand(b, k, n))
     out_shape = batch + ((m,) if not row else ()) + ((n,) if not column else ())
-    return y if y.shape == out_shape else Reshape(out_shape)(y)
+    return y if y.shape == out_shape else ReshapeOp(out_shape)(y)

@@ -59,7 +59,7 @@ def _padding(op, padding):
     return tuple(int(v) for v in padding)
 
 
-class Pool2d(Operator):
+class Pool2dOp(Operator):
     """Shared geometry of the windowed pools: checks and output size."""
 
     def __init__(self, kernel, stride=None, padding=0):
@@ -100,7 +100,7 @@ class Pool2d(Operator):
 
 
 @register("max_pool2d")
-class MaxPool2d(Pool2d):
+class MaxPool2dOp(Pool2dOp):
     """y = the maximum of each window; see the module docstring."""
 
     def forward_numpy(self, x):
@@ -149,7 +149,7 @@ class MaxPool2d(Pool2d):
 
 
 @register("avg_pool2d")
-class AvgPool2d(Pool2d):
+class AvgPool2dOp(Pool2dOp):
     """y = the mean of each window; see the module docstring for the divisor."""
 
     def __init__(self, kernel, stride=None, padding=0, count_include_pad=True):
@@ -201,7 +201,7 @@ class AvgPool2d(Pool2d):
 
 
 @register("global_avg_pool2d")
-class GlobalAvgPool2d(Operator):
+class GlobalAvgPool2dOp(Operator):
     """y[n, c, 0, 0] = mean of x[n, c] over H and W: [N, C, H, W] -> [N, C, 1, 1].
 
     The forward is the row sum of :mod:`gdnflow.ops.reduction` (one warp or
@@ -247,7 +247,7 @@ def max_pool2d(x, kernel, stride=None, padding=0):
     the kernel, counting as -inf. The gradient goes to the first maximum of
     each window.
     """
-    return MaxPool2d(kernel, stride, padding)(x)
+    return MaxPool2dOp(kernel, stride, padding)(x)
 
 
 def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
@@ -256,9 +256,9 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     Padding counts as zeros; the divisor is kh*kw with ``count_include_pad``,
     else the number of input elements in the window.
     """
-    return AvgPool2d(kernel, stride, padding, count_include_pad)(x)
+    return AvgPool2dOp(kernel, stride, padding, count_include_pad)(x)
 
 
 def global_avg_pool2d(x):
     """Mean over H and W: x [N, C, H, W] -> [N, C, 1, 1]."""
-    return GlobalAvgPool2d()(x)
+    return GlobalAvgPool2dOp()(x)

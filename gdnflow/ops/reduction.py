@@ -21,8 +21,8 @@ from gdnflow.backends import cuda
 from gdnflow.backends.numpy_backend import contiguous
 from gdnflow.errors import ShapeError
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
-from gdnflow.ops.elementwise import Affine
-from gdnflow.ops.shape import Reshape
+from gdnflow.ops.elementwise import AffineOp
+from gdnflow.ops.shape import ReshapeOp
 from gdnflow.registry import register
 
 SOURCE = "reduction.cu"
@@ -34,7 +34,7 @@ LONG_ROW = 2048          # rows at least this long get a block each, shorter one
 
 
 @register("sum")
-class Sum(Operator):
+class SumOp(Operator):
     """Sum over ``axis`` (None: all; an int or a tuple of ints), optionally keeping dims."""
 
     def __init__(self, axis=None, keepdims=False):
@@ -69,14 +69,14 @@ class Sum(Operator):
         return sum_cuda(x, self.axes, self.scale).reshape(self.out_shape)
 
     def backward(self, gy):
-        g = Reshape(self.kept_shape)(gy)
+        g = ReshapeOp(self.kept_shape)(gy)
         if self.scale != 1.0:
-            g = Affine(self.scale, 0.0)(g)
-        return (BroadcastTo(self.input_shapes[0])(g),)
+            g = AffineOp(self.scale, 0.0)(g)
+        return (BroadcastToOp(self.input_shapes[0])(g),)
 
 
 @register("mean")
-class Mean(Sum):
+class MeanOp(SumOp):
     """Mean over ``axis`` (None: all; an int or a tuple of ints), optionally keeping dims."""
 
     def scale_for(self, count):
@@ -96,7 +96,7 @@ def sum_cuda(x, axes, scale):
         else:
             blocks.append([size, reduced])
     if not any(reduced for _, reduced in blocks):
-        return Affine(scale, 0.0).forward_cuda(x)      # nothing to add up: a scaled copy
+        return AffineOp(scale, 0.0).forward_cuda(x)      # nothing to add up: a scaled copy
     current = x
     while any(reduced for _, reduced in blocks):
         k = max(i for i, (_, reduced) in enumerate(blocks) if reduced)
@@ -134,7 +134,7 @@ def _sum_pass(x, outer, r, inner, scale):
 
 
 @register("broadcast_to")
-class BroadcastTo(Operator):
+class BroadcastToOp(Operator):
     """Repeat x along its size-1 (or missing leading) dimensions to ``shape``."""
 
     def __init__(self, shape):
@@ -162,21 +162,21 @@ def sum_to(t, shape):
     """Sum ``t`` over the dimensions along which ``shape`` was broadcast to t's shape."""
     if t.shape == tuple(shape):
         return t
-    return Reshape(shape)(Sum(reduced_axes(t.shape, shape), keepdims=True)(t))
+    return ReshapeOp(shape)(SumOp(reduced_axes(t.shape, shape), keepdims=True)(t))
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)
     """Sum over all elements or over ``axis``."""
-    return Sum(axis, keepdims)(x)
+    return SumOp(axis, keepdims)(x)
 
 
 
 def mean(x, axis=None, keepdims=False):
     """Mean over all elements or over ``axis``."""
-    return Mean(axis, keepdims)(x)
+    return MeanOp(axis, keepdims)(x)
 
 
 
 def broadcast_to(x, shape):
     """x repeated along broadcast dimensions to ``shape``."""
-    return BroadcastTo(shape)(x)
+    return BroadcastToOp(shape)(x)

@@ -12,7 +12,7 @@ from gdnflow.registry import register
 
 
 @register("reshape")
-class Reshape(Operator):
+class ReshapeOp(Operator):
     """The same elements in ``shape`` (one entry may be -1: inferred)."""
 
     def __init__(self, shape):
@@ -36,7 +36,7 @@ class Reshape(Operator):
     forward_cuda = forward_numpy
 
     def backward(self, gy):
-        return (Reshape(self.input_shapes[0])(gy),)
+        return (ReshapeOp(self.input_shapes[0])(gy),)
 
 
 def flatten(x, start_dim=1):
@@ -44,7 +44,7 @@ def flatten(x, start_dim=1):
     if not -x.ndim <= start_dim < max(x.ndim, 1):
         raise ShapeError(f"flatten: start_dim {start_dim} out of range for shape {x.shape}")
     start_dim %= max(x.ndim, 1)
-    return Reshape(x.shape[:start_dim] + (-1,))(x)
+    return ReshapeOp(x.shape[:start_dim] + (-1,))(x)
 
 
 # ------------------------------------------------- data-moving shape ops --
@@ -105,7 +105,7 @@ def cuda_scatter(x, out, base, strides):
 
 
 @register("transpose")
-class Transpose(Operator):
+class TransposeOp(Operator):
     """Permute dimensions: out.shape[k] = x.shape[perm[k]] (like numpy.transpose)."""
 
     def __init__(self, perm):
@@ -124,11 +124,11 @@ class Transpose(Operator):
         return cuda_gather(x, [x.shape[p] for p in self.perm], 0, [strides[p] for p in self.perm])
 
     def backward(self, gy):
-        return (Transpose(np.argsort(self.perm))(gy),)
+        return (TransposeOp(np.argsort(self.perm))(gy),)
 
 
 @register("slice")
-class Slice(Operator):
+class SliceOp(Operator):
     """Basic slicing: ``slices`` is one Python ``slice`` per leading dimension
     (steps may be negative); the result is a copy."""
 
@@ -169,7 +169,7 @@ class Slice(Operator):
 
 
 @register("concat")
-class Concat(Operator):
+class ConcatOp(Operator):
     """Join tensors along ``axis``; all other dimensions must agree."""
 
     def __init__(self, axis):
@@ -207,13 +207,13 @@ class Concat(Operator):
         for shape, needed in zip(self.input_shapes, self.needs_grad):
             size = shape[self.axis]
             index = [slice(None)] * self.axis + [slice(offset, offset + size)]
-            grads.append(Slice(index)(gy) if needed else None)
+            grads.append(SliceOp(index)(gy) if needed else None)
             offset += size
         return tuple(grads)
 
 
 @register("pad")
-class Pad(Operator):
+class PadOp(Operator):
     """Constant padding: ``pads`` is one (before, after) pair per leading dimension."""
 
     def __init__(self, pads, value=0.0):
@@ -239,33 +239,33 @@ class Pad(Operator):
         return out
 
     def backward(self, gy):
-        return (Slice(self.inner)(gy),)
+        return (SliceOp(self.inner)(gy),)
 
 
 def reshape(x, shape):
     """The same elements in another shape (one -1 allowed)."""
-    return Reshape(shape)(x)
+    return ReshapeOp(shape)(x)
 
 
 
 def transpose(x, perm):
     """Permute dimensions like numpy.transpose (a copy)."""
-    return Transpose(perm)(x)
+    return TransposeOp(perm)(x)
 
 
 
 def slice_(x, index):
     """x[index] for basic slicing: a tuple of Python slices, one per leading dimension."""
-    return Slice(index if isinstance(index, (tuple, list)) else (index,))(x)
+    return SliceOp(index if isinstance(index, (tuple, list)) else (index,))(x)
 
 
 
 def concat(tensors, axis=0):
     """Join tensors along ``axis``."""
-    return Concat(axis)(*tensors)
+    return ConcatOp(axis)(*tensors)
 
 
 
 def pad(x, pads, value=0.0):
     """Constant padding: one (before, after) pair per leading dimension."""
-    return Pad(pads, value)(x)
+    return PadOp(pads, value)(x)

@@ -32,7 +32,7 @@ DEFINES = (("SOFTMAX_BLOCK", SOFTMAX_BLOCK),)
 
 
 @register("softmax")
-class Softmax(Operator):
+class SoftmaxOp(Operator):
     """y = exp(x - max) / sum exp(x - max) along ``axis``; see the module docstring."""
 
     log_mode = False
@@ -100,7 +100,7 @@ class Softmax(Operator):
 
 
 @register("log_softmax")
-class LogSoftmax(Softmax):
+class LogSoftmaxOp(SoftmaxOp):
     """y = x - max - log sum exp(x - max) along ``axis``; see the module docstring."""
 
     log_mode = True
@@ -112,7 +112,7 @@ def softmax(x, axis=-1):
     Any shape; y has x's shape and sums to 1 along ``axis``.
     Gradient: gx = y * (gy - sum(gy * y) along axis).
     """
-    return Softmax(axis)(x)
+    return SoftmaxOp(axis)(x)
 
 
 def log_softmax(x, axis=-1):
@@ -120,4 +120,4 @@ def log_softmax(x, axis=-1):
 
     Gradient: gx = gy - exp(y) * sum(gy) along axis.
     """
-    return LogSoftmax(axis)(x)
+    return LogSoftmaxOp(axis)(x)

@@ -8,7 +8,7 @@ import pytest
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.nn import GDN
-from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.gdn.parametrize import PEDESTAL
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
@@ -115,7 +115,7 @@ def test_forward_is_one_operator_on_the_stored_parameters(rng):
     layer = GDN(4, simplified=True).to("numpy")
     y = layer(gf.tensor(rng.standard_normal((1, 4, 3, 3)), device="numpy", requires_grad=True))
     op = y.creator
-    assert type(op) is GDNOperator and op.variant == "gdn_simplified"
+    assert type(op) is GDNOp and op.variant == "gdn_simplified"
     assert op.parametrized == (layer.beta_reparam.bound, layer.gamma_reparam.bound, PEDESTAL)
     assert op.parents[1] is layer.beta and op.parents[2] is layer.gamma
 

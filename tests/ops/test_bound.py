@@ -5,7 +5,7 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import registry
-from gdnflow.ops.bound import LowerBound, lower_bound
+from gdnflow.ops.bound import LowerBoundOp, lower_bound
 from gdnflow.testing import assert_backends_match, gradcheck
 
 from bound_inputs import values_around
@@ -14,7 +14,7 @@ DEVICES = ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def test_registered_as_lower_bound():
-    assert registry.get("lower_bound") is LowerBound
+    assert registry.get("lower_bound") is LowerBoundOp
 
 
 @pytest.mark.parametrize("device", DEVICES)

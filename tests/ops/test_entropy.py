@@ -102,9 +102,9 @@ def test_uniform_noise_gradient_is_identity(rng):
 
 def test_uniform_noise_rejects_keys_outside_64_bits():
     with pytest.raises(ValueError, match="key"):
-        eops.UniformNoise(2 ** 64)
+        eops.UniformNoiseOp(2 ** 64)
     with pytest.raises(ValueError, match="stream"):
-        eops.UniformNoise(1, -1)
+        eops.UniformNoiseOp(1, -1)
 
 
 def ordered_logits(rng, shape, scale=4.0):

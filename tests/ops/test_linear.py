@@ -5,7 +5,7 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import ops
-from gdnflow.ops.linear import MatMul
+from gdnflow.ops.linear import MatMulOp
 from gdnflow.testing import assert_backends_match, gradcheck
 
 
@@ -131,9 +131,9 @@ def test_matmul_follows_numpy_semantics(shapes, rng):
      r"matmul: inner dimensions differ: shapes \(4,\) and \(3, 5\)"),
     (lambda: ops.matmul(gf.zeros((), device="numpy"), gf.zeros((3, 5), device="numpy")),
      r"matmul: operands must have at least one dimension"),
-    (lambda: MatMul()(gf.zeros((1, 2, 2, 3), device="numpy"), gf.zeros((3, 5), device="numpy")),
+    (lambda: MatMulOp()(gf.zeros((1, 2, 2, 3), device="numpy"), gf.zeros((3, 5), device="numpy")),
      r"matmul: operands must be 2-D or 3-D"),
-    (lambda: MatMul()(gf.zeros((2, 2, 3), device="numpy"), gf.zeros((3, 3, 5), device="numpy")),
+    (lambda: MatMulOp()(gf.zeros((2, 2, 3), device="numpy"), gf.zeros((3, 3, 5), device="numpy")),
      r"matmul: batch sizes 2 and 3 differ"),
 ])
 def test_shape_errors_name_operator_and_shapes(call, message):

@@ -126,8 +126,8 @@ def test_global_avg_pool_forward_and_gradient(shape, rng):
 
 
 def test_no_argmax_is_kept_without_a_graph(rng):
-    from gdnflow.ops.pool import MaxPool2d
-    op = MaxPool2d(2)
+    from gdnflow.ops.pool import MaxPool2dOp
+    op = MaxPool2dOp(2)
     op(gf.tensor(rng.standard_normal((1, 1, 4, 4)), device="numpy"))
     assert op.saved == ()
 

@@ -12,8 +12,8 @@ backends, provides all three for a :class:`ConvGeometry`:
 maps in another order. The modules:
 
 ``geometry``       parameters, shapes, output size, their checks
-``operator``       :class:`Conv2d` and :func:`conv2d`
-``transpose``      :class:`ConvTranspose2d` and :func:`conv_transpose2d`
+``operator``       :class:`Conv2dOp` and :func:`conv2d`
+``transpose``      :class:`ConvTranspose2dOp` and :func:`conv_transpose2d`
 ``epilogue``       act(y + bias + residual) after a convolution, and its gradients
 ``reference``      :class:`NumpyConv`, the NumPy maps
 ``planning``       :class:`ConvPlanner`: which GPU algorithm runs each (geometry, stage)
@@ -32,12 +32,12 @@ from gdnflow.ops.conv.epilogue import epilogue_cuda, epilogue_numpy
 from gdnflow.ops.conv.geometry import (ACTIVATIONS, STAGES, ConvGeometry, conv_geometry,
                                        conv_parameters, conv_transpose_geometry,
                                        normalize_padding)
-from gdnflow.ops.conv.operator import Conv2d, conv2d
+from gdnflow.ops.conv.operator import Conv2dOp, conv2d
 from gdnflow.ops.conv.planning import ConvPlanner, conv_algorithm, current_planner, planner
 from gdnflow.ops.conv.reference import NumpyConv
-from gdnflow.ops.conv.transpose import ConvTranspose2d, conv_transpose2d
+from gdnflow.ops.conv.transpose import ConvTranspose2dOp, conv_transpose2d
 
-__all__ = ["conv2d", "conv_transpose2d", "Conv2d", "ConvTranspose2d", "ConvGeometry",
+__all__ = ["conv2d", "conv_transpose2d", "Conv2dOp", "ConvTranspose2dOp", "ConvGeometry",
            "conv_geometry", "conv_transpose_geometry", "conv_parameters", "normalize_padding",
            "ACTIVATIONS", "STAGES", "ConvPlanner", "planner", "current_planner",
            "conv_algorithm", "NumpyConv", "epilogue_numpy", "epilogue_cuda", "Im2colGemm",

@@ -16,7 +16,7 @@ from gdnflow.registry import register
 
 
 @register("conv2d")
-class Conv2d(Operator):
+class Conv2dOp(Operator):
     """y = act(conv(x, w) + b + residual); the formula: :mod:`gdnflow.ops.conv.geometry`.
 
     Inputs: x [N, C_in, H, W], w [C_out, C_in/groups, kh, kw], then the
@@ -124,8 +124,8 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=N
     groups == C_in == C_out is a depthwise convolution. ``b`` [C_out] and
     ``residual`` (y's shape) are optional; ``activation`` is None, "relu" or
     "relu6". The bias, residual and activation are fused into one pass after
-    the convolution and remain differentiable (see :class:`Conv2d`).
+    the convolution and remain differentiable (see :class:`Conv2dOp`).
     """
     inputs = [t for t in (x, w, b, residual) if t is not None]
-    return Conv2d(stride, padding, dilation, groups, activation,
+    return Conv2dOp(stride, padding, dilation, groups, activation,
                   has_bias=b is not None, has_residual=residual is not None)(*inputs)

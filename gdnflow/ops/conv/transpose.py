@@ -24,7 +24,7 @@ from gdnflow.registry import register
 
 
 @register("conv_transpose2d")
-class ConvTranspose2d(Operator):
+class ConvTranspose2dOp(Operator):
     """y = conv_transpose2d(x, w) + b; inputs x, w and, if ``has_bias``, b.
 
     x [N, C_in, H, W], w [C_in, C_out/groups, kh, kw] (PyTorch's layout),
@@ -112,5 +112,5 @@ def conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilati
     ``b`` [C_out] is optional.
     """
     inputs = [x, w] if b is None else [x, w, b]
-    return ConvTranspose2d(stride, padding, output_padding, dilation, groups,
+    return ConvTranspose2dOp(stride, padding, output_padding, dilation, groups,
                            has_bias=b is not None)(*inputs)

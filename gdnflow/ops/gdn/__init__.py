@@ -1,6 +1,6 @@
 """Generalized divisive normalization (GDN, inverse GDN, simplified forms).
 
-- :mod:`gdnflow.ops.gdn.operator`: :class:`GDNOperator` (registered as
+- :mod:`gdnflow.ops.gdn.operator`: :class:`GDNOp` (registered as
   ``"gdn"``): the formula, gamma's layout, the backward, what is cached; the
   NumPy path and the dispatch to the GPU path. ``gdnflow.ops.gdn(...)`` is
   the function that applies it.
@@ -12,9 +12,9 @@
 ``docs/gdn.md`` has the derivation, the design and the measurements.
 """
 from gdnflow.ops.gdn.cuda_plan import CudaPlan
-from gdnflow.ops.gdn.operator import VARIANTS, GDNOperator, gdn
-from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
+from gdnflow.ops.gdn.operator import VARIANTS, GDNOp, gdn
+from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrizeOp,
                                          NonNegativeReparametrization)
 
-__all__ = ["gdn", "GDNOperator", "VARIANTS", "CudaPlan", "NonNegativeParametrize",
+__all__ = ["gdn", "GDNOp", "VARIANTS", "CudaPlan", "NonNegativeParametrizeOp",
            "NonNegativeReparametrization", "PEDESTAL"]

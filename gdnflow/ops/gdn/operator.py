@@ -1,5 +1,5 @@
 """Generalized divisive normalization: GDN, inverse GDN and their simplified
-forms, as one operator (:class:`GDNOperator`, registered as ``"gdn"``).
+forms, as one operator (:class:`GDNOp`, registered as ``"gdn"``).
 
 The GPU path is :mod:`gdnflow.ops.gdn.cuda_plan`; the reparameterisation of
 stored parameters is :mod:`gdnflow.ops.gdn.parametrize`. ``docs/gdn.md`` has
@@ -51,7 +51,7 @@ v = max(p, bound)^2 - pedestal follows::
 
     dL/dp = 2 max(p, bound) dL/dv    where p >= bound or dL/dv < 0, else 0
 
-(the gradient of :class:`~gdnflow.ops.gdn.parametrize.NonNegativeParametrize`).
+(the gradient of :class:`~gdnflow.ops.gdn.parametrize.NonNegativeParametrizeOp`).
 Only the gradients asked for are computed.
 
 Cache
@@ -71,7 +71,7 @@ from gdnflow.backends import cuda
 from gdnflow.config import settings
 from gdnflow.errors import ShapeError
 from gdnflow.ops.gdn.cuda_plan import cuda_plan
-from gdnflow.ops.gdn.parametrize import (NonNegativeParametrize, nonnegative_value,
+from gdnflow.ops.gdn.parametrize import (NonNegativeParametrizeOp, nonnegative_value,
                                          nonnegative_value_grad)
 from gdnflow.registry import register
 
@@ -85,7 +85,7 @@ VARIANTS = {
 
 
 @register("gdn")
-class GDNOperator(Operator):
+class GDNOp(Operator):
     """y = x * n^a with n = beta + gamma s(x) per pixel (see the module docstring).
 
     Inputs: ``x`` (N, C, H, W), ``beta`` (C,) and ``gamma`` (C, C), laid out
@@ -146,9 +146,9 @@ class GDNOperator(Operator):
         Only for a ``parametrized`` operator.
         """
         beta_bound, gamma_bound, pedestal = self.parametrized
-        return (GDNOperator(self.inverse, self.simplified),
-                NonNegativeParametrize(beta_bound, pedestal)(beta),
-                NonNegativeParametrize(gamma_bound, pedestal)(gamma))
+        return (GDNOp(self.inverse, self.simplified),
+                NonNegativeParametrizeOp(beta_bound, pedestal)(beta),
+                NonNegativeParametrizeOp(gamma_bound, pedestal)(gamma))
 
     # ------------------------------------------------------------- NumPy --
     def statistic(self, x):
@@ -338,4 +338,4 @@ def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
     reparameterisation of :mod:`gdnflow.ops.gdn.parametrize` fused into the
     operator), and their gradients are with respect to p.
     """
-    return GDNOperator(inverse, simplified, parametrized)(x, beta, gamma)
+    return GDNOp(inverse, simplified, parametrized)(x, beta, gamma)

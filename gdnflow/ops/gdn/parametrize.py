@@ -10,7 +10,7 @@ p and used as::
 
 the reparameterisation of CompressAI's ``NonNegativeParametrizer`` and
 tensorflow-compression, so that weights trained there load here unchanged.
-The max is a lower bound (:class:`~gdnflow.ops.bound.LowerBound`) whose
+The max is a lower bound (:class:`~gdnflow.ops.bound.LowerBoundOp`) whose
 gradient also passes *below* the bound when it is negative, so that
 gradient descent raises p (and so v) back toward the bound.
 
@@ -21,7 +21,7 @@ Two names, two jobs:
   form of initial values, and calling it on a stored Tensor gives the
   effective Tensor. The GDN layer holds one per parameter
   (``beta_reparam``, ``gamma_reparam``). It is not an operator.
-- :class:`NonNegativeParametrize` is the operator (registered as
+- :class:`NonNegativeParametrizeOp` is the operator (registered as
   ``"nonnegative_parametrize"``) that computes v from p, with its gradient.
 
 :func:`nonnegative_value` and :func:`nonnegative_value_grad` are the two
@@ -60,7 +60,7 @@ def nonnegative_value_grad(p, gv, bound):
 
 
 @register("nonnegative_parametrize")
-class NonNegativeParametrize(Operator):
+class NonNegativeParametrizeOp(Operator):
     """v = max(p, bound)^2 - pedestal, elementwise, any shape: lower bound,
     square and shift in one pass.
 
@@ -107,7 +107,7 @@ class NonNegativeReparametrization:
 
     ``init(v)`` gives the stored form of initial values v (a NumPy array);
     calling it on a stored Tensor p gives the effective Tensor
-    ``max(p, bound)^2 - pedestal`` through :class:`NonNegativeParametrize`,
+    ``max(p, bound)^2 - pedestal`` through :class:`NonNegativeParametrizeOp`,
     differentiable with respect to p. ``bound`` = sqrt(minimum + pedestal).
     See the module docstring for the formulas. (CompressAI calls this object
     ``NonNegativeParametrizer``.)
@@ -125,7 +125,7 @@ class NonNegativeReparametrization:
 
     def __call__(self, stored):
         """The effective value max(stored, bound)^2 - pedestal, as a Tensor."""
-        return NonNegativeParametrize(self.bound, self.pedestal)(stored)
+        return NonNegativeParametrizeOp(self.bound, self.pedestal)(stored)
 
     def __repr__(self):
         return f"NonNegativeReparametrization(minimum={self.minimum:g})"

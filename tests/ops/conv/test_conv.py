@@ -12,7 +12,7 @@ import gdnflow as gf
 from gdnflow import ops
 from gdnflow.backends import cuda
 from gdnflow.config import override
-from gdnflow.ops.conv import Conv2d
+from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.conv.algorithms import depthwise as depthwise_module
 from gdnflow.ops.conv.algorithms.depthwise import Depthwise
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
@@ -209,11 +209,11 @@ def test_gradients_without_bias_and_for_a_subset(rng):
 def test_nothing_is_saved_without_a_graph(rng):
     x, w = _numpy64(rng.standard_normal((1, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3)),
                     requires_grad=True)
-    op = Conv2d(padding=1, activation="relu")
+    op = Conv2dOp(padding=1, activation="relu")
     with gf.no_grad():
         op(x, w)
     assert (op.saved.x, op.saved.w, op.saved.y) == (None, None, None)
-    op = Conv2d(padding=1)
+    op = Conv2dOp(padding=1)
     w.requires_grad = False
     op(x, w)
     assert op.saved.x is None and op.saved.w is not None     # gx needs w, not x

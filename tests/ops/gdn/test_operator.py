@@ -14,9 +14,9 @@ from gdnflow.autograd import trace
 from gdnflow.backends import cuda
 from gdnflow.config import override
 from gdnflow.nn import GDN
-from gdnflow.ops.gdn import GDNOperator
+from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.gdn.cuda_plan import FUSED_CHANNELS, cuda_plan
-from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
+from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrizeOp,
                                          NonNegativeReparametrization)
 from gdnflow.tensor import Tensor
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
@@ -118,7 +118,7 @@ def test_changing_gamma_row_i_changes_only_output_channel_i(rng):
 
 
 def test_registered_as_gdn():
-    assert registry.get("gdn") is GDNOperator
+    assert registry.get("gdn") is GDNOp
 
 
 # --------------------------------------------------------------- backward --
@@ -155,10 +155,10 @@ def test_backward_uses_the_cached_norm(variant, rng):
 
 def test_nothing_is_kept_when_no_backward_can_follow(rng):
     x, beta, gamma = sample(rng, (1, 3, 2, 2))
-    op = GDNOperator()
+    op = GDNOp()
     op(*tensors(x, beta, gamma))
     assert op.saved == ()
-    op = GDNOperator()
+    op = GDNOp()
     with gf.no_grad():
         op(*tensors(x, beta, gamma, requires_grad=True))
     assert op.saved == ()
@@ -206,8 +206,8 @@ def gdn_composed_fn(inverse, simplified):
     """The same as ``gdn_stored_fn`` from three operators: each parameter's
     reparameterisation, then gdn of the effective values."""
     def fn(x, beta, gamma):
-        return ops.gdn(x, NonNegativeParametrize(BOUNDS[0], PEDESTAL)(beta),
-                       NonNegativeParametrize(BOUNDS[1], PEDESTAL)(gamma),
+        return ops.gdn(x, NonNegativeParametrizeOp(BOUNDS[0], PEDESTAL)(beta),
+                       NonNegativeParametrizeOp(BOUNDS[1], PEDESTAL)(gamma),
                        inverse=inverse, simplified=simplified)
     return fn
 
@@ -284,7 +284,7 @@ def test_stored_parameters_must_be_three_numbers():
 
 def test_stored_parameters_keep_nothing_when_no_backward_can_follow(rng):
     x, beta, gamma = sample(rng, (1, 3, 2, 2))
-    op = GDNOperator(parametrized=BOUNDS)
+    op = GDNOp(parametrized=BOUNDS)
     with gf.no_grad():
         op(*tensors(x, *stored(rng, beta, gamma), requires_grad=True))
     assert op.saved == ()
@@ -509,7 +509,7 @@ def fused_calls():
     applied = []
 
     def record(op, inputs, output):
-        if isinstance(op, GDNOperator):
+        if isinstance(op, GDNOp):
             applied.append(op)
 
     def counts():

@@ -8,7 +8,7 @@ import pytest
 import gdnflow as gf
 from gdnflow import registry
 from gdnflow.ops.bound import lower_bound
-from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrize,
+from gdnflow.ops.gdn.parametrize import (PEDESTAL, NonNegativeParametrizeOp,
                                          NonNegativeReparametrization)
 from gdnflow.testing import assert_backends_match, gradcheck
 
@@ -25,7 +25,7 @@ def test_pedestal_and_bounds_are_compressais():
 
 
 def test_registered_as_nonnegative_parametrize():
-    assert registry.get("nonnegative_parametrize") is NonNegativeParametrize
+    assert registry.get("nonnegative_parametrize") is NonNegativeParametrizeOp
 
 
 def test_init_then_effective_gives_the_value_back(rng):
@@ -92,7 +92,7 @@ def test_fused_equals_composed_values_and_gradients(minimum):
     p[0, :3] = bound                       # on the bound exactly
     g = rng.standard_normal(p.shape)
     results = []
-    for fn in (lambda t: NonNegativeParametrize(bound, PEDESTAL)(t), lambda t: composed(t, bound)):
+    for fn in (lambda t: NonNegativeParametrizeOp(bound, PEDESTAL)(t), lambda t: composed(t, bound)):
         t = gf.tensor(p, device="numpy", dtype=np.float64, requires_grad=True)
         y = fn(t)
         y.backward(gf.tensor(g, device="numpy", dtype=np.float64))
@@ -105,5 +105,5 @@ def test_fused_equals_composed_values_and_gradients(minimum):
 def test_fused_cuda_matches_numpy():
     rng = np.random.default_rng(4)
     bound = (1e-6 + PEDESTAL) ** 0.5
-    assert_backends_match(lambda t: NonNegativeParametrize(bound, PEDESTAL)(t),
+    assert_backends_match(lambda t: NonNegativeParametrizeOp(bound, PEDESTAL)(t),
                           [rng.uniform(-0.5, 1.0, (193, 7))], rtol=1e-5)

@@ -7,8 +7,8 @@ A gdnflow operator plugin. Importing this package registers the operator
 
     from gdnflow_softshrink import SoftShrink, soft_shrink
 """
-from gdnflow_softshrink.operator import SoftShrinkOperator, soft_shrink
+from gdnflow_softshrink.operator import SoftShrinkOp, soft_shrink
 from gdnflow_softshrink.layer import SoftShrink
 
-__all__ = ["SoftShrink", "SoftShrinkOperator", "soft_shrink"]
+__all__ = ["SoftShrink", "SoftShrinkOp", "soft_shrink"]
 __version__ = "0.1.0"

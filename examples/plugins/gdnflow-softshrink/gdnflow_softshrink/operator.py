@@ -22,7 +22,7 @@ BACKWARD_BLOCK = 256     # threads per channel in the backward (a multiple of 32
 
 
 @plugins.register("softshrink")
-class SoftShrinkOperator(plugins.Operator):
+class SoftShrinkOp(plugins.Operator):
     """y = sign(x) * max(|x| - theta_c, 0) for x of shape (N, C, ...) and theta of shape (C,)."""
 
     #: Nodes of this custom ONNX domain and type import as this operator
@@ -79,4 +79,4 @@ class SoftShrinkOperator(plugins.Operator):
 
 def soft_shrink(x, theta):
     """sign(x) * max(|x| - theta_c, 0): x is (N, C, ...), theta is (C,); both tensors."""
-    return SoftShrinkOperator()(x, theta)
+    return SoftShrinkOp()(x, theta)
