@@ -126,7 +126,7 @@ class Timer:
     def __init__(self, repeats, warmup=5):
         import pycuda.driver as drv
         self.drv, self.repeats, self.warmup = drv, repeats, warmup
-        self.runtime = cuda.runtime()
+        self.runtime = cuda.get_runtime()
         self.stream = self.runtime.stream
         self.flush = self.runtime.empty((BUSY_FLUSHES * FLUSH_FLOATS,), np.float32)
         self.start, self.end = drv.Event(), drv.Event()
@@ -161,7 +161,7 @@ def on_path(path):
 
 def device(array):
     """A float32 copy of a host array on the GPU."""
-    return cuda.runtime().from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    return cuda.get_runtime().from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
 def empty(shape):

@@ -86,7 +86,7 @@ def profile_lines(fn, calls=CALLS, top=12):
 def primitives():
     """(name, callable) for the building blocks of a call."""
     from gdnflow.backends.cuda import blas
-    runtime = cuda.runtime()
+    runtime = cuda.get_runtime()
     a = runtime.empty((64, 64))
     noop = cuda.kernel(bench_conv.SPIN, "spin", "q")
     return [

@@ -65,7 +65,7 @@ def variants(layer, tiles_per_layer):
 def sweep(layer, configs, top):
     """Rows (tile, threads, BK, stages, predicted µs, measured µs, mark) of one layer."""
     batch, c_in, side, c_out = layer
-    runtime = cuda.runtime()
+    runtime = cuda.get_runtime()
     rng = np.random.default_rng(0)
     g = conv_geometry("conv2d", (batch, c_in, side, side), (c_out, c_in, 1, 1), (1, 1),
                       (0, 0, 0, 0), (1, 1), 1)

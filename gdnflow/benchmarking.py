@@ -16,7 +16,7 @@ from gdnflow.backends import cuda
 
 def gdnflow_stream():
     """The stream every gdnflow kernel runs on."""
-    return cuda.runtime().stream
+    return cuda.get_runtime().stream
 
 
 def time_gdnflow(fn, warmup=10, repeats=50):
@@ -74,7 +74,7 @@ def torch_or_none(need_torchvision=False):
 
 def gpu_name():
     """The name of the GPU gdnflow runs on."""
-    return cuda.runtime().name
+    return cuda.get_runtime().name
 
 
 def markdown_table(title, headers, rows, notes=()):

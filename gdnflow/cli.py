@@ -34,7 +34,7 @@ def cmd_info(args):
         return classify.cmd_info_file(args)
     print(f"gdnflow {__version__}")
     if cuda.is_available():
-        runtime = cuda.runtime()
+        runtime = cuda.get_runtime()
         print(f"cuda: {runtime.name} ({runtime.arch}, {runtime.sm_count} SMs)")
     else:
         print(f"cuda: unavailable ({cuda.unavailable_reason()})")

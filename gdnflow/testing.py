@@ -68,7 +68,7 @@ def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
 
 @contextlib.contextmanager
 def _poisoned_allocations():
-    runtime = cuda.runtime()
+    runtime = cuda.get_runtime()
     previous, runtime.poison = runtime.poison, True
     try:
         yield

@@ -282,3 +282,26 @@ def test_operator_classes_follow_the_naming_rule():
     assert classes, "no built-in operator found"
     wrong = [c for c in classes if not c.endswith("Op")]
     assert not wrong, f"operator classes not named <Operation>Op: {wrong}"
+
+
+def _names_bound_at_top(tree):
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_no_package_function_is_shadowed_by_a_submodule():
+    # Importing gdnflow.x.y sets the attribute gdnflow.x.y to the module, replacing a
+    # function y defined in gdnflow/x/__init__.py (as cuda.runtime() was, on the GPU).
+    clashes = []
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        for name in _names_bound_at_top(ast.parse(path.read_text())):
+            if f"{module}.{name}" in MODULES:
+                clashes.append(f"{module}.{name}")
+    assert not clashes, f"functions or values with the name of a submodule: {clashes}"

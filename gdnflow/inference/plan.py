@@ -125,7 +125,7 @@ class InferencePlan:
         allocation = drv.mem_alloc(max(host.nbytes, 4))
         self._input = cuda_array(self.input_shape, np.dtype(np.float32), allocation)
         # Bound once: __call__ is the hot path.
-        self._stream = cuda.runtime().stream
+        self._stream = cuda.get_runtime().stream
         self._cuda_array = cuda_array
         self._copy_dtod, self._copy_htod = drv.memcpy_dtod_async, drv.memcpy_htod_async
         self._copy_htod(self._input.ptr, host, self._stream)
@@ -135,7 +135,7 @@ class InferencePlan:
         """Warm-up run, recording run, memory plan, then the capture (docs/inference.md, 3-4)."""
         import pycuda.driver as drv     # local import: PyCUDA on first use
         from gdnflow.backends.cuda.graphs import CudaGraph  # local import: PyCUDA on first use
-        runtime = cuda.runtime()
+        runtime = cuda.get_runtime()
         self._derived_weights = {}
         # Every run below inside the plan's own frozen-weights cache: the warm-up
         # makes the filter transforms (from the pool, kept by the plan), the

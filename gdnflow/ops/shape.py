@@ -233,7 +233,7 @@ class PadOp(Operator):
         return np.pad(x, self.full_pads, constant_values=self.value)
 
     def forward_cuda(self, x):
-        out = cuda.runtime().full(self.out_shape, self.value, x.dtype)
+        out = cuda.get_runtime().full(self.out_shape, self.value, x.dtype)
         strides = contiguous_strides(self.out_shape)
         cuda_scatter(x, out, sum(b * s for (b, _), s in zip(self.full_pads, strides)), strides)
         return out

@@ -333,7 +333,7 @@ class FusedGroup:
         self.n_blocks = len(rows)
         self.sizes = sizes
         if rows:
-            self.blocks = cuda.runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
+            self.blocks = cuda.get_runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
 
     def _upload(self, name, values, dtype):
         """The device array ``name`` holding ``values``, copied only if they changed."""
@@ -343,11 +343,11 @@ class FusedGroup:
             return array
         host = np.array(values, dtype=dtype)
         if array is None or array.size != host.size:
-            array = cuda.runtime().from_numpy(host)
+            array = cuda.get_runtime().from_numpy(host)
         else:
             # Into the same device array, on gdnflow's one stream: the copy
             # runs after every launch queued before it that reads the array.
             import pycuda.driver as drv     # local import: PyCUDA on first use
-            drv.memcpy_htod_async(array.ptr, host, cuda.runtime().stream)
+            drv.memcpy_htod_async(array.ptr, host, cuda.get_runtime().stream)
         self._arrays[name] = (values, array)
         return array

@@ -70,7 +70,7 @@ class TilePlan:
     def device_arrays(self):
         """(offsets, chunk_ptr) on the GPU, uploaded once."""
         if self._device is None:
-            runtime = cuda.runtime()
+            runtime = cuda.get_runtime()
             # One int32 element at least: an empty filter still gets a valid pointer.
             self._device = (runtime.from_numpy(np.append(self.offsets_host, 0).astype(np.int32)),
                             runtime.from_numpy(self.chunk_ptr_host))
@@ -220,7 +220,7 @@ def backward_data_cuda(g, csr, gy, values):
         key = ("cuda_backward_index", g)
         device = csr.cache.get(key)
         if device is None:
-            runtime = cuda.runtime()
+            runtime = cuda.get_runtime()
             offsets = np.concatenate([plan.offsets_host for plan, _ in phases])
             device = csr.cache[key] = (runtime.from_numpy(index), runtime.from_numpy(offsets))
         cuda.kernel(SOURCE, "gather_pack", "PPPPi").launch(

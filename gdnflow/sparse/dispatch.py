@@ -101,7 +101,7 @@ class SparseDispatcher:
         """
         import pycuda.driver as drv     # local import: PyCUDA on first use (CUDA events)
         rng = np.random.default_rng(seed)
-        runtime = cuda.runtime()
+        runtime = cuda.get_runtime()
         csr = random_csr(g.w_shape, max(density, 1e-6), padded_size(g), g.dilation, rng)
         x = Tensor(rng.standard_normal(g.x_shape, dtype=np.float32), device="cuda")
         w = Tensor(csr.to_dense(), device="cuda")

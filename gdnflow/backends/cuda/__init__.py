@@ -96,7 +96,7 @@ def kernel(file, name, arg_types, defines=()):
     return (_device or _loaded()).kernel(file, name, arg_types, defines)
 
 
-def runtime():
+def get_runtime():
     """The process's :class:`~gdnflow.backends.cuda.runtime.Runtime` (context, stream, pool)."""
     return (_device or _loaded()).get_runtime()
 

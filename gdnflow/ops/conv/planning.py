@@ -82,7 +82,7 @@ class ConvPlanner:
     def measure(self, g, stage, algorithms, repeats=5):
         """Time ``stage`` of ``g`` with each algorithm; return the fastest."""
         import pycuda.driver as drv    # local import: PyCUDA on first use
-        runtime = cuda.runtime()
+        runtime = cuda.get_runtime()
         rng = np.random.default_rng(0)
         x = runtime.from_numpy(rng.standard_normal(g.x_shape, dtype=np.float32))
         w = runtime.from_numpy(rng.standard_normal(g.w_shape, dtype=np.float32))

@@ -465,7 +465,7 @@ def test_cuda_unaligned_input_takes_the_4_byte_kernels(variant, rng):
     # read the wrong elements; the plan must fall back to the 4-byte ones.
     x, beta, gamma = gpu_sample(rng, (2, 6, 4, 8))
     x32 = x.astype(np.float32)
-    base = cuda.runtime().from_numpy(np.concatenate([[np.float32(7.0)], x32.ravel()]))
+    base = cuda.get_runtime().from_numpy(np.concatenate([[np.float32(7.0)], x32.ravel()]))
     x_gpu = Tensor.wrap(base.offset(1, x.shape), "cuda", requires_grad=True)
     beta_gpu, gamma_gpu = tensors(beta, gamma, device="cuda", dtype=np.float32,
                                   requires_grad=True)
@@ -596,7 +596,7 @@ def test_cuda_channels_without_fused_kernels_take_cublas(fused_calls, rng):
 def test_cuda_layer_memory_is_steady(channels, rng):
     # After the first calls every buffer comes back from the pool: neither the
     # training step nor the inference forward makes the pool grow.
-    pool = cuda.runtime().pool
+    pool = cuda.get_runtime().pool
     layer = GDN(channels).to("cuda")
     x = gf.tensor(rng.standard_normal((2, channels, 16, 16)), device="cuda",
                   dtype=np.float32, requires_grad=True)
