@@ -8,6 +8,7 @@ layers together (and loads optional parts on first use), so it may import
 any of them, and only the command line above it imports it.
 """
 import ast
+import configparser
 import pathlib
 import subprocess
 import sys
@@ -305,3 +306,12 @@ def test_no_package_function_is_shadowed_by_a_submodule():
             if f"{module}.{name}" in MODULES:
                 clashes.append(f"{module}.{name}")
     assert not clashes, f"functions or values with the name of a submodule: {clashes}"
+
+
+def test_setup_cfg_lists_every_package():
+    # A package missing there is left out of a non-editable install (as CI's is).
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert packages <= listed, f"packages missing from setup.cfg: {sorted(packages - listed)}"
