@@ -17,12 +17,13 @@ class Tensor:
     ``dtype`` (float32 unless given; float64 exists on NumPy, for gradient checks).
 
     Attributes: ``data`` (the backend array), ``device``, ``requires_grad``,
-    ``grad`` (a Tensor after :meth:`backward`, else None) and ``creator`` (the
+    ``grad`` (a Tensor after :meth:`backward`, else None), ``creator`` (the
     :class:`~gdnflow.autograd.Operator` node that produced it, None for leaves
-    and for results computed without gradient).
+    and for results computed without gradient) and ``version`` (how many times
+    :meth:`mark_changed` recorded an in-place change of its values).
     """
 
-    __slots__ = ("data", "device", "requires_grad", "grad", "creator", "__weakref__")
+    __slots__ = ("data", "device", "requires_grad", "grad", "creator", "version", "__weakref__")
     __array_priority__ = 1000   # make ndarray * Tensor call Tensor.__rmul__
 
     def __init__(self, data, device=None, dtype=None, requires_grad=False):
@@ -39,6 +40,7 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self.creator = None
+        self.version = 0
 
     @classmethod
     def wrap(cls, array, device, requires_grad=False):
@@ -49,7 +51,17 @@ class Tensor:
         t.requires_grad = requires_grad
         t.grad = None
         t.creator = None
+        t.version = 0
         return t
+
+    def mark_changed(self):
+        """Record that this tensor's values were changed in place (an optimiser step, a load).
+
+        Increases :attr:`version` and the process-wide :func:`weights_version`,
+        which compiled inference plans compare to know they are stale.
+        """
+        self.version += 1
+        weights_changed()
 
     # ------------------------------------------------------------ describe --
     @property
@@ -221,6 +233,28 @@ def _operand(value, like):
     if isinstance(value, np.ndarray):
         return Tensor(value, device=like.device, dtype=like.dtype)
     raise TypeError(f"expected a Tensor, a number or a NumPy array, got {type(value).__name__}")
+
+
+_weights_version = 0
+
+
+def weights_version():
+    """A counter that grows whenever weights may have changed through gdnflow's API.
+
+    Increased by :meth:`Tensor.mark_changed` (``Optimizer.step`` marks each
+    parameter it updates; loading a checkpoint, ``load_state_dict`` and
+    ``Module.to`` mark what they replace) and by :func:`weights_changed`
+    (assigning a tensor or module to a Module attribute, ``train()``: batch
+    norm updates its running statistics in training mode). Code that writes
+    into a tensor's array by other means must call ``mark_changed``.
+    """
+    return _weights_version
+
+
+def weights_changed():
+    """Record that weights may have changed, none in particular (a model's structure changed)."""
+    global _weights_version
+    _weights_version += 1
 
 
 def tensor(data, device=None, dtype=None, requires_grad=False):

@@ -5,7 +5,7 @@ rewrites the program (:mod:`~gdnflow.inference.passes`) and, on the GPU,
 plans its memory in one arena (:mod:`~gdnflow.inference.memory`) and
 captures it as a :class:`~gdnflow.backends.cuda.graphs.CudaGraph`;
 :class:`CompiledModel` keeps one plan per input shape and rebuilds them when
-the weights change (``gdnflow.nn.module.weights_version``); :func:`compile`
+the weights change (``gdnflow.tensor.weights_version``); :func:`compile`
 makes one. ``docs/inference.md`` tells how and why.
 """
 import functools
@@ -21,7 +21,7 @@ from gdnflow.inference.errors import PlanError, StalePlanError
 from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_paused, plan_memory
 from gdnflow.inference.passes import optimize
 from gdnflow.inference.tracing import trace
-from gdnflow.nn.module import weights_version
+from gdnflow.tensor import weights_version
 from gdnflow.backends.cuda.weight_cache import frozen_weights
 from gdnflow.tensor import Tensor
 from gdnflow.testing import relative_error

@@ -38,8 +38,7 @@ import numpy as np
 
 from gdnflow.backends import get_backend
 from gdnflow.errors import GdnflowError
-from gdnflow.nn.module import weights_changed
-from gdnflow.tensor import Tensor
+from gdnflow.tensor import Tensor, weights_changed
 from gdnflow.version import __version__
 
 FORMAT_NAME = "gdnflow-checkpoint"
@@ -183,7 +182,6 @@ def load_checkpoint(path, model=None, optimizer=None):
         except ValueError as exc:
             raise CheckpointError(f"{path}: optimiser state does not fit: {exc}") from None
     if model is not None:
-        weights_changed()       # compiled inference plans of this model are now stale
         for name, p in model.named_parameters():
             _assign(p, checkpoint["parameters"][name])
         for name, b in buffers.items():
@@ -281,8 +279,10 @@ def _assign(target, array):
     """Give a tensor (or NumPy buffer) the values of ``array``, keeping the object."""
     if isinstance(target, Tensor):
         target.data = get_backend(target.device).from_numpy(np.array(array, dtype=target.dtype))
+        target.mark_changed()       # compiled inference plans of it are now stale
     else:
         target[...] = array
+        weights_changed()
 
 
 # --------------------------------------------------------------- helpers --

@@ -9,8 +9,9 @@ registered with :meth:`Module.register_buffer`, saved in ``state_dict()`` and
 moved by ``to(device)``, never returned by ``parameters()``.
 
 Compiled inference plans (:mod:`gdnflow.inference`) copy and fold weights,
-so they must know when weights change: :func:`weights_version` is a
-process-wide counter that every change made through gdnflow's API increases.
+so they must know when weights change: every change a module makes marks the
+tensor (:meth:`~gdnflow.tensor.Tensor.mark_changed`) or, for a change of
+structure, :func:`gdnflow.tensor.weights_changed`.
 """
 from collections import OrderedDict
 
@@ -18,28 +19,7 @@ import numpy as np
 
 from gdnflow.backends import get_backend
 from gdnflow.errors import ShapeError
-from gdnflow.tensor import Tensor
-
-_weights_version = 0
-
-
-def weights_version():
-    """A counter that grows whenever weights may have changed through gdnflow's API.
-
-    Increased by assigning a tensor or module to a Module attribute (so by
-    ``to``, ``load_state_dict`` and ``register_buffer``), by ``train()`` (batch
-    norm updates its running statistics in training mode), by
-    ``Optimizer.step`` and by ``gdnflow.io.load_checkpoint``. Code that writes
-    into a tensor's array by other means must call :func:`weights_changed`.
-    """
-    return _weights_version
-
-
-def weights_changed():
-    """Record that weights (parameters or buffers) may have changed; see :func:`weights_version`."""
-    global _weights_version
-    _weights_version += 1
-
+from gdnflow.tensor import Tensor, weights_changed
 
 class Parameter(Tensor):
     """A leaf tensor that a Module trains (``requires_grad`` is true by default)."""
@@ -176,7 +156,7 @@ class Module:
         """
         for p in self.parameters():
             if p.device != device:
-                _replace_array(p, p.numpy(), device)      # bumps weights_version
+                _replace_array(p, p.numpy(), device)      # marks p changed
         for _, module in self.named_modules():
             for name, b in list(module._buffers.items()):
                 if b is not None and b.device != device:
@@ -239,4 +219,4 @@ def _replace_array(parameter, values, device):
     parameter.data = backend.from_numpy(np.asarray(values, dtype=dtype))
     parameter.device = device
     parameter.grad = None
-    weights_changed()
+    parameter.mark_changed()

@@ -18,7 +18,6 @@ import numpy as np
 
 from gdnflow.backends import cuda, get_backend
 from gdnflow.errors import ShapeError
-from gdnflow.nn.module import weights_changed
 from gdnflow.tensor import Tensor
 
 SOURCE = "optim.cu"
@@ -131,8 +130,11 @@ class Optimizer:
 
     # ------------------------------------------------------------- step --
     def step(self):
-        """Update every parameter that has a gradient; parameters without one are skipped."""
-        weights_changed()       # compiled inference plans of these parameters are now stale
+        """Update every parameter that has a gradient; parameters without one are skipped.
+
+        Each updated parameter is marked changed (:meth:`~gdnflow.tensor.Tensor.mark_changed`),
+        so compiled inference plans of it know they are stale.
+        """
         for index, group in enumerate(self.param_groups):
             on_cuda = []
             for p in group["params"]:
@@ -143,6 +145,7 @@ class Optimizer:
                     raise ShapeError(f"{type(self).__name__}: a parameter of shape {p.shape} on "
                                      f"{p.device!r} has a gradient of shape {grad.shape} on "
                                      f"{grad.device!r}")
+                p.mark_changed()
                 state = self.state.setdefault(id(p), {})
                 self.prepare_state(p, state, group)
                 scalars = self.update_scalars(state, group)

@@ -28,7 +28,7 @@ import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.config import settings
-from gdnflow.nn.module import weights_version
+from gdnflow.tensor import weights_version
 from gdnflow.sparse.tiling import WARPS, choose_tiling
 
 SOURCE = "sparse_conv.cu"
@@ -80,7 +80,7 @@ class TilePlan:
         """The kernel's (value, offset) pairs for ``values`` (a CudaArray in this plan's order).
 
         Packed by one launch, and kept while the same array holds the same
-        weights (:func:`~gdnflow.nn.module.weights_version` unchanged), so a
+        weights (:func:`~gdnflow.tensor.weights_version` unchanged), so a
         layer's constant values are packed once.
         """
         version = weights_version()

@@ -19,7 +19,8 @@ from gdnflow import ops
 from gdnflow.autograd import grad_enabled, no_grad
 from gdnflow.errors import ShapeError
 from gdnflow.nn.conv import Conv2d
-from gdnflow.nn.module import Module, weights_changed, weights_version
+from gdnflow.nn.module import Module
+from gdnflow.tensor import weights_changed, weights_version
 from gdnflow.ops.conv import conv_geometry, conv_parameters
 from gdnflow.sparse import dispatch
 from gdnflow.sparse.conv import sparse_conv2d, values_tensor

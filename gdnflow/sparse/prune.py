@@ -24,7 +24,7 @@ import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.nn.conv import Conv2d
-from gdnflow.nn.module import weights_changed
+from gdnflow.tensor import weights_changed
 from gdnflow.tensor import Tensor
 
 MASK = "weight_mask"

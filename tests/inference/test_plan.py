@@ -8,7 +8,7 @@ import gdnflow as gf
 from gdnflow import inference, nn
 from gdnflow.inference import InferencePlan, PlanError, StalePlanError
 from gdnflow.testing import relative_error
-from gdnflow.nn.module import weights_changed
+from gdnflow.tensor import weights_changed
 from inference_models import (Residual, changed_state, eager, gpu_model, randomize_batch_norms,
                               small_model, tensor)
 

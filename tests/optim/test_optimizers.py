@@ -8,6 +8,7 @@ import gdnflow as gf
 from gdnflow.nn import Module, Parameter
 from gdnflow.optim import SGD, Adam, clip_grad_norm
 from gdnflow.testing import relative_error
+from gdnflow.tensor import weights_version
 
 
 # ------------------------------------------------ reference implementations --
@@ -412,3 +413,13 @@ def test_clip_grad_norm_on_cuda_matches_numpy(rng):
     assert norm == pytest.approx(want, rel=1e-5)
     for p, g in zip(params, grads):
         assert relative_error(p.grad.numpy(), g / (want + 1e-6)) <= 1e-5
+
+
+def test_step_marks_exactly_the_updated_parameters_changed():
+    updated = gf.nn.Parameter(np.ones(3, np.float32), device="numpy")
+    untouched = gf.nn.Parameter(np.ones(2, np.float32), device="numpy")
+    clock = weights_version()
+    (updated * 2).sum().backward()
+    gf.optim.SGD([updated, untouched], lr=0.1).step()
+    assert (updated.version, untouched.version) == (1, 0)
+    assert weights_version() > clock       # compiled plans of the model see the change

@@ -11,7 +11,8 @@ from gdnflow.io.keras.file import KerasImportError
 from gdnflow.io.keras.graph import MODEL_CLASSES, Graph
 from gdnflow.io.keras.layers import LAYERS, layer_problems
 from gdnflow.io.keras.weights import layer_key
-from gdnflow.nn.module import Module, weights_changed
+from gdnflow.nn.module import Module
+from gdnflow.tensor import weights_changed
 from gdnflow.tensor import Tensor
 
 
