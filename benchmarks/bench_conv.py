@@ -41,6 +41,7 @@ import numpy as np
 from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow import ops
+from gdnflow.backends import cuda
 from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.config import override
 from gdnflow.ops.conv.algorithms import winograd
@@ -188,14 +189,12 @@ def _queued_ms(run, calls, repeats):
 
 def _clock_hz():
     import pycuda.driver as drv
-    from gdnflow.backends.cuda.runtime import get_runtime
-    return 1e3 * get_runtime().device.get_attribute(drv.device_attribute.CLOCK_RATE)
+    return 1e3 * cuda.get_runtime().device.get_attribute(drv.device_attribute.CLOCK_RATE)
 
 
 def gdnflow_gpu_ms(fn, calls=10, repeats=5):
     """Milliseconds of GPU time per fn() call, the calls queued behind a busy kernel."""
     import pycuda.driver as drv
-    from gdnflow.backends import cuda
     stream = harness.gdnflow_stream()
     spin, hz = cuda.kernel(SPIN, "spin", "q"), _clock_hz()
 

@@ -803,13 +803,13 @@ def _gpu_reporting_sms(sm_count):
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2])
 def test_depthwise_cuda_with_an_unaligned_input(offset, rng):
-    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
     g = _geometry((3, 4, 28, 28), (4, 1, 3, 3), 1, 1, 1, 4)
     x, w = (rng.standard_normal(g.x_shape).astype(np.float32),
             rng.standard_normal(g.w_shape).astype(np.float32))
-    base = get_runtime().from_numpy(np.concatenate([np.zeros(offset, np.float32), x.ravel()]))
-    view = CudaArray(g.x_shape, base.dtype, base.allocation, base.ptr + 4 * offset)
-    got = Depthwise.forward(g, view, get_runtime().from_numpy(w)).get()
+    runtime = cuda.get_runtime()
+    base = runtime.from_numpy(np.concatenate([np.zeros(offset, np.float32), x.ravel()]))
+    view = base.offset(offset, g.x_shape)
+    got = Depthwise.forward(g, view, runtime.from_numpy(w)).get()
     want = NumpyConv.forward(g, x.astype(np.float64), w.astype(np.float64))
     assert relative_error(got, want) <= 1e-4
 

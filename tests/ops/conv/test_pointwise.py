@@ -16,6 +16,7 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import ops
+from gdnflow.backends import cuda
 from gdnflow.config import override
 from gdnflow.ops.conv.algorithms import pointwise, pointwise_tiles
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
@@ -400,8 +401,7 @@ def test_autotune_times_the_direct_kernel_too(rng):
 def test_direct_cuda_with_unaligned_views(offset, rng):
     # Arrays that start 4 bytes past a 16-byte boundary (as a planned buffer
     # may): the kernel takes 1-float columns and must still be right.
-    from gdnflow.backends.cuda.runtime import CudaArray, get_runtime
-    runtime = get_runtime()
+    runtime = cuda.get_runtime()
     g = _geometry((2, 24, 8, 8), 40)
     x, w, r = (rng.standard_normal(g.x_shape).astype(np.float32),
                rng.standard_normal(g.w_shape).astype(np.float32),
@@ -410,7 +410,7 @@ def test_direct_cuda_with_unaligned_views(offset, rng):
     def view(values):
         flat = np.concatenate([np.zeros(offset, np.float32), values.ravel()])
         base = runtime.from_numpy(flat)
-        return CudaArray(values.shape, base.dtype, base.allocation, base.ptr + 4 * offset)
+        return base.offset(offset, values.shape)
     got = PointwiseDirect.forward(g, view(x), view(w), None, 1, residual=view(r)).get()
     want = epilogue_numpy(NumpyConv.forward(g, x.astype(np.float64), w.astype(np.float64)),
                           None, r, 1)

@@ -188,8 +188,8 @@ def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw
 @functools.lru_cache(maxsize=1024)
 def _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad_left, flip,
                      x_align, y_align, sm_count):
-    """(plan, defines) of a depthwise_forward launch, cached: the defines tuple was rebuilt
-    on every call."""
+    """(plan, defines) of a depthwise_forward launch, cached per shape, alignment and SM
+    count (planning and building the defines tuple cost host time on every call)."""
     plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align,
                         sm_count)
     return plan, _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip)
