@@ -315,3 +315,20 @@ def test_setup_cfg_lists_every_package():
     listed = set(config["options"]["packages"].split())
     packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert packages <= listed, f"packages missing from setup.cfg: {sorted(packages - listed)}"
+
+
+def test_every_gdnflow_error_is_a_gdnflow_error():
+    bases = {}
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                                    for b in node.bases]
+
+    def reaches_base(name, seen=()):
+        return name == "GdnflowError" or any(
+            b not in seen and reaches_base(b, seen + (name,)) for b in bases.get(name, ()))
+
+    errors = [n for n in bases if n.endswith("Error") and n != "GdnflowError"]
+    assert len(errors) > 10
+    assert not [n for n in errors if not reaches_base(n)], "errors outside GdnflowError"
