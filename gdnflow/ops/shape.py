@@ -40,11 +40,12 @@ class ReshapeOp(Operator):
 
 
 def flatten(x, start_dim=1):
-    """Merge dimensions ``start_dim`` and after into one: (N, C, H, W) -> (N, C*H*W)."""
-    if not -x.ndim <= start_dim < max(x.ndim, 1):
-        raise ShapeError(f"flatten: start_dim {start_dim} out of range for shape {x.shape}")
-    start_dim %= max(x.ndim, 1)
-    return ReshapeOp(x.shape[:start_dim] + (-1,))(x)
+    """Merge dimensions ``start_dim`` and after into one: (N, C, H, W) -> (N, C*H*W).
+
+    The same as ``x.flatten(start_dim)`` (:meth:`gdnflow.tensor.Tensor.flatten`):
+    a reshape; ShapeError if ``start_dim`` is out of range.
+    """
+    return x.flatten(start_dim)
 
 
 # ------------------------------------------------- data-moving shape ops --
