@@ -60,10 +60,6 @@ class Config:
         """Context manager: the given knobs take the given values within the block."""
         return _override(self, changes)
 
-    def knobs(self):
-        """The knobs' names and current values, as a dict."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
 
 @contextlib.contextmanager
 def _override(config, changes):
