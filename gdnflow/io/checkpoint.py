@@ -31,13 +31,13 @@ checkpoint at ``path`` is untouched.
 """
 import json
 import os
-import uuid
 
 import h5py
 import numpy as np
 
 from gdnflow.backends import get_backend
 from gdnflow.errors import GdnflowError
+from gdnflow.io.files import atomic_output
 from gdnflow.tensor import Tensor, weights_changed
 from gdnflow.version import __version__
 
@@ -85,9 +85,7 @@ def save_checkpoint(path, model, optimizer=None, extra=None):
     if optimizer_state is not None:
         groups_json = _to_json(optimizer_state["param_groups"], "the optimiser's groups")
 
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
+    with atomic_output(path, overwrite=True) as temporary:
         with h5py.File(temporary, "x", libver=_LIBVER) as f:
             f.attrs.update(header)
             _write_arrays(f.create_group("parameters"), parameters)
@@ -104,16 +102,6 @@ def save_checkpoint(path, model, optimizer=None, extra=None):
                             _write_array(slot, key, value)
                         else:
                             slot.attrs[key] = value
-            f.flush()
-        _fsync(temporary, os.O_RDWR)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.remove(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync(folder, os.O_RDONLY, missing_ok=True)     # make the rename itself durable
 
 
 def _write_arrays(group, arrays):
@@ -132,23 +120,6 @@ def _write_array(group, name, array):
                          chunks=chunks if chunks else (True if checksum else None))
 
 
-def _fsync(path, flags, missing_ok=False):
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        if missing_ok:      # a folder cannot be opened on some systems (Windows)
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not missing_ok:
-            raise
-    finally:
-        os.close(fd)
-
-
-# ------------------------------------------------------------------ load --
 def load_checkpoint(path, model=None, optimizer=None):
     """Read the checkpoint at ``path``; load it into ``model`` and ``optimizer`` if given.
 
