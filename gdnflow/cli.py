@@ -12,14 +12,19 @@
     gdnflow prune MODEL.h5    magnitude pruning of a checkpoint's convolutions (gdnflow.sparse)
     gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
     gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
+
+Errors are one line ``gdnflow CMD: message`` on stderr; the exit status is 0,
+1 on a failure, 2 on a usage error (a bad option or value), 130 on Ctrl-C and
+141 on a closed pipe; ``gdnflow --debug CMD`` (or ``GDNFLOW_DEBUG=1``) shows
+tracebacks (:mod:`gdnflow.commandline`).
 """
-import argparse
 import sys
 
 from gdnflow import classify, plugins, registry
 from gdnflow.backends import cuda, default_device
 from gdnflow.backends.cuda.sources import source_dir
 from gdnflow.codec.cli import add_codec_parsers
+from gdnflow.commandline import command_parser, nonnegative_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.inference_bench import add_bench_parser
 from gdnflow.sparse import describe as describe_sparse
@@ -76,11 +81,7 @@ def cmd_plugins(args):
 
 def cmd_plugin_check(args):
     """gradcheck (and CUDA against NumPy) on each operator of a plugin; 1 on failure."""
-    try:
-        operators = plugins.find_operators(args.name)
-    except plugins.PluginError as exc:
-        print(f"plugin-check: {exc}", file=sys.stderr)
-        return 1
+    operators = plugins.find_operators(args.name)
     failed = 0
     for op_class in operators:
         try:
@@ -90,14 +91,14 @@ def cmd_plugin_check(args):
             print(f"{op_class.op_name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed += 1
     if failed:
-        print(f"plugin-check: {failed} of {len(operators)} operators failed", file=sys.stderr)
+        print(f"gdnflow plugin-check: {failed} of {len(operators)} operators failed",
+              file=sys.stderr)
     return 1 if failed else 0
 
 
 def build_parser():
     """The argument parser of the ``gdnflow`` command."""
-    parser = argparse.ArgumentParser(prog="gdnflow", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = command_parser("gdnflow", __doc__.split("\n\n")[0])
     info = sub.add_parser("info", help="show devices, operators and where the CUDA sources are; "
                           "with FILE, what a checkpoint, Keras or ONNX file holds")
     info.add_argument("file", nargs="?", metavar="FILE")
@@ -110,7 +111,7 @@ def build_parser():
                            "they declare (and compare CUDA with NumPy where CUDA is usable)")
     check.add_argument("name", help="an installed plugin, a plugin's .py file or package "
                        "folder, or an operator name")
-    check.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
+    check.add_argument("--seed", type=nonnegative_int, default=0, help="random seed of the inputs")
     check.set_defaults(run=cmd_plugin_check)
     classify.add_commands(sub)
     add_bench_parser(sub)
@@ -120,13 +121,8 @@ def build_parser():
 
 
 def main(argv=None):
-    """Entry point of the ``gdnflow`` console script."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    """Entry point of the ``gdnflow`` console script: the exit status (module docstring)."""
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ inputs. The torch models get random weights and non-trivial batch-norm
 statistics, and gdnflow's models load the same state dict, so the table also
 reports the plan's error against PyTorch.
 """
+import argparse
 import datetime
 import sys
 
@@ -27,6 +28,9 @@ from gdnflow import benchmarking, inference, models as zoo
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda, cuda_available
 from gdnflow.benchmarking import time_gdnflow, time_torch
+from gdnflow.commandline import nonnegative_int, positive_int, positive_int_list
+from gdnflow.errors import BackendUnavailableError
+from gdnflow.io.files import check_outputs, write_bytes_atomic
 from gdnflow.tensor import tensor
 from gdnflow.testing import relative_error
 
@@ -211,36 +215,47 @@ def markdown(rows, notes, title="Inference: gdnflow plans against PyTorch"):
 
 
 # --------------------------------------------------------------------- CLI --
+def model_list(text):
+    """An argparse type: comma-separated names of :data:`MODELS` (``--models vgg16``), a list."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"expected names among {', '.join(MODELS)}, got "
+                                         f"{', '.join(map(repr, unknown))}")
+    return names
+
+
 def add_bench_parser(subparsers):
     """Add the ``bench`` command to the ``gdnflow`` CLI's subparsers."""
     bench = subparsers.add_parser(
         "bench", help="time inference: gdnflow eager and compiled plans (and torchvision, "
         "eager and with a CUDA graph, when PyTorch is installed)")
-    bench.add_argument("--models", default=",".join(MODELS),
+    bench.add_argument("--models", type=model_list, default=list(MODELS),
                        help=f"comma-separated model names (default {','.join(MODELS)})")
-    bench.add_argument("--batches", default=",".join(str(b) for b in BATCHES),
+    bench.add_argument("--batches", type=positive_int_list, default=list(BATCHES),
                        help="comma-separated batch sizes (default 1,64)")
-    bench.add_argument("--repeats", type=int, default=50, help="timed calls (median; default 50)")
-    bench.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
+    bench.add_argument("--repeats", type=positive_int, default=50,
+                       help="timed calls (median; default 50)")
+    bench.add_argument("--warmup", type=nonnegative_int, default=10,
+                       help="untimed calls first (default 10)")
     bench.add_argument("--no-torch", action="store_true", help="time gdnflow alone")
     bench.add_argument("--out", help="also write the markdown table to this file")
+    bench.add_argument("--force", action="store_true", help="overwrite the --out file")
     bench.set_defaults(run=cmd_bench)
     return bench
 
 
 def cmd_bench(args):
-    """Run the benchmark for the ``gdnflow bench`` command; exit status 1 without a GPU."""
+    """Run the benchmark for ``gdnflow bench`` (BackendUnavailableError without a GPU)."""
     if not cuda_available():
-        print(f"bench: needs a CUDA device ({cuda.unavailable_reason()})", file=sys.stderr)
-        return 1
+        raise BackendUnavailableError(f"needs a CUDA device ({cuda.unavailable_reason()})")
+    if args.out:
+        check_outputs([args.out], force=args.force)
     torch = None if args.no_torch else torch_or_none()
-    rows, notes = run([m.strip() for m in args.models.split(",") if m.strip()],
-                      [int(b) for b in args.batches.split(",") if b.strip()],
-                      args.warmup, args.repeats, torch,
+    rows, notes = run(args.models, args.batches, args.warmup, args.repeats, torch,
                       log=lambda line: print(line, file=sys.stderr))
     table = markdown(rows, notes)
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+        write_bytes_atomic(args.out, table.encode(), overwrite=True)
     return 0

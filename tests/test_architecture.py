@@ -29,7 +29,7 @@ LAYERS = (
     ("ops",),
     ("nn",),
     ("models", "optim", "inference"),
-    ("io", "data", "plots"),
+    ("io", "data", "plots", "commandline"),
     ("plugins", "sparse"),
     ("codec", "train", "classify", "benchmarking", "inference_bench"),
     ("cli", "__main__"),

@@ -23,5 +23,5 @@ def test_bench_command_parses_its_options():
     parser = argparse.ArgumentParser()
     inference_bench.add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--models", "vgg16", "--batches", "1", "--no-torch"])
-    assert args.models == "vgg16" and args.batches == "1" and args.no_torch
+    assert args.models == ["vgg16"] and args.batches == [1] and args.no_torch
     assert args.run is inference_bench.cmd_bench

@@ -4,34 +4,24 @@
     gdnflow convert mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_224.h5 mnv2.h5
     gdnflow info mnv2.h5
 
-Each prints one line naming the file and returns 1 on a file or option it
-cannot use; anything else is a bug and raises.
+A file or option they cannot use raises an error naming it, which the
+``gdnflow`` command prints as one line (:mod:`gdnflow.commandline`).
 """
-import sys
-
 from gdnflow.classify.conversion import convert
 from gdnflow.classify.description import describe
-from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.loading import CLASSIFIERS, load_model
 from gdnflow.classify.predict import class_names, classify
 from gdnflow.classify.preprocess import PREPROCESSING
-from gdnflow.io.checkpoint import CheckpointError
-from gdnflow.io.keras import KerasImportError
-from gdnflow.io.onnx import OnnxImportError
-
-#: The errors a command reports as one line.
-ERRORS = (ClassifyError, KerasImportError, OnnxImportError, CheckpointError, FileNotFoundError)
+from gdnflow.commandline import positive_int
+from gdnflow.io.files import check_inputs, check_outputs
 
 
 def cmd_classify(args):
-    """``gdnflow classify``: top-5 classes per image; 1 (with a message) on a bad file."""
-    try:
-        network = load_model(args.weights, args.model, args.device)
-        count, results = classify(args.images, network, args.preprocess, args.size, args.top)
-        names = class_names(count, args.labels)
-    except ERRORS as exc:
-        print(f"gdnflow classify: {exc}", file=sys.stderr)
-        return 1
+    """``gdnflow classify``: top-5 classes per image."""
+    check_inputs(args.images, "image")
+    network = load_model(args.weights, args.model, args.device)
+    count, results = classify(args.images, network, args.preprocess, args.size, args.top)
+    names = class_names(count, args.labels)
     for path, best in results:
         print(path)
         for index, p in best:
@@ -42,23 +32,16 @@ def cmd_classify(args):
 
 def cmd_convert(args):
     """``gdnflow convert IN OUT``: ONNX or Keras file -> gdnflow checkpoint."""
-    try:
-        name, count = convert(args.source, args.destination)
-    except ERRORS as exc:
-        print(f"gdnflow convert: {exc}", file=sys.stderr)
-        return 1
+    check_inputs([args.source], "model file")
+    check_outputs([args.destination], inputs=[args.source], force=args.force)
+    name, count = convert(args.source, args.destination)
     print(f"wrote {args.destination}: {name}, {count:,} parameters")
     return 0
 
 
 def cmd_info_file(args):
     """``gdnflow info FILE``: what a checkpoint, Keras or ONNX file holds."""
-    try:
-        lines = describe(args.file)
-    except ERRORS as exc:
-        print(f"gdnflow info: {exc}", file=sys.stderr)
-        return 1
-    print("\n".join(lines))
+    print("\n".join(describe(args.file)))
     return 0
 
 
@@ -77,11 +60,14 @@ def add_commands(sub):
                                  help="default: GDNFLOW_DEVICE, else cuda when usable")
     classify_parser.add_argument("--preprocess", choices=PREPROCESSING,
                                  help="input scaling (default: what the weights were trained with)")
-    classify_parser.add_argument("--size", type=int, help="input side in pixels (default: the "
-                                 "model's fixed input size, else 224)")
-    classify_parser.add_argument("--top", type=int, default=5, help="classes shown (default 5)")
+    classify_parser.add_argument("--size", type=positive_int, help="input side in pixels "
+                                 "(default: the model's fixed input size, else 224)")
+    classify_parser.add_argument("--top", type=positive_int, default=5,
+                                 help="classes shown (default 5)")
     classify_parser.set_defaults(run=cmd_classify)
     convert_parser = sub.add_parser("convert", help="ONNX or Keras file -> gdnflow checkpoint")
     convert_parser.add_argument("source", metavar="IN")
     convert_parser.add_argument("destination", metavar="OUT.h5")
+    convert_parser.add_argument("--force", action="store_true",
+                                help="overwrite OUT.h5 if it exists")
     convert_parser.set_defaults(run=cmd_convert)

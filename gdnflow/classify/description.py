@@ -62,6 +62,9 @@ def _describe_onnx(path):
         model = onnx.load(str(path))
     except Exception as exc:        # protobuf's DecodeError and friends
         raise OnnxImportError(f"{path} is not a valid ONNX model: {exc}") from None
+    if not model.ir_version:        # protobuf parses many non-ONNX bytes as an empty model
+        raise OnnxImportError(f"{path} is not a valid ONNX model: it has no IR version "
+                              "(not an ONNX file, or truncated)")
     graph = model.graph
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     initializers = {t.name for t in graph.initializer}

@@ -14,12 +14,11 @@ their architecture need none.
 import inspect
 import os
 
-import h5py
-
 from gdnflow import models
 from gdnflow.backends import default_device
 from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.onnx_config import onnx_from_config, onnx_image_size
+from gdnflow.io import formats
 from gdnflow.io import keras as keras_io
 from gdnflow.io import onnx as onnx_io
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info
@@ -31,27 +30,13 @@ CLASSIFIERS = ("mobilenet_v2", "vgg16")
 def detect_format(path):
     """'gdnflow-checkpoint', 'keras', 'onnx' for the file at ``path`` (by content).
 
-    Raises :class:`ClassifyError` for a missing file or one of no known kind.
+    Raises :class:`ClassifyError` for a file of no known kind (and
+    :mod:`gdnflow.io.formats`' errors for a missing, empty or unreadable one).
     """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ClassifyError(f"{path}: no such file")
-    if h5py.is_hdf5(path):
-        try:
-            with h5py.File(path, "r") as f:
-                if f.attrs.get("format") == "gdnflow-checkpoint":
-                    return "gdnflow-checkpoint"
-        except OSError as exc:
-            raise ClassifyError(f"{path}: an HDF5 file that cannot be read (truncated or "
-                                f"corrupt?): {exc}") from None
-        return "keras"      # the Keras reader says what is wrong if it is not one
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(b"\x89HDF"):
-        return "keras"      # an HDF5 signature h5py rejects: let the reader explain
-    if path.lower().endswith(".onnx") or head[:1] == b"\x08":   # ModelProto's ir_version field
-        return "onnx"
-    raise ClassifyError(f"{path}: not a gdnflow checkpoint, Keras HDF5 or ONNX file")
+    kind = formats.detect_format(path)
+    if kind is None:
+        raise ClassifyError(f"{os.fspath(path)}: not a gdnflow checkpoint, Keras HDF5 or ONNX file")
+    return kind
 
 
 def _build_named(name, config, device):
@@ -73,6 +58,9 @@ def load_model(weights=None, model=None, device=None):
     all ValueErrors naming the file) when they do not make a model.
     """
     device = device or default_device()
+    if model in models.MODELS and model not in CLASSIFIERS:
+        raise ClassifyError(f"--model {model} is not an image classifier; gdnflow's "
+                            f"classifiers are {', '.join(CLASSIFIERS)} (or give a model file)")
     model_is_file = model is not None and model not in CLASSIFIERS
     if model_is_file and not os.path.exists(model):
         raise ClassifyError(f"--model {model}: neither a classifier's name "
@@ -137,9 +125,13 @@ def model_from_checkpoint(path, device=None, model_name=None):
         saved = load_checkpoint(path)
         return onnx_from_config(path, config, saved["parameters"], device)
     if name not in models.MODELS:
-        raise ClassifyError(f"{path}: a checkpoint of {info['model_name']!r} whose config names "
-                            "no model gdnflow can build; pass --model "
-                            f"({', '.join(models.MODELS)})")
+        stored = info["model_name"]
+        if stored in models.MODELS and stored not in CLASSIFIERS:
+            raise ClassifyError(f"{path} holds a {stored} model, not an image classifier "
+                                f"({', '.join(CLASSIFIERS)})")
+        raise ClassifyError(f"{path}: a checkpoint of {stored!r} whose config names no model "
+                            f"gdnflow can build; if it holds a {' or '.join(CLASSIFIERS)}, "
+                            "pass --model with its name")
     if "num_classes" not in config:
         config["num_classes"] = _classes_from_shapes(info["parameter_shapes"])
     network = _build_named(name, config, device)

@@ -5,16 +5,17 @@
     gdnflow eval --checkpoint checkpoints/*.h5 --data photos/ --out results/
 
 :func:`add_codec_parsers` adds the three subcommands to the ``gdnflow``
-parser; ``python -m gdnflow.codec.cli`` runs them on their own. Every file is
-written atomically, and none is overwritten without ``--force``. Exit
-status 0, or 1 with one line naming the file on any error.
+parser; ``python -m gdnflow.codec.cli`` runs them on their own. The outputs
+are checked before any work (:func:`gdnflow.io.files.check_outputs`): none
+is overwritten without ``--force``, none is one of the command's inputs, and
+their folders must be writable. Every file is written atomically. Errors are
+one line naming the file, exit status 1 (:mod:`gdnflow.commandline`).
 
 ``decompress`` without ``--checkpoint`` looks for the checkpoint whose
 model id the file names in the folders of ``GDNFLOW_CHECKPOINTS``
 (separated by ``os.pathsep``), then the file's own folder, then
 ``./checkpoints``.
 """
-import argparse
 import io
 import os
 import sys
@@ -22,86 +23,52 @@ from pathlib import Path
 
 from PIL import Image
 
-from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image, write_bytes_atomic
+from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image
 from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
 from gdnflow.codec.format import CodecError
-from gdnflow.data.images import NoImagesError
-from gdnflow.errors import BackendUnavailableError
+from gdnflow.commandline import command_parser, run
+from gdnflow.io.files import check_inputs, check_outputs, output_paths, write_bytes_atomic
+from gdnflow.io.formats import require_checkpoint
 
 #: Environment variable: folders searched for checkpoints by ``decompress``.
 CHECKPOINT_PATH_VARIABLE = "GDNFLOW_CHECKPOINTS"
 
 
-#: The exceptions a command reports as one line (anything else is a bug: traceback).
-#: OSError: missing, existing or unreadable files (Pillow's UnidentifiedImageError too);
-#: ValueError: bad images and arguments. Each message names its file.
-ERRORS = (CodecError, NoImagesError, BackendUnavailableError, OSError, ValueError)
-
-
-def output_paths(inputs, out, suffix):
-    """Where each input's result goes: ``out`` (a file for one input, a folder for several).
-
-    Without ``out``, next to each input with ``suffix``. ``out`` an existing
-    folder also works for one input. Raises ValueError if two inputs would
-    share an output.
-    """
-    inputs = [Path(p) for p in inputs]
-    if out is None:
-        paths = [p.with_suffix(suffix) for p in inputs]
-    elif len(inputs) == 1 and not Path(out).is_dir():
-        paths = [Path(out)]
-    else:
-        paths = [Path(out) / (p.stem + suffix) for p in inputs]
-    seen = {}
-    for source, target in zip(inputs, paths):
-        if target in seen:
-            raise ValueError(f"{seen[target]} and {source} would both be written to {target}")
-        seen[target] = source
-    return paths
-
-
-def _check_free(paths, force):
-    """Raise FileExistsError listing the outputs that exist (unless ``force``), before any write."""
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not force:
-        raise FileExistsError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}: "
-                              "pass --force to overwrite")
+def image_format(path):
+    """Pillow's format name for an image file ``path`` (by its suffix); CodecError if none."""
+    path = Path(path)
+    formats = Image.registered_extensions()
+    if path.suffix.lower() not in formats:
+        raise CodecError(f"{path}: unknown image format {path.suffix!r} (use .png for a "
+                         "lossless copy of the reconstruction)")
+    return formats[path.suffix.lower()]
 
 
 def save_image(path, image, overwrite=False):
     """Write a uint8 (H, W, 3) image atomically, in the format of ``path``'s suffix (Pillow)."""
-    path = Path(path)
-    formats = Image.registered_extensions()
-    if path.suffix.lower() not in formats:
-        raise ValueError(f"{path}: unknown image format {path.suffix!r} (use .png for a "
-                         "lossless copy of the reconstruction)")
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, formats[path.suffix.lower()])
+    Image.fromarray(image).save(buffer, image_format(path))
     write_bytes_atomic(path, buffer.getvalue(), overwrite=overwrite)
 
 
 # ---------------------------------------------------------------- commands --
 def cmd_compress(args):
     """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding."""
-    try:
-        if len(args.images) > 1 and args.output is not None:
-            Path(args.output).mkdir(parents=True, exist_ok=True)
-        outputs = output_paths(args.images, args.output, ".gdn")
-        _check_free(outputs, args.force)
-        codec = Codec.from_checkpoint(args.checkpoint, args.device)
-        for source, target in zip(args.images, outputs):
-            image = read_image(source)
-            write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
-            data = target.read_bytes()
-            # Decoding the file just written checks it and gives the real PSNR.
-            decoded = codec.decompress(data, str(target))
-            height, width = image.shape[:2]
-            bpp = 8 * os.path.getsize(target) / (height * width)
-            print(f"{source} -> {target}: {height}x{width}, {len(data)} bytes, {bpp:.4f} bpp, "
-                  f"PSNR {quality_metrics(image, decoded)['psnr']:.2f} dB")
-    except ERRORS as exc:
-        print(f"gdnflow compress: {exc}", file=sys.stderr)
-        return 1
+    check_inputs(args.images, "image")
+    require_checkpoint(args.checkpoint, "gdnflow compress")
+    outputs = check_outputs(output_paths(args.images, args.output, ".gdn"),
+                            inputs=[*args.images, args.checkpoint], force=args.force)
+    codec = Codec.from_checkpoint(args.checkpoint, args.device)
+    for source, target in zip(args.images, outputs):
+        image = read_image(source)
+        write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
+        data = target.read_bytes()
+        # Decoding the file just written checks it and gives the real PSNR.
+        decoded = codec.decompress(data, str(target))
+        height, width = image.shape[:2]
+        bpp = 8 * os.path.getsize(target) / (height * width)
+        print(f"{source} -> {target}: {height}x{width}, {len(data)} bytes, {bpp:.4f} bpp, "
+              f"PSNR {quality_metrics(image, decoded)['psnr']:.2f} dB")
     return 0
 
 
@@ -114,43 +81,41 @@ def checkpoint_folders(file):
 
 def cmd_decompress(args):
     """Decode each ``.gdn`` file to an image; print its size and bpp."""
-    try:
-        if len(args.files) > 1 and args.output is not None:
-            Path(args.output).mkdir(parents=True, exist_ok=True)
-        outputs = output_paths(args.files, args.output, ".png")
-        _check_free(outputs, args.force)
-        codecs = {}
-        for source, target in zip(args.files, outputs):
-            data = Path(source).read_bytes()
-            header = read_header(data, str(source))
-            checkpoint = args.checkpoint
+    check_inputs(args.files, ".gdn file")
+    if args.checkpoint is not None:
+        require_checkpoint(args.checkpoint, "gdnflow decompress")
+    outputs = check_outputs(output_paths(args.files, args.output, ".png"),
+                            inputs=[*args.files, *filter(None, [args.checkpoint])],
+                            force=args.force)
+    for target in outputs:
+        image_format(target)        # an unknown suffix fails now, not after the decoding
+    codecs = {}
+    for source, target in zip(args.files, outputs):
+        data = Path(source).read_bytes()
+        header = read_header(data, str(source))
+        checkpoint = args.checkpoint
+        if checkpoint is None:
+            folders = checkpoint_folders(source)
+            checkpoint = find_checkpoint(header, folders)
             if checkpoint is None:
-                folders = checkpoint_folders(source)
-                checkpoint = find_checkpoint(header, folders)
-                if checkpoint is None:
-                    raise CodecError(
-                        f"{source}: no checkpoint with model id {header.model_id.hex()} in "
-                        f"{', '.join(map(str, folders))}: pass --checkpoint")
-            if checkpoint not in codecs:
-                codecs[checkpoint] = Codec.from_checkpoint(checkpoint, args.device)
-            image = codecs[checkpoint].decompress(data, str(source))
-            save_image(target, image, overwrite=args.force)
-            bpp = 8 * len(data) / (header.height * header.width)
-            print(f"{source} -> {target}: {header.height}x{header.width}, {len(data)} bytes, "
-                  f"{bpp:.4f} bpp")
-    except ERRORS as exc:
-        print(f"gdnflow decompress: {exc}", file=sys.stderr)
-        return 1
+                raise CodecError(
+                    f"{source}: no checkpoint with model id {header.model_id.hex()} in "
+                    f"{', '.join(map(str, folders))}: pass --checkpoint")
+        if checkpoint not in codecs:
+            codecs[checkpoint] = Codec.from_checkpoint(checkpoint, args.device)
+        image = codecs[checkpoint].decompress(data, str(source))
+        save_image(target, image, overwrite=args.force)
+        bpp = 8 * len(data) / (header.height * header.width)
+        print(f"{source} -> {target}: {header.height}x{header.width}, {len(data)} bytes, "
+              f"{bpp:.4f} bpp")
     return 0
 
 
 def cmd_eval(args):
     """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
-    try:
-        results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
-    except ERRORS as exc:
-        print(f"gdnflow eval: {exc}", file=sys.stderr)
-        return 1
+    for checkpoint in args.checkpoint:
+        require_checkpoint(checkpoint, "gdnflow eval")
+    results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
     print()
     print(markdown_table(results), end="")
     if args.out is not None:
@@ -214,11 +179,10 @@ def add_codec_parsers(subparsers):
 
 
 def main(argv=None):
-    """``python -m gdnflow.codec.cli compress|decompress|eval ...``."""
-    parser = argparse.ArgumentParser(prog="gdnflow", description=__doc__.split("\n\n")[0])
-    add_codec_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
+    """``python -m gdnflow.codec.cli compress|decompress|eval ...``: the exit status."""
+    parser, subparsers = command_parser("gdnflow", __doc__.split("\n\n")[0])
+    add_codec_parsers(subparsers)
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,12 +28,16 @@ import numpy as np
 import PIL
 from PIL import Image, ImageDraw, features
 
-from gdnflow.codec.codec import Codec, read_image, write_bytes_atomic
+from gdnflow.codec.codec import Codec, read_image
 from gdnflow.data.images import NoImagesError, list_images
+from gdnflow.io.files import (TEMPORARY_SUFFIX, OutputExistsError, check_outputs,
+                              write_bytes_atomic)
 from gdnflow.io.checkpoint import read_checkpoint_info
 from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
 from gdnflow.train.losses import ms_ssim, psnr
 
+#: The folder of the .gdn files in the output folder.
+FILES = "files"
 #: The JPEG qualities whose sizes are measured on each image (encoding only: cheap).
 JPEG_QUALITIES = tuple(range(1, 101))
 #: JPEG points on the plotted curve, spread over the plotted rates.
@@ -143,9 +148,10 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
     outputs = []
     if out_dir is not None:
         outputs = [Path(out_dir) / name for name in ("eval.md", "eval.json", "rd.png")]
-        existing = [str(p) for p in outputs if p.exists()]
-        if existing and not force:
-            raise FileExistsError(f"{', '.join(existing)} exist: pass --force to overwrite")
+        check_outputs(outputs, inputs=[*images, *checkpoints], force=force)
+        if (Path(out_dir) / FILES).exists() and not force:
+            raise OutputExistsError(f"{Path(out_dir) / FILES} exists: pass --force to overwrite "
+                                    "the earlier results")
     codecs, stems = [], set()
     for path in checkpoints:
         # Names must differ: they label the rows and name the folders of .gdn files.
@@ -154,42 +160,55 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
                     if f"{stem}-{i}" not in stems) if stem in stems else stem
         stems.add(stem)
         codecs.append((checkpoint_label(path, stem), stem, Codec.from_checkpoint(path, device)))
-    with tempfile.TemporaryDirectory() as scratch:
-        files = Path(out_dir) / "files" if out_dir is not None else Path(scratch)
-        rows, references = [], []
-        for path in images:
-            original = read_image(path)
-            reference = JpegReference(original)
-            references.append(reference)
-            for label, stem, codec in codecs:
-                # The image's whole relative name: a.png and a.jpg are two files.
-                target = files / stem / f"{path.relative_to(data)}.gdn"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                write_bytes_atomic(target, codec.compress(original), overwrite=True)
-                data_read = target.read_bytes()
-                decoded = codec.decompress(data_read, str(target))
-                bpp = 8 * os.path.getsize(target) / reference.pixels
-                row = {"image": str(path.relative_to(data)), "model": label,
-                       "bytes": len(data_read), "bpp": bpp,
-                       **quality_metrics(original, decoded), "jpeg": reference.at_rate(bpp)}
-                rows.append(row)
-                log(_describe(row))
-    models = [label for label, _, _ in codecs]
-    means = [_model_mean(label, [r for r in rows if r["model"] == label]) for label in models]
-    curve = jpeg_curve(references, max(m["bpp"] for m in means))
-    results = {
-        "data": str(data), "images": [str(p.relative_to(data)) for p in images],
-        "checkpoints": {label: str(path) for (label, _, _), path in zip(codecs, checkpoints)},
-        "jpeg": f"Pillow {PIL.__version__} (libjpeg {features.version('jpg')}), 4:2:0, "
-                "optimize=True",
-        "rows": rows, "means": means, "jpeg_curve": curve,
-    }
-    if out_dir is not None:
-        table = markdown_table(results)
-        write_bytes_atomic(outputs[0], table.encode(), overwrite=True)
-        write_bytes_atomic(outputs[1], json.dumps(results, indent=1).encode(), overwrite=True)
-        write_bytes_atomic(outputs[2], plot_rate_distortion(results), overwrite=True)
+    # The .gdn files go to a scratch folder (inside out_dir, so that the move
+    # below is a rename) and join the results only once all are measured and
+    # the table, JSON and plot made: a failure leaves no partial result set.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{FILES}.",
+                                     suffix=TEMPORARY_SUFFIX) as scratch:
+        files = Path(scratch) / FILES
+        rows, references = _measure(images, data, codecs, files, log)
+        models = [label for label, _, _ in codecs]
+        means = [_model_mean(label, [r for r in rows if r["model"] == label])
+                 for label in models]
+        results = {
+            "data": str(data), "images": [str(p.relative_to(data)) for p in images],
+            "checkpoints": {label: str(path) for (label, _, _), path in zip(codecs, checkpoints)},
+            "jpeg": f"Pillow {PIL.__version__} (libjpeg {features.version('jpg')}), 4:2:0, "
+                    "optimize=True",
+            "rows": rows, "means": means,
+            "jpeg_curve": jpeg_curve(references, max(m["bpp"] for m in means)),
+        }
+        if out_dir is not None:
+            contents = [markdown_table(results).encode(),
+                        json.dumps(results, indent=1).encode(), plot_rate_distortion(results)]
+            shutil.rmtree(Path(out_dir) / FILES, ignore_errors=True)   # --force was given
+            files.rename(Path(out_dir) / FILES)
+            for path, content in zip(outputs, contents):
+                write_bytes_atomic(path, content, overwrite=True)
     return results
+
+
+def _measure(images, data, codecs, files, log):
+    """(rows, JPEG references) of every image coded by every codec (``.gdn`` files in ``files``)."""
+    rows, references = [], []
+    for path in images:
+        original = read_image(path)
+        reference = JpegReference(original)
+        references.append(reference)
+        for label, stem, codec in codecs:
+            # The image's whole relative name: a.png and a.jpg are two files.
+            target = files / stem / f"{path.relative_to(data)}.gdn"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(target, codec.compress(original))
+            data_read = target.read_bytes()
+            decoded = codec.decompress(data_read, str(target))
+            bpp = 8 * os.path.getsize(target) / reference.pixels
+            row = {"image": str(path.relative_to(data)), "model": label,
+                   "bytes": len(data_read), "bpp": bpp,
+                   **quality_metrics(original, decoded), "jpeg": reference.at_rate(bpp)}
+            rows.append(row)
+            log(_describe(row))
+    return rows, references
 
 
 def _model_mean(label, rows):

@@ -1,7 +1,10 @@
-"""The files a command writes: checked before the work, written atomically, never lost.
+"""The files a command reads and writes: checked before the work, written atomically, never lost.
 
 Every command that writes files (compress, decompress, eval, convert, prune,
 train) goes through this module, so that they all keep the same promises:
+
+- :func:`check_inputs` runs first: a missing input, a folder where a file
+  is expected or an empty file is refused with one message naming it.
 
 - :func:`check_outputs` runs before any work: an output that exists is
   refused unless ``force``, an output that is one of the command's own inputs
@@ -30,6 +33,34 @@ class OutputError(GdnflowError, OSError):
 
 class OutputExistsError(OutputError, FileExistsError):
     """An output exists and ``--force`` was not given."""
+
+
+class InputError(GdnflowError, OSError):
+    """An input file that cannot be read (missing, a folder, empty); the message names it."""
+
+
+def check_inputs(paths, kind="file"):
+    """Check, before any work, that each of ``paths`` is a non-empty file that can be read.
+
+    ``kind`` names what the command expects (``"image"``, ``"checkpoint"``)
+    in the message. Raises :class:`InputError` naming the first path that is
+    missing, a folder, empty or unreadable. Returns the paths as Paths.
+    """
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        if path.is_dir():
+            raise InputError(f"{path} is a folder, not {_article(kind)} {kind}")
+        if not path.exists():
+            raise InputError(f"{path}: no such file")
+        if path.stat().st_size == 0:
+            raise InputError(f"{path} is empty (0 bytes), not {_article(kind)} {kind}")
+        if not os.access(path, os.R_OK):
+            raise InputError(f"{path}: permission denied")
+    return paths
+
+
+def _article(noun):
+    return "an" if noun[:1].lower() in "aeiou" else "a"
 
 
 def output_paths(inputs, out, suffix):

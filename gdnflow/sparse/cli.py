@@ -3,25 +3,17 @@
 Loads a checkpoint (pruned or not), magnitude-prunes its convolutions
 (:func:`gdnflow.sparse.prune`), and writes a checkpoint with the pruned
 weights and their masks; the run's settings go to the checkpoint's
-``extra["pruning"]``. The lead wires it into ``gdnflow.cli.build_parser``
-with ``add_prune_parser(sub)``.
+``extra["pruning"]``. OUT.h5 is checked before the work: never MODEL.h5
+itself, and not overwritten without ``--force``.
 """
-import argparse
 import sys
 
+from gdnflow.commandline import fraction
 from gdnflow.io.checkpoint import CheckpointError, save_checkpoint
+from gdnflow.io.files import check_outputs
+from gdnflow.io.formats import require_checkpoint
 from gdnflow.sparse.checkpoint import load_pruned
 from gdnflow.sparse.prune import prune, sparsity_report
-
-
-def _sparsity(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
 
 
 def add_prune_parser(subparsers):
@@ -29,23 +21,26 @@ def add_prune_parser(subparsers):
     parser = subparsers.add_parser(
         "prune", help="magnitude-prune a checkpoint's convolutions and save it with masks")
     parser.add_argument("model", metavar="MODEL.h5", help="a gdnflow checkpoint")
-    parser.add_argument("--sparsity", type=_sparsity, required=True,
+    parser.add_argument("--sparsity", type=fraction, required=True,
                         help="fraction of conv weights to zero, in [0, 1)")
     parser.add_argument("--per-layer", action="store_true",
                         help="prune that fraction of each layer (default: one global threshold)")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.h5",
-                        help="where to write the pruned checkpoint")
+                        help="where to write the pruned checkpoint (never MODEL.h5 itself)")
+    parser.add_argument("--force", action="store_true", help="overwrite OUT.h5 if it exists")
     parser.set_defaults(run=cmd_prune)
     return parser
 
 
 def cmd_prune(args):
     """Prune ``args.model`` and write ``args.output``; prints the per-layer sparsity."""
+    require_checkpoint(args.model, "gdnflow prune")
+    check_outputs([args.output], inputs=[args.model], force=args.force)
     try:
         model, checkpoint = load_pruned(args.model, device="numpy")
-    except (FileNotFoundError, CheckpointError, KeyError) as exc:
-        print(f"prune: {exc}", file=sys.stderr)
-        return 1
+    except KeyError as exc:     # models.get: the checkpoint's model is none gdnflow builds
+        raise CheckpointError(f"{args.model}: {exc.args[0]}; prune rebuilds gdnflow's own "
+                              "models only") from None
     prune(model, args.sparsity, per_layer=args.per_layer)
     report = sparsity_report(model)
     zeros = sum(z for z, _, _ in report.values())

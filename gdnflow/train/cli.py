@@ -9,7 +9,10 @@
 import dataclasses
 import sys
 
+from gdnflow.commandline import (nonnegative_int, positive_float, positive_int,
+                                 positive_multiple_of)
 from gdnflow.data import NoImagesError
+from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.io.checkpoint import CheckpointError
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.numerics import NonFiniteError
@@ -26,48 +29,50 @@ def add_arguments(parser):
     data.add_argument("--eval-data", metavar="DIR",
                       help="folder of evaluation images (default: the first --eval-images "
                       "training images, which are then not held out)")
-    data.add_argument("--crop", type=int, default=defaults.crop,
+    data.add_argument("--crop", type=positive_multiple_of(DOWNSAMPLING), default=defaults.crop,
                       help=f"side of the random training crops (default {defaults.crop})")
     data.add_argument("--small-images", choices=["pad", "skip"], default=defaults.small_images,
                       help="images smaller than the crop: pad by reflection or skip (default pad)")
-    data.add_argument("--workers", type=int, default=defaults.workers,
+    data.add_argument("--workers", type=nonnegative_int, default=defaults.workers,
                       help=f"threads decoding images (default {defaults.workers})")
     model = parser.add_argument_group("model and loss")
     model.add_argument("--quality", type=int, choices=range(1, 9), metavar="1-8",
                        help="CompressAI's quality: sets lambda (0.0018 ... 0.18) and, for 6-8, "
                        "N=192, M=320")
-    model.add_argument("--lambda", dest="lmbda", type=float,
+    model.add_argument("--lambda", dest="lmbda", type=positive_float,
                        help=f"rate-distortion trade-off (default {defaults.lmbda})")
-    model.add_argument("--N", type=int, help=f"channels of the transforms (default {defaults.N})")
-    model.add_argument("--M", type=int, help=f"channels of the latent (default {defaults.M})")
+    model.add_argument("--N", type=positive_int,
+                       help=f"channels of the transforms (default {defaults.N})")
+    model.add_argument("--M", type=positive_int,
+                       help=f"channels of the latent (default {defaults.M})")
     optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--steps", type=int, default=defaults.steps,
+    optim.add_argument("--steps", type=positive_int, default=defaults.steps,
                        help=f"total training steps (default {defaults.steps})")
-    optim.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    optim.add_argument("--lr", type=float, default=defaults.lr,
+    optim.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    optim.add_argument("--lr", type=positive_float, default=defaults.lr,
                        help=f"Adam learning rate of the main loss (default {defaults.lr:g})")
-    optim.add_argument("--aux-lr", type=float, default=defaults.aux_lr,
+    optim.add_argument("--aux-lr", type=positive_float, default=defaults.aux_lr,
                        help=f"Adam learning rate of the quantile loss (default {defaults.aux_lr:g})")
-    optim.add_argument("--clip-norm", type=float, default=defaults.clip_norm,
+    optim.add_argument("--clip-norm", type=positive_float, default=defaults.clip_norm,
                        help=f"gradient clipping by global norm (default {defaults.clip_norm:g})")
     optim.add_argument("--lr-schedule", choices=["constant", "cosine"],
                        default=defaults.lr_schedule)
-    optim.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    optim.add_argument("--warmup-steps", type=nonnegative_int, default=defaults.warmup_steps)
     run = parser.add_argument_group("run")
     run.add_argument("--out", dest="out_dir", default=defaults.out_dir, metavar="DIR",
                      help=f"run folder: checkpoint, logs, pictures (default {defaults.out_dir})")
     run.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                      help="continue the run from its checkpoint (DIR/checkpoint.h5, or the "
                      "file given): same step, optimiser state and random streams")
-    run.add_argument("--eval-every", type=int, default=defaults.eval_every,
+    run.add_argument("--eval-every", type=nonnegative_int, default=defaults.eval_every,
                      help=f"evaluate every K steps (0: only at the end; default "
                      f"{defaults.eval_every})")
-    run.add_argument("--eval-images", type=int, default=defaults.eval_images,
+    run.add_argument("--eval-images", type=nonnegative_int, default=defaults.eval_images,
                      help=f"evaluation images used (0: all; default {defaults.eval_images})")
-    run.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every,
+    run.add_argument("--checkpoint-every", type=nonnegative_int, default=defaults.checkpoint_every,
                      help=f"checkpoint every K steps (0: only at the end; default "
                      f"{defaults.checkpoint_every})")
-    run.add_argument("--seed", type=int, default=defaults.seed)
+    run.add_argument("--seed", type=nonnegative_int, default=defaults.seed)
     run.add_argument("--device", choices=["numpy", "cuda"],
                      help="default: GDNFLOW_DEVICE, else cuda when usable, else numpy")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,6 +1,8 @@
 """``gdnflow train`` through its argument parser: a run, a resume, bad input."""
 import argparse
 
+import pytest
+
 from gdnflow.train.cli import add_train_parser, config_from_args
 
 
@@ -46,6 +48,8 @@ def test_quality_sets_lambda_and_size():
 
 
 def test_bad_values_are_refused(tmp_path, capsys):
-    args = parse(["train", "--crop", "40", "--out", str(tmp_path), "--device", "numpy"])
-    assert args.run(args) == 1
-    assert "multiple of 16" in capsys.readouterr().err
+    # Refused when parsed (a usage error, exit status 2), before any work.
+    with pytest.raises(SystemExit) as exited:
+        parse(["train", "--crop", "40", "--out", str(tmp_path), "--device", "numpy"])
+    assert exited.value.code == 2
+    assert "--crop: expected a whole number that is a multiple of 16" in capsys.readouterr().err
