@@ -240,10 +240,22 @@ def _check_names(path, owner, what, expected, found):
              for name in sorted(set(expected) & set(found))
              if tuple(found[name].shape) != tuple(expected[name].shape)]
     if missing or unexpected or wrong:
-        problems = [f"{label}: {', '.join(names)}" for label, names in
+        problems = [f"{len(names)} {what}{'s' if len(names) > 1 else ''} {label} "
+                    f"({_first_names(names)})" for label, names in
                     (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong))
                     if names]
-        raise CheckpointError(f"{path} does not fit {owner}: {what}s " + "; ".join(problems))
+        raise CheckpointError(f"{path} does not fit {owner}: " + "; ".join(problems))
+
+
+#: Names listed in a mismatch message; the rest are counted (a classifier has hundreds).
+LISTED_NAMES = 3
+
+
+def _first_names(names):
+    """'a, b, c' or 'a, b, c, ... and 309 more': a message stays one readable line."""
+    shown = ", ".join(names[:LISTED_NAMES])
+    return shown if len(names) <= LISTED_NAMES else f"{shown}, ... and " \
+        f"{len(names) - LISTED_NAMES} more"
 
 
 def _assign(target, array):

@@ -144,7 +144,7 @@ def test_buffers_are_saved_and_loaded(tmp_path, rng):
     assert other.running_mean is buffer
     np.testing.assert_array_equal(buffer.numpy(), model.running_mean.numpy())
     save_checkpoint(tmp_path / "plain.h5", Net(rng))
-    with pytest.raises(CheckpointError, match=r"buffers missing: running_mean"):
+    with pytest.raises(CheckpointError, match=r"1 buffer missing \(running_mean\)"):
         load_checkpoint(tmp_path / "plain.h5", other)
 
 
@@ -328,6 +328,19 @@ class Other(Module):
         self.scale = Parameter(np.ones(1), device="numpy")
 
 
+def test_a_long_mismatch_lists_the_first_names_and_counts_the_rest(tmp_path, rng):
+    path = tmp_path / "net.h5"
+    save_checkpoint(path, Net(rng))
+    wide = Module()
+    for i in range(40):
+        setattr(wide, f"p{i:02d}", Parameter(np.ones(1), device="numpy"))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path, wide)
+    message = str(error.value)
+    assert "40 parameters missing (p00, p01, p02, ... and 37 more)" in message
+    assert "p03" not in message and len(message) < 400 and "\n" not in message
+
+
 def test_mismatched_model_lists_every_problem_and_changes_nothing(tmp_path, rng):
     path = tmp_path / "net.h5"
     save_checkpoint(path, Net(rng))
@@ -337,9 +350,9 @@ def test_mismatched_model_lists_every_problem_and_changes_nothing(tmp_path, rng)
         load_checkpoint(path, other)
     message = str(error.value)
     assert str(path) in message and "model Other" in message
-    assert "missing: scale" in message
-    assert "unexpected: layers.1.bias, layers.1.weight" in message
-    assert "mis-shaped: layers.0.weight (checkpoint (3, 5), model (4, 5))" in message
+    assert "1 parameter missing (scale)" in message
+    assert "2 parameters unexpected (layers.1.bias, layers.1.weight)" in message
+    assert "1 parameter mis-shaped (layers.0.weight (checkpoint (3, 5), model (4, 5)))" in message
     for name, value in params_of(other).items():
         np.testing.assert_array_equal(value, before[name])
 
