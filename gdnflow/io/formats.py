@@ -55,10 +55,12 @@ def require_checkpoint(path, command):
 
     ``command`` (``"gdnflow prune"``) is named in the message, which says
     that ``gdnflow convert`` makes a checkpoint of an ONNX or Keras file.
-    A file of no known kind passes: the checkpoint reader says what is wrong.
     """
     kind = detect_format(path)
     if kind in (KERAS, ONNX):
         raise FileKindError(f"{path} is {KIND_NAMES[kind]}; {command} expects a gdnflow "
                             f"checkpoint: make one with gdnflow convert {path} OUT.h5")
+    if kind is None:
+        raise FileKindError(f"{path} is not a gdnflow checkpoint (nor any HDF5 or ONNX file); "
+                            f"{command} expects one")
     return path
