@@ -7,6 +7,7 @@ import pytest
 
 import gdnflow as gf
 from gdnflow import models, nn
+from gdnflow.commandline import command_parser, run
 from gdnflow.io import save_checkpoint
 from gdnflow.ops.conv import conv_geometry
 from gdnflow.sparse import (SparseConv2d, describe, describe_model, load_pruned, prune,
@@ -181,12 +182,13 @@ def test_prune_command_writes_a_pruned_checkpoint(tmp_path, rng, tiny_registered
 
 
 def test_prune_command_rejects_bad_input(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_prune_parser(parser.add_subparsers(dest="command"))
-    with pytest.raises(SystemExit):
+    parser, subparsers = command_parser("gdnflow", "prune alone")
+    add_prune_parser(subparsers)
+    with pytest.raises(SystemExit) as exited:
         parser.parse_args(["prune", "m.h5", "--sparsity", "1.5", "-o", "o.h5"])
-    assert "must be in [0, 1)" in capsys.readouterr().err
-    args = parser.parse_args(["prune", str(tmp_path / "none.h5"), "--sparsity", "0.5",
-                              "-o", str(tmp_path / "o.h5")])
-    assert args.run(args) == 1
-    assert "no checkpoint" in capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "gdnflow prune: --sparsity: expected a number in [0, 1), got '1.5'" in (
+        capsys.readouterr().err)
+    assert run(parser, ["prune", str(tmp_path / "none.h5"), "--sparsity", "0.5",
+                        "-o", str(tmp_path / "o.h5")]) == 1
+    assert f"gdnflow prune: {tmp_path / 'none.h5'}: no such file" in capsys.readouterr().err
