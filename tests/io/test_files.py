@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from gdnflow.io.files import (OutputError, OutputExistsError, atomic_output, check_folder,
-                              check_outputs, output_paths, remove_stale_temporaries,
-                              write_bytes_atomic)
+from gdnflow.io.files import (InputError, OutputError, OutputExistsError, atomic_output,
+                              check_folder, check_inputs, check_outputs, output_paths,
+                              remove_stale_temporaries, write_bytes_atomic)
 
 
 def test_existing_outputs_are_refused_unless_forced(tmp_path):
@@ -84,3 +84,16 @@ def test_stale_temporaries_are_removed_by_name(tmp_path):
     removed = remove_stale_temporaries(tmp_path, names={"checkpoint.h5"})
     assert [p.name for p in removed] == [".checkpoint.h5.0123456789ab.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.h5.0123456789ab.tmp", "keep.h5"]
+
+
+def test_inputs_that_cannot_be_read_are_named(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "good.png").write_bytes(b"pixels")
+    cases = {"folder": "folder is a folder, not an image",
+             "missing.png": "missing.png: no such file",
+             "empty.onnx": r"empty.onnx is empty \(0 bytes\), not an image"}
+    for name, message in cases.items():
+        with pytest.raises(InputError, match=message):
+            check_inputs([tmp_path / "good.png", tmp_path / name], "image")
+    assert check_inputs([str(tmp_path / "good.png")]) == [tmp_path / "good.png"]
