@@ -79,7 +79,9 @@ class OnnxModule(Module):
         self.source = source
         graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self._check_supported(graph)
+        problems = unsupported(graph)
+        if problems:
+            raise OnnxImportError(f"{source}: {problems}")
         initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         for value in list(graph.input) + list(graph.output):
             if not value.type.HasField("tensor_type"):
@@ -108,32 +110,6 @@ class OnnxModule(Module):
         self._constants = constants
         self.eval()     # an imported graph is for inference, as a Keras model's is
 
-    def _check_supported(self, graph):
-        """Refuse, in one error, every operator and every node's feature gdnflow cannot run."""
-        from onnx import helper     # local import: onnx is optional, loaded on first use
-        missing, features = {}, []
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                if custom_operator(node.domain, node.op_type) is None:
-                    missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
-                        node.name or "(unnamed)")
-            elif node.op_type not in HANDLERS:
-                missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
-            else:
-                attributes = {a.name: _decoded(helper.get_attribute_value(a))
-                              for a in node.attribute}
-                found = unsupported_features(node.op_type, attributes, list(node.output))
-                if found:
-                    features.append(f"node {_node_name(node)} ({node.op_type}): "
-                                    f"{', '.join(found)} is not supported")
-        problems = features
-        if missing:
-            problems = ["unsupported ONNX operators: " + "; ".join(
-                f"{op} (nodes {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                for op, names in sorted(missing.items()))] + features
-        if problems:
-            raise OnnxImportError(f"{self.source}: {'; '.join(problems)}")
-
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
             raise TypeError(f"{self.source}: the graph takes {len(self.input_names)} inputs "
@@ -159,6 +135,34 @@ class OnnxModule(Module):
                 values[out] = value
         outputs = [values[n] for n in self.output_names]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def unsupported(graph):
+    """What of ``graph`` (an ONNX GraphProto) gdnflow cannot run, as one line; "" if nothing.
+
+    Every unsupported operator, and every node's attribute, value or extra
+    output that :mod:`gdnflow.io.onnx_support` does not list as runnable.
+    """
+    from onnx import helper     # local import: onnx is optional, loaded on first use
+    missing, features = {}, []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            if custom_operator(node.domain, node.op_type) is None:
+                missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
+                    node.name or "(unnamed)")
+        elif node.op_type not in HANDLERS:
+            missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
+        else:
+            attributes = {a.name: _decoded(helper.get_attribute_value(a)) for a in node.attribute}
+            found = unsupported_features(node.op_type, attributes, list(node.output))
+            if found:
+                features.append(f"node {_node_name(node)} ({node.op_type}): "
+                                f"{', '.join(found)} is not supported")
+    if missing:
+        features.insert(0, "unsupported ONNX operators: " + "; ".join(
+            f"{op} (nodes {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for op, names in sorted(missing.items())))
+    return "; ".join(features)
 
 
 class _Node:
