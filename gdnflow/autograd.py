@@ -21,7 +21,8 @@ import types
 
 import numpy as np
 
-from gdnflow.errors import DeviceMismatchError, DTypeError, GraphFreedError, ShapeError
+from gdnflow.errors import (DeviceLimitError, DeviceMismatchError, DTypeError, GraphFreedError,
+                            ShapeError)
 from gdnflow.tensor import Tensor
 
 _grad_enabled = True
@@ -98,6 +99,10 @@ class Operator:
         what was expected and what came; the device and dtype agreement of the
         inputs is checked here, for every operator.
 
+    A :class:`~gdnflow.errors.DeviceLimitError` (an array too large for the
+    kernels, the GPU out of memory) raised by a forward or backward gets the
+    operator's name and input shapes added to its message.
+
     ``self.recording`` says, already during the forward, whether a backward
     may follow (so the forward can skip saving); ``self.needs_grad`` (one
     bool per input, when recording) tells which gradients are asked for;
@@ -128,7 +133,11 @@ class Operator:
         # Known before the forward, so that it saves only what a backward needs.
         self.recording = record = record and _grad_enabled
         self.needs_grad = tuple([t.requires_grad for t in inputs]) if record else None
-        out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
+        try:
+            out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
+        except DeviceLimitError as exc:     # too large, out of memory: say which operator
+            exc.add_operator(self.label, self.input_shapes)
+            raise
         result = Tensor.wrap(out, device)
         if record:
             self.parents = tuple([
@@ -204,7 +213,11 @@ def backward(root, grad, retain_graph=False):
                     f"backward through {node.label}, whose saved arrays a previous "
                     "backward() freed; call backward(retain_graph=True) the first time "
                     "to go through a graph twice")
-            input_grads = node.backward(grad_output)
+            try:
+                input_grads = node.backward(grad_output)
+            except DeviceLimitError as exc:
+                exc.add_operator(f"the backward of {node.label}", node.input_shapes)
+                raise
             if not retain_graph:
                 node.release()
             if len(input_grads) != len(node.parents):

@@ -35,3 +35,29 @@ class BackendUnavailableError(GdnflowError, RuntimeError):
 
 class KernelCompileError(GdnflowError, RuntimeError):
     """nvcc rejected a CUDA source file; the message names the file and the error."""
+
+
+class DeviceLimitError(GdnflowError):
+    """The device cannot hold or index an array an operator asked for.
+
+    Raised where memory is allocated or a kernel launched, so the message first
+    says what was asked; the operator call that was running adds its name and
+    input shapes in front (:meth:`add_operator`), once, for the innermost one.
+    """
+
+    operator = None
+
+    def add_operator(self, label, input_shapes):
+        """Name the operator call ``label`` on inputs of ``input_shapes`` in the message."""
+        if self.operator is None:
+            self.operator = label
+            shapes = ", ".join(str(tuple(s)) for s in input_shapes)
+            self.args = (f"{label} on inputs of shape {shapes}: {self.args[0]}",) + self.args[1:]
+
+
+class TensorTooLargeError(DeviceLimitError, ValueError):
+    """An array past the element count the CUDA kernels can index (2^31 - 1)."""
+
+
+class DeviceMemoryError(DeviceLimitError, MemoryError):
+    """The GPU ran out of memory; the message names the bytes asked for."""

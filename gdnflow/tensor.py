@@ -5,7 +5,14 @@ import numpy as np
 
 from gdnflow import registry
 from gdnflow.backends import check_device, default_device, get_backend
-from gdnflow.errors import ShapeError
+from gdnflow.errors import DTypeError, ShapeError
+
+#: NumPy dtype kinds a tensor is made from: bool, signed and unsigned integers,
+#: floats. Everything else (complex, object, str, bytes, void, datetime,
+#: timedelta) would lose information or mean nothing as a float.
+REAL_KINDS = "biuf"
+_KIND_NAMES = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "V": "void (raw or structured)",
+               "M": "datetime", "m": "timedelta"}
 
 
 class Tensor:
@@ -15,6 +22,13 @@ class Tensor:
     ``data`` (a NumPy array, nested lists, a number, or another Tensor) to
     ``device`` (``"numpy"`` or ``"cuda"``; the default device if None) as
     ``dtype`` (float32 unless given; float64 exists on NumPy, for gradient checks).
+
+    The data must hold real numbers: bool, integer and float data are converted
+    to ``dtype`` (True is 1.0; large integers round to the nearest float32);
+    complex, object, string, bytes, void and datetime data raise
+    :class:`~gdnflow.errors.DTypeError` naming the dtype, rather than losing
+    an imaginary part or guessing at a conversion. The same rule holds for a
+    NumPy array combined with a tensor in arithmetic (``t + array``).
 
     Attributes: ``data`` (the backend array), ``device``, ``requires_grad``,
     ``grad`` (a Tensor after :meth:`backward`, else None), ``creator`` (the
@@ -31,6 +45,8 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data.numpy()
         host = np.asarray(data)
+        if host.dtype.kind not in REAL_KINDS:
+            raise DTypeError(_not_real_message(host.dtype))
         if dtype is None:
             dtype = np.float32
         backend = get_backend(device)
@@ -232,7 +248,17 @@ def _operand(value, like):
         return value
     if isinstance(value, np.ndarray):
         return Tensor(value, device=like.device, dtype=like.dtype)
+    if isinstance(value, complex) or (isinstance(value, np.generic)
+                                      and value.dtype.kind not in REAL_KINDS):
+        raise DTypeError(_not_real_message(np.asarray(value).dtype))
     raise TypeError(f"expected a Tensor, a number or a NumPy array, got {type(value).__name__}")
+
+
+def _not_real_message(dtype):
+    kind = _KIND_NAMES.get(dtype.kind, "non-numeric")
+    return (f"cannot make a tensor of {kind} data (dtype {dtype}): tensors hold real numbers "
+            "(bool, integer or float data); convert it first, e.g. take .real or abs() of "
+            "complex values, or parse strings into numbers")
 
 
 _weights_version = 0
@@ -263,7 +289,9 @@ def tensor(data, device=None, dtype=None, requires_grad=False):
 
 
 def full(shape, value, device=None, dtype=np.float32, requires_grad=False):
-    """A tensor of ``shape`` filled with ``value``."""
+    """A tensor of ``shape`` filled with ``value`` (a real number)."""
+    if not isinstance(value, numbers.Real) and np.asarray(value).dtype.kind not in REAL_KINDS:
+        raise DTypeError(_not_real_message(np.asarray(value).dtype))
     device = check_device(device) if device is not None else default_device()
     backend = get_backend(device)
     t = Tensor.wrap(backend.full(tuple(shape), value, backend.check_dtype(dtype)), device)

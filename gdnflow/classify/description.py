@@ -5,7 +5,7 @@ from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.loading import detect_format
 from gdnflow.io import keras as keras_io
 from gdnflow.io.checkpoint import read_checkpoint_info
-from gdnflow.io.onnx import OnnxImportError
+from gdnflow.io.onnx import OnnxImportError, unsupported
 
 
 def describe(path):
@@ -84,5 +84,6 @@ def _describe_onnx(path):
             "outputs: " + ", ".join(f"{o.name} [{shape(o)}]" for o in graph.output),
             f"operators ({len(graph.node)} nodes): "
             + ", ".join(f"{op} {n}" for op, n in sorted(counts.items())),
-            f"parameters: {parameters:,} in {len(graph.initializer)} initializers"]
+            f"parameters: {parameters:,} in {len(graph.initializer)} initializers",
+            "runs in gdnflow: " + (f"no: {unsupported(graph)}" if unsupported(graph) else "yes")]
 

@@ -122,7 +122,9 @@ class InferencePlan:
         """The plan's own input buffer (outside the pool, so never handed to anyone else)."""
         import pycuda.driver as drv     # local import: PyCUDA on first use
         cuda_array = get_backend("cuda").array_type
-        allocation = drv.mem_alloc(max(host.nbytes, 4))
+        cuda.check_index_range(host.size, f"the plan's input of shape {self.input_shape}")
+        allocation = cuda.get_runtime().allocate_outside_pool(
+            max(host.nbytes, 4), f"the plan's input buffer of shape {self.input_shape}")
         self._input = cuda_array(self.input_shape, np.dtype(np.float32), allocation)
         # Bound once: __call__ is the hot path.
         self._stream = cuda.get_runtime().stream
@@ -133,7 +135,6 @@ class InferencePlan:
 
     def _capture(self, x):
         """Warm-up run, recording run, memory plan, then the capture (docs/inference.md, 3-4)."""
-        import pycuda.driver as drv     # local import: PyCUDA on first use
         from gdnflow.backends.cuda.graphs import CudaGraph  # local import: PyCUDA on first use
         runtime = cuda.get_runtime()
         self._derived_weights = {}
@@ -150,7 +151,8 @@ class InferencePlan:
             del outputs         # the outputs live to the end: freed after the last allocation
         sizes = recorder.sizes
         offsets, total = plan_memory(sizes, recorder.freed_at)
-        self._arena = drv.mem_alloc(max(total, ALIGNMENT))
+        self._arena = runtime.allocate_outside_pool(max(total, ALIGNMENT),
+                                                    "the inference plan's arena")
         arena_pool = ArenaPool(self._arena, offsets, sizes)
         self.graph = CudaGraph(runtime.stream)
         try:

@@ -23,15 +23,20 @@ MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
 Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
 Slice, Cast, Constant, ConstantOfShape; and nodes of custom domains whose
 op type a registered (plugin) operator declares (see :func:`custom_operator`).
-Features outside gdnflow's operators
-(1-D and 3-D convolutions, ceil_mode pooling, non-constant padding modes...)
-raise :class:`OnnxImportError` naming the node and the feature.
+Attributes, values and outputs outside gdnflow's operators (ceil_mode
+pooling, non-constant padding modes, SAME padding of a transposed convolution,
+attributes of opsets before 7...: :mod:`gdnflow.io.onnx_support` lists what
+runs) are refused at load together with unsupported operators, in one
+:class:`OnnxImportError` naming each node; what depends on the input (1-D and
+3-D activations) is refused when the node runs. The module comes back in eval
+mode, as from ``gdnflow.io.keras.load``.
 """
 import numpy as np
 
 from gdnflow import ops, registry
 from gdnflow.backends import default_device
 from gdnflow.errors import GdnflowError
+from gdnflow.io.onnx_support import ONNX_TYPES, unsupported_features
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.tensor import Tensor
 
@@ -74,7 +79,9 @@ class OnnxModule(Module):
         self.source = source
         graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self._check_supported(graph)
+        problems = unsupported(graph)
+        if problems:
+            raise OnnxImportError(f"{source}: {problems}")
         initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         for value in list(graph.input) + list(graph.output):
             if not value.type.HasField("tensor_type"):
@@ -101,20 +108,7 @@ class OnnxModule(Module):
             else:
                 self._nodes.append(step)
         self._constants = constants
-
-    def _check_supported(self, graph):
-        missing = {}
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                if custom_operator(node.domain, node.op_type) is None:
-                    missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
-                        node.name or "(unnamed)")
-            elif node.op_type not in HANDLERS:
-                missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
-        if missing:
-            listed = "; ".join(f"{op} (nodes {', '.join(names[:3])}"
-                               f"{', ...' if len(names) > 3 else ''})" for op, names in sorted(missing.items()))
-            raise OnnxImportError(f"{self.source}: unsupported ONNX operators: {listed}")
+        self.eval()     # an imported graph is for inference, as a Keras model's is
 
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
@@ -143,6 +137,34 @@ class OnnxModule(Module):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
+def unsupported(graph):
+    """What of ``graph`` (an ONNX GraphProto) gdnflow cannot run, as one line; "" if nothing.
+
+    Every unsupported operator, and every node's attribute, value or extra
+    output that :mod:`gdnflow.io.onnx_support` does not list as runnable.
+    """
+    from onnx import helper     # local import: onnx is optional, loaded on first use
+    missing, features = {}, []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            if custom_operator(node.domain, node.op_type) is None:
+                missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
+                    node.name or "(unnamed)")
+        elif node.op_type not in HANDLERS:
+            missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
+        else:
+            attributes = {a.name: _decoded(helper.get_attribute_value(a)) for a in node.attribute}
+            found = unsupported_features(node.op_type, attributes, list(node.output))
+            if found:
+                features.append(f"node {_node_name(node)} ({node.op_type}): "
+                                f"{', '.join(found)} is not supported")
+    if missing:
+        features.insert(0, "unsupported ONNX operators: " + "; ".join(
+            f"{op} (nodes {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for op, names in sorted(missing.items())))
+    return "; ".join(features)
+
+
 class _Node:
     """One ONNX node: its attributes decoded once, run by its handler."""
 
@@ -155,7 +177,7 @@ class _Node:
         from onnx import helper     # local import: onnx is optional, loaded on first use
         self.op_type = node.op_type
         self.domain = node.domain if node.domain not in ("", "ai.onnx") else ""
-        self.name = node.name or f"{node.op_type}->{node.output[0]}"
+        self.name = _node_name(node)
         self.inputs = list(node.input)
         self.outputs = list(node.output)
         self.opset = opset
@@ -164,8 +186,7 @@ class _Node:
 
     def attr(self, name, default=None):
         """An attribute's value (bytes decoded to str), or ``default``."""
-        value = self.attrs.get(name, default)
-        return value.decode() if isinstance(value, bytes) else value
+        return _decoded(self.attrs.get(name, default))
 
     def fail(self, feature):
         """Raise OnnxImportError naming this node and what it uses that gdnflow lacks."""
@@ -222,6 +243,15 @@ def custom_operator(domain, op_type):
 
 
 # --------------------------------------------------------------- helpers --
+def _node_name(node):
+    return node.name or f"{node.op_type}->{node.output[0]}"
+
+
+def _decoded(value):
+    """An attribute value with bytes (ONNX strings) as str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _is_host(value):
     return isinstance(value, np.ndarray)
 
@@ -296,10 +326,6 @@ def _conv(node, inputs, device):
 def _conv_transpose(node, inputs, device):
     x, w, b = (inputs + [None])[:3]
     _spatial_2d(node, x)
-    if "output_shape" in node.attrs:
-        node.fail("output_shape")
-    if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        node.fail("auto_pad SAME for ConvTranspose")
     pads = node.attr("pads", [0, 0, 0, 0])
     return ops.conv_transpose2d(x, _as_tensor(w, device),
                                 None if b is None else _as_tensor(b, device),
@@ -348,8 +374,6 @@ def _clip(node, inputs, device):
 
 def _batch_norm(node, inputs, device):
     x, scale, bias, mean, var = inputs[:5]
-    if node.attr("training_mode", 0):
-        node.fail("training_mode")
     t = lambda v: _as_tensor(v, device)  # noqa: E731
     return ops.batch_norm(x, t(scale), t(bias), t(mean), t(var), training=False,
                           eps=node.attr("epsilon", 1e-5))
@@ -357,20 +381,12 @@ def _batch_norm(node, inputs, device):
 
 def _pool_geometry(node, x):
     _spatial_2d(node, x)
-    if node.attr("ceil_mode", 0):
-        node.fail("ceil_mode=1")
-    if any(d != 1 for d in node.attr("dilations", [1, 1])):
-        node.fail("pooling dilations")
     kernel = node.attr("kernel_shape")
     strides = node.attr("strides", [1, 1])
     return kernel, strides, _pads_2d(node, x.shape, kernel, strides)
 
 
 def _max_pool(node, inputs, device):
-    if len(node.outputs) > 1 and node.outputs[1]:
-        node.fail("the Indices output")
-    if node.attr("storage_order", 0):
-        node.fail("storage_order=1")
     kernel, strides, padding = _pool_geometry(node, inputs[0])
     return ops.max_pool2d(inputs[0], kernel, strides, padding)
 
@@ -439,8 +455,6 @@ def _concat(node, inputs, device):
 
 def _pad(node, inputs, device):
     x = inputs[0]
-    if node.attr("mode", "constant") != "constant":
-        node.fail(f"pad mode {node.attr('mode')!r}")
     if node.opset < 11:
         pads, value = node.attr("pads"), node.attr("value", 0.0)
     else:
@@ -466,8 +480,6 @@ def _softmax(node, inputs, device):
 
 
 def _dropout(node, inputs, device):
-    if len(node.outputs) > 1 and node.outputs[1]:
-        node.fail("the mask output of Dropout")
     if len(inputs) > 2 and inputs[2] is not None and bool(_host(inputs[2]).reshape(())):
         node.fail("Dropout in training mode")
     return inputs[0]
@@ -516,15 +528,9 @@ def _slice(node, inputs, device):
     return ops.slice_(x, tuple(index))
 
 
-_ONNX_TYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64,
-               9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
-
-
 def _cast(node, inputs, device):
     x = inputs[0]
-    to = _ONNX_TYPES.get(node.attr("to"))
-    if to is None:
-        node.fail(f"cast to ONNX type {node.attr('to')}")
+    to = ONNX_TYPES[node.attr("to")]
     if _is_host(x):
         return x.astype(to)
     if np.dtype(to) != np.float32:

@@ -189,3 +189,120 @@ def test_registered_operator_maps_a_custom_domain_op(tmp_path):
         np.testing.assert_allclose(got, 2.5 * data)
     finally:
         unregister("test_onnx_scale")
+
+
+# ------------------------------------- attributes, checked at load; eval mode --
+def one_node_model(op_type, attributes, x_shape, w=None, outputs=("y",), opset=17, name="n1",
+                   y_shape=None):
+    """A model of one ``op_type`` node on input x (and weight initializer ``w``); the
+    onnx checker (run by ``load``) needs ``y_shape``."""
+    from onnx import TensorProto, helper, numpy_helper
+    inputs = ["x"] + (["w"] if w is not None else [])
+    node = helper.make_node(op_type, inputs, list(outputs), name=name, **attributes)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, y_shape) for o in outputs if o],
+        initializer=[numpy_helper.from_array(w, "w")] if w is not None else [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+REFUSED_AT_LOAD = {
+    "ceil-mode max pool": ("MaxPool", dict(kernel_shape=[3, 3], ceil_mode=1), None, (),
+                           "ceil_mode=1 (only 0)"),
+    "ceil-mode average pool": ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2],
+                                                   ceil_mode=1), None, (), "ceil_mode=1"),
+    "dilated pool": ("MaxPool", dict(kernel_shape=[2, 2], dilations=[2, 2]), None, (),
+                     "dilations=[2, 2] (no dilation)"),
+    "pool pads as large as the kernel": ("AveragePool", dict(kernel_shape=[2, 2],
+                                                             pads=[2, 0, 0, 0]), None, (),
+                                         "pads=[2, 0, 0, 0] (each smaller than kernel_shape"),
+    "max pool indices": ("MaxPool", dict(kernel_shape=[2, 2]), None, ("y", "idx"),
+                         "output idx (only the first output is computed)"),
+    "transposed conv SAME": ("ConvTranspose", dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+                             np.ones((2, 3, 3, 3), np.float32), (),
+                             "auto_pad=SAME_UPPER (only NOTSET or VALID)"),
+    "transposed conv output_shape": ("ConvTranspose", dict(output_shape=[9, 9]),
+                                     np.ones((2, 3, 3, 3), np.float32), (), "output_shape=[9, 9]"),
+    "3-D conv kernel": ("Conv", dict(kernel_shape=[1, 1, 1]), np.ones((3, 2, 1, 1), np.float32),
+                        (), "kernel_shape=[1, 1, 1] (2-D only)"),
+    "reflect pad": ("Pad", dict(mode="reflect", pads=[0, 0, 1, 1, 0, 0, 1, 1]), None, (),
+                    "mode=reflect (only constant)"),
+    "per-activation batch norm": ("BatchNormalization", dict(spatial=0), None, (), "spatial=0"),
+    "attribute of an older opset": ("Relu", dict(consumed_inputs=[0]), None, (),
+                                    "attribute consumed_inputs"),
+}
+
+
+@pytest.mark.parametrize("op_type, attributes, w, outputs, feature", REFUSED_AT_LOAD.values(),
+                         ids=REFUSED_AT_LOAD.keys())
+def test_what_a_node_cannot_run_is_refused_at_load(op_type, attributes, w, outputs, feature):
+    model = one_node_model(op_type, attributes, (1, 2, 6, 6), w, outputs or ("y",), opset=9
+                           if op_type in ("BatchNormalization", "Pad") else 17)
+    if op_type == "Relu":
+        model.opset_import[0].version = 5
+    with pytest.raises(OnnxImportError) as caught:
+        OnnxModule(model, device="numpy", source="m.onnx")
+    message = str(caught.value)
+    assert message.startswith(f"m.onnx: node n1 ({op_type}): ") and "\n" not in message
+    assert feature in message and message.endswith("is not supported")
+
+
+def test_unsupported_operators_and_attributes_are_reported_together(tmp_path):
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("MaxPool", ["x"], ["a"], name="pool1", kernel_shape=[2, 2],
+                              ceil_mode=1),
+             helper.make_node("Erf", ["a"], ["b"], name="erf1"),
+             helper.make_node("Pad", ["b", "p"], ["y"], name="pad1", mode="edge")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        initializer=[helper.make_tensor("p", TensorProto.INT64, [8], [0] * 8)])
+    path = tmp_path / "mixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(OnnxImportError) as caught:
+        load(path, device="numpy")
+    assert str(caught.value) == (
+        f"{path}: unsupported ONNX operators: Erf (nodes erf1); node pool1 (MaxPool): "
+        "ceil_mode=1 (only 0) is not supported; node pad1 (Pad): mode=edge (only constant) "
+        "is not supported")
+
+
+ACCEPTED = {
+    "grouped dilated conv, asymmetric pads": (
+        "Conv", dict(group=2, dilations=[2, 1], pads=[1, 0, 2, 1], strides=[1, 2]),
+        (1, 4, 9, 9), np.arange(4 * 2 * 3 * 3, dtype=np.float32).reshape(4, 2, 3, 3) / 50),
+    "conv SAME_LOWER": ("Conv", dict(auto_pad="SAME_LOWER", strides=[2, 2]), (1, 2, 7, 6),
+                        np.linspace(-1, 1, 3 * 2 * 2 * 2, dtype=np.float32).reshape(3, 2, 2, 2)),
+    "max pool storage_order=1, SAME_UPPER": ("MaxPool", dict(kernel_shape=[2, 3], storage_order=1,
+                                                             auto_pad="SAME_UPPER"),
+                                             (1, 2, 5, 7), None),
+    "average pool count_include_pad, asymmetric pads": (
+        "AveragePool", dict(kernel_shape=[3, 3], pads=[0, 1, 2, 2], count_include_pad=1,
+                            strides=[2, 1]), (1, 2, 6, 5), None),
+    "transposed conv grouped, dilated, output_padding": (
+        "ConvTranspose", dict(group=2, dilations=[1, 2], strides=[2, 2], output_padding=[1, 0],
+                              pads=[1, 0, 0, 1]), (1, 4, 4, 5),
+        np.linspace(-1, 1, 4 * 3 * 2 * 3, dtype=np.float32).reshape(4, 3, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("op_type, attributes, x_shape, w", ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_accepted_attributes_run_as_onnxruntime_does(op_type, attributes, x_shape, w, rng):
+    ort = pytest.importorskip("onnxruntime")
+    model = one_node_model(op_type, attributes, x_shape, w)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_loaded_modules_are_in_eval_mode(tmp_path):
+    path = tmp_path / "relu.onnx"
+    onnx.save(one_node_model("Relu", {}, (1, 3), y_shape=[1, 3]), str(path))
+    model = load(path, device="numpy")
+    assert model.training is False
+    from gdnflow import inference
+    plan = inference.compile(model, (1, 3), device="numpy")     # refused in training mode before
+    np.testing.assert_array_equal(plan(gf.tensor([[-1.0, 0.0, 2.0]], device="numpy")).numpy(),
+                                  [[0.0, 0.0, 2.0]])

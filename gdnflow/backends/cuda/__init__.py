@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 from gdnflow.errors import DTypeError
+from gdnflow.backends.cuda.limits import check_elements
 
 _probe_error = None
 
@@ -135,9 +136,12 @@ def matmul(a, b, c, m, n, k, **options):
 
 
 def check_index_range(n, what):
-    """Kernels index with 32-bit ints; refuse arrays they cannot address (ValueError naming ``what``)."""
-    if n >= 2 ** 31:
-        raise ValueError(f"{what}: {n} elements exceed the 2^31 - 1 that gdnflow's kernels index")
+    """Refuse ``n`` elements for ``what`` (a workspace) if kernels cannot index them.
+
+    A :class:`~gdnflow.errors.TensorTooLargeError` past ``limits.MAX_ELEMENTS``;
+    for work arrays a kernel indexes as a whole, before they are allocated.
+    """
+    check_elements(n, what)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pycuda.compiler import SourceModule
 from pycuda.compiler import compile as compile_to_cubin
 
 from gdnflow.errors import KernelCompileError
+from gdnflow.backends.cuda.limits import argument_overflow
 from gdnflow.backends.cuda.runtime import get_runtime
 from gdnflow.backends.cuda.sources import compile_error_message, expand_source, owner_of, resolve
 
@@ -86,8 +87,14 @@ class Kernel:
         # What prepared_async_call does, minus its per-call import, keyword
         # handling and texture-reference loop (gdnflow uses no textures):
         # about 1 µs of a ~10 µs launch from Python.
-        self.function._launch_kernel(grid, block, pack(self.arg_format, *args),
-                                     shared_bytes, self.stream)
+        try:
+            packed = pack(self.arg_format, *args)
+        except Exception:     # _pvt_struct's error: an int past its C type, a wrong type
+            overflow = argument_overflow(self.name, self.arg_format, args)
+            if overflow is None:
+                raise
+            raise overflow from None
+        self.function._launch_kernel(grid, block, packed, shared_bytes, self.stream)
 
     def launch(self, threads, *args, block=DEFAULT_BLOCK, blocks_per_sm=DEFAULT_BLOCKS_PER_SM):
         """Launch a grid-stride kernel meant to run ``threads`` threads in all."""

@@ -18,6 +18,8 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool, clear_context_caches
 
+from gdnflow.errors import GdnflowError
+from gdnflow.backends.cuda.limits import MAX_ELEMENTS, check_elements, out_of_memory
 from gdnflow.backends.numpy_backend import contiguous
 
 _runtime = None
@@ -66,16 +68,50 @@ class Runtime:
             self.pool = previous
 
     def empty(self, shape, dtype=np.float32):
-        """An uninitialised array of ``shape`` (a tuple of ints) from the pool."""
+        """An uninitialised array of ``shape`` (a tuple of ints) from the pool.
+
+        Raises :class:`~gdnflow.errors.TensorTooLargeError` for more than
+        ``limits.MAX_ELEMENTS`` elements (before allocating anything) and
+        :class:`~gdnflow.errors.DeviceMemoryError` when the GPU is full.
+        """
         dtype = np.dtype(dtype)
         size = math.prod(shape)
+        if size > MAX_ELEMENTS:
+            check_elements(size, f"a device array of shape {tuple(shape)}")
         # The pool rejects zero-byte requests; an empty tensor still gets a
         # (tiny) block so that every CudaArray has a valid pointer.
-        allocation = self.pool.allocate(max(size * dtype.itemsize, dtype.itemsize))
+        allocation = self.allocate(max(size * dtype.itemsize, dtype.itemsize),
+                                   f"an array of shape {tuple(shape)}")
         array = CudaArray(shape, dtype, allocation)
         if self.poison and size:
             drv.memset_d8_async(array.ptr, 0xFF, array.nbytes, self.stream)   # all-ones bits: NaN
         return array
+
+    def allocate(self, nbytes, what):
+        """A block of ``nbytes`` from the current allocator (the pool, or a plan's).
+
+        The pool, asked for more than the GPU has, frees the blocks it holds
+        and tries once more; if that fails too, the result is a
+        :class:`~gdnflow.errors.DeviceMemoryError` naming ``nbytes`` and
+        ``what``, and the pool is as it was (a smaller request works).
+        """
+        try:
+            return self.pool.allocate(nbytes)
+        except (MemoryError, drv.MemoryError) as exc:
+            if isinstance(exc, GdnflowError):
+                raise
+            raise out_of_memory(nbytes, what) from exc
+
+    def allocate_outside_pool(self, nbytes, what):
+        """A block of ``nbytes`` straight from cuMemAlloc (a plan's arena or input buffer).
+
+        Not pooled: freed when the returned object is; out of memory is a
+        :class:`~gdnflow.errors.DeviceMemoryError` as in :meth:`allocate`.
+        """
+        try:
+            return drv.mem_alloc(nbytes)
+        except drv.MemoryError as exc:
+            raise out_of_memory(nbytes, what) from exc
 
     def full(self, shape, value, dtype=np.float32):
         """An array of ``shape`` filled with ``value`` (one memset on the stream)."""

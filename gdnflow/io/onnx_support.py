@@ -1,0 +1,105 @@
+"""Which ONNX attributes, values and outputs gdnflow's importer runs, checked at load.
+
+:data:`ATTRIBUTES` lists, for each operator the importer handles, every
+attribute its handler reads and a rule for the values it can run (None:
+every value the ONNX spec allows). :func:`unsupported_features` reports, for
+one node, each attribute the handler would ignore or could not run (an
+attribute of an older opset, ``ceil_mode=1``, a ``SAME`` padding on a
+transposed convolution...) and each extra output it does not compute, so that
+:func:`gdnflow.io.onnx.load` refuses such a model at once, naming the node,
+rather than running it wrong or failing at its first forward. What depends on
+the input (a 3-D activation, a negative pad given as an input) is still
+checked when the node runs.
+"""
+import numpy as np
+
+#: ONNX TensorProto data types the Cast handler converts to, as NumPy types.
+ONNX_TYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64,
+              9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+
+
+def _one_of(*allowed):
+    def rule(value):
+        return None if value in allowed else f"only {' or '.join(map(str, allowed))}"
+    return rule
+
+
+def _pair(value):
+    return None if len(value) == 2 else "2-D only"
+
+
+def _ones(value):
+    return None if all(v == 1 for v in value) else "no dilation"
+
+
+def _quadruple(value):
+    if len(value) != 4:
+        return "2-D only"
+    return None if all(v >= 0 for v in value) else "no negative pads"
+
+
+def _refused(reason):
+    return lambda value: reason
+
+
+_ANY = None
+_AUTO_PAD = _one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+_CONV = {"auto_pad": _AUTO_PAD, "dilations": _pair, "group": _ANY, "kernel_shape": _pair,
+         "pads": _quadruple, "strides": _pair}
+_POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0), "dilations": _ones, "kernel_shape": _pair,
+         "pads": _quadruple, "strides": _pair}
+
+#: op type -> {attribute: rule}; a rule returns None for a value that runs, else why not.
+ATTRIBUTES = {
+    "Conv": _CONV,
+    "ConvTranspose": dict(_CONV, auto_pad=_one_of("NOTSET", "VALID"), output_padding=_pair,
+                          output_shape=_refused("give pads and output_padding instead")),
+    "Gemm": {"alpha": _ANY, "beta": _ANY, "transA": _ANY, "transB": _ANY},
+    "Clip": {"min": _ANY, "max": _ANY},
+    "BatchNormalization": {"epsilon": _ANY, "momentum": _ANY, "is_test": _ANY,
+                           "training_mode": _one_of(0), "spatial": _one_of(1)},
+    # storage_order only orders the Indices output, which is refused below.
+    "MaxPool": dict(_POOL, storage_order=_ANY),
+    "AveragePool": dict(_POOL, count_include_pad=_ANY),
+    "Flatten": {"axis": _ANY}, "Reshape": {"allowzero": _ANY}, "Transpose": {"perm": _ANY},
+    "Squeeze": {"axes": _ANY}, "Unsqueeze": {"axes": _ANY}, "Concat": {"axis": _ANY},
+    "Pad": {"mode": _one_of("constant"), "pads": _ANY, "value": _ANY},
+    "Softmax": {"axis": _ANY}, "Dropout": {"ratio": _ANY, "seed": _ANY, "is_test": _ANY},
+    "Shape": {"start": _ANY, "end": _ANY}, "Gather": {"axis": _ANY},
+    "Slice": {"starts": _ANY, "ends": _ANY, "axes": _ANY},
+    "Cast": {"to": lambda to: None if to in ONNX_TYPES else "only float, integer and bool types",
+             "saturate": _ANY},
+    "Constant": {"value": _ANY, "value_float": _ANY, "value_floats": _ANY, "value_int": _ANY,
+                 "value_ints": _ANY},
+    "ConstantOfShape": {"value": _ANY},
+}
+
+def unsupported_features(op_type, attributes, outputs):
+    """What of a node of ``op_type`` gdnflow cannot run: a list of phrases such as
+    ``"ceil_mode=1 (only 0)"``; empty when it runs.
+
+    ``attributes`` maps names to decoded values (strings as str), ``outputs``
+    lists the node's output names ("" for an omitted one).
+    """
+    rules = ATTRIBUTES.get(op_type, {})
+    found = []
+    for name, value in attributes.items():
+        if name not in rules:
+            found.append(f"attribute {name}")
+            continue
+        why = rules[name](value) if rules[name] is not None else None
+        if why:
+            found.append(f"{name}={_show(value)} ({why})")
+    if op_type in ("MaxPool", "AveragePool") and "pads" in attributes and "kernel_shape" in attributes:
+        pads, kernel = attributes["pads"], attributes["kernel_shape"]
+        if len(pads) == 4 and len(kernel) == 2 and any(
+                p >= k for p, k in zip(pads, list(kernel) * 2)):
+            found.append(f"pads={_show(pads)} (each smaller than kernel_shape {_show(kernel)})")
+    extra = [name for name in outputs[1:] if name]     # every handler computes one output
+    if extra:
+        found.append(f"output {', '.join(extra)} (only the first output is computed)")
+    return found
+
+
+def _show(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
