@@ -39,6 +39,8 @@ PREVIOUS_PREFIX = "previous-"
 UNREADABLE_LOCK_GRACE_S = 30.0
 #: What a run folder is opened for.
 MODES = ("new", "resume", "force")
+#: The lock files this process holds (two RunFolders of one folder in one process).
+_HELD_HERE = set()
 
 
 class RunExistsError(OutputExistsError):
@@ -151,6 +153,7 @@ class RunFolder:
                 raise OutputError(f"cannot create the lock file {self.lock_path}: "
                                   f"{exc.strerror}") from None
             self._lock_text = text
+            _HELD_HERE.add(self.lock_path.resolve())
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             return
@@ -187,10 +190,11 @@ class RunFolder:
                 raise RunLockedError(
                     f"{self.path} is in use by another training ({_describe(owner)}); if that "
                     f"process is gone, delete {self.lock_path}")
-            # Our own pid in a lock we do not hold: a previous process of the same
-            # pid (a restarted container) left it.
-            if isinstance(pid, int) and pid != os.getpid() \
-                    and _pid_alive(pid, owner.get("pid_start")):
+            # Our own pid in a lock this process does not hold: a previous process
+            # of the same pid (a restarted container) left it.
+            mine = pid == os.getpid()
+            if (mine and self.lock_path.resolve() in _HELD_HERE) or (
+                    not mine and isinstance(pid, int) and _pid_alive(pid, owner.get("pid_start"))):
                 raise RunLockedError(
                     f"{self.path} is in use by another training ({_describe(owner)}): wait for "
                     f"it to finish or stop it")
@@ -222,6 +226,7 @@ class RunFolder:
         with contextlib.suppress(OSError):
             if self.lock_path.read_text() == self._lock_text:
                 self.lock_path.unlink()
+        _HELD_HERE.discard(self.lock_path.resolve())
         self._lock_text = None
 
     # ------------------------------------------------------ move aside --

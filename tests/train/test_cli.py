@@ -49,3 +49,10 @@ def test_bad_values_are_refused(tmp_path, capsys):
     args = parse(["train", "--crop", "40", "--out", str(tmp_path), "--device", "numpy"])
     assert args.run(args) == 1
     assert "multiple of 16" in capsys.readouterr().err
+
+
+def test_resume_and_force_together_are_a_usage_error(tmp_path, capsys):
+    args = parse(["train", "--out", str(tmp_path / "run"), "--resume", "--force"])
+    assert args.run(args) == 2
+    assert "pass one of them" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
