@@ -11,7 +11,9 @@ trains on scikit-image's bundled sample photos if scikit-image is installed
         --N 16 --M 24 --crop 64 --batch-size 4 --steps 200 --lr 1e-3
 
 The run folder gets checkpoint.h5 (resume with --resume), history.jsonl and
-eval.jsonl, curves.png and reconstructions.png.
+eval.jsonl, curves.png and reconstructions.png. A folder that holds a run is
+refused unless --resume continues it or --force moves it into previous-<n>/;
+Ctrl-C or SIGTERM saves the last finished step (exit 130 / 143).
 """
 import argparse
 import sys

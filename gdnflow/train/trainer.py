@@ -27,8 +27,11 @@ uninterrupted one (bit for bit on NumPy; tests/train/test_trainer.py checks it).
 
 Files in the run folder (``out_dir``): ``checkpoint.h5`` (atomic, see
 :mod:`gdnflow.io.checkpoint`), ``history.jsonl`` and ``eval.jsonl`` (one JSON
-record per training step / evaluation), and at the end ``curves.png`` and
-``reconstructions.png``.
+record per training step / evaluation, written just before each checkpoint),
+and at the end ``curves.png`` and ``reconstructions.png``; every file is
+replaced atomically. :func:`train` owns the folder for the run
+(:mod:`gdnflow.train.run_folder`: ``run.lock``, runs refused or moved
+aside); SIGINT and SIGTERM stop between steps (:mod:`gdnflow.train.stopping`).
 """
 import dataclasses
 import json
