@@ -2,6 +2,7 @@
 
     gdnflow train --data photos/ --out runs/q3 --quality 3 --steps 200000
     gdnflow train --out runs/q3 --resume          # continue the same run
+    gdnflow train --out runs/q3 --force           # a new run; the old one moves aside
 
 :func:`add_train_parser` adds the subcommand to the ``gdnflow`` parser;
 ``examples/train_gdn_autoencoder.py`` uses the same options on its own.
@@ -9,14 +10,12 @@
 import dataclasses
 import sys
 
-from gdnflow.commandline import (nonnegative_int, positive_float, positive_int,
+from gdnflow.commandline import (USAGE_ERROR, nonnegative_int, positive_float, positive_int,
                                  positive_multiple_of)
-from gdnflow.data import NoImagesError
 from gdnflow.models.factorized_prior import DOWNSAMPLING
-from gdnflow.io.checkpoint import CheckpointError
 from gdnflow.train.losses import LAMBDAS
-from gdnflow.train.numerics import NonFiniteError
-from gdnflow.train.trainer import TrainConfig, Trainer
+from gdnflow.train.stopping import RunStopped
+from gdnflow.train.trainer import TrainConfig, train
 
 
 def add_arguments(parser):
@@ -64,6 +63,9 @@ def add_arguments(parser):
     run.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                      help="continue the run from its checkpoint (DIR/checkpoint.h5, or the "
                      "file given): same step, optimiser state and random streams")
+    run.add_argument("--force", action="store_true",
+                     help="start a new run in a folder that holds one: the old run's files move "
+                     "into DIR/previous-<n>/ (nothing is deleted)")
     run.add_argument("--eval-every", type=nonnegative_int, default=defaults.eval_every,
                      help=f"evaluate every K steps (0: only at the end; default "
                      f"{defaults.eval_every})")
@@ -92,20 +94,18 @@ def config_from_args(args):
 
 
 def cmd_train(args):
-    """Run (or resume) training; exit status 0, 1 on bad arguments or data, 2 on NaN/inf."""
+    """Run (or resume) training; exit status 0, 2 on a usage error, 128 + the signal's number
+    when stopped by SIGINT or SIGTERM; any other failure (bad data, run folder, checkpoint,
+    NaN/inf) is raised for the command's one-line report (exit status 1)."""
+    if args.resume and args.force:
+        print("gdnflow train: --resume continues the run in --out and --force moves it aside: "
+              "pass one of them", file=sys.stderr)
+        return USAGE_ERROR
     try:
-        trainer = Trainer(config_from_args(args))
-        if args.resume:
-            path = None if args.resume is True else args.resume
-            step = trainer.resume(path)
-            print(f"resumed at step {step} from {path or trainer.checkpoint_path()}")
-        trainer.run()
-    except (NoImagesError, CheckpointError, FileNotFoundError, ValueError) as exc:
-        print(f"gdnflow train: {exc}", file=sys.stderr)
-        return 1
-    except NonFiniteError as exc:
-        print(f"gdnflow train: {exc}", file=sys.stderr)
-        return 2
+        train(config_from_args(args), resume=args.resume, force=args.force)
+    except RunStopped as stop:
+        print(f"gdnflow train: {stop}", file=sys.stderr)
+        return stop.exit_status
     return 0
 
 

@@ -10,11 +10,18 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw
 
+from gdnflow.io.files import atomic_output
 from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
 
 PANEL_W, PANEL_H = 560, 300
 TRAIN_LIGHT, TRAIN_DARK, EVAL = (170, 190, 225), (30, 80, 170), (210, 60, 40)
 PANELS = (("loss", "rate-distortion loss"), ("bpp", "rate (bits per pixel)"), ("psnr", "PSNR (dB)"))
+
+
+def _save_png(image, path):
+    """Write ``image`` to ``path`` atomically (a kill mid-write leaves the old picture)."""
+    with atomic_output(path, overwrite=True) as temporary:
+        image.save(temporary, format="PNG")
 
 
 def _moving_average(values, window):
@@ -91,7 +98,7 @@ def plot_curves(history, eval_history, path):
     draw.ellipse([MARGIN_L + 236, legend_y + 4, MARGIN_L + 244, legend_y + 12], fill=EVAL)
     draw.text((MARGIN_L + 250, legend_y), "evaluation (rounded latents, full images)",
               fill=(0, 0, 0), font=font)
-    image.save(path)
+    _save_png(image, path)
     return path
 
 
@@ -138,5 +145,5 @@ def plot_reconstructions(items, path, max_side=384, min_side=192):
         sheet.paste(a, (left, y + caption))
         sheet.paste(b, (right, y + caption))
         y += a.height + caption + gap
-    sheet.save(path)
+    _save_png(sheet, path)
     return path

@@ -27,13 +27,15 @@ uninterrupted one (bit for bit on NumPy; tests/train/test_trainer.py checks it).
 
 Files in the run folder (``out_dir``): ``checkpoint.h5`` (atomic, see
 :mod:`gdnflow.io.checkpoint`), ``history.jsonl`` and ``eval.jsonl`` (one JSON
-record per training step / evaluation), and at the end ``curves.png`` and
-``reconstructions.png``.
+record per training step / evaluation, written just before each checkpoint),
+and at the end ``curves.png`` and ``reconstructions.png``; every file is
+replaced atomically. :func:`train` owns the folder for the run
+(:mod:`gdnflow.train.run_folder`: ``run.lock``, runs refused or moved
+aside); SIGINT and SIGTERM stop between steps (:mod:`gdnflow.train.stopping`).
 """
 import dataclasses
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from gdnflow.backends import check_device, default_device
 from gdnflow.data.images import ImageFolder, pad_to_multiple
 from gdnflow.data.loader import BackgroundLoader
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+from gdnflow.io.files import write_bytes_atomic
 from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
 from gdnflow.tensor import Tensor
@@ -52,6 +55,8 @@ from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, ms
 from gdnflow.train.numerics import (NonFiniteError, first_nonfinite_output, nonfinite_gradients,
                                     nonfinite_parameters)
 from gdnflow.train.plots import plot_curves, plot_reconstructions
+from gdnflow.train.run_folder import RunFolder
+from gdnflow.train.stopping import RunStopped, StopSignals, signal_name
 
 CHECKPOINT_NAME = "checkpoint.h5"
 
@@ -169,6 +174,7 @@ class Trainer:
         self.step = 0
         self.history, self.eval_history = [], []
         self._logged = {"history": 0, "eval": 0}
+        self._saved = (None, None)      # (step, path) of the last checkpoint written or loaded
         self.last_reconstructions = []
 
     # ------------------------------------------------------------ data --
@@ -304,9 +310,15 @@ class Trainer:
         return self.out_dir / CHECKPOINT_NAME
 
     def save(self, path=None):
-        """Write the checkpoint (atomically) and the new history records; returns the path."""
+        """Write the new history records, then the checkpoint (atomically); returns the path.
+
+        The records go first: a process killed between the two leaves records
+        past the last checkpoint, which :meth:`resume` drops, never a
+        checkpoint whose records are missing.
+        """
         path = Path(path) if path is not None else self.checkpoint_path()
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._append_logs()
         extra = {
             "step": self.step,
             "noise_key": self.noise_key,
@@ -317,7 +329,7 @@ class Trainer:
             "images": len(self._train_data) if self._train_data is not None else None,
         }
         save_checkpoint(path, self.model, self.optimizer, extra)
-        self._append_logs()
+        self._saved = (self.step, path)
         return path
 
     def resume(self, path=None):
@@ -348,13 +360,12 @@ class Trainer:
         self.history = [r for r in self._read_log("history") if r["step"] <= self.step]
         self.eval_history = [r for r in self._read_log("eval") if r["step"] <= self.step]
         # Records past the checkpoint (a run that died after it) are dropped from
-        # the files too: each is rewritten under a temporary name, then renamed.
+        # the files too, each rewritten atomically.
         for kind, records in (("history", self.history), ("eval", self.eval_history)):
-            log = self.out_dir / f"{kind}.jsonl"
-            temporary = log.with_name(f".{log.name}.tmp")
-            temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
-            temporary.replace(log)
+            text = "".join(json.dumps(r) + "\n" for r in records)
+            write_bytes_atomic(self.out_dir / f"{kind}.jsonl", text.encode(), overwrite=True)
             self._logged[kind] = len(records)
+        self._saved = (self.step, path)
         return self.step
 
     def _read_log(self, kind):
@@ -394,9 +405,10 @@ class Trainer:
         """Train from the current step to ``config.steps``; returns the last evaluation.
 
         Evaluates every ``eval_every`` steps and checkpoints every
-        ``checkpoint_every`` steps and at the end; on Ctrl-C saves a
-        checkpoint of the last finished step before re-raising. Draws
-        ``curves.png`` and ``reconstructions.png`` at the end.
+        ``checkpoint_every`` steps and at the end; draws ``curves.png`` and
+        ``reconstructions.png`` at the end. SIGINT (Ctrl-C) or SIGTERM ends
+        the current step, saves a checkpoint of it and raises
+        :class:`~gdnflow.train.stopping.RunStopped` (see that module).
         """
         config = self.config
         self.train_data         # built (and its notices printed) before the progress bar
@@ -405,40 +417,62 @@ class Trainer:
         bar = tqdm(total=config.steps, initial=self.step, disable=config.quiet,
                    desc=f"factorized prior on {self.device}", dynamic_ncols=True)
         started, first = time.perf_counter(), self.step
-        try:
-            with self.batches() as batches:
-                for batch in batches:
-                    record = self.train_step(batch)
-                    bar.update(1)
-                    if self.step % 10 == 0 or self.step == config.steps:
-                        bar.set_postfix(loss=f"{record['loss']:.4f}", bpp=f"{record['bpp']:.3f}",
-                                        psnr=f"{record['psnr']:.2f}")
-                    if config.eval_every and self.step % config.eval_every == 0 \
-                            and self.step < config.steps:
-                        result = self.evaluate()
-                        bar.write(_describe_eval(result))
-                    if config.checkpoint_every and self.step % config.checkpoint_every == 0 \
-                            and self.step < config.steps:
-                        self.save()
-        except KeyboardInterrupt:
-            bar.close()
-            if self.step > first:
+        with StopSignals(defer=True) as stop:
+            try:
+                with self.batches() as batches:
+                    for batch in batches:
+                        self._loop_step(batch, bar, stop)
+                        if stop.requested:
+                            break
+            finally:
+                bar.close()
+            if stop.requested:
+                self._stop_saved(stop)
+            result = self.evaluate(keep=4)
+            if stop.requested:
+                self._stop_saved(stop)
+            if result:
+                print(_describe_eval(result))
+            with stop.protect():
                 path = self.save()
-                print(f"interrupted at step {self.step}: checkpoint {path}; --resume continues",
-                      file=sys.stderr)
-            raise
-        finally:
-            bar.close()
-        result = self.evaluate(keep=4)
-        if result:
-            print(_describe_eval(result))
-        path = self.save()
-        if self.step > first:
-            seconds = time.perf_counter() - started
-            print(f"{self.step - first} steps in {seconds:.1f} s "
-                  f"({(self.step - first) / seconds:.2f} steps/s); checkpoint {path}")
-        self.draw()
+            if self.step > first:
+                seconds = time.perf_counter() - started
+                print(f"{self.step - first} steps in {seconds:.1f} s "
+                      f"({(self.step - first) / seconds:.2f} steps/s); checkpoint {path}")
+            with stop.protect():
+                self.draw()
         return result
+
+    def _loop_step(self, batch, bar, stop):
+        """One step of :meth:`run`: train, show progress, evaluate and checkpoint when due."""
+        config = self.config
+        record = self.train_step(batch)
+        bar.update(1)
+        if self.step % 10 == 0 or self.step == config.steps:
+            bar.set_postfix(loss=f"{record['loss']:.4f}", bpp=f"{record['bpp']:.3f}",
+                            psnr=f"{record['psnr']:.2f}")
+        if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
+            bar.write(_describe_eval(self.evaluate()))
+        if config.checkpoint_every and self.step % config.checkpoint_every == 0 \
+                and self.step < config.steps:
+            with stop.protect():
+                self.save()
+
+    def _stop_saved(self, stop):
+        """Save the last finished step (unless saved already) and raise RunStopped."""
+        name = signal_name(stop.received)
+        saved_step, path = self._saved
+        if self.step != saved_step:
+            with stop.protect():
+                path = self.save()
+            saved = f"checkpoint {path} saved"
+        elif path is not None:
+            saved = f"checkpoint {path} is up to date"
+        else:
+            raise RunStopped(stop.received, f"stopped by {name} before the first step: "
+                             "nothing to save")
+        raise RunStopped(stop.received, f"stopped by {name} at step {self.step} of "
+                         f"{self.config.steps}: {saved}; --resume continues the run")
 
     def draw(self):
         """Write ``curves.png`` and (after an evaluation) ``reconstructions.png``; returns the paths."""
@@ -458,10 +492,29 @@ def _describe_eval(result):
             f"{result['bpp']:.4f} bpp, PSNR {result['psnr']:.2f} dB{quality}")
 
 
-def train(config):
-    """Build a :class:`Trainer` for ``config`` and run it (the ``gdnflow train`` job)."""
-    trainer = Trainer(config)
-    trainer.run()
+def train(config, resume=None, force=False, log=print):
+    """Train ``config``'s run in its folder ``config.out_dir``, owned for the whole run.
+
+    The folder is checked, locked and prepared before the data is read (see
+    :class:`~gdnflow.train.run_folder.RunFolder`): a folder holding a run is
+    refused (RunExistsError) unless ``resume`` (True: its checkpoint; or a
+    checkpoint's path) continues it or ``force`` moves it aside. A signal
+    stops the run as :meth:`Trainer.run` says, or at once before training
+    starts (RunStopped either way); the lock is released in every case.
+    ``log`` prints the notices. Returns the Trainer.
+    """
+    if resume and force:
+        raise ValueError("--resume continues the run in the folder and --force moves it aside: "
+                         "pass one of them")
+    config.check()
+    with StopSignals(defer=False), \
+            RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new"):
+        trainer = Trainer(config)
+        if resume:
+            path = None if resume is True else resume
+            step = trainer.resume(path)
+            log(f"resumed at step {step} from {path or trainer.checkpoint_path()}")
+        trainer.run()
     return trainer
 
 

@@ -1,15 +1,23 @@
 """``gdnflow train`` through its argument parser: a run, a resume, bad input."""
-import argparse
-
 import pytest
 
+from gdnflow.commandline import command_parser, run
 from gdnflow.train.cli import add_train_parser, config_from_args
 
 
+def make_parser():
+    parser, subparsers = command_parser("gdnflow", "test")
+    add_train_parser(subparsers)
+    return parser
+
+
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="gdnflow")
-    add_train_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return make_parser().parse_args(argv)
+
+
+def command(argv):
+    """The exit status of ``gdnflow ARGV`` (errors reported as the command reports them)."""
+    return run(make_parser(), argv)
 
 
 def tiny_args(image_folder, out, *more):
@@ -33,9 +41,8 @@ def test_train_then_resume(image_folder, tmp_path, capsys):
 
 
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
-    args = parse(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"),
-                  "--device", "numpy", "--quiet"])
-    assert args.run(args) == 1
+    assert command(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"),
+                    "--device", "numpy", "--quiet"]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -53,3 +60,10 @@ def test_bad_values_are_refused(tmp_path, capsys):
         parse(["train", "--crop", "40", "--out", str(tmp_path), "--device", "numpy"])
     assert exited.value.code == 2
     assert "--crop: expected a whole number that is a multiple of 16" in capsys.readouterr().err
+
+
+def test_resume_and_force_together_are_a_usage_error(tmp_path, capsys):
+    args = parse(["train", "--out", str(tmp_path / "run"), "--resume", "--force"])
+    assert args.run(args) == 2
+    assert "pass one of them" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
