@@ -56,7 +56,7 @@ class DeviceLimitError(GdnflowError):
 
 
 class TensorTooLargeError(DeviceLimitError, ValueError):
-    """An array past the element count the CUDA kernels can index (2^31 - 1)."""
+    """An array past the element count the CUDA kernels can index (2^31 - 2^24)."""
 
 
 class DeviceMemoryError(DeviceLimitError, MemoryError):

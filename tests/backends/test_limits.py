@@ -8,13 +8,17 @@ from gdnflow.autograd import Operator
 from gdnflow.backends.cuda import limits
 from gdnflow.errors import DeviceMemoryError, GdnflowError, TensorTooLargeError
 
-LIMIT = 2 ** 31 - 1
+LIMIT = 2 ** 31 - 2 ** 24
 
 
-def test_the_limit_is_the_largest_32_bit_int_and_is_inclusive():
+def test_the_limit_leaves_a_grid_strides_room_below_2_31_and_is_inclusive():
+    # A grid-stride loop's int index may step up to gridDim x blockDim past the
+    # array's end: 2^24 threads (more than any GPU launches in one grid-stride
+    # loop: launch_grid caps the grid) must still fit below 2^31.
+    assert limits.MAX_ELEMENTS == LIMIT and LIMIT + 2 ** 24 - 1 <= 2 ** 31 - 1
     limits.check_elements(LIMIT, "an array")
-    with pytest.raises(TensorTooLargeError, match=r"^a workspace has 2147483648 elements, past "
-                                                  r"the 2147483647 \(2\^31 - 1\)"):
+    with pytest.raises(TensorTooLargeError, match=r"^a workspace has 2130706433 elements, past "
+                                                  r"the 2130706432 \(2\^31 - 2\^24\)"):
         limits.check_elements(LIMIT + 1, "a workspace")
 
 
@@ -116,7 +120,7 @@ def test_a_convolution_output_past_the_limit_is_refused_before_allocating():
     free = _free_device_bytes()
     with pytest.raises(TensorTooLargeError, match=r"^conv2d on inputs of shape \(1, 1, 2048, "
                                                   r"2048\), \(1024, 1, 1, 1\): .*4294967296 "
-                                                  r"elements, past the 2147483647"):
+                                                  r"elements, past the 2130706432"):
         gf.ops.conv2d(x, w)
     assert abs(_free_device_bytes() - free) < 64 * 2 ** 20
 
@@ -140,12 +144,12 @@ def test_out_of_device_memory_names_the_bytes_and_the_process_stays_usable():
                                                 r"bytes \(186\.26 GiB\) for a test block"):
         runtime.allocate(200 * 10 ** 9, "a test block")
     held = []
-    with pytest.raises(DeviceMemoryError, match=r"^out of GPU memory allocating 8589934588 bytes"):
+    with pytest.raises(DeviceMemoryError, match=r"^out of GPU memory allocating 8522825728 bytes"):
         for _ in range(64):                     # 8 GiB each: no GPU holds 64
             held.append(gf.zeros((LIMIT,), device="cuda"))
     # The GPU is full to within 8 GiB: an operator asking for 8 GiB more is named.
-    with pytest.raises(DeviceMemoryError, match=r"^affine on inputs of shape \(2147483647,\): "
-                                                r"out of GPU memory allocating 8589934588 bytes"):
+    with pytest.raises(DeviceMemoryError, match=r"^affine on inputs of shape \(2130706432,\): "
+                                                r"out of GPU memory allocating 8522825728 bytes"):
         held[0] * 2.0
     del held
     runtime.pool.free_held()

@@ -13,8 +13,12 @@ import struct
 
 from gdnflow.errors import DeviceMemoryError, TensorTooLargeError
 
-#: The most elements one device array may hold: the largest 32-bit signed int.
-MAX_ELEMENTS = 2 ** 31 - 1
+#: The most elements one device array may hold: 2^31 - 2^24. Not the largest
+#: 32-bit int: a grid-stride loop (``GRID_STRIDE_LOOP``) steps its int index
+#: up to gridDim x blockDim (under 2^24 threads on any GPU, as launch_grid caps
+#: the grid) past the end before it stops, and that step must not overflow.
+#: An array of exactly 2^31 - 1 elements made such a loop read out of bounds.
+MAX_ELEMENTS = 2 ** 31 - 2 ** 24
 
 
 def check_elements(n, what):
@@ -24,7 +28,7 @@ def check_elements(n, what):
     """
     if n > MAX_ELEMENTS:
         raise TensorTooLargeError(
-            f"{what} has {n} elements, past the {MAX_ELEMENTS} (2^31 - 1) that gdnflow's CUDA "
+            f"{what} has {n} elements, past the {MAX_ELEMENTS} (2^31 - 2^24) that gdnflow's CUDA "
             "kernels index with 32-bit ints; use a smaller batch or split the input")
 
 
