@@ -90,7 +90,7 @@ def cmd_compress(args):
         _check_free(outputs, args.force)
         codec = Codec.from_checkpoint(args.checkpoint, args.device)
         for source, target in zip(args.images, outputs):
-            image = read_image(source)
+            image = read_image(source, args.max_pixels)
             write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
             data = target.read_bytes()
             # Decoding the file just written checks it and gives the real PSNR.
@@ -166,6 +166,17 @@ def _device_option(parser):
                         "to images within one level of each other")
 
 
+def _pixel_count(text):
+    """``--max-pixels``: a positive integer (argparse reports anything else as a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of pixels, got {text!r}")
+    return value
+
+
 def add_codec_parsers(subparsers):
     """Add ``compress``, ``decompress`` and ``eval`` to the ``gdnflow`` command's subparsers."""
     compress = subparsers.add_parser(
@@ -179,6 +190,10 @@ def add_codec_parsers(subparsers):
     compress.add_argument("--checkpoint", required=True, metavar="CKPT",
                           help="a gdnflow checkpoint of a factorized prior (gdnflow train)")
     compress.add_argument("--force", action="store_true", help="overwrite existing files")
+    compress.add_argument("--max-pixels", type=_pixel_count, metavar="N",
+                          help="refuse images of more than N pixels, read from the file's header "
+                          "before decoding (default: gdnflow.config.settings.max_image_pixels, "
+                          "Pillow's decompression-bomb limit)")
     _device_option(compress)
     compress.set_defaults(run=cmd_compress)
 
