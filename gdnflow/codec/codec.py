@@ -14,6 +14,12 @@ its median, q = round(y - median) (half to even), and q is entropy-coded
 with the model's coding tables (:mod:`gdnflow.codec.tables`) into the
 bitstream of :mod:`gdnflow.codec.format`.
 
+Both transforms run tile by tile (:mod:`gdnflow.codec.tiling`; ``tile``
+pixels a side, :data:`TILE` by default): the memory they use beyond the
+uint8 image, y or y_hat (float32) and q (int32) does not grow with the
+image, and the results equal the untiled ones to float32 rounding (exactly
+for an image within one tile: the statements below are about that path).
+
 Decompression decodes q, forms y_hat = q + median in float32 (bit for bit
 the y_hat of the model's evaluation path, ``model(x)["y_hat"]``, on any
 device: one IEEE rounding and one IEEE addition), runs the synthesis g_s on

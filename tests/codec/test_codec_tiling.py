@@ -59,3 +59,21 @@ def test_tile_must_be_a_multiple_of_16(model):
     for bad in (0, 8, 24, 100.5, -16):
         with pytest.raises(ValueError, match="multiple of 16"):
             Codec(model, tile=bad)
+
+
+@pytest.mark.gpu
+def test_tiled_equals_untiled_on_the_gpu(model, rng):
+    """On the GPU the convolution planner may pick another algorithm for a tile's shape than
+    for the whole image's (Winograd, sub-pixel...): agreement to float32 rounding of those."""
+    from gdnflow.models.factorized_prior import FactorizedPrior
+    gpu_model = FactorizedPrior(8, 12, seed=0, device="cuda")
+    gpu_model.load_state_dict(model.state_dict())
+    image = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+    untiled, tiled = Codec(gpu_model.eval(), tile=None), Codec(gpu_model, tile=48)
+    y, y_tiled = untiled.analyse(image), tiled.analyse(image)
+    np.testing.assert_allclose(y_tiled, y, rtol=1e-4, atol=1e-4 * np.abs(y).max())
+    q = untiled.quantize(y)
+    assert np.mean(tiled.quantize(y_tiled) != q) < 1e-3
+    y_hat = q.astype(np.float32) + untiled.tables.medians[:, None, None]
+    difference = tiled.synthesise(y_hat, 97, 131).astype(int) - untiled.synthesise(y_hat, 97, 131)
+    assert np.abs(difference).max() <= 1
