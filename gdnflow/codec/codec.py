@@ -40,7 +40,7 @@ from gdnflow.codec.format import (DOWNSAMPLING, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL
                                   decode_symbols, encode_symbols, pack, unpack)
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
-from gdnflow.data.images import read_rgb8
+from gdnflow.data.images import open_image, read_rgb8
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models.factorized_prior import FactorizedPrior
 from gdnflow.tensor import Tensor
@@ -81,8 +81,14 @@ def read_image(path, max_pixels=None):
     """The image file at ``path`` as uint8 (H, W, 3) RGB (grey, palette, alpha converted).
 
     The pixels :func:`gdnflow.data.load_image` reads (times 255), without a
-    float copy; ``max_pixels`` as there.
+    float copy; ``max_pixels`` as there. An image the format cannot store
+    is refused from its header, naming the file.
     """
+    with open_image(path, max_pixels) as image:
+        width, height = image.size
+    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
+        raise CodecError(f"{path}: {width}x{height} pixels: the .gdn format stores images of up "
+                         f"to {MAX_PIXELS} pixels and {MAX_SIDE} a side (cut it into parts)")
     return read_rgb8(path, max_pixels)
 
 

@@ -120,3 +120,10 @@ def test_max_pixels_sets_the_limit(cli, codec_checkpoint, photo, tmp_path):
     bad = cli("compress", photo, "--checkpoint", codec_checkpoint, "--max-pixels", "-5")
     # argparse's usage error; its one-line form comes with the CLI's error handling.
     assert bad.returncode == USAGE_ERROR and "--max-pixels" in bad.stderr and "'-5'" in bad.stderr
+
+
+def test_an_image_past_the_format_s_limit_is_refused_by_name(cli, codec_checkpoint, tmp_path):
+    image = png_header_only(tmp_path / "wide.png", 20000, 20000)
+    result = cli("compress", image, "--checkpoint", codec_checkpoint, "--max-pixels", 10 ** 9)
+    assert_one_line_error(result, "compress", "wide.png", "20000x20000", F.MAX_PIXELS)
+    assert not (tmp_path / "wide.gdn").exists()
