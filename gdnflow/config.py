@@ -56,6 +56,13 @@ class Config:
     #: environment variable GDNFLOW_SPARSE, else "auto".
     sparse_policy: str = None
 
+    # --- images (gdnflow.data.images) -----------------------------------------
+    #: The most pixels (height x width, read from the file's header before decoding)
+    #: an image file may have: larger ones are refused as possible decompression
+    #: bombs. Default: Pillow's own error limit, 2 x PIL.Image.MAX_IMAGE_PIXELS.
+    #: ``gdnflow compress --max-pixels N`` overrides it for that command's images.
+    max_image_pixels: int = 2 * 89_478_485
+
     def override(self, **changes):
         """Context manager: the given knobs take the given values within the block."""
         return _override(self, changes)

@@ -14,6 +14,12 @@ its median, q = round(y - median) (half to even), and q is entropy-coded
 with the model's coding tables (:mod:`gdnflow.codec.tables`) into the
 bitstream of :mod:`gdnflow.codec.format`.
 
+Both transforms run tile by tile (:mod:`gdnflow.codec.tiling`; ``tile``
+pixels a side, :data:`TILE` by default): the memory they use beyond the
+uint8 image, y or y_hat (float32) and q (int32) does not grow with the
+image, and the results equal the untiled ones to float32 rounding (exactly
+for an image within one tile: the statements below are about that path).
+
 Decompression decodes q, forms y_hat = q + median in float32 (bit for bit
 the y_hat of the model's evaluation path, ``model(x)["y_hat"]``, on any
 device: one IEEE rounding and one IEEE addition), runs the synthesis g_s on
@@ -23,36 +29,44 @@ the model's device, crops the padding and rounds to 8 bits
 tolerance (at most 1 level where a value straddles .5) on another.
 """
 import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from gdnflow.autograd import no_grad
-from gdnflow.codec.format import (DOWNSAMPLING, MAX_SIDE, MODEL_ID_BYTES, TABLES_DIGEST_BYTES,
-                                  CodecError, Header, check_model, decode_symbols,
-                                  encode_symbols, pack, unpack)
+from gdnflow.codec.format import (DOWNSAMPLING, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL, MODEL_ID_BYTES,
+                                  TABLES_DIGEST_BYTES, CodecError, Header, check_model,
+                                  decode_symbols, encode_symbols, pack, unpack)
 from gdnflow.codec.tables import build_tables, model_id
-from gdnflow.data.images import load_image, pad_to_multiple
+from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
+from gdnflow.data.images import open_image, read_rgb8
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models.factorized_prior import FactorizedPrior
 from gdnflow.tensor import Tensor
 
-#: Largest |q| coded: the escape codes and the float32 round trip of q stay exact below it.
-MAX_SYMBOL = 2 ** 24
+#: Default tile side in pixels of :class:`Codec` (see its ``tile``): measured with
+#: benchmarks/codec_memory.py (benchmarks/results/codec_memory_cpu.md).
+TILE = 512
 
 
-def image_to_array(image):
-    """uint8 (H, W, 3) as float32 (3, H, W) in [0, 1]: what load_image gives for 8-bit files."""
+def check_image(image):
+    """``image`` as a uint8 (H, W, 3) array; ValueError unless it is one the format can store."""
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected an RGB image as uint8 of shape (H, W, 3), got "
                          f"{image.dtype} {image.shape}")
-    if not image.shape[0] or not image.shape[1]:
-        raise ValueError(f"the image is empty ({image.shape[0]}x{image.shape[1]})")
-    if max(image.shape[:2]) > MAX_SIDE:
-        raise ValueError(f"the image is {image.shape[0]}x{image.shape[1]}: the format stores "
-                         f"sides up to {MAX_SIDE} pixels")
+    height, width = image.shape[:2]
+    if not height or not width:
+        raise ValueError(f"the image is empty ({height}x{width})")
+    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
+        raise ValueError(f"the image is {height}x{width}: the format stores sides up to "
+                         f"{MAX_SIDE} pixels and up to {MAX_PIXELS} pixels in all")
+    return image
+
+
+def image_to_array(image):
+    """uint8 (H, W, 3) as float32 (3, H, W) in [0, 1]: what load_image gives for 8-bit files."""
+    image = check_image(image)
     return np.ascontiguousarray(image.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
 
 
@@ -62,10 +76,19 @@ def to_uint8(x):
     return np.ascontiguousarray(np.floor(x).astype(np.uint8).transpose(1, 2, 0))
 
 
-def read_image(path):
-    """The image file at ``path`` as uint8 (H, W, 3) RGB (grey, palette, alpha converted)."""
-    # load_image gives k / 255 in float32 for 8-bit files: the round trip is exact.
-    return to_uint8(load_image(path))
+def read_image(path, max_pixels=None):
+    """The image file at ``path`` as uint8 (H, W, 3) RGB (grey, palette, alpha converted).
+
+    The pixels :func:`gdnflow.data.load_image` reads (times 255), without a
+    float copy; ``max_pixels`` as there. An image the format cannot store
+    is refused from its header, naming the file.
+    """
+    with open_image(path, max_pixels) as image:
+        width, height = image.size
+    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
+        raise CodecError(f"{path}: {width}x{height} pixels: the .gdn format stores images of up "
+                         f"to {MAX_PIXELS} pixels and {MAX_SIDE} a side (cut it into parts)")
+    return read_rgb8(path, max_pixels)
 
 
 def model_device(model):
@@ -78,38 +101,77 @@ def model_device(model):
 class Codec:
     """A factorized-prior model with its coding tables: compress and decompress images.
 
-    ``Codec(model)`` puts the model in eval mode and builds its tables (a few
-    milliseconds; rebuild the Codec after changing the weights). Images are
-    uint8 (H, W, 3) arrays of any size >= 1x1. Attributes: ``model``,
-    ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`), ``device``.
+    ``Codec(model, tile=TILE)`` puts the model in eval mode and builds its
+    tables (a few milliseconds; rebuild the Codec after changing the
+    weights). Images are uint8 (H, W, 3) arrays of any size >= 1x1 up to
+    :data:`~gdnflow.codec.format.MAX_PIXELS`. The transforms run on tiles
+    of ``tile`` x ``tile`` pixels (a multiple of 16; None: the whole image
+    at once) with the halo their receptive field needs
+    (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
+    is bounded by the tile, whatever the image size, and the result equals
+    the untiled one to float32 rounding. Attributes: ``model``, ``tables``
+    (:class:`~gdnflow.codec.tables.CodingTables`), ``device``, ``tile``.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, tile=TILE):
+        if tile is not None and (int(tile) != tile or tile < DOWNSAMPLING
+                                 or tile % DOWNSAMPLING):
+            raise ValueError(f"Codec: tile must be a positive multiple of {DOWNSAMPLING} "
+                             f"pixels or None, got {tile!r}")
         self.model = model.eval()
         self.device = model_device(model)
         self.tables = build_tables(model)
+        self.tile = tile
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
     @classmethod
-    def from_checkpoint(cls, path, device=None):
+    def from_checkpoint(cls, path, device=None, tile=TILE):
         """A Codec of the model in the checkpoint at ``path`` (see :func:`load_model`)."""
-        return cls(load_model(path, device))
+        return cls(load_model(path, device), tile)
+
+    def _latent_tiles(self, latent_height, latent_width):
+        """[(row range, column range)] of the latent tiles, row-major."""
+        side = None if self.tile is None else self.tile // DOWNSAMPLING
+        return [(rows, columns) for rows in tile_ranges(latent_height, side)
+                for columns in tile_ranges(latent_width, side)]
 
     # --------------------------------------------------------- encode --
     def analyse(self, image):
-        """The latent y (M, ceil(H/16), ceil(W/16)) float32 of a uint8 image (reflection-padded)."""
-        x = pad_to_multiple(image_to_array(image), DOWNSAMPLING)
-        with no_grad():
-            return self.model.g_a(Tensor(x[None], device=self.device)).numpy()[0]
+        """The latent y (M, ceil(H/16), ceil(W/16)) float32 of a uint8 image (reflection-padded).
+
+        Tile by tile: each tile's pixels are gathered from the uint8 image
+        (the reflection padding by index) and converted to float32 on their own.
+        """
+        image = check_image(image)
+        height, width = image.shape[:2]
+        padded = (-(-height // DOWNSAMPLING) * DOWNSAMPLING, -(-width // DOWNSAMPLING) * DOWNSAMPLING)
+        rows, columns = reflected_indices(height, padded[0]), reflected_indices(width, padded[1])
+        g_a = self.model.g_a
+        y = np.empty((self.tables.channels, padded[0] // DOWNSAMPLING,
+                      padded[1] // DOWNSAMPLING), np.float32)
+        for (top, bottom), (left, right) in self._latent_tiles(*y.shape[1:]):
+            r0, r1 = analysis_crop(g_a, top, bottom, padded[0])
+            c0, c1 = analysis_crop(g_a, left, right, padded[1])
+            pixels = image[np.ix_(rows[r0:r1], columns[c0:c1])]
+            x = np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32) / np.float32(255)
+            with no_grad():
+                latents = g_a(Tensor(x[None], device=self.device)).numpy()[0]
+            r0, c0 = r0 // DOWNSAMPLING, c0 // DOWNSAMPLING
+            y[:, top:bottom, left:right] = latents[:, top - r0:bottom - r0, left - c0:right - c0]
+        return y
 
     def quantize(self, y):
-        """q = round(y - median) per channel, half to even, as int64 (the eval path's rounding)."""
-        q = np.rint(np.asarray(y, np.float32) - self.tables.medians[:, None, None])
-        if not np.all(np.abs(q) < MAX_SYMBOL):      # also catches NaN and infinity
-            raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a diverged "
-                             "model?): nothing to code")
-        return q.astype(np.int64)
+        """q = round(y - median) per channel, half to even, as int32 (the eval path's rounding)."""
+        y = np.asarray(y, np.float32)
+        q = np.empty(y.shape, np.int32)
+        for c, median in enumerate(self.tables.medians):     # one channel's temporaries at a time
+            values = np.rint(y[c] - median)
+            if not np.all(np.abs(values) < MAX_SYMBOL):      # also catches NaN and infinity
+                raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a "
+                                 "diverged model?): nothing to code")
+            q[c] = values
+        return q
 
     def encode_latents(self, q, height, width):
         """The file bytes for integer latents ``q`` (M, h, w) of an image of height x width."""
@@ -120,7 +182,7 @@ class Codec:
 
     def compress(self, image):
         """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
-        image = np.asarray(image)
+        image = check_image(image)
         q = self.quantize(self.analyse(image))
         return self.encode_latents(q, image.shape[0], image.shape[1])
 
@@ -130,15 +192,32 @@ class Codec:
         header, payload, escapes = unpack(data, source)
         check_model(header, self.tables, source)
         q = decode_symbols(payload, escapes, self.tables, header.latent_shape, source)
-        y_hat = q.astype(np.float32) + self.tables.medians[:, None, None]
+        y_hat = np.empty(q.shape, np.float32)
+        for c, median in enumerate(self.tables.medians):
+            y_hat[c] = q[c].astype(np.float32) + median
         return header, y_hat
 
     def synthesise(self, y_hat, height, width):
-        """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w)."""
-        with no_grad():
-            x_hat = self.model.g_s(Tensor(np.asarray(y_hat, np.float32)[None],
-                                          device=self.device)).numpy()[0]
-        return to_uint8(x_hat[:, :height, :width])
+        """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w).
+
+        Tile by tile: each tile's latents with the halo it reads, its pixels
+        rounded to uint8 into the output.
+        """
+        y_hat = np.asarray(y_hat, np.float32)
+        g_s = self.model.g_s
+        image = np.empty((height, width, 3), np.uint8)
+        for (top, bottom), (left, right) in self._latent_tiles(*y_hat.shape[1:]):
+            r0, r1 = synthesis_crop(g_s, top * DOWNSAMPLING, bottom * DOWNSAMPLING, y_hat.shape[1])
+            c0, c1 = synthesis_crop(g_s, left * DOWNSAMPLING, right * DOWNSAMPLING, y_hat.shape[2])
+            with no_grad():
+                pixels = g_s(Tensor(np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]),
+                                    device=self.device)).numpy()[0]
+            rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
+            columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
+            r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
+            image[rows, columns] = to_uint8(pixels[:, rows.start - r0:rows.stop - r0,
+                                                   columns.start - c0:columns.stop - c0])
+        return image
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source``."""
@@ -154,29 +233,6 @@ def compress(model, image):
 def decompress(model, data, source="<bytes>"):
     """The uint8 (H, W, 3) image coded in ``data`` (bytes) by ``model`` (see :class:`Codec`)."""
     return Codec(model).decompress(data, source)
-
-
-# ----------------------------------------------------------------- files --
-def write_bytes_atomic(path, data, overwrite=False):
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsynced, renamed.
-
-    Raises FileExistsError if ``path`` exists and ``overwrite`` is false. A
-    failure (or a crash) leaves any earlier file at ``path`` as it was and
-    no temporary file behind.
-    """
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists: pass --force to overwrite it")
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(temporary, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 # ----------------------------------------------------------- checkpoints --

@@ -1,22 +1,25 @@
-"""The ``.gdn`` bitstream: a small header, the range-coded latents, the escape bits.
+"""The ``.gdn`` bitstream: a small header, the range-coded latents, the escape bits, a checksum.
 
-Layout of format version 1 (integers marked varint are unsigned LEB128: 7
+Layout of format version 2 (integers marked varint are unsigned LEB128: 7
 bits a byte, low bits first, high bit set on every byte but the last)::
 
     magic          4 bytes   b"GDNF"
-    version        1 byte    1
+    version        1 byte    2
     model id      16 bytes   the first 16 bytes of SHA-256 of the model's
                              parameters and buffers (tables.model_id)
     tables         4 bytes   the first 4 bytes of the coding tables' digest
                              (CodingTables.digest): readers with other tables refuse
-    height, width  varint    the image's size in pixels (before padding), each <= 65536
+    height, width  varint    the image's size in pixels (before padding), each <= 65536,
+                             height * width <= MAX_PIXELS
     channels       varint    latent channels M
     latent h, w    varint    latent rows and columns: ceil(height / 16), ceil(width / 16)
     payload size   varint    bytes of the range-coded payload (a multiple of 4)
     payload                  constriction's RangeEncoder words, little-endian uint32
-    escape bits              the rest of the file: Elias-gamma codes of the
-                             values outside the supports, most significant bit
-                             first, zero-padded to a whole byte
+    escape bits              Elias-gamma codes of the values outside the
+                             supports, most significant bit first, zero-padded
+                             to a whole byte
+    checksum       4 bytes   zlib.crc32 (CRC-32, ISO-HDLC polynomial) of every
+                             byte before it, little-endian
 
 The payload codes the integer latents q[c, i, j] channel by channel, each
 channel in raster order, every symbol with its channel's categorical model
@@ -24,19 +27,29 @@ channel in raster order, every symbol with its channel's categorical model
 the escape symbol, their distance past it in the escape bits, in the same
 order). A header is 30 to 40 bytes; bpp counts the whole file.
 
-Readers check everything they can: the magic, the version, the model and
-tables, that the sizes agree with each other, and that the file ends exactly
-where the payload and escape bits end (a truncated or extended file is an
-error, not a wrong image). The payload itself has no checksum: a flipped
-bit inside it decodes to a different image.
+Readers check the magic and the version, then the checksum BEFORE anything
+else: a file changed anywhere after its version byte (any single flipped
+bit, any burst of up to 32 bits) is refused as corrupted, never decoded
+to another image nor blamed on another model. Then the image size against
+:data:`MAX_PIXELS` (before anything is allocated), the model and tables
+(:func:`check_model`), that the sizes agree with each other and are
+plausible, and that the file ends exactly where the escape bits end.
+
+Version 1 (gdnflow before the checksum): the same layout without the
+checksum. It is still read, with every check but the checksum (a flipped bit
+in its payload may decode to a different image); writers write version 2.
 """
 import dataclasses
+import zlib
 
 import numpy as np
 from gdnflow.errors import GdnflowError
 
 MAGIC = b"GDNF"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The versions readers accept (1: no checksum, see the module docstring).
+READABLE_VERSIONS = (1, 2)
+CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
 #: Latent side per image side: the analysis transform's downsampling.
@@ -45,8 +58,19 @@ DOWNSAMPLING = 16
 #: header must not make the reader allocate gigabytes before it fails.
 MAX_SIDE = 1 << 16
 MAX_CHANNELS = 1 << 12
-# Elias-gamma codes longer than this are corrupt data, not latents (|q| < 2^31).
-_MAX_GAMMA_ZEROS = 40
+#: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
+#: header before anything is allocated; decoding one at the limit with M = 192 latent
+#: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
+#: image): 2.7 GB. Encoders refuse larger images, so every file written is readable.
+MAX_PIXELS = 1 << 28
+#: Largest |q| coded: the escape codes and the float32 round trip of q stay exact below it.
+MAX_SYMBOL = 2 ** 24
+# An escape's zigzag number is below 2 * (MAX_SYMBOL + support): longer Elias-gamma
+# codes are corrupt data, not latents.
+_MAX_GAMMA_ZEROS = (2 * MAX_SYMBOL).bit_length()
+# A symbol's probability is at least 2^-16 (tables.PRECISION): at most 16 bits of
+# payload each, plus the range coder's rounding and its two words of termination.
+_MAX_PAYLOAD_BITS_PER_SYMBOL = 17
 
 
 class CodecError(GdnflowError, ValueError):
@@ -116,26 +140,32 @@ def read_varint(data, pos, source, what):
 
 
 # ------------------------------------------------------- whole stream --
+def checksum(data):
+    """The 4 checksum bytes of ``data``: zlib.crc32, little-endian."""
+    return zlib.crc32(data).to_bytes(CHECKSUM_BYTES, "little")
+
+
 def pack(header, payload, escapes):
-    """The bytes of a file: ``header`` (a :class:`Header`), ``payload`` and ``escapes`` (bytes)."""
+    """The bytes of a file: ``header`` (a :class:`Header`), ``payload`` and ``escapes`` (bytes).
+
+    A version-2 header gets the checksum; version 1 (for tests of old files) not.
+    """
     if len(header.model_id) != MODEL_ID_BYTES or len(header.tables_digest) != TABLES_DIGEST_BYTES:
         raise ValueError(f"pack: model id and tables digest must be {MODEL_ID_BYTES} and "
                          f"{TABLES_DIGEST_BYTES} bytes")
-    return b"".join([
+    if header.version not in READABLE_VERSIONS:
+        raise ValueError(f"pack: format version {header.version} is not one of "
+                         f"{READABLE_VERSIONS}")
+    body = b"".join([
         MAGIC, bytes([header.version]), header.model_id, header.tables_digest,
         *(write_varint(v) for v in (header.height, header.width, header.channels,
                                     header.latent_height, header.latent_width, len(payload))),
         payload, escapes])
+    return body + checksum(body) if header.version >= 2 else body
 
 
-def unpack(data, source="<bytes>"):
-    """(Header, payload bytes, escape bytes) of a file's bytes; FormatError naming ``source``.
-
-    Checks the magic, the version, that the latent shape fits the image size,
-    and that the payload is complete. Whether the model fits is the
-    caller's check (:func:`check_model`).
-    """
-    data = bytes(data)
+def _verified_body(data, source):
+    """``data`` without its checksum, once the magic, version and checksum are right."""
     fixed = len(MAGIC) + 1 + MODEL_ID_BYTES + TABLES_DIGEST_BYTES
     head = data[:len(MAGIC)]
     if head != MAGIC:
@@ -146,12 +176,33 @@ def unpack(data, source="<bytes>"):
     if len(data) < len(MAGIC) + 1:
         raise FormatError(f"{source}: truncated: the file ends inside the header")
     version = data[len(MAGIC)]
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise FormatError(f"{source}: format version {version} is not supported (this gdnflow "
-                          f"reads version {FORMAT_VERSION})")
-    if len(data) < fixed:
+                          f"reads versions {', '.join(map(str, READABLE_VERSIONS))}): corrupt, "
+                          "or written by a newer gdnflow")
+    if version == 1:
+        return data
+    if len(data) < fixed + CHECKSUM_BYTES:
         raise FormatError(f"{source}: truncated: the file ends inside the header")
-    pos = len(MAGIC) + 1
+    body, stored = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
+    if checksum(body) != stored:
+        raise FormatError(f"{source}: corrupted (checksum mismatch): the file was changed or "
+                          "truncated after it was written; nothing in it can be trusted")
+    return body
+
+
+def unpack(data, source="<bytes>"):
+    """(Header, payload bytes, escape bytes) of a file's bytes; FormatError naming ``source``.
+
+    Checks the magic, the version and the checksum first, then that the image
+    is at most :data:`MAX_PIXELS`, that the latent shape fits the image size,
+    and that the payload is complete and of a plausible size. Whether the
+    model fits is the caller's check (:func:`check_model`).
+    """
+    data = _verified_body(bytes(data), source)
+    version, pos = data[len(MAGIC)], len(MAGIC) + 1
+    if len(data) < pos + MODEL_ID_BYTES + TABLES_DIGEST_BYTES:
+        raise FormatError(f"{source}: truncated: the file ends inside the header")
     model = data[pos:pos + MODEL_ID_BYTES]
     pos += MODEL_ID_BYTES
     digest = data[pos:pos + TABLES_DIGEST_BYTES]
@@ -164,17 +215,30 @@ def unpack(data, source="<bytes>"):
     if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS):
         raise FormatError(f"{source}: corrupt header: image {height}x{width} with "
                           f"{channels} latent channels")
+    if height * width > MAX_PIXELS:
+        raise FormatError(f"{source}: the header claims a {height}x{width} image "
+                          f"({height * width} pixels), more than the format's limit of "
+                          f"{MAX_PIXELS} pixels: corrupt or not written by gdnflow")
     expected = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
     if (latent_h, latent_w) != expected:
         raise FormatError(f"{source}: corrupt header: a {latent_h}x{latent_w} latent for a "
                           f"{height}x{width} image (expected {expected[0]}x{expected[1]})")
     if size % 4:
         raise FormatError(f"{source}: corrupt header: payload size {size} is not a multiple of 4")
+    most = max_payload_bytes(channels * latent_h * latent_w)
+    if size > most:
+        raise FormatError(f"{source}: corrupt header: a payload of {size} bytes for "
+                          f"{channels * latent_h * latent_w} latents (at most {most})")
     if pos + size > len(data):
         raise FormatError(f"{source}: truncated: the payload needs {size} bytes, the file has "
                           f"{len(data) - pos} after its header ({len(data)} bytes in all)")
     header = Header(height, width, channels, latent_h, latent_w, model, digest, version)
     return header, data[pos:pos + size], data[pos + size:]
+
+
+def max_payload_bytes(symbols):
+    """The most payload bytes ``symbols`` latents can take (16-bit tables; module constants)."""
+    return 4 * (-(-symbols * _MAX_PAYLOAD_BITS_PER_SYMBOL // 32) + 2)
 
 
 def check_model(header, tables, source="<bytes>"):
@@ -218,19 +282,23 @@ class BitWriter:
 
 
 class BitReader:
-    """Reads what :class:`BitWriter` wrote; FormatError (naming ``source``) past the end."""
+    """Reads what :class:`BitWriter` wrote; FormatError (naming ``source``) past the end.
+
+    Bits are read from the bytes in place: a file's escape section costs no
+    more memory than the file.
+    """
 
     def __init__(self, data, source):
-        self.bits = np.unpackbits(np.frombuffer(data, np.uint8))
+        self.data, self.size = bytes(data), 8 * len(data)
         self.pos, self.source = 0, source
 
     def read(self, count):
         """The next ``count`` bits as an integer."""
-        if self.pos + count > len(self.bits):
+        if self.pos + count > self.size:
             raise FormatError(f"{self.source}: truncated: the escape bits end early")
         value = 0
-        for bit in self.bits[self.pos:self.pos + count]:
-            value = (value << 1) | int(bit)
+        for pos in range(self.pos, self.pos + count):
+            value = (value << 1) | (self.data[pos >> 3] >> (7 - (pos & 7))) & 1
         self.pos += count
         return value
 
@@ -245,9 +313,9 @@ class BitReader:
 
     def check_end(self):
         """Raise FormatError unless only the zero padding of the last byte is left."""
-        rest = self.bits[self.pos:]
-        if len(rest) >= 8 or rest.any():
-            raise FormatError(f"{self.source}: {len(rest) // 8} unexpected byte(s) after the "
+        left = self.size - self.pos
+        if left >= 8 or (left and self.read(left)):
+            raise FormatError(f"{self.source}: {left // 8} unexpected byte(s) after the "
                               "coded data (another file appended, or a corrupt payload?)")
 
 
@@ -278,15 +346,15 @@ def _constriction():
 def encode_symbols(q, tables):
     """Range-code integer latents ``q`` (C, h, w); returns (payload bytes, escape bytes)."""
     constriction = _constriction()
-    q = np.asarray(q, np.int64)
-    if q.ndim != 3 or q.shape[0] != tables.channels:
-        raise ValueError(f"encode_symbols: expected latents of shape ({tables.channels}, h, w), "
-                         f"got {q.shape}")
+    q = np.asarray(q)
+    if q.ndim != 3 or q.shape[0] != tables.channels or q.dtype.kind not in "iu":
+        raise ValueError(f"encode_symbols: expected integer latents of shape "
+                         f"({tables.channels}, h, w), got {q.dtype} {q.shape}")
     encoder = constriction.stream.queue.RangeEncoder()
     escapes = BitWriter()
     for c, model in enumerate(_models(tables)):
         values = q[c].ravel()
-        symbols = values - tables.low[c]
+        symbols = values.astype(np.int64) - tables.low[c]     # one channel at a time
         escape = len(tables.cdfs[c]) - 2
         outside = (symbols < 0) | (symbols >= escape)
         symbols[outside] = escape
@@ -299,9 +367,10 @@ def encode_symbols(q, tables):
 
 
 def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
-    """The integer latents (C, h, w) int64 that :func:`encode_symbols` coded.
+    """The integer latents (C, h, w) int32 that :func:`encode_symbols` coded.
 
-    Raises FormatError if the escape bits run out or bytes are left over.
+    Raises FormatError if the escape bits run out, an escape is beyond
+    +-MAX_SYMBOL, or bytes are left over.
     """
     constriction = _constriction()
     channels, h, w = latent_shape
@@ -311,7 +380,7 @@ def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
     except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
         raise FormatError(f"{source}: corrupt payload ({exc})") from None
     reader = BitReader(escapes, source)
-    q = np.empty((channels, h * w), np.int64)
+    q = np.empty((channels, h * w), np.int32)
     for c, model in enumerate(_models(tables)):
         try:
             symbols = np.asarray(decoder.decode(model, h * w), np.int64)
@@ -321,7 +390,10 @@ def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
         values = symbols + tables.low[c]
         for i in np.flatnonzero(symbols == escape):
             n = reader.read_gamma()
-            values[i] = tables.high[c] + (n + 1) // 2 if n % 2 else tables.low[c] - n // 2
+            value = tables.high[c] + (n + 1) // 2 if n % 2 else tables.low[c] - n // 2
+            if abs(value) >= MAX_SYMBOL:
+                raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
+            values[i] = value
         q[c] = values
     reader.check_end()
     return q.reshape(channels, h, w)

@@ -5,9 +5,11 @@
         for batch in batches:                         # float32 (16, 3, 256, 256) in [0, 1]
             ...
 """
-from gdnflow.data.images import (IMAGE_EXTENSIONS, ImageFolder, NoImagesError, image_size,
-                                 list_images, load_image, pad_to_multiple, sample_photos)
+from gdnflow.data.images import (IMAGE_EXTENSIONS, ImageFolder, ImageReadError,
+                                 ImageTooLargeError, NoImagesError, image_size, list_images,
+                                 load_image, open_image, pad_to_multiple, read_rgb8, sample_photos)
 from gdnflow.data.loader import BackgroundLoader
 
-__all__ = ["ImageFolder", "BackgroundLoader", "NoImagesError", "IMAGE_EXTENSIONS", "load_image",
+__all__ = ["ImageFolder", "BackgroundLoader", "NoImagesError", "ImageReadError",
+           "ImageTooLargeError", "IMAGE_EXTENSIONS", "load_image", "read_rgb8", "open_image",
            "image_size", "list_images", "pad_to_multiple", "sample_photos"]

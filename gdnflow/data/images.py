@@ -1,8 +1,12 @@
 """Image folders for training and evaluating image-compression models.
 
-Images are read with Pillow (PNG, JPEG, BMP, PPM, TIFF, WebP; any size;
-grey, palette and alpha images become RGB) as float32 (3, H, W) arrays in
-[0, 1].
+Images are read with Pillow (PNG, JPEG, BMP, PPM, TIFF, WebP; grey, palette
+and alpha images become RGB) as float32 (3, H, W) arrays in [0, 1], or as
+uint8 (H, W, 3) by :func:`read_rgb8`. An image larger than
+``gdnflow.config.settings.max_image_pixels`` (height x width, read from its
+header before decoding; default Pillow's own error limit) is refused with
+:class:`ImageTooLargeError`, and a file Pillow cannot read or decode
+(truncated, corrupt) with :class:`ImageReadError`, each naming the file.
 
 Training batches are a pure function of (seed, step): sample j = step * B + b
 of the run is image ``perm_e[j mod n]`` of the epoch e = j // n, with
@@ -12,6 +16,7 @@ by any thread, in any order, and a resumed run needs only its step to see
 exactly the batches of the uninterrupted one.
 """
 import collections
+import contextlib
 import importlib.util
 import logging
 import os
@@ -21,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from gdnflow.config import settings
 from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
@@ -38,24 +44,107 @@ class NoImagesError(GdnflowError, ValueError):
     """A folder (or the default data set) has no usable image; the message says what to do."""
 
 
-def load_image(path):
-    """The image at ``path`` as a float32 array (3, H, W) in [0, 1] (RGB; alpha dropped)."""
-    with Image.open(path) as image:
+class ImageTooLargeError(GdnflowError, ValueError):
+    """An image with more pixels than the limit (a decompression bomb?); the message names it."""
+
+
+class ImageReadError(GdnflowError, OSError):
+    """An image file Pillow cannot open or decode (missing, truncated, corrupt); names the file."""
+
+
+# Pillow's own bomb check reads the module global Image.MAX_IMAGE_PIXELS whenever an
+# image is opened (and, for some formats, decoded). gdnflow checks its own limit from
+# the header instead, so Pillow's is lifted while gdnflow opens or decodes an image:
+# the first reader in lifts it, the last one out restores it (threads decode at once).
+_pil_limit_lock = threading.Lock()
+_pil_limit_users = 0
+_pil_limit_saved = None
+
+
+@contextlib.contextmanager
+def _pillow_limit_lifted():
+    global _pil_limit_users, _pil_limit_saved
+    with _pil_limit_lock:
+        if not _pil_limit_users:
+            _pil_limit_saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        _pil_limit_users += 1
+    try:
+        yield
+    finally:
+        with _pil_limit_lock:
+            _pil_limit_users -= 1
+            if not _pil_limit_users:
+                Image.MAX_IMAGE_PIXELS = _pil_limit_saved
+
+
+# What Pillow raises on unreadable files: OSError (UnidentifiedImageError, "image file
+# is truncated"), SyntaxError (a broken PNG chunk), EOFError, ValueError (bad fields).
+_PILLOW_ERRORS = (OSError, SyntaxError, EOFError, ValueError)
+
+
+@contextlib.contextmanager
+def open_image(path, max_pixels=None):
+    """``with open_image(path) as image:`` a Pillow image whose size is within the limit.
+
+    ``max_pixels``: the most height x width allowed (None: the knob
+    ``gdnflow.config.settings.max_image_pixels``). Raises ImageTooLargeError
+    (checked from the header, before any decoding) or ImageReadError; both
+    name ``path``. Decode inside the block (errors there are ImageReadError too).
+    """
+    limit = settings.max_image_pixels if max_pixels is None else int(max_pixels)
+    with _pillow_limit_lifted():
+        try:
+            image = Image.open(path)
+        except FileNotFoundError:
+            raise ImageReadError(f"{path}: no such image file") from None
+        except _PILLOW_ERRORS as exc:
+            raise ImageReadError(f"{path}: cannot read the image ({exc})") from None
+        with image:
+            width, height = image.size
+            if width * height > limit:
+                raise ImageTooLargeError(
+                    f"{path}: {width}x{height} pixels ({width * height}) is more than the "
+                    f"limit of {limit} (a decompression bomb?): if you trust the file, raise "
+                    "it with --max-pixels N (gdnflow.config.settings.max_image_pixels)")
+            try:
+                yield image
+            except _PILLOW_ERRORS as exc:
+                if isinstance(exc, GdnflowError):
+                    raise
+                raise ImageReadError(f"{path}: cannot decode the image ({exc}): the file is "
+                                     "truncated or corrupt") from None
+
+
+def read_rgb8(path, max_pixels=None):
+    """The image at ``path`` as uint8 (H, W, 3) RGB: grey, palette and alpha converted.
+
+    16-bit and float grey images are scaled to 8 bits (their full range,
+    65535 or 255) before the conversion, which would otherwise clip at 255.
+    ``max_pixels`` and errors as :func:`open_image`.
+    """
+    with open_image(path, max_pixels) as image:
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-            # 16-bit or float grey: scale to 8 bits before Pillow's RGB
-            # conversion, which would otherwise clip at 255.
             array = np.asarray(image, dtype=np.float64)
             top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
             grey = (np.clip(array / top, 0, 1) * 255).round().astype(np.uint8)
-            rgb = np.repeat(grey[:, :, None], 3, axis=2)
-        else:
-            rgb = np.asarray(image.convert("RGB"))
+            return np.repeat(grey[:, :, None], 3, axis=2)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        return np.asarray(image)
+
+
+def load_image(path, max_pixels=None):
+    """The image at ``path`` as a float32 array (3, H, W) in [0, 1] (RGB; alpha dropped).
+
+    k / 255 of :func:`read_rgb8`'s pixels; ``max_pixels`` and errors as :func:`open_image`.
+    """
+    rgb = read_rgb8(path, max_pixels)
     return np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
 
 
-def image_size(path):
-    """(height, width) of the image at ``path``, read from its header only."""
-    with Image.open(path) as image:
+def image_size(path, max_pixels=None):
+    """(height, width) of the image at ``path``, read from its header only (see :func:`open_image`)."""
+    with open_image(path, max_pixels) as image:
         return image.height, image.width
 
 
@@ -142,8 +231,8 @@ class ImageFolder:
         for path in paths:
             try:
                 sizes.append(image_size(path))
-            except OSError as exc:     # Pillow's UnidentifiedImageError is an OSError
-                unreadable.append(f"{Path(path).name} ({exc})")
+            except (ImageReadError, ImageTooLargeError) as exc:
+                unreadable.append(str(exc))
                 sizes.append(None)
         if unreadable:
             raise NoImagesError(f"{len(unreadable)} unreadable image(s) in {self.source}: "

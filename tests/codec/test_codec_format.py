@@ -1,5 +1,9 @@
 """The .gdn bitstream: varints, Elias-gamma escape bits, range-coded symbols
 (escapes on both sides), and every malformed file refused with its name."""
+import dataclasses
+import tracemalloc
+import zlib
+
 import numpy as np
 import pytest
 
@@ -40,7 +44,7 @@ def test_symbols_round_trip_with_escapes_on_both_sides(model, rng):
     payload, escapes = F.encode_symbols(q, tables)
     assert len(payload) % 4 == 0 and len(escapes) > 0
     decoded = F.decode_symbols(payload, escapes, tables, q.shape, "x.gdn")
-    assert decoded.dtype == np.int64 and np.array_equal(decoded, q)
+    assert decoded.dtype == np.int32 and np.array_equal(decoded, q)
 
 
 def test_rate_is_the_tables_information_content(model, rng):
@@ -68,8 +72,10 @@ def test_header_round_trip(coded):
     codec, data = coded
     header, payload, escapes = F.unpack(data, "x.gdn")
     assert (header.height, header.width, header.latent_shape) == (40, 56, (12, 3, 4))
-    assert header.model_id == codec.tables.model_id[:16] and header.version == 1
+    assert header.model_id == codec.tables.model_id[:16] and header.version == 2
     assert F.pack(header, payload, escapes) == data
+    # The last 4 bytes are zlib's CRC-32 of all before them, little-endian.
+    assert int.from_bytes(data[-4:], "little") == zlib.crc32(data[:-4])
 
 
 def test_every_truncation_is_an_error_naming_the_file(coded):
@@ -82,16 +88,20 @@ def test_every_truncation_is_an_error_naming_the_file(coded):
 
 def test_extra_bytes_are_an_error(coded):
     codec, data = coded
-    with pytest.raises(F.FormatError, match="x.gdn: 1 unexpected byte"):
+    with pytest.raises(F.FormatError, match="x.gdn: corrupted"):
         codec.decompress(data + b"\x00", "x.gdn")
+    # With its checksum recomputed, the extra byte is found where the escape bits end.
+    header, payload, escapes = F.unpack(data)
+    with pytest.raises(F.FormatError, match="x.gdn: 1 unexpected byte"):
+        codec.decompress(F.pack(header, payload, escapes + b"\x00"), "x.gdn")
 
 
 def test_wrong_magic_and_version(coded):
     codec, data = coded
     with pytest.raises(F.FormatError, match="x.png: not a gdnflow compressed image"):
         codec.decompress(b"\x89PNG" + data[4:], "x.png")
-    with pytest.raises(F.FormatError, match="x.gdn: format version 2 is not supported"):
-        codec.decompress(data[:4] + b"\x02" + data[5:], "x.gdn")
+    with pytest.raises(F.FormatError, match="x.gdn: format version 3 is not supported"):
+        codec.decompress(data[:4] + b"\x03" + data[5:], "x.gdn")
 
 
 def test_another_model_or_other_tables_are_refused(coded, other_model):
@@ -99,10 +109,10 @@ def test_another_model_or_other_tables_are_refused(coded, other_model):
     other = Codec(other_model)
     with pytest.raises(F.ModelMismatchError, match="x.gdn: coded by another model"):
         other.decompress(data, "x.gdn")
-    digest = 4 + 1 + 16
-    forged = data[:digest] + bytes(b ^ 0xFF for b in data[digest:digest + 4]) + data[digest + 4:]
+    header, payload, escapes = F.unpack(data)
+    forged = dataclasses.replace(header, tables_digest=bytes(b ^ 0xFF for b in header.tables_digest))
     with pytest.raises(F.ModelMismatchError, match="coding tables differ"):
-        codec.decompress(forged, "x.gdn")
+        codec.decompress(F.pack(forged, payload, escapes), "x.gdn")
 
 
 def test_inconsistent_header_is_refused(coded):
@@ -116,3 +126,77 @@ def test_inconsistent_header_is_refused(coded):
                     header.latent_width, header.model_id, header.tables_digest)
     with pytest.raises(F.FormatError, match="corrupt header: image 1000000000x56"):
         codec.decompress(F.pack(huge, payload, escapes), "x.gdn")
+
+
+def test_every_single_bit_flip_is_refused(coded):
+    """Each of the file's bits flipped in turn: refused every time, and a flip anywhere
+    past the version byte (the model id included) is called corrupted, not another model."""
+    codec, data = coded
+    for bit in range(8 * len(data)):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 0x80 >> (bit % 8)
+        with pytest.raises(F.FormatError) as error:
+            codec.decompress(bytes(flipped), "x.gdn")
+        expected = ("not a gdnflow compressed image" if bit < 32 else
+                    "is not supported" if bit < 40 else "corrupted (checksum mismatch)")
+        assert str(error.value).startswith("x.gdn: ") and expected in str(error.value), bit
+
+
+def test_version_1_files_are_still_read(coded):
+    """Version 1 (no checksum) decodes as before, to the same image as version 2."""
+    codec, data = coded
+    header, payload, escapes = F.unpack(data)
+    old = F.pack(dataclasses.replace(header, version=1), payload, escapes)
+    assert len(old) == len(data) - 4 and old[4] == 1
+    assert np.array_equal(codec.decompress(old), codec.decompress(data))
+    assert F.unpack(old)[0].version == 1
+
+
+def test_a_header_bomb_is_refused_before_any_allocation(coded):
+    """A small file (valid checksum) whose header claims 65536x65536 pixels: refused
+    from the header, naming the file and the limit, without allocating its latents."""
+    codec, data = coded
+    header, payload, escapes = F.unpack(data)
+    bomb = F.pack(dataclasses.replace(header, height=65536, width=65536, latent_height=4096,
+                                      latent_width=4096), payload + bytes(4096), escapes)
+    tracemalloc.start()
+    try:
+        with pytest.raises(F.FormatError, match=rf"^bomb.gdn: .*65536x65536 .*limit of "
+                                                rf"{F.MAX_PIXELS} pixels"):
+            codec.decompress(bomb, "bomb.gdn")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    at_limit = dataclasses.replace(header, height=1 << 14, width=1 << 14, latent_height=1024,
+                                   latent_width=1024)
+    assert F.unpack(F.pack(at_limit, payload, escapes))[0] == at_limit    # the limit is allowed
+
+
+def test_implausible_payload_size_is_refused(coded):
+    codec, data = coded
+    header, payload, escapes = F.unpack(data)
+    most = F.max_payload_bytes(12 * 3 * 4)
+    with pytest.raises(F.FormatError, match=f"a payload of {most + 4} bytes for 144 latents"):
+        codec.decompress(F.pack(header, bytes(most + 4), escapes), "x.gdn")
+
+
+def test_the_payload_bound_holds_when_every_symbol_escapes(model, rng):
+    """The worst case the bound must allow: every latent an escape (the least likely symbol)."""
+    tables = build_tables(model)
+    q = np.where(rng.random((tables.channels, 9, 11)) < 0.5, 5000, -5000).astype(np.int32)
+    payload, escapes = F.encode_symbols(q, tables)
+    assert len(payload) <= F.max_payload_bytes(q.size)
+    assert np.array_equal(F.decode_symbols(payload, escapes, tables, q.shape), q)
+
+
+def test_escapes_beyond_the_largest_symbol_are_refused(model):
+    tables = build_tables(model)
+    q = np.zeros((tables.channels, 2, 2), np.int32)
+    q[0, 0, 0] = F.MAX_SYMBOL - 1
+    payload, escapes = F.encode_symbols(q, tables)
+    assert F.decode_symbols(payload, escapes, tables, q.shape)[0, 0, 0] == F.MAX_SYMBOL - 1
+    q[0, 0, 0] = F.MAX_SYMBOL + 5        # the encoder never writes this (Codec.quantize refuses)
+    payload, escapes = F.encode_symbols(q, tables)
+    with pytest.raises(F.FormatError, match="x.gdn: corrupt escape bits"):
+        F.decode_symbols(payload, escapes, tables, q.shape, "x.gdn")

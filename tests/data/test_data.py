@@ -8,7 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gdnflow.data import BackgroundLoader, ImageFolder, NoImagesError, load_image, pad_to_multiple
+from gdnflow import config
+from gdnflow.data import (BackgroundLoader, ImageFolder, ImageReadError, ImageTooLargeError,
+                          NoImagesError, image_size, load_image, pad_to_multiple, read_rgb8)
 from gdnflow.data import images as images_module
 
 Image = pytest.importorskip("PIL.Image")
@@ -48,6 +50,50 @@ def test_load_image_modes(tmp_path, rng):
     jpeg = load_image(tmp_path / "photo.jpg")
     assert jpeg.dtype == np.float32 and jpeg.shape == (3, 5, 7)
     assert 0 <= jpeg.min() and jpeg.max() <= 1
+
+
+def test_read_rgb8_gives_the_file_s_bytes(tmp_path, rng):
+    rgb = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "rgb.png")
+    Image.fromarray(np.dstack([rgb, np.full((5, 7), 9, np.uint8)])).save(tmp_path / "rgba.png")
+    for name in ("rgb.png", "rgba.png"):
+        pixels = read_rgb8(tmp_path / name)
+        assert pixels.dtype == np.uint8 and np.array_equal(pixels, rgb), name
+
+
+def test_images_over_the_pixel_limit_are_refused_from_the_header(tmp_path, rng):
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    path = write_image(tmp_path / "big.png", rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    with config.override(max_image_pixels=1199):
+        for read in (load_image, read_rgb8, image_size):
+            with pytest.raises(ImageTooLargeError, match=r"big.png: 40x30 pixels \(1200\) is more "
+                                                         r"than the limit of 1199 .*--max-pixels"):
+                read(path)
+        assert read_rgb8(path, max_pixels=1200).shape == (30, 40, 3)      # raised for one call
+        with pytest.raises(NoImagesError, match="big.png: 40x30"):
+            ImageFolder([path], crop=16)
+    with config.override(max_image_pixels=1200):
+        assert image_size(path) == (30, 40)
+    # Pillow's own limit is lifted only while gdnflow reads, and restored after a refusal too.
+    assert Image.MAX_IMAGE_PIXELS == pillow_limit
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_unreadable_images_name_their_file(tmp_path, rng, damage):
+    good = write_image(tmp_path / "good.png", rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    data = good.read_bytes()
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(data[:len(data) // 2] if damage == "truncated" else b"\x89PNG" + bytes(40))
+    for read in (load_image, read_rgb8):
+        with pytest.raises(ImageReadError, match=r"^\S*bad.png: cannot (read|decode) the image"):
+            read(bad)
+    with pytest.raises(ImageReadError, match="missing.png: no such image file"):
+        read_rgb8(tmp_path / "missing.png")
+    # In a folder: a header that reads is listed; decoding it names the file.
+    if damage == "truncated":
+        data_set = ImageFolder([good, bad], crop=32)
+        with pytest.raises(ImageReadError, match="bad.png"):
+            data_set.image(1)
 
 
 def test_folder_lists_images_recursively_and_pads_small_ones(folder, caplog):
