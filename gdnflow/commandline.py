@@ -20,10 +20,12 @@
   scripts see gdnflow like any other Unix tool.
 """
 import argparse
+import contextlib
 import math
 import os
 import sys
 
+from gdnflow.config import override
 from gdnflow.errors import GdnflowError
 
 #: Exit statuses: success, failure (a file, a value the work could not use), usage error.
@@ -149,6 +151,21 @@ def describe_error(exc):
     return one_line(exc) or type(exc).__name__
 
 
+# ------------------------------------------------------- shared options --
+def add_max_pixels_option(parser):
+    """Add ``--max-pixels N`` (the image-size limit of every image the command reads)."""
+    parser.add_argument("--max-pixels", type=positive_int, metavar="N",
+                        help="refuse images of more than N pixels, read from each file's header "
+                        "before decoding (default: Pillow's decompression-bomb limit, "
+                        "gdnflow.config.settings.max_image_pixels)")
+
+
+def _image_limit(args):
+    """The block in which the command runs: ``--max-pixels``, where given, sets the knob."""
+    limit = getattr(args, "max_pixels", None)
+    return contextlib.nullcontext() if limit is None else override(max_image_pixels=limit)
+
+
 # --------------------------------------------------------------------- run --
 def run(parser, argv=None):
     """Parse ``argv`` with ``parser``, run the chosen command; the exit status (module docstring).
@@ -161,7 +178,8 @@ def run(parser, argv=None):
     name = command_name(parser.prog, args)
     debug = getattr(args, "debug", False) or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
     try:
-        status = args.run(args)
+        with _image_limit(args):
+            status = args.run(args)
         sys.stdout.flush()      # inside the try: a closed pipe is reported here, not at exit
         return status
     except BrokenPipeError:

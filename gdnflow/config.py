@@ -60,7 +60,7 @@ class Config:
     #: The most pixels (height x width, read from the file's header before decoding)
     #: an image file may have: larger ones are refused as possible decompression
     #: bombs. Default: Pillow's own error limit, 2 x PIL.Image.MAX_IMAGE_PIXELS.
-    #: ``gdnflow compress --max-pixels N`` overrides it for that command's images.
+    #: ``--max-pixels N`` of compress, eval and train sets it for that command.
     max_image_pixels: int = 2 * 89_478_485
 
     def override(self, **changes):

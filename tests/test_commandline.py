@@ -3,9 +3,11 @@ import argparse
 
 import pytest
 
-from gdnflow.commandline import (FAILURE, INTERRUPTED, USAGE_ERROR, command_parser, fraction,
+from gdnflow.commandline import (FAILURE, INTERRUPTED, USAGE_ERROR, add_max_pixels_option,
+                                 command_parser, fraction,
                                  nonnegative_int, positive_float, positive_int,
                                  positive_int_list, positive_multiple_of, run)
+from gdnflow.config import settings
 from gdnflow.errors import GdnflowError
 
 
@@ -74,3 +76,15 @@ def test_ctrl_c_bugs_and_debug(capsys, monkeypatch):
     monkeypatch.setenv("GDNFLOW_DEBUG", "1")
     with pytest.raises(GdnflowError):
         run(command(fails_with(GdnflowError("shown with its traceback"))), ["go"])
+
+
+def test_max_pixels_sets_the_image_limit_for_the_command_only():
+    default = settings.max_image_pixels
+    seen = []
+    parser, subparsers = command_parser("tool", "test")
+    go = subparsers.add_parser("go")
+    add_max_pixels_option(go)
+    go.set_defaults(run=lambda args: seen.append(settings.max_image_pixels) or 0)
+    assert run(parser, ["go", "--max-pixels", "1234"]) == 0
+    assert run(parser, ["go"]) == 0
+    assert seen == [1234, default] and settings.max_image_pixels == default

@@ -26,7 +26,7 @@ from PIL import Image
 from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image
 from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
 from gdnflow.codec.format import CodecError
-from gdnflow.commandline import command_parser, positive_int, run
+from gdnflow.commandline import add_max_pixels_option, command_parser, run
 from gdnflow.io.files import check_inputs, check_outputs, output_paths, write_bytes_atomic
 from gdnflow.io.formats import require_checkpoint
 
@@ -60,7 +60,7 @@ def cmd_compress(args):
                             inputs=[*args.images, args.checkpoint], force=args.force)
     codec = Codec.from_checkpoint(args.checkpoint, args.device)
     for source, target in zip(args.images, outputs):
-        image = read_image(source, args.max_pixels)
+        image = read_image(source)
         write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
         data = target.read_bytes()
         # Decoding the file just written checks it and gives the real PSNR.
@@ -144,10 +144,7 @@ def add_codec_parsers(subparsers):
     compress.add_argument("--checkpoint", required=True, metavar="CKPT",
                           help="a gdnflow checkpoint of a factorized prior (gdnflow train)")
     compress.add_argument("--force", action="store_true", help="overwrite existing files")
-    compress.add_argument("--max-pixels", type=positive_int, metavar="N",
-                          help="refuse images of more than N pixels, read from the file's header "
-                          "before decoding (default: gdnflow.config.settings.max_image_pixels, "
-                          "Pillow's decompression-bomb limit)")
+    add_max_pixels_option(compress)
     _device_option(compress)
     compress.set_defaults(run=cmd_compress)
 
@@ -177,6 +174,7 @@ def add_codec_parsers(subparsers):
                             help="folder for eval.md, eval.json, rd.png and the .gdn files "
                             "(default: only print the table)")
     evaluation.add_argument("--force", action="store_true", help="overwrite earlier results")
+    add_max_pixels_option(evaluation)
     _device_option(evaluation)
     evaluation.set_defaults(run=cmd_eval)
     return compress, decompress, evaluation

@@ -247,7 +247,9 @@ class ImageFolder:
                 paths, sizes = [paths[i] for i in keep], [sizes[i] for i in keep]
         if not paths:
             raise NoImagesError(f"every image in {self.source} is smaller than the "
-                                f"{self.crop}x{self.crop} crop; use small='pad' or a smaller crop")
+                                f"{self.crop}x{self.crop} crop: pad them instead (gdnflow train "
+                                "--small-images pad; ImageFolder(small='pad')) or use a smaller "
+                                "crop")
         self.paths = [Path(p) for p in paths]
         self.sizes = sizes
         self._cache = collections.OrderedDict()

@@ -10,8 +10,8 @@
 import dataclasses
 import sys
 
-from gdnflow.commandline import (USAGE_ERROR, nonnegative_int, positive_float, positive_int,
-                                 positive_multiple_of)
+from gdnflow.commandline import (USAGE_ERROR, add_max_pixels_option, nonnegative_int,
+                                 positive_float, positive_int, positive_multiple_of)
 from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
@@ -34,6 +34,7 @@ def add_arguments(parser):
                       help="images smaller than the crop: pad by reflection or skip (default pad)")
     data.add_argument("--workers", type=nonnegative_int, default=defaults.workers,
                       help=f"threads decoding images (default {defaults.workers})")
+    add_max_pixels_option(data)
     model = parser.add_argument_group("model and loss")
     model.add_argument("--quality", type=int, choices=range(1, 9), metavar="1-8",
                        help="CompressAI's quality: sets lambda (0.0018 ... 0.18) and, for 6-8, "
