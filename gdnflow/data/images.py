@@ -238,6 +238,11 @@ class ImageFolder:
             raise NoImagesError(f"{len(unreadable)} unreadable image(s) in {self.source}: "
                                 + "; ".join(unreadable[:3]))
         small_ones = [i for i, (h, w) in enumerate(sizes) if h < self.crop or w < self.crop]
+        if small == "skip" and len(small_ones) == len(paths):
+            raise NoImagesError(f"every image in {self.source} is smaller than the "
+                                f"{self.crop}x{self.crop} crop: pad them instead (gdnflow train "
+                                "--small-images pad; ImageFolder(small='pad')) or use a smaller "
+                                "crop")
         if small_ones:
             action = "padded by reflection" if small == "pad" else "skipped"
             _log.warning("gdnflow.data: %d of %d images in %s are smaller than %dx%d: %s",
@@ -245,11 +250,6 @@ class ImageFolder:
             if small == "skip":
                 keep = sorted(set(range(len(paths))) - set(small_ones))
                 paths, sizes = [paths[i] for i in keep], [sizes[i] for i in keep]
-        if not paths:
-            raise NoImagesError(f"every image in {self.source} is smaller than the "
-                                f"{self.crop}x{self.crop} crop: pad them instead (gdnflow train "
-                                "--small-images pad; ImageFolder(small='pad')) or use a smaller "
-                                "crop")
         self.paths = [Path(p) for p in paths]
         self.sizes = sizes
         self._cache = collections.OrderedDict()

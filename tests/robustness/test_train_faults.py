@@ -239,3 +239,20 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(train, start, tmp_pa
     assert logged_steps(run) == list(range(1, 201))             # each step once
     assert (run / "history.jsonl").read_text() == (reference / "history.jsonl").read_text()
     assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in reference.iterdir())
+
+
+def test_resuming_from_a_classifier_checkpoint_is_one_short_line(train, tmp_path):
+    from gdnflow.io.checkpoint import save_checkpoint
+    from gdnflow.models import mobilenet_v2
+    classifier = tmp_path / "classifier.h5"
+    save_checkpoint(classifier, mobilenet_v2(num_classes=10, width_mult=0.35, device="numpy"))
+    before = fingerprint(classifier)
+    result = train(tmp_path / "run", "--steps", "2", "--resume", classifier)
+    line = assert_one_line_error(result, "train", classifier)
+    assert len(line) < 600, line            # the names are counted, not all listed
+    assert fingerprint(classifier) == before
+
+
+def test_images_smaller_than_the_crop_name_the_option_that_pads_them(train, tmp_path):
+    result = train(tmp_path / "run", "--steps", "2", "--crop", "64", "--small-images", "skip")
+    assert_one_line_error(result, "train", "--small-images pad", "64x64")
