@@ -5,6 +5,11 @@ benchmark mode, random weights shared by both sides).
 
     PYTHONPATH=. python3 benchmarks/bench_inference.py --out benchmarks/results/inference.md
         [--models mobilenet_v2,vgg16] [--batches 1,64] [--repeats 50] [--quick]
+        [--precision tf32]
+
+``--precision tf32`` runs gdnflow's matrix products in TF32
+(``gdnflow.set_matmul_precision``) and turns PyTorch's ``allow_tf32`` on
+(matmul and cuDNN) for the same run.
 
 The measurement itself is :mod:`gdnflow.inference_bench` (also behind
 ``gdnflow bench``); this script times with gdnflow.benchmarking and writes the
@@ -33,6 +38,7 @@ import time
 
 from gdnflow import benchmarking as harness
 from gdnflow import inference_bench
+from gdnflow.config import MATMUL_PRECISIONS, override
 
 
 def main():
@@ -44,20 +50,30 @@ def main():
                         help="comma-separated batch sizes")
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per variant")
     parser.add_argument("--quick", action="store_true", help="10 timed calls, 3 warm-up")
+    parser.add_argument("--precision", choices=MATMUL_PRECISIONS, default="fp32",
+                        help="matmul precision of both sides (default fp32: TF32 off)")
     args = parser.parse_args()
     torch = harness.torch_or_none()
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
+            args.precision == "tf32"
     if torch is None:
         print("PyTorch with CUDA not found: timing gdnflow alone", file=sys.stderr)
     repeats, warmup = (10, 3) if args.quick else (args.repeats, 10)
     started = time.perf_counter()
-    rows, notes = inference_bench.run(
-        [m for m in args.models.split(",") if m], [int(b) for b in args.batches.split(",") if b],
-        warmup=warmup, repeats=repeats, torch=torch,
-        timers=(harness.time_gdnflow, harness.time_torch),
-        log=lambda line: print(line, file=sys.stderr, flush=True))
+    with override(matmul_precision=args.precision):
+        rows, notes = inference_bench.run(
+            [m for m in args.models.split(",") if m],
+            [int(b) for b in args.batches.split(",") if b],
+            warmup=warmup, repeats=repeats, torch=torch,
+            timers=(harness.time_gdnflow, harness.time_torch),
+            log=lambda line: print(line, file=sys.stderr, flush=True))
     notes.append(f"median of {repeats} CUDA-event timings after {warmup} warm-up calls, "
                  f"cycling over {inference_bench.INPUT_SETS} input batches; whole run "
                  f"{time.perf_counter() - started:.0f} s")
+    notes.append(f"matmul precision {args.precision} on both sides (gdnflow "
+                 f"matmul_precision={args.precision!r}; PyTorch allow_tf32 "
+                 f"{'on' if args.precision == 'tf32' else 'off'} for matmul and cuDNN)")
     notes.append("'gdnflow fused' is the plan run operator by operator (no graph); "
                  "'torch graph' and 'gdnflow plan' include copying the input into the "
                  "graph's static input buffer")

@@ -14,6 +14,7 @@ import importlib
 
 from gdnflow.autograd import Operator, grad_enabled, no_grad
 from gdnflow.backends import cuda_available, default_device, set_default_device
+from gdnflow.config import set_matmul_precision
 from gdnflow.errors import (DeviceMismatchError, DTypeError, GdnflowError, GraphFreedError,
                             KernelCompileError, ShapeError)
 from gdnflow.registry import register

@@ -13,7 +13,9 @@ A name that is not a knob is refused (no typo passes silently).
 
 The defaults are what gdnflow ships: results do not depend on them (every
 setting computes the same values, up to float32 summation order), only speed
-and memory do. Tests and benchmarks switch them only through :func:`override`.
+and memory do, with one exception: ``matmul_precision`` (set it with
+:func:`set_matmul_precision`) trades float32 exactness for tensor-core speed.
+Tests and benchmarks switch them only through :func:`override`.
 """
 import contextlib
 import dataclasses
@@ -56,6 +58,15 @@ class Config:
     #: environment variable GDNFLOW_SPARSE, else "auto".
     sparse_policy: str = None
 
+    # --- precision (gdnflow.backends.cuda.blas) -------------------------------
+    #: How the GPU's float32 matrix products run: "fp32" (float32 FMA, results
+    #: match the NumPy reference to 1e-4) or "tf32" (tensor cores: inputs rounded
+    #: to TF32's 10-bit mantissa, products accumulated in float32; several times
+    #: faster on compute-bound products, about 1e-3 relative error). It applies
+    #: to the cuBLAS products: im2col and Winograd convolutions, linear and
+    #: matmul, GDN's unfused products; gdnflow's own kernels stay float32.
+    matmul_precision: str = "fp32"
+
     # --- images (gdnflow.data.images) -----------------------------------------
     #: The most pixels (height x width, read from the file's header before decoding)
     #: an image file may have: larger ones are refused as possible decompression
@@ -87,6 +98,28 @@ def _override(config, changes):
 
 #: The process's settings, read by the code that each knob tunes.
 settings = Config()
+
+#: The values of ``settings.matmul_precision``.
+MATMUL_PRECISIONS = ("fp32", "tf32")
+
+
+def check_matmul_precision(precision):
+    """``precision`` if it is one of :data:`MATMUL_PRECISIONS`, else a ValueError naming them."""
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision {precision!r}: expected one of "
+                         f"{', '.join(MATMUL_PRECISIONS)}")
+    return precision
+
+
+def set_matmul_precision(precision):
+    """Run the GPU's float32 matrix products in ``precision``: "fp32" (default) or "tf32".
+
+    The setting holds for the rest of the process (``with override(
+    matmul_precision="tf32"):`` for a block). Inference plans keep the
+    precision they were built with: ``gdnflow.compile`` builds one plan per
+    input shape and precision.
+    """
+    settings.matmul_precision = check_matmul_precision(precision)
 
 
 def override(**changes):

@@ -76,6 +76,21 @@ def _poisoned_allocations():
         runtime.poison = previous
 
 
+def round_to_tf32(x):
+    """float32 ``x`` rounded to TF32 (the tensor cores' 10-bit mantissa), nearest, ties to even.
+
+    The NumPy side of a "tf32" matmul check: a product of TF32-rounded
+    inputs accumulated in float64 is what the tensor cores approximate.
+    Infinities and NaN pass unchanged.
+    """
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    dropped = 13                                    # float32's 23 mantissa bits - TF32's 10
+    half = np.uint32(1 << (dropped - 1)) - np.uint32(1) + ((bits >> dropped) & np.uint32(1))
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = np.where(finite, (bits + half) & ~np.uint32((1 << dropped) - 1), bits)
+    return rounded.view(np.float32)
+
+
 def relative_error(actual, expected):
     """max |actual - expected| / max |expected| (inf on NaN or a shape mismatch)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)

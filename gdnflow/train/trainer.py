@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from gdnflow.autograd import no_grad
 from gdnflow.backends import check_device, default_device
+from gdnflow.config import check_matmul_precision, override
 from gdnflow.data.images import ImageFolder, pad_to_multiple
 from gdnflow.data.loader import BackgroundLoader
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
@@ -71,7 +72,9 @@ class TrainConfig:
     "skip"), ``workers`` (threads decoding images), ``prefetch`` (batches
     prepared ahead). Model: ``N``, ``M``. Loss: ``lmbda``. Optimisation:
     ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
-    ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``).
+    ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
+    ``precision`` of the GPU's matrix products in training and evaluation
+    ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`).
     Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
     only at the end), ``seed``, ``device`` (None: the default device),
     ``quiet`` (no progress bar).
@@ -100,6 +103,7 @@ class TrainConfig:
     prefetch: int = 4
     small_images: str = "pad"
     quiet: bool = False
+    precision: str = "fp32"
 
     #: Fields a resumed run must share with its checkpoint: they decide the
     #: data, the noise and the shapes, so a change would not continue the run.
@@ -121,6 +125,7 @@ class TrainConfig:
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.device is not None:
             check_device(self.device)
+        check_matmul_precision(self.precision)
 
 
 def _optimizer_to_json(optimizer):
@@ -205,8 +210,13 @@ class Trainer:
 
         Returns the step's record (also appended to ``history``). Raises
         :class:`NonFiniteError` before updating anything if the loss, the
-        rate, the auxiliary loss or the gradient norm is not finite.
+        rate, the auxiliary loss or the gradient norm is not finite. The
+        matrix products run in ``config.precision``.
         """
+        with override(matmul_precision=self.config.precision):
+            return self._train_step(batch)
+
+    def _train_step(self, batch):
         x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
         step = self.step
         self.model.train()
@@ -268,8 +278,13 @@ class Trainer:
         ``bpp``, ``mse``, ``psnr`` and ``ms_ssim`` (NaN for images too small
         for five scales) and records it in ``eval_history``. ``keep``
         reconstructions are kept in ``last_reconstructions`` as
-        (name, original, reconstruction, bpp, psnr).
+        (name, original, reconstruction, bpp, psnr). The matrix products run
+        in ``config.precision``.
         """
+        with override(matmul_precision=self.config.precision):
+            return self._evaluate(limit, keep)
+
+    def _evaluate(self, limit, keep):
         limit = self.config.eval_images if limit is None else limit
         rows, kept = [], []
         self.model.eval()

@@ -36,7 +36,7 @@ def test_plans_are_cached_per_input_shape(rng):
     assert compiled.plan((2, 3, 5, 5)) is first and compiled.builds == 1
     y = tensor(rng, (1, 3, 8, 8))
     assert relative_error(compiled(y).numpy(), eager(model, y)) < 1e-5
-    assert compiled.builds == 2 and set(compiled.plans) == {(2, 3, 5, 5), (1, 3, 8, 8)}
+    assert compiled.builds == 2 and set(compiled.plans) == {((2, 3, 5, 5), "fp32"), ((1, 3, 8, 8), "fp32")}
     assert compiled.plan((2, 3, 5, 5)) is first
 
 
@@ -44,7 +44,7 @@ def test_least_recently_used_plan_is_dropped_beyond_max_plans(rng):
     compiled = inference.compile(small_model(rng), max_plans=2)
     for size in (4, 5, 4, 6):
         compiled(tensor(rng, (1, 3, size, size)))
-    assert list(compiled.plans) == [(1, 3, 4, 4), (1, 3, 6, 6)]
+    assert list(compiled.plans) == [((1, 3, 4, 4), "fp32"), ((1, 3, 6, 6), "fp32")]
 
 
 def test_loading_new_weights_rebuilds_the_plan(rng):

@@ -2,8 +2,10 @@
 
 Through ``skcuda.cublas`` (the only part of scikit-cuda that works under
 NumPy 2). Its handle is created once per process, bound to the runtime's
-stream, given a workspace of its own and kept in the default math mode (no
-TF32: gdnflow's float32 results must match the NumPy reference to 1e-4).
+stream and given a workspace of its own. Its math mode follows
+``gdnflow.config.settings.matmul_precision``, read at every call: the
+default math mode for "fp32" (results match the NumPy reference to 1e-4),
+TF32 tensor-core math for "tf32".
 scikit-cuda has no strided-batched GEMM, no math-mode setter and no
 workspace setter; their prototypes are declared here from cublas_api.h on the
 library scikit-cuda loaded.
@@ -20,8 +22,10 @@ import pycuda.driver as drv
 import skcuda.cublas as cublas
 
 from gdnflow.backends.cuda.runtime import get_runtime
+from gdnflow.config import check_matmul_precision, settings
 
-CUBLAS_DEFAULT_MATH = 0
+#: cuBLAS math modes (cublas_api.h) of the values of settings.matmul_precision.
+MATH_MODES = {"fp32": 0, "tf32": 3}     # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 #: The workspace every cuBLAS call of gdnflow uses (NVIDIA's recommended size
 #: on Hopper). User-owned so that cuBLAS never allocates one itself: it would
 #: do so inside a CUDA graph capture (gdnflow.backends.cuda.graphs).
@@ -40,18 +44,31 @@ _lib.cublasSgemmStridedBatched.argtypes = [
 _lib.cublasSetWorkspace_v2.restype = int
 _lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _workspace = None               # the DeviceAllocation behind the handle's workspace
+_math_mode = None               # the handle's math mode, set when the knob changes
 
 
 @functools.lru_cache(maxsize=None)
-def handle():
-    """The process's cuBLAS handle: on gdnflow's stream, own workspace, default math mode."""
+def _create_handle():
     global _workspace
     h = cublas.cublasCreate()
     cublas.cublasSetStream(h, get_runtime().stream.handle)
     # After cublasSetStream, which resets the workspace to cuBLAS's own pool.
     _workspace = drv.mem_alloc(WORKSPACE_BYTES)
     cublas.cublasCheckStatus(_lib.cublasSetWorkspace_v2(h, int(_workspace), WORKSPACE_BYTES))
-    cublas.cublasCheckStatus(_lib.cublasSetMathMode(h, CUBLAS_DEFAULT_MATH))
+    return h
+
+
+def handle():
+    """The process's cuBLAS handle: on gdnflow's stream, own workspace, and the math mode
+    of ``settings.matmul_precision`` (set again only when the knob changed)."""
+    global _math_mode
+    h = _create_handle()
+    mode = MATH_MODES.get(settings.matmul_precision)
+    if mode != _math_mode:
+        if mode is None:
+            check_matmul_precision(settings.matmul_precision)
+        cublas.cublasCheckStatus(_lib.cublasSetMathMode(h, mode))
+        _math_mode = mode
     return h
 
 
