@@ -11,10 +11,11 @@ runs (it reads the step's scalars back once, to stop on NaN/inf); CompressAI's
 is the loop of its ``examples/train.py``. gdnflow starts from CompressAI's
 initial weights, and the two models' evaluation losses (rounded latents) on
 the batch are compared first. Timing: CUDA events on each library's stream,
-warm-up, median (see ``gdnflow.benchmarking``). ``--precisions fp32,tf32``
-times both sides at each matmul precision: gdnflow's
-``TrainConfig.precision``, PyTorch's ``allow_tf32`` (matmul and cuDNN);
-the table also gives gdnflow's TF32 step against CompressAI's fp32 one.
+warm-up, median (see ``gdnflow.benchmarking``). ``--precision tf32`` runs
+gdnflow's matrix products in TF32 (``TrainConfig.precision``) and times
+CompressAI both in fp32 and with ``allow_tf32`` on (matmul and cuDNN). One
+precision per process: a second Trainer in the same process ran 2-8 ms
+slower per step, whichever precision it had.
 """
 import argparse
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from gdnflow import benchmarking as harness
 import gdnflow as gf
-from gdnflow.config import check_matmul_precision
+from gdnflow.config import MATMUL_PRECISIONS
 from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_state_dict
 from gdnflow.train import TrainConfig, Trainer
 
@@ -91,8 +92,9 @@ def main():
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--precisions", default="fp32",
-                        help="comma-separated matmul precisions to time (fp32, tf32)")
+    parser.add_argument("--precision", choices=MATMUL_PRECISIONS, default="fp32",
+                        help="gdnflow's matmul precision (CompressAI: fp32, and tf32 too "
+                        "with tf32)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also list the GPU kernels of this many gdnflow steps by total "
                              "time (through PyTorch's CUPTI profiler, which sees every "
@@ -110,57 +112,53 @@ def main():
         skipped = load_compressai_state_dict(model, net.state_dict())
         notes.append(f"gdnflow loaded CompressAI's initial weights ({len(skipped)} CompressAI "
                      "buffers without a gdnflow counterpart skipped)")
-    precisions = [check_matmul_precision(p) for p in args.precisions.split(",")]
-    trainers = {p: Trainer(TrainConfig(N=N, M=M, lmbda=LMBDA, device="cuda", quiet=True,
-                                       precision=p), model=model) for p in precisions}
-    trainer = trainers[precisions[0]]
+    precision = args.precision
+    trainer = Trainer(TrainConfig(N=N, M=M, lmbda=LMBDA, device="cuda", quiet=True,
+                                  precision=precision), model=model)
     rows = []
     if net is not None:
         tx = torch.tensor(x_host, device="cuda")
         ours, theirs = evaluation_terms_gdnflow(trainer, x), evaluation_terms_compressai(torch, net, tx)
         errors = ", ".join(f"{name} {abs(a - b) / abs(b):.1e}" for name, a, b in
                            zip(("loss", "bpp", "mse"), ours, theirs))
-        notes.append(f"same weights, evaluation mode (rounded latents), {precisions[0]}: relative "
-                     f"differences gdnflow vs CompressAI: {errors} (gdnflow loss {ours[0]:.5f}, "
-                     f"CompressAI {theirs[0]:.5f})")
+        notes.append(f"same weights, evaluation mode (rounded latents), gdnflow in {precision}, "
+                     f"CompressAI in fp32: relative differences: {errors} (gdnflow loss "
+                     f"{ours[0]:.5f}, CompressAI {theirs[0]:.5f})")
         step, forward = compressai_step(torch, net, tx)
     else:
         notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
-    steps = {}
-    for precision, trainer in trainers.items():
-        def gdnflow_forward():
-            with gf.config.override(matmul_precision=precision):
-                return trainer.criterion(trainer.model(x, noise_key=1, noise_stream=0), x)["loss"]
 
-        ours_fwd = harness.time_gdnflow(gdnflow_forward, warmup=args.warmup, repeats=args.repeats)
-        ours_step = harness.time_gdnflow(lambda: trainer.train_step(x), warmup=args.warmup,
-                                         repeats=args.repeats)
-        theirs_fwd = theirs_step = None
+    def gdnflow_forward():
+        with gf.config.override(matmul_precision=precision):
+            return trainer.criterion(trainer.model(x, noise_key=1, noise_stream=0), x)["loss"]
+
+    ours = {"forward + loss (training mode)": harness.time_gdnflow(
+                gdnflow_forward, warmup=args.warmup, repeats=args.repeats),
+            "training step (fwd, bwd, clip, 2x Adam)": harness.time_gdnflow(
+                lambda: trainer.train_step(x), warmup=args.warmup, repeats=args.repeats)}
+    for theirs_precision in (["fp32", "tf32"] if precision == "tf32" else ["fp32"]):
+        theirs = dict.fromkeys(ours)
         if net is not None:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
-                precision == "tf32"
-            theirs_fwd = harness.time_torch(forward, warmup=args.warmup, repeats=args.repeats)
-            theirs_step = harness.time_torch(step, warmup=args.warmup, repeats=args.repeats)
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        steps[precision] = (ours_step, theirs_step)
-        for label, a, b in ((f"forward + loss (training mode), {precision}", ours_fwd, theirs_fwd),
-                            (f"training step (fwd, bwd, clip, 2x Adam), {precision}", ours_step,
-                             theirs_step)):
-            rows.append([label, f"{a:.2f}", f"{b:.2f}" if b else "-", f"{1000 / a:.1f}",
+                theirs_precision == "tf32"
+            theirs = {"forward + loss (training mode)": harness.time_torch(
+                          forward, warmup=args.warmup, repeats=args.repeats),
+                      "training step (fwd, bwd, clip, 2x Adam)": harness.time_torch(
+                          step, warmup=args.warmup, repeats=args.repeats)}
+        for label, a in ours.items():
+            b = theirs[label]
+            rows.append([f"{label}; gdnflow {precision}, CompressAI {theirs_precision}",
+                         f"{a:.2f}", f"{b:.2f}" if b else "-", f"{1000 / a:.1f}",
                          f"{1000 / b:.1f}" if b else "-", f"{b / a:.2f}" if b else "-"])
-    if "tf32" in steps and "fp32" in steps and net is not None:
-        notes.append(f"gdnflow's tf32 step against CompressAI's fp32 step: "
-                     f"{steps['fp32'][1] / steps['tf32'][0]:.2f}x (target >= 2.5); gdnflow tf32 "
-                     f"against its own fp32: {steps['fp32'][0] / steps['tf32'][0]:.2f}x")
     last = trainer.history[-1]
     notes.append(f"gdnflow's last timed step: loss {last['loss']:.4f}, bpp {last['bpp']:.4f}, "
                  f"grad norm {last['grad_norm']:.3g} (finite: the steps really trained)")
     notes.append(f"FactorizedPrior(N={N}, M={M}), batch {BATCH}x3x{SIDE}x{SIDE} random data, "
                  f"lambda {LMBDA}; medians of {args.repeats} CUDA-event timings after "
                  f"{args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above 1: "
-                 "gdnflow faster; target >= 1.5 for the training step); fp32 rows: TF32 off on both "
-                 "sides; tf32 rows: gdnflow's matmul precision tf32, PyTorch allow_tf32 on for "
-                 "matmul and cuDNN")
+                 "gdnflow faster; target >= 1.5 for the training step in fp32; >= 2.5 against "
+                 "CompressAI fp32 with gdnflow in tf32); CompressAI tf32: PyTorch allow_tf32 on "
+                 "for matmul and cuDNN")
     table = harness.markdown_table(
         "Factorized-prior training step: gdnflow against CompressAI",
         ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
