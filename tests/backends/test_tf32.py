@@ -41,7 +41,7 @@ def test_a_training_config_checks_its_precision():
 
 def _matmul(a, b, precision):
     with config.override(matmul_precision=precision):
-        return (gf.tensor(a, device="cuda") @ gf.tensor(b, device="cuda")).numpy()
+        return gf.ops.matmul(gf.tensor(a, device="cuda"), gf.tensor(b, device="cuda")).numpy()
 
 
 @pytest.mark.gpu
