@@ -6,11 +6,13 @@ histories, pictures). :class:`RunFolder` makes the promises around it:
 - The folder is created and test-written before any data is read
   (:func:`gdnflow.io.files.check_folder`): an unwritable ``--out`` fails in
   seconds, not at the first checkpoint.
-- A lock file, ``DIR/run.lock``, created with ``O_EXCL`` and holding the
-  owner's pid, host and start time, is held for the whole run and removed
-  at its end (errors and signals included). A second process is refused,
-  naming the owner; a lock whose process is gone (same host) is stale: it
-  is reported and taken over.
+- A lock file, ``DIR/run.lock``, locked with ``flock`` for the whole run and
+  holding the owner's pid, host and start time, is removed at the run's end
+  (errors and signals included). A second process is refused, naming the
+  owner. The kernel releases a dead owner's lock with its process, so a
+  leftover lock file is never mistaken for a live one (nor, across PID
+  namespaces or reused pids, the other way round): it is reported and
+  taken over.
 - A folder that holds a run is refused unless the run is resumed or
   ``force`` moves the old run's files aside into ``DIR/previous-<n>/``
   (nothing is deleted).
@@ -19,12 +21,11 @@ histories, pictures). :class:`RunFolder` makes the promises around it:
 """
 import contextlib
 import datetime
+import fcntl
 import json
 import os
 import socket
 import sys
-import time
-import uuid
 from pathlib import Path
 
 from gdnflow.io.files import (OutputError, OutputExistsError, check_folder,
@@ -35,12 +36,8 @@ LOCK_NAME = "run.lock"
 RUN_FILES = ("checkpoint.h5", "history.jsonl", "eval.jsonl", "curves.png", "reconstructions.png")
 #: Where ``force`` moves an earlier run: ``previous-1``, ``previous-2``, ...
 PREVIOUS_PREFIX = "previous-"
-#: A lock file that cannot be read and is older than this is a crash's leftover.
-UNREADABLE_LOCK_GRACE_S = 30.0
 #: What a run folder is opened for.
 MODES = ("new", "resume", "force")
-#: The lock files this process holds (two RunFolders of one folder in one process).
-_HELD_HERE = set()
 
 
 class RunExistsError(OutputExistsError):
@@ -49,33 +46,6 @@ class RunExistsError(OutputExistsError):
 
 class RunLockedError(OutputError):
     """Another process holds the run folder's lock."""
-
-
-def _process_start(pid):
-    """When ``pid`` started (clock ticks since boot, from /proc), or None where unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()      # the name may hold spaces
-    return None if fields[0] == "Z" else int(fields[19])
-
-
-def _pid_alive(pid, started=None):
-    """Whether process ``pid`` of this host runs (and is the one that started at ``started``)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:         # another user's process: alive
-        return True
-    except OSError:
-        return False
-    if Path("/proc").is_dir():
-        now = _process_start(pid)
-        # A zombie is dead; a different start time means the pid was reused.
-        return now is not None and (started is None or now == started)
-    return True
 
 
 def _describe(owner):
@@ -95,7 +65,7 @@ class RunFolder:
         self.path = Path(path)
         self.lock_path = self.path / LOCK_NAME
         self.notify = notify or (lambda line: print(f"gdnflow train: {line}", file=sys.stderr))
-        self._lock_text = None
+        self._lock_fd = None
 
     def run_files(self):
         """The names of the run files present in the folder (empty: it holds no run)."""
@@ -139,95 +109,73 @@ class RunFolder:
 
     # ------------------------------------------------------------- lock --
     def _lock(self):
-        """Create the lock file (O_EXCL); take over a stale one; RunLockedError if held."""
-        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": datetime.datetime.now().isoformat(timespec="seconds"),
-                           "pid_start": _process_start(os.getpid())}) + "\n"
-        for _ in range(3):          # a lost race against another takeover: look again
+        """Lock ``run.lock`` (flock, held until :meth:`_unlock`); RunLockedError if held.
+
+        A lock file whose flock is free was left by a process that is gone:
+        it is reported and taken over.
+        """
+        while True:
             try:
-                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 raise OutputError(f"cannot create the lock file {self.lock_path}: "
                                   f"{exc.strerror}") from None
-            self._lock_text = text
-            _HELD_HERE.add(self.lock_path.resolve())
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            return
-        raise RunLockedError(f"{self.path} is being taken by another process: try again")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if isinstance(exc, BlockingIOError):
+                    owner = self._read_owner()
+                    raise RunLockedError(
+                        f"{self.path} is in use by another training "
+                        f"({_describe(owner) if owner else 'its lock ' + str(self.lock_path)}): "
+                        "wait for it to finish or stop it") from None
+                raise OutputError(f"cannot lock {self.lock_path}: {exc.strerror}") from None
+            # The holder we waited for may have removed the file between our open
+            # and our flock: then we hold a lock on a file nobody else will see.
+            try:
+                current = os.stat(self.lock_path)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(fd)
+            if current is not None and (current.st_ino, current.st_dev) == (held.st_ino,
+                                                                            held.st_dev):
+                break
+            os.close(fd)
+        owner = self._read_owner()
+        if owner is not None:
+            what = f"its owner ({_describe(owner)})" if owner else "its owner"
+            self.notify(f"took over the stale lock {self.lock_path}: {what} is no longer running")
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": datetime.datetime.now().isoformat(timespec="seconds")})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (text + "\n").encode(), 0)
+        self._lock_fd = fd
 
-    def _read_lock(self):
-        """(text, owner dict) of the lock file; text None if it vanished, owner {} if unreadable."""
+    def _read_owner(self):
+        """The owner recorded in the lock file: a dict ({} if unreadable), None if it is empty."""
         try:
             text = self.lock_path.read_text()
-        except FileNotFoundError:
-            return None, {}
         except OSError:
-            return "", {}
+            return {}
+        if not text.strip():
+            return None
         try:
             owner = json.loads(text)
         except json.JSONDecodeError:
-            return text, {}
-        return text, (owner if isinstance(owner, dict) else {})
-
-    def _take_over_if_stale(self):
-        """Remove the lock if its owner is gone (saying so); else raise RunLockedError."""
-        text, owner = self._read_lock()
-        if text is None:
-            return
-        if not owner:
-            age = time.time() - self.lock_path.stat().st_mtime
-            if age < UNREADABLE_LOCK_GRACE_S:       # being written by its creator
-                raise RunLockedError(f"{self.path} is being taken by another process "
-                                     f"(lock {self.lock_path}): try again in a minute")
-            reason = "it cannot be read and is older than a minute"
-        else:
-            pid, host = owner.get("pid"), owner.get("host")
-            if host != socket.gethostname():
-                raise RunLockedError(
-                    f"{self.path} is in use by another training ({_describe(owner)}); if that "
-                    f"process is gone, delete {self.lock_path}")
-            # Our own pid in a lock this process does not hold: a previous process
-            # of the same pid (a restarted container) left it.
-            mine = pid == os.getpid()
-            if (mine and self.lock_path.resolve() in _HELD_HERE) or (
-                    not mine and isinstance(pid, int) and _pid_alive(pid, owner.get("pid_start"))):
-                raise RunLockedError(
-                    f"{self.path} is in use by another training ({_describe(owner)}): wait for "
-                    f"it to finish or stop it")
-            reason = f"its owner ({_describe(owner)}) is no longer running"
-        # Move the stale lock away under a name of our own, then check that what
-        # moved is the lock judged stale: a second process may have taken over
-        # (and written a live lock) in between.
-        moved = self.path / f".{LOCK_NAME}.{uuid.uuid4().hex[:12]}.stale"
-        try:
-            os.rename(self.lock_path, moved)
-        except FileNotFoundError:
-            return
-        try:
-            moved_text = moved.read_text()
-        except OSError:
-            moved_text = ""
-        if moved_text != text:
-            with contextlib.suppress(OSError):
-                os.link(moved, self.lock_path)      # put the live lock back (not over a new one)
-            moved.unlink()
-            raise RunLockedError(f"{self.path} was taken by another process meanwhile")
-        moved.unlink()
-        self.notify(f"took over the stale lock {self.lock_path}: {reason}")
+            return {}
+        return owner if isinstance(owner, dict) else {}
 
     def _unlock(self):
-        """Remove the lock file if it is still the one this object wrote."""
-        if self._lock_text is None:
+        """Remove the lock file (while still holding it), then release the lock."""
+        if self._lock_fd is None:
             return
+        fd, self._lock_fd = self._lock_fd, None
         with contextlib.suppress(OSError):
-            if self.lock_path.read_text() == self._lock_text:
-                self.lock_path.unlink()
-        _HELD_HERE.discard(self.lock_path.resolve())
-        self._lock_text = None
+            current, held = os.stat(self.lock_path), os.fstat(fd)
+            if (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev):
+                os.unlink(self.lock_path)
+        os.close(fd)
 
     # ------------------------------------------------------ move aside --
     def _next_previous(self):
