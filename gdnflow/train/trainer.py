@@ -56,7 +56,7 @@ from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, ms
 from gdnflow.train.numerics import (NonFiniteError, first_nonfinite_output, nonfinite_gradients,
                                     nonfinite_parameters)
 from gdnflow.train.plots import plot_curves, plot_reconstructions
-from gdnflow.train.run_folder import RunFolder
+from gdnflow.train.run_folder import RunExistsError, RunFolder
 from gdnflow.train.stopping import RunStopped, StopSignals, signal_name
 
 CHECKPOINT_NAME = "checkpoint.h5"
@@ -523,8 +523,16 @@ def train(config, resume=None, force=False, log=print):
                          "pass one of them")
     config.check()
     with StopSignals(defer=False), \
-            RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new"):
+            RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new") \
+            as folder:
         trainer = Trainer(config)
+        elsewhere = resume not in (None, True) and \
+            Path(resume).resolve() != trainer.checkpoint_path().resolve()
+        if elsewhere and folder.run_files():
+            # Resuming rewrites the folder's histories and checkpoint: never another run's.
+            raise RunExistsError(
+                f"--out {folder.path} holds a run ({', '.join(folder.run_files())}) and "
+                f"--resume {resume} is another run's checkpoint: continue it in an empty --out")
         if resume:
             path = None if resume is True else resume
             step = trainer.resume(path)

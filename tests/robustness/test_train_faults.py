@@ -256,3 +256,18 @@ def test_resuming_from_a_classifier_checkpoint_is_one_short_line(train, tmp_path
 def test_images_smaller_than_the_crop_name_the_option_that_pads_them(train, tmp_path):
     result = train(tmp_path / "run", "--steps", "2", "--crop", "64", "--small-images", "skip")
     assert_one_line_error(result, "train", "--small-images pad", "64x64")
+
+
+def test_resuming_another_runs_checkpoint_never_touches_the_run_in_out(train, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert train(first, "--steps", "4").returncode == 0
+    assert train(second, "--steps", "2").returncode == 0
+    before = fingerprint(first)
+    result = train(first, "--steps", "3", "--resume", second / "checkpoint.h5")
+    assert_one_line_error(result, "train", f"--out {first} holds a run",
+                          f"--resume {second / 'checkpoint.h5'}")
+    assert fingerprint(first) == before
+    # Into an empty folder it continues that run.
+    resumed = train(tmp_path / "third", "--steps", "3", "--resume", second / "checkpoint.h5")
+    assert resumed.returncode == 0, resumed.stderr
+    assert logged_steps(tmp_path / "third") == [3]
