@@ -14,13 +14,14 @@ Outputs in the folder given: ``eval.md`` (a markdown table, per image and
 mean per model), ``eval.json`` (every number), ``rd.png`` (PSNR and
 MS-SSIM against bpp: the models' mean points and JPEG's mean curve over a
 sweep of qualities around their rates) and the ``.gdn`` files under
-``files/<checkpoint>/`` (``files/codec_q2/photo.png.gdn``).
+``files/<checkpoint>/`` (``files/codec_q2/photo.png.gdn``). ``--force``
+replaces only a ``files`` folder that eval wrote (it holds ``.gdnflow-eval``)
+and that holds none of the inputs; the earlier one is swapped out by rename.
 """
 import io
 import json
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from PIL import Image, ImageDraw, features
 
 from gdnflow.codec.codec import Codec, read_image
 from gdnflow.data.images import NoImagesError, list_images
-from gdnflow.io.files import (TEMPORARY_SUFFIX, OutputExistsError, check_outputs,
+from gdnflow.io.files import (TEMPORARY_SUFFIX, OutputError, OutputExistsError, check_outputs,
                               write_bytes_atomic)
 from gdnflow.io.checkpoint import read_checkpoint_info
 from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
@@ -38,6 +39,8 @@ from gdnflow.train.losses import ms_ssim, psnr
 
 #: The folder of the .gdn files in the output folder.
 FILES = "files"
+#: The file that marks a ``files`` folder as eval's own (only such a folder is replaced).
+FILES_MARKER = ".gdnflow-eval"
 #: The JPEG qualities whose sizes are measured on each image (encoding only: cheap).
 JPEG_QUALITIES = tuple(range(1, 101))
 #: JPEG points on the plotted curve, spread over the plotted rates.
@@ -149,9 +152,7 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
     if out_dir is not None:
         outputs = [Path(out_dir) / name for name in ("eval.md", "eval.json", "rd.png")]
         check_outputs(outputs, inputs=[*images, *checkpoints], force=force)
-        if (Path(out_dir) / FILES).exists() and not force:
-            raise OutputExistsError(f"{Path(out_dir) / FILES} exists: pass --force to overwrite "
-                                    "the earlier results")
+        _check_files_folder(Path(out_dir) / FILES, [*images, *checkpoints], force)
     codecs, stems = [], set()
     for path in checkpoints:
         # Names must differ: they label the rows and name the folders of .gdn files.
@@ -167,6 +168,8 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
                                      suffix=TEMPORARY_SUFFIX) as scratch:
         files = Path(scratch) / FILES
         rows, references = _measure(images, data, codecs, files, log)
+        files.mkdir(exist_ok=True)
+        (files / FILES_MARKER).write_text("the .gdn files of gdnflow eval (eval.json)\n")
         models = [label for label, _, _ in codecs]
         means = [_model_mean(label, [r for r in rows if r["model"] == label])
                  for label in models]
@@ -181,11 +184,43 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
         if out_dir is not None:
             contents = [markdown_table(results).encode(),
                         json.dumps(results, indent=1).encode(), plot_rate_distortion(results)]
-            shutil.rmtree(Path(out_dir) / FILES, ignore_errors=True)   # --force was given
-            files.rename(Path(out_dir) / FILES)
+            _replace_folder(files, Path(out_dir) / FILES, Path(scratch) / "earlier")
             for path, content in zip(outputs, contents):
                 write_bytes_atomic(path, content, overwrite=True)
     return results
+
+
+def _check_files_folder(folder, inputs, force):
+    """Refuse, before any work, a ``files`` folder eval may not replace.
+
+    It may be replaced (with ``force``) only if it is a folder that eval
+    wrote (it holds :data:`FILES_MARKER`) and none of the inputs is inside.
+    """
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir() or folder.is_symlink():
+        raise OutputError(f"{folder} exists and is not a folder of earlier results: move it away")
+    inside = [p for p in inputs if folder.resolve() in Path(p).resolve().parents]
+    if inside:
+        raise OutputError(f"{folder} holds inputs of this evaluation ({inside[0]}): choose "
+                          "another --out")
+    if not (folder / FILES_MARKER).exists():
+        raise OutputError(f"{folder} exists and was not written by gdnflow eval: move it away "
+                          "or choose another --out")
+    if not force:
+        raise OutputExistsError(f"{folder} exists: pass --force to overwrite the earlier results")
+
+
+def _replace_folder(new, target, aside):
+    """Put folder ``new`` at ``target``; an earlier ``target`` goes to ``aside`` (a scratch path)."""
+    if target.exists():
+        os.rename(target, aside)
+    try:
+        os.rename(new, target)
+    except OSError as exc:
+        if aside.exists():
+            os.rename(aside, target)        # the earlier results stay as they were
+        raise OutputError(f"cannot write {target}: {exc.strerror}") from None
 
 
 def _measure(images, data, codecs, files, log):

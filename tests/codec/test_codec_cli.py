@@ -168,7 +168,8 @@ def test_eval_keeps_checkpoints_of_one_name_apart(checkpoint, other_model, small
     results = evaluate([checkpoint, other], data, tmp_path / "out", device="numpy",
                        log=lambda line: None)
     assert [m["model"] for m in results["means"]] == ["model (lambda 0.01)", "model-2"]
-    assert sorted(p.name for p in (tmp_path / "out" / "files").iterdir()) == ["model", "model-2"]
+    assert sorted(p.name for p in (tmp_path / "out" / "files").iterdir()) == [
+        ".gdnflow-eval", "model", "model-2"]
     # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
     assert results["rows"][0]["jpeg"] is None and "out of JPEG's range" in (
         tmp_path / "out" / "eval.md").read_text()

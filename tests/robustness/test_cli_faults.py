@@ -212,3 +212,43 @@ def test_eval_refuses_earlier_results_and_leaves_no_partial_set(cli, tmp_path, p
     assert_one_line_error(cli("eval", "--checkpoint", "codec.h5", "--data", "data", "--out",
                               "results"), "eval", "eval.md exists", "--force")
     assert fingerprint(tmp_path) == before
+
+
+def test_eval_never_replaces_a_files_folder_it_did_not_write(cli, tmp_path, photo,
+                                                            codec_checkpoint):
+    photos = tmp_path / "photos"
+    (photos / "files").mkdir(parents=True)
+    photo.rename(photos / "files" / "holiday.png")
+    before = fingerprint(photos)
+    # --out the data folder: its files/ holds an input, even with --force.
+    result = cli("eval", "--checkpoint", "codec.h5", "--data", "photos", "--out", "photos",
+                 "--force")
+    assert_one_line_error(result, "eval", "photos/files holds inputs")
+    # Another folder's files/ that eval did not write (no marker): refused too.
+    (tmp_path / "out" / "files").mkdir(parents=True)
+    (tmp_path / "out" / "files" / "notes.txt").write_text("mine")
+    result = cli("eval", "--checkpoint", "codec.h5", "--data", "photos", "--out", "out",
+                 "--force")
+    assert_one_line_error(result, "eval", "out/files exists and was not written by gdnflow eval")
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "files").write_text("a file")
+    result = cli("eval", "--checkpoint", "codec.h5", "--data", "photos", "--out", "res",
+                 "--force")
+    assert_one_line_error(result, "eval", "res/files exists and is not a folder")
+    assert fingerprint(photos) == before
+    assert (tmp_path / "out" / "files" / "notes.txt").read_text() == "mine"
+
+
+def test_eval_force_replaces_its_own_earlier_results(cli, tmp_path, photo, codec_checkpoint):
+    (tmp_path / "photos").mkdir()
+    photo.rename(tmp_path / "photos" / "a.png")
+    args = ("eval", "--checkpoint", "codec.h5", "--data", "photos", "--out", "res")
+    assert cli(*args).returncode == 0
+    coded = tmp_path / "res" / "files" / "codec" / "a.png.gdn"
+    first = coded.read_bytes()
+    assert cli(*args).returncode == 1                       # earlier results kept
+    again = cli(*args, "--force")
+    assert again.returncode == 0, again.stderr
+    assert coded.read_bytes() == first                      # the same model codes the same file
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == [
+        "eval.json", "eval.md", "files", "rd.png"]
