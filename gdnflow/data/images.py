@@ -33,6 +33,10 @@ _log = logging.getLogger("gdnflow")
 
 #: File name endings read as images (lower case).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+#: The Pillow formats gdnflow opens (those of IMAGE_EXTENSIONS): only formats whose
+#: size Pillow reads from the header without decoding (its ICO reader, for one,
+#: decodes the embedded image inside Image.open, before any size check).
+PILLOW_FORMATS = ("PNG", "JPEG", "BMP", "PPM", "TIFF", "WEBP")
 
 #: Natural colour photographs that scikit-image ships inside its wheel (no
 #: download): the default training set when no folder is given.
@@ -94,7 +98,7 @@ def open_image(path, max_pixels=None):
     limit = settings.max_image_pixels if max_pixels is None else int(max_pixels)
     with _pillow_limit_lifted():
         try:
-            image = Image.open(path)
+            image = Image.open(path, formats=PILLOW_FORMATS)
         except FileNotFoundError:
             raise ImageReadError(f"{path}: no such image file") from None
         except _PILLOW_ERRORS as exc:

@@ -255,3 +255,21 @@ def test_loader_threads_do_not_outlive_it():
             list(loader)
     time.sleep(0.05)
     assert threading.active_count() <= before
+
+
+def test_an_ico_bomb_is_refused_without_decoding(tmp_path):
+    # An ICO whose directory says 16x16 wraps a 4000x4000 PNG: Pillow's ICO reader
+    # decodes the embedded image inside Image.open, so gdnflow does not open ICO at all.
+    import io
+    import struct
+    from PIL import Image
+    from gdnflow.data.images import ImageReadError, read_rgb8
+    png = io.BytesIO()
+    Image.new("1", (4000, 4000)).save(png, "PNG")
+    payload = png.getvalue()
+    header = struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32,
+                                                         len(payload), 22)
+    path = tmp_path / "bomb.png"
+    path.write_bytes(header + payload)
+    with pytest.raises(ImageReadError, match="bomb.png: cannot read the image"):
+        read_rgb8(path, max_pixels=1000)
