@@ -29,6 +29,7 @@ folder, flushed and fsynced, then renamed over ``path`` with ``os.replace``;
 if anything fails before the rename (or the process dies), the previous
 checkpoint at ``path`` is untouched.
 """
+import io
 import json
 import os
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from gdnflow.backends import get_backend
 from gdnflow.errors import GdnflowError
-from gdnflow.io.files import atomic_output
+from gdnflow.io.files import write_bytes_atomic
 from gdnflow.tensor import Tensor, weights_changed
 from gdnflow.version import __version__
 
@@ -85,23 +86,26 @@ def save_checkpoint(path, model, optimizer=None, extra=None):
     if optimizer_state is not None:
         groups_json = _to_json(optimizer_state["param_groups"], "the optimiser's groups")
 
-    with atomic_output(path, overwrite=True) as temporary:
-        with h5py.File(temporary, "x", libver=_LIBVER) as f:
-            f.attrs.update(header)
-            _write_arrays(f.create_group("parameters"), parameters)
-            _write_arrays(f.create_group("buffers"), buffers)
-            if optimizer_state is not None:
-                group = f.create_group("optimizer")
-                group.attrs["type"] = optimizer_state["type"]
-                group.attrs["param_groups"] = groups_json
-                states = group.create_group("state")
-                for index, entry in optimizer_state["state"].items():
-                    slot = states.create_group(str(index))
-                    for key, value in entry.items():
-                        if isinstance(value, np.ndarray):
-                            _write_array(slot, key, value)
-                        else:
-                            slot.attrs[key] = value
+    # Built in memory, then written in one atomic write: HDF5 failing on a full disk
+    # crashed the process and left its temporary file.
+    image = io.BytesIO()
+    with h5py.File(image, "w", libver=_LIBVER) as f:
+        f.attrs.update(header)
+        _write_arrays(f.create_group("parameters"), parameters)
+        _write_arrays(f.create_group("buffers"), buffers)
+        if optimizer_state is not None:
+            group = f.create_group("optimizer")
+            group.attrs["type"] = optimizer_state["type"]
+            group.attrs["param_groups"] = groups_json
+            states = group.create_group("state")
+            for index, entry in optimizer_state["state"].items():
+                slot = states.create_group(str(index))
+                for key, value in entry.items():
+                    if isinstance(value, np.ndarray):
+                        _write_array(slot, key, value)
+                    else:
+                        slot.attrs[key] = value
+    write_bytes_atomic(path, image.getvalue(), overwrite=True)
 
 
 def _write_arrays(group, arrays):

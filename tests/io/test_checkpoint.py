@@ -412,3 +412,28 @@ def test_cuda_checkpoint_loads_on_numpy_and_back(tmp_path, rng):
     train(back, back_opt, np.random.default_rng(4), 2, device="cuda")
     for name, value in params_of(model).items():
         np.testing.assert_allclose(dict(back.named_parameters())[name].numpy(), value, rtol=1e-6)
+
+
+def test_a_full_disk_is_one_error_naming_the_checkpoint_and_leaves_nothing(tmp_path):
+    # A file-size limit stands in for a full disk: writes past it fail with EFBIG.
+    import subprocess
+    import sys
+    script = f"""
+import resource, signal
+from gdnflow.io.checkpoint import save_checkpoint
+from gdnflow.io.files import OutputError
+from gdnflow.models.factorized_prior import FactorizedPrior
+model = FactorizedPrior(8, 12, seed=0, device="numpy")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    save_checkpoint({str(tmp_path / 'model.h5')!r}, model)
+except OutputError as exc:
+    print("refused:", exc)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.startswith(f"refused: cannot write {tmp_path / 'model.h5'}: ")
+    assert ".tmp" not in result.stdout
+    assert list(tmp_path.iterdir()) == []
