@@ -23,7 +23,7 @@ from gdnflow.inference.passes import optimize
 from gdnflow.inference.tracing import trace
 from gdnflow.tensor import weights_version
 from gdnflow.backends.cuda.weight_cache import frozen_weights
-from gdnflow.config import settings
+from gdnflow.config import override, settings
 from gdnflow.tensor import Tensor
 from gdnflow.testing import relative_error
 
@@ -217,7 +217,9 @@ class InferencePlan:
             x = x.to(self.device)
         if x.shape != self.input_shape:
             raise ShapeError(f"inference plan for input {self.input_shape}: got {x.shape}")
-        with no_grad():
+        # A graph replays the precision it was captured with; a step-by-step plan
+        # runs its steps in the precision it was built (and verified) with.
+        with no_grad(), override(matmul_precision=self.precision):
             return self.program.pack(self.program.run(x))
 
     def _copy_input(self, x):

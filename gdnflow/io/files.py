@@ -79,9 +79,10 @@ def output_paths(inputs, out, suffix):
         paths = [Path(out) / (p.stem + suffix) for p in inputs]
     seen = {}
     for source, target in zip(inputs, paths):
-        if target in seen:
-            raise OutputError(f"{seen[target]} and {source} would both be written to {target}")
-        seen[target] = source
+        where = os.path.normcase(os.path.realpath(target))    # a/../a/x.gdn is a/x.gdn
+        if where in seen:
+            raise OutputError(f"{seen[where]} and {source} would both be written to {target}")
+        seen[where] = source
     return paths
 
 

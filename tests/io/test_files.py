@@ -76,6 +76,8 @@ def test_output_paths_refuse_two_inputs_on_one_output(tmp_path):
     assert output_paths(["a/x.png"], None, ".gdn")[0].name == "x.gdn"
     with pytest.raises(OutputError, match="would both be written"):
         output_paths(["a/x.png", "b/x.jpg"], tmp_path, ".gdn")
+    with pytest.raises(OutputError, match="would both be written"):     # one file, two names
+        output_paths([tmp_path / "x.png", tmp_path / "sub" / ".." / "x.bmp"], None, ".gdn")
 
 
 def test_stale_temporaries_are_removed_by_name(tmp_path):
