@@ -53,6 +53,46 @@ def host_builder(folder, source_file, prefix="", suffix="", opt="-O1"):
     return build
 
 
+class LaunchRecord(list):
+    """The defines of each launch of a host-built kernel, in order.
+
+    Set ``backwards = True`` to run the blocks and threads in reverse order
+    (an access that depends on the order then shows).
+    """
+
+    backwards = False
+
+
+def host_kernel(launched, source, name, build, check=None, extra_ints=None):
+    """The kernel class of a simulated device that runs ``host_<name>`` of ``build(defines)``.
+
+    ``source`` and ``name`` are the only kernel it accepts. Each call runs
+    ``check(defines, grid, block, shared_bytes)`` (assertions on the launch),
+    appends the defines to ``launched`` (a :class:`LaunchRecord`) and calls
+    the shim as ``(backwards, grid[0], block[0], *extra_ints(shared_bytes),
+    *args)``; a fault counted by HOST_CHECK fails the test.
+    """
+    kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+
+    class Kernel:
+        def __init__(self, file, kernel_name, arg_types, defines=()):
+            assert file == source and kernel_name == name
+            self.function = getattr(build(tuple(sorted(defines))), f"host_{name}")
+            self.arg_types = arg_types
+            self.defines = dict(defines)
+
+        def __call__(self, grid, block, *args, shared_bytes=0):
+            if check is not None:
+                check(self.defines, grid, block, shared_bytes)
+            extra = extra_ints(shared_bytes) if extra_ints is not None else ()
+            self.function.argtypes = ([ctypes.c_int] * (3 + len(extra))
+                                      + [kinds[k] for k in self.arg_types])
+            launched.append(self.defines)
+            faults = self.function(int(launched.backwards), grid[0], block[0], *extra, *args)
+            assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
+    return Kernel
+
+
 class HostArray:
     """A NumPy array in place of a CudaArray (shape, size, ptr, allocation).
 

@@ -2,7 +2,6 @@
 finite differences, the adjoint identity, error messages, the algorithm
 choice, and CUDA against NumPy (every algorithm, real layer shapes)."""
 import contextlib
-import ctypes
 import types
 
 import numpy as np
@@ -23,7 +22,8 @@ from gdnflow.ops.conv.geometry import conv_geometry, normalize_padding
 from gdnflow.ops.conv.planning import ConvPlanner
 from gdnflow.ops.conv.reference import NumpyConv
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
-from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
+from host_kernels import (HOST_CHECK_PRELUDE, HostArray, LaunchRecord, host_builder,
+                          host_kernel)
 
 
 # ------------------------------------------------------ naive references --
@@ -658,28 +658,14 @@ def depthwise_on_host(depthwise_host_build, simulate):
     ``launched.backwards = True`` runs blocks and threads in reverse order;
     ``launched.device`` is the simulated device (its ``sm_count`` may be changed).
     """
-    kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+    def check(defines, grid, block, shared_bytes):
+        assert grid[1:] == (1, 1) and block[1:] == (1, 1) and block[0] <= 256
+        assert shared_bytes <= depthwise_module.SHARED_LIMIT
 
-    class Launches(list):
-        backwards = False
-    launched = Launches()
-
-    class Kernel:
-        def __init__(self, file, name, arg_types, defines=()):
-            assert file == depthwise_module.SOURCE and name == "depthwise_forward"
-            self.function = depthwise_host_build(tuple(sorted(defines))).host_depthwise_forward
-            self.function.argtypes = [ctypes.c_int] * 4 + [kinds[k] for k in arg_types]
-            self.defines = dict(defines)
-
-        def __call__(self, grid, block, *args, shared_bytes=0):
-            assert grid[1:] == (1, 1) and block[1:] == (1, 1) and block[0] <= 256
-            assert shared_bytes <= depthwise_module.SHARED_LIMIT
-            launched.append(self.defines)
-            faults = self.function(int(launched.backwards), grid[0], block[0], shared_bytes // 4,
-                                   *args)
-            assert faults == 0, f"{faults} misaligned or out-of-tile accesses"
-
-    launched.device = simulate(Kernel, sm_count=132)
+    launched = LaunchRecord()
+    kernel = host_kernel(launched, depthwise_module.SOURCE, "depthwise_forward",
+                         depthwise_host_build, check, extra_ints=lambda shared: (shared // 4,))
+    launched.device = simulate(kernel, sm_count=132)
     return launched
 
 

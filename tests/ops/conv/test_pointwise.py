@@ -8,7 +8,6 @@ transposed weights, the fused epilogue), driven by the module's own Python,
 against NumPy. On the GPU: CUDA against NumPy with the kernel forced, at odd
 sizes and MobileNetV2's shapes, forward and gradients.
 """
-import ctypes
 import dataclasses
 
 import numpy as np
@@ -27,7 +26,8 @@ from gdnflow.ops.conv.geometry import conv_geometry
 from gdnflow.ops.conv.planning import ConvPlanner
 from gdnflow.ops.conv.reference import NumpyConv
 from gdnflow.testing import assert_backends_match, relative_error
-from host_kernels import HOST_CHECK_PRELUDE, HostArray, host_builder
+from host_kernels import (HOST_CHECK_PRELUDE, HostArray, LaunchRecord, host_builder,
+                          host_kernel)
 
 # MobileNetV2's 1x1 layers: (C_in, size, C_out).
 MOBILENET_POINTWISE = [(32, 112, 16), (16, 112, 96), (96, 56, 24), (24, 56, 144), (144, 56, 24),
@@ -184,27 +184,12 @@ def on_host(host_build, simulate):
 
     ``launched.backwards = True`` runs blocks and storing threads in reverse order.
     """
-    kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+    def check(d, grid, block, shared_bytes):
+        assert grid[1:] == (1, 1) and block == (d["TX"] * d["TY"] * d["KSPLIT"], 1, 1)
 
-    class Launches(list):
-        backwards = False
-    launched = Launches()
-
-    class Kernel:
-        def __init__(self, file, name, arg_types, defines=()):
-            assert file == pointwise.SOURCE and name == "pointwise_conv"
-            self.function = host_build(tuple(sorted(defines))).host_pointwise_conv
-            self.function.argtypes = [ctypes.c_int] * 3 + [kinds[k] for k in arg_types]
-            self.defines = dict(defines)
-
-        def __call__(self, grid, block, *args, shared_bytes=0):
-            d = self.defines
-            assert grid[1:] == (1, 1) and block == (d["TX"] * d["TY"] * d["KSPLIT"], 1, 1)
-            launched.append(d)
-            faults = self.function(int(launched.backwards), grid[0], block[0], *args)
-            assert faults == 0, f"{faults} misaligned or out-of-bounds accesses"
-
-    simulate(Kernel, sm_count=132)
+    launched = LaunchRecord()
+    simulate(host_kernel(launched, pointwise.SOURCE, "pointwise_conv", host_build, check),
+             sm_count=132)
     return launched
 
 
