@@ -72,6 +72,14 @@ def gemm_backward_weight(g, x, gy, lower):
     return gw
 
 
+def _lowering(g):
+    """(OH*OW, floats of one image's column matrix, images per workspace chunk, output
+    and column rows per group) of ``g``'s im2col lowering."""
+    ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
+    per_image = k_rows * ohw
+    return ohw, per_image, chunk_images(g.n, per_image), g.c_out // g.groups, k_rows // g.groups
+
+
 class Im2colGemm:
     """Any convolution: lower the input to column matrices, multiply with cuBLAS SGEMM.
 
@@ -94,11 +102,8 @@ class Im2colGemm:
     def forward(g, x, w, bias=None, activation=0):
         """y [N, C_out, OH, OW] from x and w (bias and activation: the caller's epilogue)."""
         y = cuda.empty(g.y_shape)
-        ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
-        per_image = k_rows * ohw
-        chunk = chunk_images(g.n, per_image)
+        ohw, per_image, chunk, og, kg = _lowering(g)
         cols = cuda.empty((chunk * per_image,))
-        og, kg = g.c_out // g.groups, k_rows // g.groups
         for n0 in range(0, g.n, chunk):
             nb = min(chunk, g.n - n0)
             im2col(g, x.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), cols, nb, ohw,
@@ -114,11 +119,8 @@ class Im2colGemm:
     def backward_data(g, gy, w):
         """gx [N, C_in, H, W] from gy [N, C_out, OH, OW] and w."""
         gx = cuda.empty(g.x_shape)
-        ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
-        per_image = k_rows * ohw
-        chunk = chunk_images(g.n, per_image)
+        ohw, per_image, chunk, og, kg = _lowering(g)
         gcols = cuda.empty((chunk * per_image,))
-        og, kg = g.c_out // g.groups, k_rows // g.groups
         for n0 in range(0, g.n, chunk):
             nb = min(chunk, g.n - n0)
             for grp in range(g.groups):
