@@ -4,25 +4,27 @@
 #include "gdnflow_common.cuh"
 
 // ------------------------------------------------------ multi-tensor layout --
-// A group of n tensors is described by two device arrays:
+// A group of n tensors is described by three device arrays:
 //
 //   table   pointers, ROWS rows of n (row r, tensor t at table[r * n + t]):
 //             row 0        parameters (updated in place)
 //             row 1        gradients; nullptr: leave tensor t alone in this
-//                          launch (it has no gradient, or another launch with
-//                          other scalars updates it)
+//                          launch (it has no gradient this step)
 //             rows 2, ...  state arrays of the optimiser (SGD: momentum
 //                          buffer; Adam: exp_avg, exp_avg_sq); nullptr where
 //                          the update does not read them
 //   blocks  3 ints per CUDA block: tensor index, first element, one past the
 //           last element it updates (at most CHUNK = 4096 elements, so a
 //           tensor of s elements has ceil(s / 4096) blocks)
-//   per_tensor  nullptr, or K floats per tensor (per_tensor[K * t + j]) that
-//           replace the last K scalar arguments for tensor t: the host
-//           passes them this way only when they differ between the tensors
-//           of a launch (Adam's bias corrections after a parameter missed a
-//           step); SGD has K = 0 and ignores it
+//   scalars S floats per tensor (scalars[S * t + j]): the update's scalar
+//           arguments for tensor t (learning rate, betas, bias corrections,
+//           ...), computed by the host for this step. They are read from
+//           memory, not passed as launch arguments, so that a captured
+//           training step replays the launch with the values the host wrote
+//           before each replay (schedules, Adam's step counts).
 //
+// `skip`: nullptr, or a flag that, when nonzero, turns the launch into a
+// no-op (a compiled step whose loss went non-finite: gdnflow/step_context.py).
 // The grid has one block per entry of `blocks`; each block walks its range
 // with a block-stride loop, so loads and stores are coalesced. All tensors
 // are float32, C-contiguous, with fewer than 2^31 elements.
@@ -39,14 +41,19 @@ __device__ __forceinline__ Chunk block_chunk(const int* __restrict__ blocks) {
 //   d = g + weight_decay * p
 //   if momentum != 0: b = momentum * b + d;  d = nesterov ? d + momentum * b : b
 //   p = p - lr * d
+// Scalars (S = 4): lr, momentum, weight_decay, nesterov (0 or 1).
 // The momentum buffer (row 2) starts at zero, which makes b = d on the first
 // step without a branch; it is only read when momentum != 0.
 extern "C" __global__ void sgd_step(
         float* const* __restrict__ table, const int* __restrict__ blocks, int n,
-        const float* /* per_tensor: unused, K = 0 */, float lr, float momentum, float weight_decay, int nesterov) {
+        const float* __restrict__ scalars, const int* __restrict__ skip) {
+    if (skip != nullptr && *skip != 0) return;
     const Chunk c = block_chunk(blocks);
     const float* __restrict__ grad = table[n + c.tensor];
     if (grad == nullptr) return;
+    const float* s = scalars + 4 * c.tensor;
+    const float lr = s[0], momentum = s[1], weight_decay = s[2];
+    const bool nesterov = s[3] != 0.0f;
     float* __restrict__ param = table[c.tensor];
     float* __restrict__ buffer = table[2 * n + c.tensor];
     for (int i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
@@ -66,21 +73,21 @@ extern "C" __global__ void sgd_step(
 //   g = g + weight_decay * p
 //   m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
 //   p = p - step_size * m / (sqrt(v) / bias_correction2_sqrt + eps)
-// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt =
-// sqrt(1 - beta2^t) computed on the host in double precision (K = 2: per
-// tensor when the step counts of a launch differ). m is row 2, v row 3.
+// Scalars (S = 8): beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay,
+// step_size = lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t),
+// computed on the host in double precision and rounded to float, as PyTorch
+// does. m is row 2, v row 3.
 extern "C" __global__ void adam_step(
         float* const* __restrict__ table, const int* __restrict__ blocks, int n,
-        const float* __restrict__ per_tensor,
-        float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
-        float eps, float weight_decay, float step_size, float bias_correction2_sqrt) {
+        const float* __restrict__ scalars, const int* __restrict__ skip) {
+    if (skip != nullptr && *skip != 0) return;
     const Chunk c = block_chunk(blocks);
     const float* __restrict__ grad = table[n + c.tensor];
     if (grad == nullptr) return;
-    if (per_tensor != nullptr) {
-        step_size = per_tensor[2 * c.tensor];
-        bias_correction2_sqrt = per_tensor[2 * c.tensor + 1];
-    }
+    const float* s = scalars + 8 * c.tensor;
+    const float beta1 = s[0], one_minus_beta1 = s[1], beta2 = s[2], one_minus_beta2 = s[3];
+    const float eps = s[4], weight_decay = s[5], step_size = s[6];
+    const float bias_correction2_sqrt = s[7];
     float* __restrict__ param = table[c.tensor];
     float* __restrict__ exp_avg = table[2 * n + c.tensor];
     float* __restrict__ exp_avg_sq = table[3 * n + c.tensor];
@@ -101,5 +108,19 @@ extern "C" __global__ void adam_step(
 // x = x * scale in place (gradient clipping). One pointer, so no aliasing
 // question arises, unlike the unary `affine` kernel with x == y.
 extern "C" __global__ void scale_in_place(float* __restrict__ x, int n, float scale) {
+    GRID_STRIDE_LOOP(i, n) { x[i] *= scale; }
+}
+
+// The same clipping with the factor computed on the device from the sum of
+// squares of every gradient (*square_sum, float), so that nothing is read
+// back: norm = sqrt(square_sum) and, if norm > max_norm, x *= max_norm /
+// (norm + eps), in double and rounded to float as the host does it
+// (gdnflow/optim/clip.py); a non-finite norm scales nothing.
+extern "C" __global__ void scale_to_max_norm(float* __restrict__ x, int n,
+                                             const float* __restrict__ square_sum,
+                                             double max_norm, double eps) {
+    const double norm = sqrt((double)*square_sum);
+    if (!(norm > max_norm)) return;
+    const float scale = (float)(max_norm / (norm + eps));
     GRID_STRIDE_LOOP(i, n) { x[i] *= scale; }
 }

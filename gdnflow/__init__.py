@@ -8,7 +8,9 @@ compiled at run time, with a NumPy reference backend behind the same API.
     x.grad.numpy()      # [[3., 0.]]
 
 ``gf.compile(model.eval(), input_shape)`` makes an inference plan
-(:func:`gdnflow.inference.compile`; the package loads on first use).
+(:func:`gdnflow.inference.compile`; the package loads on first use), and
+``gf.compile_step(train_step, example_batch)`` a training step captured as a
+CUDA graph (:func:`gdnflow.step.compile_step`).
 """
 import importlib
 
@@ -25,19 +27,20 @@ from gdnflow import config, nn, ops, optim, registry
 #: The parts of gdnflow that ``import gdnflow`` leaves unloaded until used:
 #: ``gdnflow.<name>`` imports them on first access.
 OPTIONAL_PARTS = ("classify", "codec", "data", "inference", "io", "models", "plugins",
-                  "sparse", "testing", "train")
+                  "sparse", "step", "testing", "train")
 
 
 #: Functions of optional parts that ``gdnflow.<name>`` reaches, importing the part
 #: on first use: {name: the module defining it}.
-LAZY_FUNCTIONS = {"compile": "gdnflow.inference"}
+LAZY_FUNCTIONS = {"compile": "gdnflow.inference", "compile_step": "gdnflow.step"}
 
 
 def __getattr__(name):
     if name in OPTIONAL_PARTS:
         return importlib.import_module(f"gdnflow.{name}")
     if name in LAZY_FUNCTIONS:
-        # gdnflow.compile(model, input_shape=None, **options): gdnflow.inference.compile
+        # gdnflow.compile(model, input_shape=None, **options): gdnflow.inference.compile;
+        # gdnflow.compile_step(fn, example_batch, **options): gdnflow.step.compile_step
         return getattr(importlib.import_module(LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'gdnflow' has no attribute {name!r}")
 

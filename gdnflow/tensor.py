@@ -3,7 +3,7 @@ import numbers
 
 import numpy as np
 
-from gdnflow import registry
+from gdnflow import registry, step_state
 from gdnflow.backends import check_device, default_device, get_backend
 from gdnflow.errors import DTypeError, ShapeError
 
@@ -109,7 +109,12 @@ class Tensor:
 
     # ------------------------------------------------------------- convert --
     def numpy(self):
-        """The values as a NumPy array (on NumPy: the tensor's own array, not a copy)."""
+        """The values as a NumPy array (on NumPy: the tensor's own array, not a copy).
+
+        Refused inside a compiled step function (:class:`~gdnflow.step_state.StepSyncError`).
+        """
+        if step_state.active() is not None:
+            step_state.refuse_host_read(f"Tensor.numpy() of a tensor of shape {self.shape}")
         return get_backend(self.device).to_numpy(self.data)
 
     def item(self):

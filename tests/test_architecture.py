@@ -21,14 +21,14 @@ PACKAGE = ROOT / "gdnflow"
 
 #: Lowest first. A name covers the module or package of that name and everything below it.
 LAYERS = (
-    ("errors", "config", "version"),
-    ("registry", "backends"),
+    ("errors", "config", "version", "step_state"),
+    ("registry", "backends", "step_context"),
     ("tensor",),
     ("autograd",),
     ("testing",),
     ("ops",),
     ("nn",),
-    ("models", "optim", "inference"),
+    ("models", "optim", "inference", "step"),
     ("io", "data", "plots", "commandline"),
     ("plugins", "sparse"),
     ("codec", "train", "classify", "benchmarking", "inference_bench"),
@@ -36,7 +36,7 @@ LAYERS = (
 )
 #: What ``import gdnflow`` must leave unloaded until it is used.
 OPTIONAL = ("gdnflow.sparse", "gdnflow.io.onnx", "gdnflow.io.keras", "gdnflow.codec",
-            "gdnflow.train", "gdnflow.classify", "gdnflow.inference", "gdnflow.plugins",
+            "gdnflow.train", "gdnflow.classify", "gdnflow.inference", "gdnflow.plugins", "gdnflow.step",
             "gdnflow.data", "gdnflow.backends.cuda.runtime", "gdnflow.backends.cuda.kernels")
 MAX_LINES = 600
 LOCAL_IMPORT_REASON = "# local import:"

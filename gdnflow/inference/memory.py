@@ -101,21 +101,24 @@ class ArenaPool:
 
     The i-th ``allocate(nbytes)`` returns the address ``int(arena) + offsets[i]``;
     a size other than ``sizes[i]``, or more allocations than recorded, raises
-    :class:`~gdnflow.inference.errors.PlanError`. ``count``: how many were handed out.
+    :class:`~gdnflow.inference.errors.PlanError` naming ``owner`` (what is
+    being captured). ``count``: how many were handed out.
     """
 
-    def __init__(self, arena, offsets, sizes):
+    def __init__(self, arena, offsets, sizes, owner="inference plan: the forward"):
         self.arena, self.base = arena, int(arena)
         self.offsets, self.sizes = offsets, sizes
+        self.owner = owner
         self.count = 0
 
     def allocate(self, nbytes):
         i = self.count
         if i >= len(self.sizes) or int(nbytes) != self.sizes[i]:
             recorded = f"{self.sizes[i]} bytes" if i < len(self.sizes) else "nothing"
-            raise PlanError(f"inference plan: allocation #{i} asks for {int(nbytes)} bytes but "
-                            f"the recording run made {recorded} there; the forward does not "
-                            "allocate the same way twice (a cache filled on first use?)")
+            owner, _, what = self.owner.partition(": ")
+            raise PlanError(f"{owner}: allocation #{i} asks for {int(nbytes)} bytes but "
+                            f"the recording run made {recorded} there; {what or 'the code'} does "
+                            "not allocate the same way twice (a cache filled on first use?)")
         self.count += 1
         return _ArenaBlock(self.arena, self.base + self.offsets[i])
 

@@ -27,6 +27,9 @@ from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
 from gdnflow.ops.elementwise import UnaryOp
 from gdnflow.registry import register
+from gdnflow import step_state
+from gdnflow.step_context import StepCounter
+from gdnflow.step_state import StepSyncError
 
 SOURCE = "entropy.cu"
 
@@ -157,14 +160,32 @@ def uniform_noise_values(shape, key, stream, dtype=np.float32):
 class UniformNoiseOp(Operator):
     """y = x + u with u ~ U(-1/2, 1/2) drawn from (``key``, ``stream``); gradient: identity.
 
-    See the module docstring for the generator. ``key`` and ``stream`` are
-    integers in [0, 2^64).
+    See the module docstring for the generator. ``key`` is an integer in
+    [0, 2^64); ``stream`` too, or a :class:`~gdnflow.step_context.StepCounter`
+    (a compiled step's ``step.index``), whose number the CUDA kernel reads
+    from device memory when it runs, so that a captured step draws new noise
+    on every replay.
     """
 
     def __init__(self, key, stream=0):
         self.key_words = _split64(key, "key")
-        self.stream_words = _split64(stream, "stream")
-        self.key, self.stream = int(key), int(stream)
+        self.key = int(key)
+        self.counter = stream if isinstance(stream, StepCounter) else None
+        if self.counter is None:
+            if step_state.active() is not None:
+                # A number would be frozen into the captured graph: every replay, same noise.
+                raise StepSyncError(
+                    f"uniform_noise inside a compiled step function got the stream {stream!r}, "
+                    "a number fixed when the step is captured: pass the step's counter "
+                    "(noise_stream=step.index) so that each step draws new noise")
+            self.stream_words = _split64(stream, "stream")
+
+    @property
+    def stream(self):
+        """The stream's number (a counter's current value)."""
+        if self.counter is not None:
+            return self.counter.value
+        return self.stream_words[0] | self.stream_words[1] << 32
 
     def forward_numpy(self, x):
         return x + uniform_noise_values(x.shape, self.key, self.stream, x.dtype)
@@ -174,8 +195,13 @@ class UniformNoiseOp(Operator):
         if x.size:
             if x.size >= 2 ** 31:
                 raise ValueError(f"uniform_noise: {x.size} elements exceed 2^31 - 1")
-            cuda.kernel(SOURCE, "uniform_noise_forward", "PPiIIII").launch(
-                x.size, x.ptr, y.ptr, x.size, *self.key_words, *self.stream_words)
+            if self.counter is not None:
+                cuda.kernel(SOURCE, "uniform_noise_forward_counted", "PPiIIP").launch(
+                    x.size, x.ptr, y.ptr, x.size, *self.key_words,
+                    self.counter.device_words().ptr)
+            else:
+                cuda.kernel(SOURCE, "uniform_noise_forward", "PPiIIII").launch(
+                    x.size, x.ptr, y.ptr, x.size, *self.key_words, *self.stream_words)
         return y
 
     def backward(self, grad_output):
@@ -259,7 +285,9 @@ def round(x):  # noqa: A001 (mirrors numpy.round)
 
 
 def uniform_noise(x, key, stream=0):
-    """x + U(-1/2, 1/2) noise that is a function of (key, stream) only; gradient: identity."""
+    """x + U(-1/2, 1/2) noise that is a function of (key, stream) only; gradient: identity.
+
+    ``stream``: an integer, or a compiled step's counter (see :class:`UniformNoiseOp`)."""
     return UniformNoiseOp(key, stream)(x)
 
 

@@ -28,13 +28,10 @@ class Adam(Optimizer):
     state_arrays = ("exp_avg", "exp_avg_sq")
     required_state = ("step", "exp_avg", "exp_avg_sq")
     kernel = "adam_step"
-    # beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay, step_size,
-    # sqrt(1 - beta2^t): the host computes the step-dependent factors in
-    # double precision, as PyTorch does, and passes them rounded to float.
-    # The last two depend on the parameter's step count, which may differ
-    # within a group.
-    kernel_args = "ffffffff"
-    per_tensor_scalars = 2
+    # update_scalars: beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay,
+    # step_size, sqrt(1 - beta2^t): the host computes the step-dependent
+    # factors in double precision, as PyTorch does; the kernel reads them as
+    # floats, per tensor (step counts may differ within a group).
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))

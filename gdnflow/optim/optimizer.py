@@ -6,16 +6,20 @@ every parameter of a group is updated by ONE launch of a multi-tensor kernel
 in ``cuda_src/optim.cu``: the group's parameter, gradient and state pointers
 sit in a device pointer table and a block map says which tensor and which
 elements each CUDA block updates (the layout is documented in optim.cu and
-built by :class:`FusedGroup`). The tables are uploaded once and again only
-when a pointer changes: gradients are fresh arrays after every backward,
-but in a steady training loop the memory pool tends to hand back the same
-blocks, and then nothing is uploaded (one small copy when it does not).
+built by :class:`FusedGroup`), and each tensor's scalars (learning rate,
+bias corrections) sit in a device array the kernel reads. The pointer table
+is uploaded again only when a pointer changes: gradients are fresh arrays
+after every backward, but in a steady training loop the memory pool tends
+to hand back the same blocks. Inside a compiled step the table is a
+constant of the captured graph and the scalars are written before each
+replay (:meth:`FusedGroup.run_in_step`).
 
 Updates work on the parameters' arrays directly, never through operators, so
 they record no autograd history whether or not they run under ``no_grad``.
 """
 import numpy as np
 
+from gdnflow import step_state
 from gdnflow.backends import cuda, get_backend
 from gdnflow.errors import ShapeError
 from gdnflow.tensor import Tensor
@@ -51,16 +55,15 @@ class Optimizer:
         the names of the per-parameter state arrays, in the order the CUDA
         kernel takes their pointer rows; ``required_state``: the entries a
         loaded state must have;
-    ``kernel``, ``kernel_args``, ``per_tensor_scalars``
-        the name of the multi-tensor kernel in optim.cu, the struct codes of
-        its scalar arguments, and how many of the last ones may differ
-        between the parameters of a group (see :class:`FusedGroup`);
+    ``kernel``
+        the name of the multi-tensor kernel in optim.cu (see :class:`FusedGroup`);
     ``check_group(group)``
         validate and normalise a group's hyperparameters;
     ``prepare_state(p, state, group)``
         create the state a parameter's update needs, before its first update;
     ``update_scalars(state, group)``
-        advance per-parameter counters and return the kernel's scalar arguments;
+        advance per-parameter counters and return the kernel's scalar arguments
+        (numbers, the same count for every parameter; optim.cu reads them as floats);
     ``update_numpy(param, grad, state, scalars)``
         the update on NumPy arrays, in place.
     """
@@ -68,8 +71,6 @@ class Optimizer:
     state_arrays = ()
     required_state = ()
     kernel = None
-    kernel_args = ""
-    per_tensor_scalars = 0
 
     def __init__(self, params, defaults):
         self.defaults = dict(defaults)
@@ -133,8 +134,12 @@ class Optimizer:
         """Update every parameter that has a gradient; parameters without one are skipped.
 
         Each updated parameter is marked changed (:meth:`~gdnflow.tensor.Tensor.mark_changed`),
-        so compiled inference plans of it know they are stale.
+        so compiled inference plans of it know they are stale. Inside a
+        compiled step function (:func:`gdnflow.step.compile_step`) the update
+        is part of the step: its scalars are computed before each execution
+        and it is skipped on the device once the step's finite flag is set.
         """
+        step = step_state.active()
         for index, group in enumerate(self.param_groups):
             on_cuda = []
             for p in group["params"]:
@@ -145,19 +150,28 @@ class Optimizer:
                     raise ShapeError(f"{type(self).__name__}: a parameter of shape {p.shape} on "
                                      f"{p.device!r} has a gradient of shape {grad.shape} on "
                                      f"{grad.device!r}")
-                p.mark_changed()
                 state = self.state.setdefault(id(p), {})
                 self.prepare_state(p, state, group)
-                scalars = self.update_scalars(state, group)
-                if p.device == "numpy":
-                    self.update_numpy(p.data, grad.data, state, scalars)
+                if p.device == "cuda":
+                    on_cuda.append((p, state))
                 else:
-                    on_cuda.append((p, state, scalars))
+                    # As on the GPU, counters advance even on a step the flag skips.
+                    scalars = self.update_scalars(state, group)
+                    if step is None or not step.flag[0]:
+                        p.mark_changed()
+                        self.update_numpy(p.data, grad.data, state, scalars)
             if on_cuda:
                 fused = self._fused.get(index)
                 if fused is None:
                     fused = self._fused[index] = FusedGroup()
-                fused.run(self, [p for p in group["params"] if p.device == "cuda"], on_cuda)
+                params = [p for p in group["params"] if p.device == "cuda"]
+                if step is not None:
+                    fused.run_in_step(self, group, params, on_cuda, step)
+                    continue
+                for p, _ in on_cuda:
+                    p.mark_changed()
+                fused.run(self, params, [(p, state, self.update_scalars(state, group))
+                                         for p, state in on_cuda])
 
     def prepare_state(self, p, state, group):
         """Create the state ``p``'s update needs (zeros on p's device)."""
@@ -263,7 +277,7 @@ class Optimizer:
 
 
 class FusedGroup:
-    """The device tables of one parameter group's fused CUDA update.
+    """The device arrays of one parameter group's fused CUDA update.
 
     For the group's n CUDA parameters (in group order) it keeps device
     arrays laid out as optim.cu expects:
@@ -276,55 +290,93 @@ class FusedGroup:
                     gradient tells the kernel to leave that tensor alone (it
                     has no gradient this step); a null state pointer is one
                     the update does not read (SGD without momentum);
-    ``per_tensor``  float32, k per tensor: the last k scalar arguments
-                    (``Optimizer.per_tensor_scalars``) for each tensor, used
-                    only when they differ between the tensors of a step (Adam
-                    parameters whose step counts differ because one had no
-                    gradient on some step); otherwise the kernel takes them as
-                    plain arguments and a null pointer here.
+    ``scalars``     float32, ``len(update_scalars(...))`` per tensor: the
+                    step's scalar arguments of each tensor, written before
+                    every update. The kernel reads them from this one array,
+                    whose address never changes, so a captured step's launch
+                    reads each replay's values (see :meth:`run_in_step`).
 
-    Each array is uploaded again only when its contents change, so a step is
-    one launch plus, at most, a copy of the pointer table (and of
-    ``per_tensor`` when it is in use).
+    An eager step uploads the scalars and, when a pointer changed, the table,
+    then launches once.
     """
 
     def __init__(self):
         self.sizes = None
         self.blocks = None
         self.n_blocks = 0
-        self._arrays = {}           # name -> (host values as a tuple, device array)
+        self.scalars = None
+        self._table = (None, None)      # (host pointers as a tuple, device array)
 
     def run(self, optimizer, params, updates):
         """Update ``updates`` [(param, state, scalars)], all among the group's CUDA ``params``."""
+        if not self._prepare(params):
+            return                   # only empty tensors: nothing to update
+        pointers = self._pointers(optimizer, params, [(p, state) for p, state, _ in updates])
+        known, table = self._table
+        if pointers != known:
+            table = cuda.get_runtime().from_numpy(np.array(pointers, dtype=np.uint64))
+            self._table = (pointers, table)
+        self._write_scalars(params, [(p, scalars) for p, _, scalars in updates])
+        self._launch(optimizer, table, len(params), skip=0)
+
+    def run_in_step(self, optimizer, group, params, updates, step):
+        """The update inside a compiled step function (``step``, a StepContext).
+
+        ``updates`` [(param, state)]: the parameters with a gradient. The
+        pointer table is a constant of the step (``step.upload_constant``);
+        the scalars are computed and written by a hook that runs before each
+        execution of the step (``step.on_replay``), which also advances the
+        optimiser's counters and marks the parameters changed; the launch
+        does nothing on the device once the step's finite flag is set.
+        """
+        if not self._prepare(params):
+            return
+        pointers = self._pointers(optimizer, params, updates)
+        table = step.upload_constant(np.array(pointers, dtype=np.uint64))
+        step.on_replay(_ScalarsHook(self, optimizer, group, params, updates))
+        self._launch(optimizer, table, len(params), skip=step.skip_pointer())
+
+    def _prepare(self, params):
+        """Build the block map and the scalars array for ``params``; False if nothing to update."""
         sizes = tuple(p.data.size for p in params)
         if sizes != self.sizes:
             self._build_blocks(sizes)
-        if not self.n_blocks:
-            return                   # only empty tensors: nothing to update
-        n, k = len(params), optimizer.per_tensor_scalars
+            self.scalars = None
+        return self.n_blocks > 0
+
+    @staticmethod
+    def _pointers(optimizer, params, updates):
+        n = len(params)
         position = {id(p): t for t, p in enumerate(params)}
         pointers = [p.data.ptr for p in params] + [0] * (n * (1 + len(optimizer.state_arrays)))
-        tails = {}
-        for p, state, scalars in updates:
+        for p, state in updates:
             t = position[id(p)]
             pointers[n + t] = p.grad.data.ptr
             for row, name in enumerate(optimizer.state_arrays, start=2):
                 if name in state:
                     pointers[row * n + t] = state[name].ptr
-            tails[t] = scalars[len(scalars) - k:]
-        # The leading scalars are the group's hyperparameters: the same for all.
-        shared = updates[0][2][:len(updates[0][2]) - k]
-        if len(set(tails.values())) <= 1:
-            tail, per_tensor = next(iter(tails.values())), 0
+        return tuple(pointers)
+
+    def _write_scalars(self, params, tensor_scalars):
+        """Copy each tensor's scalars [(param, scalars)] into ``scalars`` (zeros elsewhere)."""
+        count = len(tensor_scalars[0][1])
+        host = np.zeros((len(params), count), dtype=np.float32)
+        position = {id(p): t for t, p in enumerate(params)}
+        for p, scalars in tensor_scalars:
+            host[position[id(p)]] = scalars
+        runtime = cuda.get_runtime()
+        if self.scalars is None or self.scalars.size != host.size:
+            self.scalars = runtime.from_numpy(host.ravel())
         else:
-            values = [0.0] * (n * k)
-            for t, scalars in tails.items():
-                values[t * k:(t + 1) * k] = scalars
-            per_tensor, tail = self._upload("per_tensor", values, np.float32).ptr, (0.0,) * k
-        table = self._upload("table", pointers, np.uint64)
-        kernel = cuda.kernel(SOURCE, optimizer.kernel, "PPiP" + optimizer.kernel_args)
-        kernel((self.n_blocks, 1, 1), (BLOCK, 1, 1), table.ptr, self.blocks.ptr, n, per_tensor,
-               *shared, *tail)
+            import pycuda.driver as drv     # local import: PyCUDA on first use
+            # On gdnflow's one stream: the copy runs after every launch queued
+            # before it that reads the array.
+            drv.memcpy_htod_async(self.scalars.ptr, host, runtime.stream)
+
+    def _launch(self, optimizer, table, n, skip):
+        kernel = cuda.kernel(SOURCE, optimizer.kernel, "PPiPP")
+        kernel((self.n_blocks, 1, 1), (BLOCK, 1, 1), table.ptr, self.blocks.ptr, n,
+               self.scalars.ptr, skip)
 
     def _build_blocks(self, sizes):
         for size in sizes:
@@ -338,19 +390,41 @@ class FusedGroup:
         if rows:
             self.blocks = cuda.get_runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
 
-    def _upload(self, name, values, dtype):
-        """The device array ``name`` holding ``values``, copied only if they changed."""
-        values = tuple(values)
-        known, array = self._arrays.get(name, (None, None))
-        if values == known:
-            return array
-        host = np.array(values, dtype=dtype)
-        if array is None or array.size != host.size:
-            array = cuda.get_runtime().from_numpy(host)
-        else:
-            # Into the same device array, on gdnflow's one stream: the copy
-            # runs after every launch queued before it that reads the array.
-            import pycuda.driver as drv     # local import: PyCUDA on first use
-            drv.memcpy_htod_async(array.ptr, host, cuda.get_runtime().stream)
-        self._arrays[name] = (values, array)
-        return array
+
+class _ScalarsHook:
+    """Before each execution of a compiled step: one group's update scalars, written.
+
+    Advances the counters of the parameters that had a gradient when the
+    step was captured (as an eager step would), writes their scalars into
+    the group's array and marks them changed. :meth:`check` says whether the
+    captured launch still fits: the parameters and their state arrays must
+    be the ones it was captured with (``load_state_dict`` replaces them).
+    """
+
+    def __init__(self, fused, optimizer, group, params, updates):
+        self.fused, self.optimizer, self.group, self.params = fused, optimizer, group, params
+        self.updates = updates
+        #: The parameters whose gradients the captured step writes.
+        self.parameters = [p for p, _ in updates]
+        self.pointers = FusedGroup._pointers(optimizer, params, updates)
+
+    def check(self):
+        """None if the captured launch still fits, else why not."""
+        for p, _ in self.updates:
+            if self.optimizer.state.get(id(p)) is None:
+                return "an optimiser's state was replaced (load_state_dict)"
+        updates = [(p, self.optimizer.state[id(p)]) for p, _ in self.updates]
+        live = [p for p, _ in updates]
+        if any(p.grad is None for p in live):
+            return "a parameter's gradient was dropped (zero_grad) outside the step"
+        if FusedGroup._pointers(self.optimizer, self.params, updates) != self.pointers:
+            return "parameters, gradients or optimiser state were replaced (load_state_dict?)"
+        return None
+
+    def __call__(self):
+        tensor_scalars = []
+        for p, state in self.updates:
+            p.mark_changed()
+            tensor_scalars.append((p, self.optimizer.update_scalars(state, self.group)))
+        if tensor_scalars:
+            self.fused._write_scalars(self.params, tensor_scalars)

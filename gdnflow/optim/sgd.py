@@ -23,7 +23,6 @@ class SGD(Optimizer):
 
     state_arrays = ("momentum_buffer",)
     kernel = "sgd_step"
-    kernel_args = "fffi"         # lr, momentum, weight_decay, nesterov
 
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -46,6 +45,7 @@ class SGD(Optimizer):
             state["momentum_buffer"] = self.zeros_like(p)
 
     def update_scalars(self, state, group):
+        # The order optim.cu's sgd_step reads them in (nesterov as 0 or 1).
         return (group["lr"], group["momentum"], group["weight_decay"], int(group["nesterov"]))
 
     def update_numpy(self, param, grad, state, scalars):

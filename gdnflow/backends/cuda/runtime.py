@@ -18,6 +18,7 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool, clear_context_caches
 
+from gdnflow import step_state
 from gdnflow.errors import GdnflowError
 from gdnflow.backends.cuda.limits import MAX_ELEMENTS, check_elements, out_of_memory
 from gdnflow.backends.numpy_backend import contiguous
@@ -107,7 +108,12 @@ class Runtime:
 
         Not pooled: freed when the returned object is; out of memory is a
         :class:`~gdnflow.errors.DeviceMemoryError` as in :meth:`allocate`.
+        Refused while a step is captured (cuMemAlloc cannot be captured).
         """
+        if step_state.capturing():
+            raise step_state.StepSyncError(
+                f"allocating {nbytes} bytes outside the step's arena ({what}) inside a captured "
+                "step: everything a captured step allocates comes from its arena")
         try:
             return drv.mem_alloc(nbytes)
         except drv.MemoryError as exc:
@@ -122,7 +128,18 @@ class Runtime:
         return array
 
     def from_numpy(self, host):
-        """Copy a NumPy array to a new device array."""
+        """Copy a NumPy array to a new device array.
+
+        Refused while a step is captured: the graph would replay the copy
+        with the values of that moment (constant tables go through
+        :meth:`~gdnflow.step_context.StepContext.upload_constant`).
+        """
+        if step_state.capturing():
+            raise step_state.StepSyncError(
+                f"copying a host array of shape {np.shape(host)} to the GPU inside a captured "
+                "step: the graph would replay the values it had at capture on every step. Pass "
+                "data that changes per step as the batch, draw random numbers on the device "
+                "(uniform_noise with noise_stream=step.index)")
         host = contiguous(host)
         array = self.empty(tuple(host.shape), host.dtype)
         if array.size:
@@ -132,7 +149,13 @@ class Runtime:
         return array
 
     def to_numpy(self, array):
-        """Copy a device array into a new NumPy array, waiting for the stream."""
+        """Copy a device array into a new NumPy array, waiting for the stream.
+
+        Refused while a step is captured (nothing has run yet, and waiting
+        would break the capture): :class:`~gdnflow.step_state.StepSyncError`.
+        """
+        if step_state.capturing():
+            step_state.refuse_host_read(f"reading a device array of shape {array.shape}")
         host = np.empty(array.shape, array.dtype)
         if array.size:
             drv.memcpy_dtoh_async(host, array.ptr, self.stream)

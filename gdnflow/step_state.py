@@ -1,0 +1,52 @@
+"""Which compiled step function is running, if any, and the refusals that follow from it.
+
+The lowest layer of the compiled-step machinery (no gdnflow imports beyond
+errors): the runtime and :class:`~gdnflow.tensor.Tensor` consult it to
+refuse host reads and host copies inside a step function. The context
+itself, and what a step function can do with it, is
+:mod:`gdnflow.step_context`.
+"""
+import contextlib
+
+from gdnflow.errors import GdnflowError
+
+_active = None
+
+
+class StepSyncError(GdnflowError, RuntimeError):
+    """Code inside a compiled step function did what a captured step cannot replay:
+    read a device value back, copy a host array in, or nest steps."""
+
+
+def active():
+    """The context (a :class:`~gdnflow.step_context.StepContext`) whose step function runs, or None."""
+    return _active
+
+
+def capturing():
+    """True while a step function is being captured into a CUDA graph."""
+    return _active is not None and _active.phase == "capture"
+
+
+@contextlib.contextmanager
+def running(context):
+    """Within the block, :func:`active` is ``context``; steps do not nest."""
+    global _active
+    if _active is not None:
+        raise StepSyncError("a compiled step function called another compiled step: "
+                            "steps do not nest")
+    _active = context
+    try:
+        yield context
+    finally:
+        _active = None
+
+
+def refuse_host_read(what):
+    """Raise :class:`StepSyncError` if a step function is running (``what`` reads a value)."""
+    if _active is not None:
+        raise StepSyncError(
+            f"{what} inside a compiled step function: a captured step runs on the GPU without "
+            "Python, so no value can be read back during it. Return the tensor from the step "
+            "function and read it after the call (clip_grad_norm: pass sync=False; to stop "
+            "on NaN, step.guard_finite)")
