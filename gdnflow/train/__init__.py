@@ -13,7 +13,8 @@ from gdnflow.train.losses import (LAMBDAS, RateDistortionLoss, bits_per_pixel, m
 from gdnflow.train.numerics import NonFiniteError, cast_module
 from gdnflow.train.run_folder import RunExistsError, RunFolder, RunLockedError
 from gdnflow.train.stopping import RunStopped
-from gdnflow.train.trainer import TrainConfig, Trainer, train
+from gdnflow.train.launch import train
+from gdnflow.train.trainer import TrainConfig, Trainer
 
 __all__ = ["TrainConfig", "Trainer", "train", "RateDistortionLoss", "bits_per_pixel", "psnr",
            "mse_to_psnr", "ms_ssim", "LAMBDAS", "NonFiniteError", "cast_module", "RunFolder",

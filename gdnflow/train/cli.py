@@ -16,7 +16,8 @@ from gdnflow.config import MATMUL_PRECISIONS
 from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
-from gdnflow.train.trainer import TrainConfig, train
+from gdnflow.train.launch import train
+from gdnflow.train.trainer import TrainConfig
 
 
 def add_arguments(parser):
@@ -63,6 +64,10 @@ def add_arguments(parser):
                        help="the GPU's matrix products: fp32 (exact float32) or tf32 (tensor "
                        "cores, float32 accumulation: faster, about 1e-3 relative error; default "
                        f"{defaults.precision})")
+    optim.add_argument("--no-graph", dest="graph", action="store_false",
+                       help="run every step eagerly, reading its values back before the update "
+                       "(default: each step is one CUDA graph replayed without Python, its "
+                       "values read back every 10 steps; see docs/compiled_step.md)")
     run = parser.add_argument_group("run")
     run.add_argument("--out", dest="out_dir", default=defaults.out_dir, metavar="DIR",
                      help=f"run folder: checkpoint, logs, pictures (default {defaults.out_dir})")

@@ -1,6 +1,8 @@
 """Numerical checks for training: finding where a NaN or an infinity came from,
 and changing a model's precision (float64 copies for gradient checks).
 """
+import math
+
 import numpy as np
 
 from gdnflow.autograd import no_grad
@@ -48,6 +50,30 @@ def first_nonfinite_output(model, x, **forward_args):
             if not is_finite(output):
                 return name
     return None
+
+
+def locate_non_finite(model, x, record, **forward_args):
+    """Where a training step's NaN or infinity came from: (name or None, a sentence).
+
+    Looks, in order, at the parameters, at the layer outputs of the forward
+    on ``x`` (``forward_args`` repeat the step's noise), at the gradients, and
+    at the auxiliary loss in ``record`` (the step's values).
+    """
+    bad = nonfinite_parameters(model)
+    if bad:
+        return bad[0], f"parameter {bad[0]} holds non-finite values"
+    where = first_nonfinite_output(model, x, **forward_args)
+    if where is not None:
+        layer = {name.rstrip("."): m for name, m in model.named_modules()}.get(where)
+        kind = f" ({type(layer).__name__})" if layer is not None else ""
+        return where, f"the first non-finite output is that of {where}{kind}"
+    bad = nonfinite_gradients(model)
+    if bad:
+        more = f" (and {len(bad) - 1} more: {', '.join(bad[1:4])})" if len(bad) > 1 else ""
+        return bad[0], f"the gradient of {bad[0]} is non-finite{more}"
+    if not math.isfinite(record["aux"]):
+        return "entropy_bottleneck.quantiles", "the auxiliary (quantile) loss is non-finite"
+    return None, "nothing non-finite could be located (a transient value?)"
 
 
 def cast_module(model, dtype):

@@ -10,6 +10,13 @@ One step (``Trainer.train_step``)::
     stop here with NonFiniteError if loss, bpp, aux or norm is not finite
     main Adam step (every parameter but the quantiles); aux Adam step (the quantiles)
 
+:meth:`Trainer.run` runs the same step through :func:`gdnflow.compile_step`
+by default (``graph``): captured once as a CUDA graph and replayed, with
+clipping computed on the device, the NaN/inf check a device flag that stops
+the updates (checked every ``SYNC_EVERY`` steps, when the step records are
+read back), and the learning rates written before each replay. Its losses
+are those of the eager step (tests/train/test_compiled_trainer.py).
+
 As in CompressAI, the main and auxiliary losses have their own Adam (learning
 rates 1e-4 and 1e-3 by default); unlike CompressAI's loop, the auxiliary loss
 is evaluated before the main update instead of after it, so that one read
@@ -53,10 +60,9 @@ from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
 from gdnflow.tensor import Tensor
 from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, mse_to_psnr, psnr
-from gdnflow.train.numerics import (NonFiniteError, first_nonfinite_output, nonfinite_gradients,
-                                    nonfinite_parameters)
+from gdnflow.train.numerics import NonFiniteError, locate_non_finite
+from gdnflow.train.queued import STEP_SCALARS, SYNC_EVERY, QueuedSteps
 from gdnflow.train.plots import plot_curves, plot_reconstructions
-from gdnflow.train.run_folder import RunExistsError, RunFolder
 from gdnflow.train.stopping import RunStopped, StopSignals, signal_name
 
 CHECKPOINT_NAME = "checkpoint.h5"
@@ -74,7 +80,10 @@ class TrainConfig:
     ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
     ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
     ``precision`` of the GPU's matrix products in training and evaluation
-    ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`).
+    ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`), ``graph``
+    (True: :meth:`Trainer.run` trains through a compiled step, one CUDA graph
+    replayed per step on the GPU, reading the step's values back every
+    ``SYNC_EVERY`` steps; False: the eager step, read back every step).
     Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
     only at the end), ``seed``, ``device`` (None: the default device),
     ``quiet`` (no progress bar).
@@ -104,6 +113,7 @@ class TrainConfig:
     small_images: str = "pad"
     quiet: bool = False
     precision: str = "fp32"
+    graph: bool = True
 
     #: Fields a resumed run must share with its checkpoint: they decide the
     #: data, the noise and the shapes, so a change would not continue the run.
@@ -181,6 +191,7 @@ class Trainer:
         self._logged = {"history": 0, "eval": 0}
         self._saved = (None, None)      # (step, path) of the last checkpoint written or loaded
         self.last_reconstructions = []
+        self._queued = QueuedSteps(self.step_function, self.device, self.notify)
 
     # ------------------------------------------------------------ data --
     @property
@@ -208,6 +219,7 @@ class Trainer:
     def train_step(self, batch):
         """One optimisation step on ``batch`` (N, 3, H, W) in [0, 1]: an array or a Tensor.
 
+        The eager step: it reads the step's values back before updating.
         Returns the step's record (also appended to ``history``). Raises
         :class:`NonFiniteError` before updating anything if the loss, the
         rate, the auxiliary loss or the gradient norm is not finite. The
@@ -218,52 +230,118 @@ class Trainer:
 
     def _train_step(self, batch):
         x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
+        self.flush()            # queued steps first: the history stays in step order
         step = self.step
         self.model.train()
-        out = self.model(x, noise_key=self.noise_key, noise_stream=step)
+        terms, aux = self._forward_backward(x, step)
+        norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
+        record = {"step": step + 1, **{k: terms[k].item() for k in ("loss", "bpp", "mse")},
+                  "aux": aux.item(), "grad_norm": norm}
+        if not all(math.isfinite(record[k]) for k in STEP_SCALARS):
+            self._stop_non_finite(x, record)
+        self.optimizer.step()
+        self.aux_optimizer.step()
+        self._finish_step(record)
+        return record
+
+    def _forward_backward(self, x, noise_stream):
+        """Forward, loss and both backwards of one step: (loss terms, auxiliary loss)."""
+        out = self.model(x, noise_key=self.noise_key, noise_stream=noise_stream)
         terms = self.criterion(out, x)
         self.optimizer.zero_grad()
         self.aux_optimizer.zero_grad()
         terms["loss"].backward()
         aux = self.model.aux_loss()
         aux.backward()
-        norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
-        record = {"step": step + 1, **{k: terms[k].item() for k in ("loss", "bpp", "mse")},
-                  "aux": aux.item(), "grad_norm": norm}
-        if not all(math.isfinite(record[k]) for k in ("loss", "bpp", "mse", "aux", "grad_norm")):
-            self._stop_non_finite(x, record)
-        self.optimizer.step()
-        self.aux_optimizer.step()
+        return terms, aux
+
+    def _finish_step(self, record):
         if self.schedule is not None:
             self.schedule.step()
-        record["psnr"] = mse_to_psnr(record["mse"])
         self.step += 1
-        self.history.append(record)
-        return record
+        if record is not None:
+            record["psnr"] = mse_to_psnr(record["mse"])
+            self.history.append(record)
+
+    # --------------------------------------------------- compiled step --
+    def step_function(self, x, step):
+        """The training step as a function for :func:`gdnflow.compile_step`: ``(batch, step)``.
+
+        The eager step's work, with nothing read back: the gradient norm is
+        clipped on the device, and the loss terms, auxiliary loss and norm are
+        guarded (``step.guard_finite``), so that a NaN or infinity stops
+        every later update on the device. Returns the step's scalars
+        (``STEP_SCALARS``) as one-element tensors.
+        """
+        self.model.train()
+        terms, aux = self._forward_backward(x, step.index)
+        norm = clip_grad_norm(self.main_parameters, self.config.clip_norm, sync=False)
+        scalars = {**{k: terms[k].reshape(1) for k in ("loss", "bpp", "mse")},
+                   "aux": aux.reshape(1), "grad_norm": norm}
+        step.guard_finite(*scalars.values())
+        self.optimizer.step()
+        self.aux_optimizer.step()
+        return scalars
+
+    def queue_step(self, batch):
+        """One step through the compiled step (made on first use), read back later.
+
+        The step's record is appended to ``history`` by :meth:`flush`, which
+        runs every ``SYNC_EVERY`` steps, before a checkpoint or an evaluation
+        and at the end of :meth:`run`; a NaN or infinity raises
+        :class:`NonFiniteError` there, naming the first bad step, with the
+        parameters as they were before it. The matrix products run in
+        ``config.precision``.
+        """
+        with override(matmul_precision=self.config.precision):
+            self._queued.run(batch, self.step)
+        self._finish_step(None)
+        if len(self._queued) >= SYNC_EVERY:
+            self.flush()
+
+    def flush(self):
+        """Read back the queued steps' records into ``history`` (waits for the GPU).
+
+        Raises :class:`NonFiniteError` if the compiled step's flag says a step
+        went non-finite: the records before it are kept, the step count goes
+        back to the step before it, and that step is run again eagerly to
+        find where the NaN or infinity came from.
+        """
+        records, bad = self._queued.read()
+        for label, values in records:
+            if bad is not None and label >= bad:
+                break
+            self.history.append({"step": label, **values, "psnr": mse_to_psnr(values["mse"])})
+        if bad is not None:
+            self._stop_compiled_non_finite(bad, dict(records).get(bad))
+
+    def _stop_compiled_non_finite(self, bad, values):
+        """The compiled step's flag named step ``bad``: find the cause eagerly and raise."""
+        # Every update from step `bad` on was skipped on the device, so the
+        # parameters are those before it: rerun that step's batch eagerly.
+        self.step = bad - 1
+        self._queued.discard()
+        if self.schedule is not None:
+            self.schedule.load_state_dict({**self.schedule.state_dict(), "last_step": self.step})
+        x = Tensor(self.train_data.batch(self.config.seed, self.step, self.config.batch_size),
+                   device=self.device)
+        with override(matmul_precision=self.config.precision):
+            terms, aux = self._forward_backward(x, self.step)
+            norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
+            record = values or {k: terms[k].item() for k in ("loss", "bpp", "mse")}
+            record = {"aux": aux.item(), "grad_norm": norm, **record}
+            self._stop_non_finite(x, record)
+
+    def notify(self, message):
+        """Say something about the run (a compiled step's notices) above the progress bar."""
+        tqdm.write(message)
 
     def _stop_non_finite(self, x, record):
         """Find the first parameter, layer output or gradient that is not finite; raise."""
         step = self.step
         values = ", ".join(f"{k} {record[k]:.4g}" for k in ("loss", "bpp", "aux", "grad_norm"))
-        where, what = None, "nothing non-finite could be located (a transient value?)"
-        bad = nonfinite_parameters(self.model)
-        if bad:
-            where, what = bad[0], f"parameter {bad[0]} holds non-finite values"
-        else:
-            where = first_nonfinite_output(self.model, x, noise_key=self.noise_key,
-                                           noise_stream=step)
-            if where is not None:
-                layer = {name.rstrip("."): m for name, m in self.model.named_modules()}.get(where)
-                kind = f" ({type(layer).__name__})" if layer is not None else ""
-                what = f"the first non-finite output is that of {where}{kind}"
-            else:
-                bad = nonfinite_gradients(self.model)
-                if bad:
-                    more = f" (and {len(bad) - 1} more: {', '.join(bad[1:4])})" if len(bad) > 1 else ""
-                    where, what = bad[0], f"the gradient of {bad[0]} is non-finite{more}"
-                elif not math.isfinite(record["aux"]):
-                    where, what = "entropy_bottleneck.quantiles", \
-                        "the auxiliary (quantile) loss is non-finite"
+        where, what = locate_non_finite(self.model, x, record, noise_key=self.noise_key,
+                                        noise_stream=step)
         raise NonFiniteError(
             f"training stopped at step {step + 1}: non-finite values ({values}); {what}. "
             "No parameter was updated; the last checkpoint is intact.", step=step + 1, where=where)
@@ -333,6 +411,7 @@ class Trainer:
         """
         path = Path(path) if path is not None else self.checkpoint_path()
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.flush()
         self._append_logs()
         extra = {
             "step": self.step,
@@ -441,6 +520,7 @@ class Trainer:
                             break
             finally:
                 bar.close()
+            self.flush()
             if stop.requested:
                 self._stop_saved(stop)
             result = self.evaluate(keep=4)
@@ -461,12 +541,18 @@ class Trainer:
     def _loop_step(self, batch, bar, stop):
         """One step of :meth:`run`: train, show progress, evaluate and checkpoint when due."""
         config = self.config
-        record = self.train_step(batch)
+        if config.graph:
+            self.queue_step(batch)
+        else:
+            self.train_step(batch)
         bar.update(1)
-        if self.step % 10 == 0 or self.step == config.steps:
+        if self.step % SYNC_EVERY == 0 or self.step == config.steps:
+            self.flush()
+            record = self.history[-1]
             bar.set_postfix(loss=f"{record['loss']:.4f}", bpp=f"{record['bpp']:.3f}",
                             psnr=f"{record['psnr']:.2f}")
         if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
+            self.flush()
             bar.write(_describe_eval(self.evaluate()))
         if config.checkpoint_every and self.step % config.checkpoint_every == 0 \
                 and self.step < config.steps:
@@ -507,38 +593,4 @@ def _describe_eval(result):
             f"{result['bpp']:.4f} bpp, PSNR {result['psnr']:.2f} dB{quality}")
 
 
-def train(config, resume=None, force=False, log=print):
-    """Train ``config``'s run in its folder ``config.out_dir``, owned for the whole run.
-
-    The folder is checked, locked and prepared before the data is read (see
-    :class:`~gdnflow.train.run_folder.RunFolder`): a folder holding a run is
-    refused (RunExistsError) unless ``resume`` (True: its checkpoint; or a
-    checkpoint's path) continues it or ``force`` moves it aside. A signal
-    stops the run as :meth:`Trainer.run` says, or at once before training
-    starts (RunStopped either way); the lock is released in every case.
-    ``log`` prints the notices. Returns the Trainer.
-    """
-    if resume and force:
-        raise ValueError("--resume continues the run in the folder and --force moves it aside: "
-                         "pass one of them")
-    config.check()
-    with StopSignals(defer=False), \
-            RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new") \
-            as folder:
-        trainer = Trainer(config)
-        elsewhere = resume not in (None, True) and \
-            Path(resume).resolve() != trainer.checkpoint_path().resolve()
-        if elsewhere and folder.run_files():
-            # Resuming rewrites the folder's histories and checkpoint: never another run's.
-            raise RunExistsError(
-                f"--out {folder.path} holds a run ({', '.join(folder.run_files())}) and "
-                f"--resume {resume} is another run's checkpoint: continue it in an empty --out")
-        if resume:
-            path = None if resume is True else resume
-            step = trainer.resume(path)
-            log(f"resumed at step {step} from {path or trainer.checkpoint_path()}")
-        trainer.run()
-    return trainer
-
-
-__all__ = ["TrainConfig", "Trainer", "train", "NonFiniteError", "CHECKPOINT_NAME"]
+__all__ = ["TrainConfig", "Trainer", "NonFiniteError", "CHECKPOINT_NAME"]

@@ -50,11 +50,13 @@ def test_outside_the_loop_a_signal_stops_at_once():
 
 
 class SignalAtStep:
-    """Wraps ``trainer.train_step``: sends ``signum`` to this process during step ``step``."""
+    """Wraps the trainer's step (``queue_step``, or ``train_step`` without graphs): sends
+    ``signum`` to this process during step ``step``."""
 
     def __init__(self, trainer, step, signum=signal.SIGTERM):
-        self.original, self.step, self.signum = trainer.train_step, step, signum
-        trainer.train_step = self
+        name = "queue_step" if trainer.config.graph else "train_step"
+        self.original, self.step, self.signum = getattr(trainer, name), step, signum
+        setattr(trainer, name, self)
 
     def __call__(self, batch):
         if self.original.__self__.step + 1 == self.step:

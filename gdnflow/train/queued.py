@@ -1,0 +1,59 @@
+"""The trainer's compiled step: steps queued on the GPU, their records read back in batches.
+
+:meth:`gdnflow.train.Trainer.queue_step` runs each step through
+:func:`gdnflow.compile_step` (one CUDA graph per batch shape on the GPU) and
+queues a copy of its scalars; :meth:`QueuedSteps.read` waits once for every
+step queued since the last read and reports the first step whose values
+were not finite (the compiled step's flag), if any.
+"""
+import numpy as np
+
+from gdnflow.step import compile_step
+from gdnflow.step.scalar_log import ScalarLog
+from gdnflow.tensor import Tensor
+
+#: Steps between two read backs of a compiled run's records (and its NaN check).
+SYNC_EVERY = 10
+#: The scalars of a step record that the step computes on the device.
+STEP_SCALARS = ("loss", "bpp", "mse", "aux", "grad_norm")
+
+
+class QueuedSteps:
+    """A compiled ``step_function(batch, step)`` on ``device`` and its unread step records.
+
+    ``notify(message)`` receives the compiled step's notices (another batch
+    shape captured, say).
+    """
+
+    def __init__(self, step_function, device, notify):
+        self.step_function, self.device, self.notify = step_function, device, notify
+        self.compiled = None
+        self.log = ScalarLog(STEP_SCALARS, capacity=SYNC_EVERY)
+
+    def __len__(self):
+        """How many steps ran since the last :meth:`read`."""
+        return len(self.log)
+
+    def run(self, batch, step):
+        """Run step ``step`` (its index: the noise stream) on ``batch`` and queue its record."""
+        x = batch if isinstance(batch, Tensor) else np.asarray(batch)
+        if self.compiled is None:
+            self.compiled = compile_step(
+                self.step_function, Tensor(np.zeros(x.shape, np.float32), device=self.device),
+                start_step=step, notify=self.notify)
+        elif self.compiled.step != step:
+            self.compiled.step = step         # eager steps ran in between
+        self.log.record(step + 1, self.compiled(x))
+
+    def read(self):
+        """(records, bad): the queued steps' records [(step number, {scalar: float})] and
+        the number of the first step that went non-finite (None if none). Waits for the GPU."""
+        records = self.log.read()
+        bad = self.compiled.first_nonfinite_step() if records and self.compiled else None
+        return records, bad
+
+    def discard(self):
+        """Forget the compiled step (after a non-finite step: its flag stays set)."""
+        if self.compiled is not None:
+            self.compiled.reset()
+        self.compiled = None
