@@ -6,9 +6,12 @@ Both sides train FactorizedPrior(128, 192) on one batch of 16 random
 256x256 images in [0, 1] with CompressAI's recipe: loss lambda 255^2 MSE + bpp
 (lambda 0.0130), Adam (1e-4) on every parameter but the quantiles, gradient
 clipping at norm 1, and a second Adam (1e-3) on the quantiles' auxiliary
-loss. gdnflow's step is ``Trainer.train_step``, the one ``gdnflow train``
-runs (it reads the step's scalars back once, to stop on NaN/inf); CompressAI's
-is the loop of its ``examples/train.py``. gdnflow starts from CompressAI's
+loss. gdnflow's eager step is ``Trainer.train_step`` (it reads the step's
+scalars back once, to stop on NaN/inf); its captured step is
+``Trainer.queue_step``, the one ``gdnflow train`` runs (one CUDA graph per
+step, records read back every 10 steps), timed back to back, and its graph
+alone gives the step's GPU busy time. CompressAI's step is the loop of its
+``examples/train.py``. gdnflow starts from CompressAI's
 initial weights, and the two models' evaluation losses (rounded latents) on
 the batch are compared first. Timing: CUDA events on each library's stream,
 warm-up, median (see ``gdnflow.benchmarking``). ``--precision tf32`` runs
@@ -95,6 +98,8 @@ def main():
     parser.add_argument("--precision", choices=MATMUL_PRECISIONS, default="fp32",
                         help="gdnflow's matmul precision (CompressAI: fp32, and tf32 too "
                         "with tf32)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="steps per round of the pipelined (back-to-back) timings")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also list the GPU kernels of this many gdnflow steps by total "
                              "time (through PyTorch's CUPTI profiler, which sees every "
@@ -136,8 +141,11 @@ def main():
                 gdnflow_forward, warmup=args.warmup, repeats=args.repeats),
             "training step (fwd, bwd, clip, 2x Adam)": harness.time_gdnflow(
                 lambda: trainer.train_step(x), warmup=args.warmup, repeats=args.repeats)}
+    captured, busy = captured_step_timings(trainer, x_host, args)
+    ours.update(captured)
+    notes.append(busy)
     for theirs_precision in (["fp32", "tf32"] if precision == "tf32" else ["fp32"]):
-        theirs = dict.fromkeys(ours)
+        theirs = {}
         if net is not None:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
                 theirs_precision == "tf32"
@@ -145,8 +153,10 @@ def main():
                           forward, warmup=args.warmup, repeats=args.repeats),
                       "training step (fwd, bwd, clip, 2x Adam)": harness.time_torch(
                           step, warmup=args.warmup, repeats=args.repeats)}
+            theirs[PIPELINED] = harness.pipelined_ms(step, torch.cuda.synchronize,
+                                                     steps=args.steps)
         for label, a in ours.items():
-            b = theirs[label]
+            b = theirs.get(label)
             rows.append([f"{label}; gdnflow {precision}, CompressAI {theirs_precision}",
                          f"{a:.2f}", f"{b:.2f}" if b else "-", f"{1000 / a:.1f}",
                          f"{1000 / b:.1f}" if b else "-", f"{b / a:.2f}" if b else "-"])
@@ -157,8 +167,13 @@ def main():
                  f"lambda {LMBDA}; medians of {args.repeats} CUDA-event timings after "
                  f"{args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above 1: "
                  "gdnflow faster; target >= 1.5 for the training step in fp32; >= 2.5 against "
-                 "CompressAI fp32 with gdnflow in tf32); CompressAI tf32: PyTorch allow_tf32 on "
-                 "for matmul and cuDNN")
+                 "CompressAI fp32 with gdnflow in tf32; >= 2.2 back to back, captured, fp32 on "
+                 "both sides); CompressAI tf32: PyTorch allow_tf32 on for matmul and cuDNN")
+    notes.append("back to back: gdnflow's row is the captured step (Trainer.queue_step, as "
+                 "`gdnflow train` runs it, batch copied from host memory each step), "
+                 "CompressAI's its eager loop; wall time per step over "
+                 f"{args.steps} steps, median of 3 rounds; the other gdnflow rows are the eager "
+                 "step, timed with CUDA events around each call")
     table = harness.markdown_table(
         "Factorized-prior training step: gdnflow against CompressAI",
         ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
@@ -166,6 +181,32 @@ def main():
     if args.profile and torch is not None:
         table += "\n" + kernel_profile(torch, lambda: trainer.train_step(x), args.profile)
     harness.emit(table, args.out)
+
+
+PIPELINED = "training step, back to back (steps/s of a loop)"
+CAPTURED_ONLY = "captured step: the graph alone (GPU busy)"
+
+
+def captured_step_timings(trainer, x_host, args):
+    """The captured step timed two ways, and a note comparing its wall time with its GPU time.
+
+    ``PIPELINED``: ``Trainer.queue_step`` as ``gdnflow train`` runs it (batch
+    copied from host memory, scalars written, graph replayed, records read
+    back every 10 steps), steps back to back: the loop's step rate.
+    ``CAPTURED_ONLY``: the graph replayed alone with CUDA events around it
+    (no host work in between): the step's GPU busy time.
+    """
+    stream = harness.gdnflow_stream()
+    queued = harness.pipelined_ms(lambda: trainer.queue_step(x_host), stream.synchronize,
+                                  steps=args.steps)
+    trainer.flush()
+    graph = trainer._queued.compiled.graph_for(x_host.shape)
+    if graph is None:
+        raise RuntimeError("the trainer's compiled step holds no graph: nothing was captured")
+    busy = harness.time_gdnflow(graph.replay, warmup=args.warmup, repeats=args.repeats)
+    note = (f"captured step: wall {queued:.2f} ms per step back to back against {busy:.2f} ms "
+            f"of GPU work (the graph alone): {queued / busy:.3f}x (goal <= 1.05x)")
+    return {PIPELINED: queued, CAPTURED_ONLY: busy}, note
 
 
 def kernel_profile(torch, step, steps, top=25):

@@ -10,6 +10,7 @@ by nature.
 import datetime
 import platform
 import statistics
+import time
 
 from gdnflow.backends import cuda
 
@@ -54,6 +55,39 @@ def time_torch(fn, warmup=10, repeats=50):
     return statistics.median(times)
 
 
+def pipelined_ms(fn, synchronize, steps=50, rounds=3, warmup=5):
+    """Wall milliseconds per call of ``fn()`` called ``steps`` times back to back.
+
+    Nothing waits between the calls, so the host queues work while the GPU
+    runs it, as a training loop does; ``synchronize()`` waits for the GPU at
+    the end of each round. Returns the median over ``rounds`` rounds: the
+    step rate a loop of these calls reaches, host and GPU together.
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    rounds_ms = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        synchronize()
+        rounds_ms.append((time.perf_counter() - start) * 1000 / steps)
+    return statistics.median(rounds_ms)
+
+
+def host_cpu():
+    """The host CPU's model name (from /proc/cpuinfo; the platform's processor elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def torch_or_none(need_torchvision=False):
     """PyTorch with TF32 off and cuDNN in benchmark mode, or None if it cannot run here
     (or, with ``need_torchvision``, if torchvision is missing)."""
@@ -81,7 +115,7 @@ def markdown_table(title, headers, rows, notes=()):
     """A markdown table headed by the title, GPU, date and host; rows are lists of cells."""
     lines = [f"## {title}", "",
              f"GPU: {gpu_name()}; date: {datetime.date.today().isoformat()}; "
-             f"host Python {platform.python_version()}", ""]
+             f"host Python {platform.python_version()}, CPU {host_cpu()}", ""]
     lines.append("| " + " | ".join(headers) + " |")
     lines.append("|" + "---|" * len(headers))
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

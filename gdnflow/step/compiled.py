@@ -120,6 +120,12 @@ class CompiledStep:
             return "warm-up" if self._may_capture() else "eager"
         return entry.next_mode
 
+    def graph_for(self, batch_shape):
+        """The captured :class:`~gdnflow.backends.cuda.graphs.CudaGraph` for ``batch_shape``,
+        or None: for timing the GPU work alone (replaying it skips the per-step hooks)."""
+        entry = self._entries.get(self._key(tuple(batch_shape)))
+        return entry.graph if entry is not None else None
+
     def first_nonfinite_step(self):
         """The number (step index + 1) of the first step whose guarded scalars were not
         finite, or None. Waits for the GPU: call it every few steps, not every step."""
