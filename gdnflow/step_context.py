@@ -96,8 +96,10 @@ class StepContext:
         self.device, self.phase, self.index, self.flag = device, phase, index, flag
         #: The hooks registered while capturing; the graph runs them before each replay.
         self.hooks = []
-        #: Page-locked host arrays the captured graph copies from (kept alive with it).
+        #: Page-locked host arrays the step copied constants from (the graph's, once captured).
         self.constants = []
+        #: Capture only: the rehearsal's page-locked buffers, reused in order.
+        self.reserved = []
 
     def running(self):
         """``with context.running():`` the step function runs in this context."""
@@ -113,17 +115,32 @@ class StepContext:
     def upload_constant(self, host):
         """A new device array holding ``host`` (a NumPy array whose values are fixed per step).
 
-        Eager and rehearsal: a copy now. Capture: the copy is recorded into
-        the graph, from a page-locked copy of ``host`` kept with the graph,
-        and runs on every replay (so the array's memory, which belongs to the
-        graph's arena, holds ``host`` again whatever ran in between).
+        Eager: a plain copy now. Rehearsal: a copy now through a new
+        page-locked buffer, kept in ``constants``. Capture: the copy is
+        recorded into the graph and runs on every replay (so the array, in the
+        graph's arena, holds ``host`` again whatever ran in between); it reads
+        the page-locked buffer the rehearsal made for the same call, filled
+        with this call's values (CUDA cannot allocate page-locked memory while
+        a capture runs).
         """
         host = np.ascontiguousarray(host)
         runtime = cuda.get_runtime()
-        if self.phase != "capture":
+        if self.phase == "eager":
             return runtime.from_numpy(host)
         import pycuda.driver as drv     # local import: PyCUDA only on the GPU
-        pinned = drv.pagelocked_empty(host.shape, host.dtype)
+        if self.phase == "rehearsal":
+            pinned = drv.pagelocked_empty(host.shape, host.dtype)
+        else:
+            if not self.reserved:
+                raise step_state.StepSyncError(
+                    "the step function uploaded more constant tables while captured than in its "
+                    "rehearsal: it does not run the same way twice")
+            pinned = self.reserved.pop(0)
+            if pinned.shape != host.shape or pinned.dtype != host.dtype:
+                raise step_state.StepSyncError(
+                    f"a constant table of the captured step is {host.shape} {host.dtype}, the "
+                    f"rehearsal's was {pinned.shape} {pinned.dtype}: the step function does not "
+                    "run the same way twice")
         pinned[...] = host
         self.constants.append(pinned)
         array = runtime.empty(host.shape, host.dtype)

@@ -226,6 +226,10 @@ class CompiledStep:
         arena = runtime.allocate_outside_pool(max(total, ALIGNMENT), "the compiled step's arena")
         pool = ArenaPool(arena, offsets, sizes, owner="compile_step: the step function")
         capture = self._context("capture")
+        capture.reserved = list(rehearsal.constants)
+        # The capture refills the rehearsal's page-locked tables: the
+        # rehearsal's copies from them must have run first.
+        runtime.stream.synchronize()
         graph = CudaGraph(runtime.stream)
         try:
             with gc_paused(), runtime.allocating_from(pool), capture.running():

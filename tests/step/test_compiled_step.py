@@ -309,6 +309,7 @@ def test_default_notices_are_warnings():
     compiled = compile_step(lambda batch, step: batch * 2, np.zeros((2, 2), np.float32),
                             max_graphs=1)
     compiled(np.zeros((2, 2), np.float32))
+    compiled(np.zeros((2, 2), np.float32))      # captured: the one graph allowed
     with pytest.warns(CompiledStepWarning, match="runs eagerly"):
         compiled(np.zeros((3, 2), np.float32))
 
