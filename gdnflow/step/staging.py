@@ -2,11 +2,14 @@
 
 A captured graph reads its input from one fixed device array, so every call
 copies the new batch there first. From a NumPy array on the GPU the copy
-goes through two page-locked host buffers in turn: the host fills one (a
-memcpy it does while the GPU still runs the previous steps) and the copy to
-the device is queued behind them, truly asynchronous. From pageable memory
-the driver would stage large copies itself and make the host wait for the
-queued work, which would put the GPU idle between steps.
+goes through two page-locked host buffers and two device buffers in turn:
+the host fills a page-locked buffer (while the GPU still runs the previous
+steps), a second stream copies it to a device buffer (over PCIe, while the
+previous step computes), and gdnflow's stream then copies that into the
+static input (device to device: microseconds) once the previous step is
+done reading it. From pageable memory the driver would stage large copies
+itself and make the host wait for the queued work, and a host-to-device
+copy on gdnflow's stream would leave the GPU's compute idle while it runs.
 """
 import numpy as np
 
@@ -14,7 +17,8 @@ from gdnflow.backends import cuda
 from gdnflow.errors import DeviceMismatchError, DTypeError, ShapeError
 from gdnflow.tensor import Tensor
 
-#: Page-locked buffers per input: the host fills one while the other's copy may be queued.
+#: Staging buffer pairs (page-locked, device) per input: the host fills one pair's
+#: page-locked buffer while the other pair's copies may still be queued.
 STAGING_BUFFERS = 2
 
 
@@ -27,7 +31,7 @@ class InputBuffer:
             self.tensor = Tensor.wrap(np.zeros(self.shape, self.dtype), device)
         else:
             self.tensor = Tensor.wrap(cuda.empty(self.shape, self.dtype), device)
-        self._staging, self._events, self._next = [], [], 0
+        self._staging, self._copy_stream, self._next = [], None, 0
 
     def load(self, batch):
         """Copy ``batch`` (a NumPy array, or a Tensor on the step's device) into the input."""
@@ -68,18 +72,25 @@ class InputBuffer:
         import pycuda.driver as drv     # local import: PyCUDA only on the GPU
         stream = cuda.get_runtime().stream
         if not self._staging:
-            self._staging = [drv.pagelocked_empty(self.shape, self.dtype)
+            self._copy_stream = drv.Stream()
+            self._staging = [(drv.pagelocked_empty(self.shape, self.dtype),
+                              cuda.empty(self.shape, self.dtype), drv.Event(), drv.Event())
                              for _ in range(STAGING_BUFFERS)]
-            self._events = [drv.Event() for _ in range(STAGING_BUFFERS)]
-            for event in self._events:
-                event.record(stream)
-        i = self._next
-        self._next = (i + 1) % STAGING_BUFFERS
-        self._events[i].synchronize()       # the copy that last read this buffer is done
-        np.copyto(self._staging[i], host, casting="unsafe")
+            for _, _, copied, consumed in self._staging:
+                copied.record(self._copy_stream)
+                consumed.record(stream)
+        pinned, on_device, copied, consumed = self._staging[self._next]
+        self._next = (self._next + 1) % STAGING_BUFFERS
+        copied.synchronize()            # the last copy out of this page-locked buffer ran
+        np.copyto(pinned, host, casting="unsafe")
         target = self.tensor.data
-        if target.nbytes:
-            # The static input is read by the previous steps' kernels: this copy
-            # is queued behind them on the one stream, so it cannot overtake them.
-            drv.memcpy_htod_async(target.ptr, self._staging[i], stream)
-        self._events[i].record(stream)
+        if not target.nbytes:
+            return
+        # The device buffer may still feed the copy queued two calls ago.
+        self._copy_stream.wait_for_event(consumed)
+        drv.memcpy_htod_async(on_device.ptr, pinned, self._copy_stream)
+        copied.record(self._copy_stream)
+        # Into the static input behind the previous steps, which read it.
+        stream.wait_for_event(copied)
+        drv.memcpy_dtod_async(target.ptr, on_device.ptr, target.nbytes, stream)
+        consumed.record(stream)

@@ -2,9 +2,10 @@
 
 :meth:`gdnflow.train.Trainer.queue_step` runs each step through
 :func:`gdnflow.compile_step` (one CUDA graph per batch shape on the GPU) and
-queues a copy of its scalars; :meth:`QueuedSteps.read` waits once for every
-step queued since the last read and reports the first step whose values
-were not finite (the compiled step's flag), if any.
+queues a copy of its scalars and of the step's finite flag;
+:meth:`QueuedSteps.read` returns the records read back (all of them, or only
+those already copied, without stopping the GPU's queue) and the first step
+whose values were not finite, if one of them saw the flag set.
 """
 import numpy as np
 
@@ -16,6 +17,8 @@ from gdnflow.tensor import Tensor
 SYNC_EVERY = 10
 #: The scalars of a step record that the step computes on the device.
 STEP_SCALARS = ("loss", "bpp", "mse", "aux", "grad_norm")
+#: The record's copy of the compiled step's flag (0, or the first non-finite step).
+FLAG = "first_nonfinite_step"
 
 
 class QueuedSteps:
@@ -28,7 +31,8 @@ class QueuedSteps:
     def __init__(self, step_function, device, notify):
         self.step_function, self.device, self.notify = step_function, device, notify
         self.compiled = None
-        self.log = ScalarLog(STEP_SCALARS, capacity=SYNC_EVERY)
+        # Room for a few read intervals: the host may run ahead of the GPU.
+        self.log = ScalarLog(STEP_SCALARS + (FLAG,), capacity=4 * SYNC_EVERY)
 
     def __len__(self):
         """How many steps ran since the last :meth:`read`."""
@@ -43,13 +47,21 @@ class QueuedSteps:
                 start_step=step, notify=self.notify)
         elif self.compiled.step != step:
             self.compiled.step = step         # eager steps ran in between
-        self.log.record(step + 1, self.compiled(x))
+        self.log.record(step + 1, {**self.compiled(x), FLAG: self.compiled.flag})
 
-    def read(self):
-        """(records, bad): the queued steps' records [(step number, {scalar: float})] and
-        the number of the first step that went non-finite (None if none). Waits for the GPU."""
-        records = self.log.read()
-        bad = self.compiled.first_nonfinite_step() if records and self.compiled else None
+    def read(self, wait=True):
+        """(records, bad): steps' records [(step number, {scalar: float})] and the number
+        of the first step that went non-finite (None if none of them saw one).
+
+        ``wait=True`` reads every queued step (waiting for the GPU); ``wait=False``
+        only those already done.
+        """
+        records, bad = [], None
+        for label, values in self.log.read(wait):
+            flag = values.pop(FLAG)
+            if flag and bad is None:
+                bad = flag
+            records.append((label, values))
         return records, bad
 
     def discard(self):

@@ -13,8 +13,8 @@ One step (``Trainer.train_step``)::
 :meth:`Trainer.run` runs the same step through :func:`gdnflow.compile_step`
 by default (``graph``): captured once as a CUDA graph and replayed, with
 clipping computed on the device, the NaN/inf check a device flag that stops
-the updates (checked every ``SYNC_EVERY`` steps, when the step records are
-read back), and the learning rates written before each replay. Its losses
+the updates (seen when the step records are read back: every ``SYNC_EVERY``
+steps, the steps the GPU has finished), and the learning rates written before each replay. Its losses
 are those of the eager step (tests/train/test_compiled_trainer.py).
 
 As in CompressAI, the main and auxiliary losses have their own Adam (learning
@@ -82,8 +82,8 @@ class TrainConfig:
     ``precision`` of the GPU's matrix products in training and evaluation
     ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`), ``graph``
     (True: :meth:`Trainer.run` trains through a compiled step, one CUDA graph
-    replayed per step on the GPU, reading the step's values back every
-    ``SYNC_EVERY`` steps; False: the eager step, read back every step).
+    replayed per step on the GPU, its values read back every ``SYNC_EVERY``
+    steps without stopping the GPU; False: the eager step, read back every step).
     Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
     only at the end), ``seed``, ``device`` (None: the default device),
     ``quiet`` (no progress bar).
@@ -287,8 +287,9 @@ class Trainer:
         """One step through the compiled step (made on first use), read back later.
 
         The step's record is appended to ``history`` by :meth:`flush`, which
-        runs every ``SYNC_EVERY`` steps, before a checkpoint or an evaluation
-        and at the end of :meth:`run`; a NaN or infinity raises
+        runs every ``SYNC_EVERY`` steps (taking the steps the GPU finished),
+        before a checkpoint or an evaluation and at the end of :meth:`run`
+        (taking all); a NaN or infinity raises
         :class:`NonFiniteError` there, naming the first bad step, with the
         parameters as they were before it. The matrix products run in
         ``config.precision``.
@@ -297,17 +298,21 @@ class Trainer:
             self._queued.run(batch, self.step)
         self._finish_step(None)
         if len(self._queued) >= SYNC_EVERY:
-            self.flush()
+            self.flush(wait=False)
 
-    def flush(self):
-        """Read back the queued steps' records into ``history`` (waits for the GPU).
+    def flush(self, wait=True):
+        """Read back the queued steps' records into ``history``.
+
+        ``wait=True`` waits for every queued step; ``wait=False`` takes only
+        the steps the GPU has finished (the periodic read of :meth:`queue_step`,
+        which never stops the GPU's queue).
 
         Raises :class:`NonFiniteError` if the compiled step's flag says a step
         went non-finite: the records before it are kept, the step count goes
         back to the step before it, and that step is run again eagerly to
         find where the NaN or infinity came from.
         """
-        records, bad = self._queued.read()
+        records, bad = self._queued.read(wait)
         for label, values in records:
             if bad is not None and label >= bad:
                 break
@@ -546,9 +551,8 @@ class Trainer:
         else:
             self.train_step(batch)
         bar.update(1)
-        if self.step % SYNC_EVERY == 0 or self.step == config.steps:
-            self.flush()
-            record = self.history[-1]
+        if (self.step % SYNC_EVERY == 0 or self.step == config.steps) and self.history:
+            record = self.history[-1]       # the latest step read back
             bar.set_postfix(loss=f"{record['loss']:.4f}", bpp=f"{record['bpp']:.3f}",
                             psnr=f"{record['psnr']:.2f}")
         if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
