@@ -105,22 +105,43 @@ extern "C" __global__ void adam_step(
 }
 
 // ------------------------------------------------------------ clipping ----
-// x = x * scale in place (gradient clipping). One pointer, so no aliasing
-// question arises, unlike the unary `affine` kernel with x == y.
-extern "C" __global__ void scale_in_place(float* __restrict__ x, int n, float scale) {
-    GRID_STRIDE_LOOP(i, n) { x[i] *= scale; }
+// Clipping by the global norm of a list of gradients, in three launches
+// whatever their number, and nothing read back (gdnflow/optim/clip.py).
+// `table` holds one pointer per tensor and `blocks` the block map above.
+//
+// 1. partials[b] = sum of g^2 over block b's range (one block per entry);
+extern "C" __global__ void square_sum_partials(const float* const* __restrict__ table,
+                                               const int* __restrict__ blocks,
+                                               float* __restrict__ partials) {
+    const Chunk c = block_chunk(blocks);
+    const float* __restrict__ g = table[c.tensor];
+    float sum = 0.0f;
+    for (int i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) sum += g[i] * g[i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// The same clipping with the factor computed on the device from the sum of
-// squares of every gradient (*square_sum, float), so that nothing is read
-// back: norm = sqrt(square_sum) and, if norm > max_norm, x *= max_norm /
-// (norm + eps), in double and rounded to float as the host does it
-// (gdnflow/optim/clip.py); a non-finite norm scales nothing.
-extern "C" __global__ void scale_to_max_norm(float* __restrict__ x, int n,
+// 2. total[0] = the sum of the `count` partials, by one block in a fixed
+//    order (no atomics: the same gradients give the same norm, bit for bit);
+extern "C" __global__ void sum_partials(const float* __restrict__ partials, int count,
+                                        float* __restrict__ total) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) total[0] = sum;
+}
+
+// 3. norm = sqrt(*square_sum) and, if norm > max_norm, g *= max_norm / (norm
+//    + eps) for every tensor of the table, the factor in double and rounded to
+//    float as PyTorch's clip_grad_norm_ does; a non-finite norm scales nothing.
+extern "C" __global__ void scale_to_max_norm(float* const* __restrict__ table,
+                                             const int* __restrict__ blocks,
                                              const float* __restrict__ square_sum,
                                              double max_norm, double eps) {
     const double norm = sqrt((double)*square_sum);
     if (!(norm > max_norm)) return;
     const float scale = (float)(max_norm / (norm + eps));
-    GRID_STRIDE_LOOP(i, n) { x[i] *= scale; }
+    const Chunk c = block_chunk(blocks);
+    float* __restrict__ g = table[c.tensor];
+    for (int i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) g[i] *= scale;
 }

@@ -3,8 +3,10 @@ import math
 
 import numpy as np
 
+from gdnflow import step_state
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
+from gdnflow.optim.optimizer import BLOCK, SOURCE, block_map
 from gdnflow.tensor import Tensor
 
 
@@ -12,55 +14,94 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
     """Scale the gradients in place so that their global L2 norm is at most ``max_norm``.
 
     The norm is ``sqrt(sum over parameters of sum(g^2))`` over the parameters
-    (an iterable of tensors, or one tensor) that have a gradient, computed
-    with gdnflow's reductions on each gradient's device. If it exceeds
-    ``max_norm``, every gradient is multiplied by ``max_norm / (norm + eps)``
-    (PyTorch's ``clip_grad_norm_``; the eps keeps the clipped norm just
-    below ``max_norm``). A non-finite norm scales nothing.
+    (an iterable of tensors, or one tensor) that have a gradient. If it
+    exceeds ``max_norm``, every gradient is multiplied by ``max_norm / (norm
+    + eps)`` (PyTorch's ``clip_grad_norm_``; the eps keeps the clipped norm
+    just below ``max_norm``). A non-finite norm scales nothing. On the GPU
+    this is three launches whatever the number of gradients (optim.cu).
 
     ``sync=True`` returns the norm before clipping as a float (read back
     from the GPU). ``sync=False`` reads nothing back: the factor is computed
-    on the device and the norm comes back as a one-element tensor; the
-    gradients must then all be on one device. Inside a compiled step
-    function only ``sync=False`` works. Both give the same gradients.
+    on the device and the norm comes back as a one-element tensor. Inside a
+    compiled step function only ``sync=False`` works. Both give the same
+    gradients. The gradients must be on one device.
     """
+    if sync and step_state.active() is not None:
+        step_state.refuse_host_read("clip_grad_norm(sync=True), which returns the norm as a "
+                                    "float,")
     params = [params] if isinstance(params, Tensor) else list(params)
     if not max_norm > 0:
         raise ValueError(f"clip_grad_norm: max_norm must be > 0, got {max_norm!r}")
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0 if sync else None
-    if not sync and len({g.device for g in grads}) > 1:
-        raise ValueError("clip_grad_norm(sync=False): the gradients are on "
-                         f"{sorted({g.device for g in grads})}; the norm without a read back "
-                         "needs them on one device")
+    devices = sorted({g.device for g in grads})
+    if len(devices) > 1:
+        raise ValueError(f"clip_grad_norm: the gradients are on {devices}; move them to one "
+                         "device")
+    # Autograd hands the same gradient tensor to several leaves (a + b gives
+    # both the incoming gradient): each counts in the norm, but is scaled once.
+    distinct = list({_address(g): g for g in grads}.values())
     with no_grad():
-        # One running sum per device (tensors of two devices cannot be
-        # added), read back once per device.
-        totals = {}
-        for g in grads:
-            square_sum = (g * g).sum()
-            totals[g.device] = square_sum if g.device not in totals else totals[g.device] + square_sum
-        if not sync:
-            square_sum = next(iter(totals.values()))
-            _scale_each_once(grads, lambda g: _scale_to_max_norm(g, square_sum, max_norm, eps))
-            return _norm_tensor(square_sum)
-        norm = math.sqrt(sum(t.item() for t in totals.values()))
-    if norm > max_norm:
-        scale = max_norm / (norm + eps)
-        _scale_each_once(grads, lambda g: _scale_in_place(g, scale))
-    return norm
+        if devices[0] == "numpy":
+            square_sum = _square_sum_numpy(grads)
+            norm = math.sqrt(float(square_sum))
+            if norm > max_norm:
+                for g in distinct:
+                    g.data *= g.data.dtype.type(max_norm / (norm + eps))
+            if sync:
+                return norm
+            norm_tensor = Tensor.wrap(np.array([norm], dtype=grads[0].dtype), "numpy")
+        else:
+            total = _square_sum_cuda(grads)
+            tables = _multi_tensor(distinct)
+            if tables is not None:
+                table, blocks, n_blocks = tables
+                cuda.kernel(SOURCE, "scale_to_max_norm", "PPPdd")(
+                    (n_blocks, 1, 1), (BLOCK, 1, 1), table.ptr, blocks.ptr, total.ptr,
+                    float(max_norm), float(eps))
+            norm_tensor = Tensor.wrap(total, "cuda").sqrt().reshape(1)
+    if sync:
+        return norm_tensor.item()
+    return norm_tensor
 
 
-def _scale_each_once(grads, scale):
-    # Autograd hands the same gradient tensor to several leaves (a + b
-    # gives both the incoming gradient): scale each array only once.
-    seen = set()
+def _square_sum_numpy(grads):
+    """sum of g^2 over every gradient: a sum per gradient, added in the gradients' dtype."""
+    total = grads[0].data.dtype.type(0)
     for g in grads:
-        key = _address(g)
-        if key not in seen:
-            seen.add(key)
-            scale(g)
+        total = total + np.square(g.data).sum()
+    return total
+
+
+def _square_sum_cuda(grads):
+    """A one-element device array: sum of g^2 over every gradient (two launches)."""
+    total = cuda.empty((1,))
+    tables = _multi_tensor(grads)
+    table, blocks, n_blocks = tables if tables is not None else (None, None, 0)
+    # With no element at all, sum_partials sums nothing and writes 0.
+    partials = cuda.empty((max(n_blocks, 1),))
+    if n_blocks:
+        cuda.kernel(SOURCE, "square_sum_partials", "PPP")(
+            (n_blocks, 1, 1), (BLOCK, 1, 1), table.ptr, blocks.ptr, partials.ptr)
+    cuda.kernel(SOURCE, "sum_partials", "PiP")((1, 1, 1), (BLOCK, 1, 1), partials.ptr,
+                                               n_blocks, total.ptr)
+    return total
+
+
+def _multi_tensor(tensors):
+    """(pointer table, block map, block count) of ``tensors`` for optim.cu, or None if empty.
+
+    Inside a compiled step the table is one of the step's constants.
+    """
+    blocks, n_blocks = block_map(tuple(t.size for t in tensors))
+    if not n_blocks:
+        return None
+    pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
+    step = step_state.active()
+    table = (step.upload_constant(pointers) if step is not None
+             else cuda.get_runtime().from_numpy(pointers))
+    return table, blocks, n_blocks
 
 
 def _address(t):
@@ -68,29 +109,3 @@ def _address(t):
     if t.device == "numpy":
         return ("numpy", t.data.__array_interface__["data"][0])
     return ("cuda", t.data.ptr)
-
-
-def _scale_in_place(t, scale):
-    if t.device == "numpy":
-        t.data *= t.data.dtype.type(scale)
-    elif t.size:
-        cuda.kernel("optim.cu", "scale_in_place", "Pif").launch(t.size, t.data.ptr, t.size, scale)
-
-
-def _scale_to_max_norm(t, square_sum, max_norm, eps):
-    """Clip ``t`` by the norm sqrt(``square_sum``) (a device scalar) without reading it."""
-    if t.device == "numpy":
-        norm = math.sqrt(float(square_sum.data.reshape(())))
-        if norm > max_norm:
-            t.data *= t.data.dtype.type(max_norm / (norm + eps))
-    elif t.size:
-        cuda.kernel("optim.cu", "scale_to_max_norm", "PiPdd").launch(
-            t.size, t.data.ptr, t.size, square_sum.data.ptr, float(max_norm), float(eps))
-
-
-def _norm_tensor(square_sum):
-    """sqrt of the sum of squares, as a one-element tensor on its device."""
-    if square_sum.device == "numpy":
-        value = np.sqrt(square_sum.data.astype(np.float64)).astype(square_sum.dtype)
-        return Tensor.wrap(value.reshape(1), "numpy")
-    return square_sum.sqrt().reshape(1)

@@ -379,16 +379,33 @@ class FusedGroup:
                self.scalars.ptr, skip)
 
     def _build_blocks(self, sizes):
-        for size in sizes:
-            if size >= 2 ** 31:
-                raise ValueError(f"a parameter of {size} elements exceeds the 2^31 - 1 that "
-                                 "gdnflow's kernels index")
-        rows = [(t, begin, min(begin + CHUNK, size))
-                for t, size in enumerate(sizes) for begin in range(0, size, CHUNK)]
-        self.n_blocks = len(rows)
+        self.blocks, self.n_blocks = block_map(sizes)
         self.sizes = sizes
-        if rows:
-            self.blocks = cuda.get_runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
+
+
+_block_maps = {}    # tensor sizes -> (device block map, block count)
+
+
+def block_map(sizes):
+    """The device block map of optim.cu for tensors of ``sizes``: (array or None, block count).
+
+    Three int32 per block (tensor, first element, one past the last), CHUNK
+    elements per block. Made once per sizes and kept, so that a captured
+    step (which cannot upload) finds the map its warm-up made.
+    """
+    known = _block_maps.get(sizes)
+    if known is not None:
+        return known
+    for size in sizes:
+        if size >= 2 ** 31:
+            raise ValueError(f"a tensor of {size} elements exceeds the 2^31 - 1 that "
+                             "gdnflow's kernels index")
+    rows = [(t, begin, min(begin + CHUNK, size))
+            for t, size in enumerate(sizes) for begin in range(0, size, CHUNK)]
+    array = (cuda.get_runtime().from_numpy(np.array(rows, dtype=np.int32).ravel())
+             if rows else None)
+    _block_maps[sizes] = (array, len(rows))
+    return _block_maps[sizes]
 
 
 class _ScalarsHook:
