@@ -180,7 +180,7 @@ def main():
         ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
          "ratio"], rows, notes)
     if args.profile and torch is not None:
-        graph = trainer._queued.compiled.graph_for(x_host.shape)
+        graph = captured_graph(trainer, x_host.shape)
         table += "\n" + kernel_profile(torch, graph.replay, args.profile)
     harness.emit(table, args.out)
 
@@ -202,13 +202,19 @@ def captured_step_timings(trainer, x_host, args):
     queued = harness.pipelined_ms(lambda: trainer.queue_step(x_host), stream.synchronize,
                                   steps=args.steps)
     trainer.flush()
-    graph = trainer._queued.compiled.graph_for(x_host.shape)
+    graph = captured_graph(trainer, x_host.shape)
     if graph is None:
         raise RuntimeError("the trainer's compiled step holds no graph: nothing was captured")
     busy = harness.time_gdnflow(graph.replay, warmup=args.warmup, repeats=args.repeats)
     note = (f"captured step: wall {queued:.2f} ms per step back to back against {busy:.2f} ms "
             f"of GPU work (the graph alone): {queued / busy:.3f}x (goal <= 1.05x)")
     return {PIPELINED: queued, CAPTURED_ONLY: busy}, note
+
+
+def captured_graph(trainer, shape):
+    """The CUDA graph of the trainer's compiled step for batches of ``shape`` (or None)."""
+    with gf.config.override(matmul_precision=trainer.config.precision):
+        return trainer._queued.compiled.graph_for(shape)
 
 
 def kernel_profile(torch, step, steps, top=45):

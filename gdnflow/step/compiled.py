@@ -121,8 +121,9 @@ class CompiledStep:
         return entry.next_mode
 
     def graph_for(self, batch_shape):
-        """The captured :class:`~gdnflow.backends.cuda.graphs.CudaGraph` for ``batch_shape``,
-        or None: for timing the GPU work alone (replaying it skips the per-step hooks)."""
+        """The captured :class:`~gdnflow.backends.cuda.graphs.CudaGraph` for ``batch_shape``
+        (in the current matmul precision), or None: for timing the GPU work alone
+        (replaying it skips the per-step hooks)."""
         entry = self._entries.get(self._key(tuple(batch_shape)))
         return entry.graph if entry is not None else None
 
