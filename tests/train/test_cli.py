@@ -54,6 +54,11 @@ def test_quality_sets_lambda_and_size():
     assert config_from_args(parse(["train"])).lmbda == 0.0130
 
 
+def test_the_compiled_step_is_the_default_and_no_graph_opts_out():
+    assert config_from_args(parse(["train"])).graph is True
+    assert config_from_args(parse(["train", "--no-graph"])).graph is False
+
+
 def test_bad_values_are_refused(tmp_path, capsys):
     # Refused when parsed (a usage error, exit status 2), before any work.
     with pytest.raises(SystemExit) as exited:
