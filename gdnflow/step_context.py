@@ -20,10 +20,12 @@ captured once as a CUDA graph that later calls replay without Python:
   from page-locked memory recorded into the graph when it is captured.
 
 Inside a step function nothing may read a device value back to the host
-(``Tensor.numpy()``, ``item()``, ``float(t)``, Python ``if`` on a tensor):
-the values do not exist yet while the step is captured. That raises
-:class:`~gdnflow.step_state.StepSyncError` on both backends (see
-:mod:`gdnflow.step_state`), so code tested on NumPy fails as it would on the GPU.
+(``Tensor.numpy()``, ``item()``, and so any Python decision on a value) nor
+make a tensor from host data (``gf.tensor(array)``, ``x + array``): the
+values do not exist yet while the step is captured, and host data would be
+frozen into the graph. Both raise :class:`~gdnflow.step_state.StepSyncError`
+on both backends and in every phase (see :mod:`gdnflow.step_state`), so code
+tested on NumPy fails as it would on the GPU.
 """
 import numpy as np
 
@@ -124,6 +126,8 @@ class StepContext:
         a capture runs).
         """
         host = np.ascontiguousarray(host)
+        if self.device == "numpy":
+            return host.copy()
         runtime = cuda.get_runtime()
         if self.phase == "eager":
             return runtime.from_numpy(host)

@@ -42,6 +42,16 @@ def running(context):
         _active = None
 
 
+def refuse_host_data(what):
+    """Raise :class:`StepSyncError` if a step function is running (``what`` brings host data in)."""
+    if _active is not None:
+        raise StepSyncError(
+            f"{what} inside a compiled step function: a captured step would replay the values it "
+            "had at capture on every step. Pass data that changes per step in the batch, draw "
+            "random numbers on the device (uniform_noise with noise_stream=step.index), and make "
+            "constant tensors before compiling the step")
+
+
 def refuse_host_read(what):
     """Raise :class:`StepSyncError` if a step function is running (``what`` reads a value)."""
     if _active is not None:

@@ -41,6 +41,9 @@ class Tensor:
     __array_priority__ = 1000   # make ndarray * Tensor call Tensor.__rmul__
 
     def __init__(self, data, device=None, dtype=None, requires_grad=False):
+        if step_state.active() is not None:
+            step_state.refuse_host_data(f"making a tensor from host data of shape "
+                                        f"{np.shape(data)}")
         device = check_device(device) if device is not None else default_device()
         if isinstance(data, Tensor):
             data = data.numpy()

@@ -431,6 +431,11 @@ class _ScalarsHook:
             if self.optimizer.state.get(id(p)) is None:
                 return "an optimiser's state was replaced (load_state_dict)"
         updates = [(p, self.optimizer.state[id(p)]) for p, _ in self.updates]
+        for p, state in updates:
+            # State a changed hyperparameter now needs (SGD's momentum buffer
+            # once momentum is switched on) must exist: its new pointer then
+            # makes the captured table stale below.
+            self.optimizer.prepare_state(p, state, self.group)
         live = [p for p, _ in updates]
         if any(p.grad is None for p in live):
             return "a parameter's gradient was dropped (zero_grad) outside the step"

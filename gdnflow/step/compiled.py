@@ -288,7 +288,8 @@ class _Entry:
         for hook in self.hooks:
             hook()
         self.graph.replay()
-        return self.outputs
+        # The same tensors each time, in a new structure (the caller may change it).
+        return _detached(self.outputs, "fn")
 
     def close(self):
         if self.graph is not None:
