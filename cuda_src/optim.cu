@@ -133,7 +133,8 @@ extern "C" __global__ void sum_partials(const float* __restrict__ partials, int 
 
 // 3. norm = sqrt(*square_sum) and, if norm > max_norm, g *= max_norm / (norm
 //    + eps) for every tensor of the table, the factor in double and rounded to
-//    float as PyTorch's clip_grad_norm_ does; a non-finite norm scales nothing.
+//    float as PyTorch's clip_grad_norm_ does; a NaN norm scales nothing, an
+//    infinite one gives the factor 0 (as in PyTorch).
 extern "C" __global__ void scale_to_max_norm(float* const* __restrict__ table,
                                              const int* __restrict__ blocks,
                                              const float* __restrict__ square_sum,

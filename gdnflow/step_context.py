@@ -112,7 +112,8 @@ class StepContext:
         if self.phase == "capture":
             self.hooks.append(hook)
         else:
-            hook()
+            with step_state.suspended():        # as on a replay: host work outside the step
+                hook()
 
     def upload_constant(self, host):
         """A new device array holding ``host`` (a NumPy array whose values are fixed per step).
@@ -166,7 +167,7 @@ class StepContext:
                                  f"{self.device!r}, got {s!r}")
         if self.device == "numpy":
             if self.flag[0] == 0 and not all(np.isfinite(s.data).all() for s in scalars):
-                self.flag[0] = self.index.value + 1
+                self.flag[0] = min(self.index.value + 1, 2 ** 31 - 1)   # step.cu saturates too
             return
         pointers = [s.data.ptr for s in scalars] + [0] * (MAX_GUARDED - len(scalars))
         cuda.kernel("step.cu", "guard_finite", "PPi" + "P" * MAX_GUARDED)(

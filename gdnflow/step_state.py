@@ -7,10 +7,12 @@ itself, and what a step function can do with it, is
 :mod:`gdnflow.step_context`.
 """
 import contextlib
+import threading
 
 from gdnflow.errors import GdnflowError
 
-_active = None
+# Per thread: a data-loader thread making tensors while a step runs is not inside it.
+_state = threading.local()
 
 
 class StepSyncError(GdnflowError, RuntimeError):
@@ -19,32 +21,43 @@ class StepSyncError(GdnflowError, RuntimeError):
 
 
 def active():
-    """The context (a :class:`~gdnflow.step_context.StepContext`) whose step function runs, or None."""
-    return _active
+    """The context (a :class:`~gdnflow.step_context.StepContext`) whose step function runs
+    in this thread, or None."""
+    return getattr(_state, "active", None)
 
 
 def capturing():
-    """True while a step function is being captured into a CUDA graph."""
-    return _active is not None and _active.phase == "capture"
+    """True while a step function is being captured into a CUDA graph (in this thread)."""
+    context = active()
+    return context is not None and context.phase == "capture"
 
 
 @contextlib.contextmanager
 def running(context):
     """Within the block, :func:`active` is ``context``; steps do not nest."""
-    global _active
-    if _active is not None:
+    if active() is not None:
         raise StepSyncError("a compiled step function called another compiled step: "
                             "steps do not nest")
-    _active = context
+    _state.active = context
     try:
         yield context
     finally:
-        _active = None
+        _state.active = None
+
+
+@contextlib.contextmanager
+def suspended():
+    """Within the block no step function runs (host work a step does before its GPU work)."""
+    previous, _state.active = active(), None
+    try:
+        yield
+    finally:
+        _state.active = previous
 
 
 def refuse_host_data(what):
     """Raise :class:`StepSyncError` if a step function is running (``what`` brings host data in)."""
-    if _active is not None:
+    if active() is not None:
         raise StepSyncError(
             f"{what} inside a compiled step function: a captured step would replay the values it "
             "had at capture on every step. Pass data that changes per step in the batch, draw "
@@ -54,7 +67,7 @@ def refuse_host_data(what):
 
 def refuse_host_read(what):
     """Raise :class:`StepSyncError` if a step function is running (``what`` reads a value)."""
-    if _active is not None:
+    if active() is not None:
         raise StepSyncError(
             f"{what} inside a compiled step function: a captured step runs on the GPU without "
             "Python, so no value can be read back during it. Return the tensor from the step "

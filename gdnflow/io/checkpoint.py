@@ -57,6 +57,23 @@ class CheckpointError(GdnflowError, ValueError):
 
 
 # ------------------------------------------------------------------ save --
+def optimizer_state_to_json(optimizer):
+    """An optimiser's state dict as JSON-able data (exact: float32 values survive JSON)."""
+    state = optimizer.state_dict()
+    return {"type": state["type"], "param_groups": state["param_groups"],
+            "state": {str(i): {k: (v.tolist() if isinstance(v, np.ndarray) else v)
+                               for k, v in entry.items()}
+                      for i, entry in state["state"].items()}}
+
+
+def optimizer_state_from_json(data):
+    """The state dict :func:`optimizer_state_to_json` described (arrays back as float32)."""
+    return {"type": data["type"], "param_groups": data["param_groups"],
+            "state": {int(i): {k: (np.array(v, dtype=np.float32) if isinstance(v, list) else v)
+                               for k, v in entry.items()}
+                      for i, entry in data["state"].items()}}
+
+
 def save_checkpoint(path, model, optimizer=None, extra=None):
     """Write ``model``'s parameters and buffers, ``optimizer``'s state and ``extra`` to ``path``.
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from gdnflow import step_state
 from gdnflow.autograd import no_grad
-from gdnflow.backends import cuda
+from gdnflow.backends import cuda, get_backend
 from gdnflow.optim.optimizer import BLOCK, SOURCE, block_map
 from gdnflow.tensor import Tensor
 
@@ -17,14 +17,16 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
     (an iterable of tensors, or one tensor) that have a gradient. If it
     exceeds ``max_norm``, every gradient is multiplied by ``max_norm / (norm
     + eps)`` (PyTorch's ``clip_grad_norm_``; the eps keeps the clipped norm
-    just below ``max_norm``). A non-finite norm scales nothing. On the GPU
-    this is three launches whatever the number of gradients (optim.cu).
+    just below ``max_norm``). A NaN norm scales nothing; an infinite one
+    makes the factor 0, as in PyTorch. On the GPU this is three launches
+    whatever the number of gradients (optim.cu).
 
     ``sync=True`` returns the norm before clipping as a float (read back
     from the GPU). ``sync=False`` reads nothing back: the factor is computed
-    on the device and the norm comes back as a one-element tensor. Inside a
-    compiled step function only ``sync=False`` works. Both give the same
-    gradients. The gradients must be on one device.
+    on the device and the norm comes back as a one-element tensor (of 0 when
+    no parameter has a gradient). Inside a compiled step function only
+    ``sync=False`` works. Both give the same gradients. The gradients must
+    be on one device.
     """
     if sync and step_state.active() is not None:
         step_state.refuse_host_read("clip_grad_norm(sync=True), which returns the norm as a "
@@ -34,7 +36,10 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
         raise ValueError(f"clip_grad_norm: max_norm must be > 0, got {max_norm!r}")
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0 if sync else None
+        if sync:
+            return 0.0
+        device = params[0].device if params else "numpy"
+        return Tensor.wrap(get_backend(device).full((1,), 0.0, np.float32), device)
     devices = sorted({g.device for g in grads})
     if len(devices) > 1:
         raise ValueError(f"clip_grad_norm: the gradients are on {devices}; move them to one "
@@ -60,9 +65,9 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
                 cuda.kernel(SOURCE, "scale_to_max_norm", "PPPdd")(
                     (n_blocks, 1, 1), (BLOCK, 1, 1), table.ptr, blocks.ptr, total.ptr,
                     float(max_norm), float(eps))
+            if sync:
+                return math.sqrt(Tensor.wrap(total, "cuda").item())
             norm_tensor = Tensor.wrap(total, "cuda").sqrt().reshape(1)
-    if sync:
-        return norm_tensor.item()
     return norm_tensor
 
 

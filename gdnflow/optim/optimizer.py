@@ -421,8 +421,10 @@ class _ScalarsHook:
     def __init__(self, fused, optimizer, group, params, updates):
         self.fused, self.optimizer, self.group, self.params = fused, optimizer, group, params
         self.updates = updates
-        #: The parameters whose gradients the captured step writes.
-        self.parameters = [p for p, _ in updates]
+        #: (parameter, gradient) the captured launch reads: the step writes these
+        #: gradients, whatever the step function did with ``p.grad`` afterwards.
+        self.gradients = [(p, p.grad) for p, _ in updates]
+        self.scalars = fused.scalars
         self.pointers = FusedGroup._pointers(optimizer, params, updates)
 
     def check(self):
@@ -436,9 +438,8 @@ class _ScalarsHook:
             # once momentum is switched on) must exist: its new pointer then
             # makes the captured table stale below.
             self.optimizer.prepare_state(p, state, self.group)
-        live = [p for p, _ in updates]
-        if any(p.grad is None for p in live):
-            return "a parameter's gradient was dropped (zero_grad) outside the step"
+        if self.fused.scalars is not self.scalars:
+            return "an optimiser's parameter group changed (its scalars array was replaced)"
         if FusedGroup._pointers(self.optimizer, self.params, updates) != self.pointers:
             return "parameters, gradients or optimiser state were replaced (load_state_dict?)"
         return None

@@ -163,12 +163,21 @@ class CompiledStep:
                 entry = self._new_entry(key, shape, announce=False)
                 entry.input.load(batch)
                 outputs = self._run_eagerly(entry)
+        elif entry.next_mode == "capture" and not self._may_capture():
+            # Another shape took the last graph since this one warmed up.
+            self.notify(f"compile_step: the step keeps at most {self.max_graphs} graphs, so a "
+                        f"batch of shape {shape} runs eagerly, without a graph")
+            entry.next_mode = "eager"
+            outputs = self._run_eagerly(entry)
         elif entry.next_mode == "capture":
-            outputs, refusal = self._rehearse_and_capture(entry)
-            if refusal is not None:
+            outputs, failure = self._rehearse_and_capture(entry)
+            if failure is not None:
                 # The rehearsal was this call's step: count it, then say what failed.
                 self.counter.set(self.counter.value + 1)
-                raise refusal
+                if isinstance(failure, step_state.StepSyncError):
+                    raise failure
+                self.notify(str(failure))
+                return outputs
         else:
             outputs = self._run_eagerly(entry)
         self.counter.set(self.counter.value + 1)
@@ -210,10 +219,11 @@ class CompiledStep:
     def _rehearse_and_capture(self, entry):
         """This call's step, with its allocations recorded; then the capture for later calls.
 
-        Returns (outputs, None), or (outputs, the StepSyncError that the step
-        function raised while captured: something only a capture refuses, a
-        host array copied in, say). Any other failure of the capture leaves
-        the shape running eagerly and raises :class:`CaptureError`.
+        Returns (outputs, None), or (outputs, why the capture failed): the
+        StepSyncError the step function raised while captured (something
+        only a capture refuses), or a :class:`CaptureError` for any other
+        failure (the shape then runs eagerly). The rehearsal's step has run
+        either way.
         """
         from gdnflow.backends.cuda.graphs import CudaGraph  # local import: PyCUDA on first use
         runtime = cuda.get_runtime()
@@ -222,17 +232,18 @@ class CompiledStep:
         with gc_paused():
             with runtime.allocating_from(recorder), rehearsal.running():
                 outputs = _detached(self.fn(entry.input.tensor, rehearsal), "fn")
-        sizes = recorder.sizes
-        offsets, total = plan_memory(sizes, recorder.freed_at)
-        arena = runtime.allocate_outside_pool(max(total, ALIGNMENT), "the compiled step's arena")
-        pool = ArenaPool(arena, offsets, sizes, owner="compile_step: the step function")
-        capture = self._context("capture")
-        capture.reserved = list(rehearsal.constants)
-        # The capture refills the rehearsal's page-locked tables: the
-        # rehearsal's copies from them must have run first.
-        runtime.stream.synchronize()
         graph = CudaGraph(runtime.stream)
         try:
+            sizes = recorder.sizes
+            offsets, total = plan_memory(sizes, recorder.freed_at)
+            arena = runtime.allocate_outside_pool(max(total, ALIGNMENT),
+                                                  "the compiled step's arena")
+            pool = ArenaPool(arena, offsets, sizes, owner="compile_step: the step function")
+            capture = self._context("capture")
+            capture.reserved = list(rehearsal.constants)
+            # The capture refills the rehearsal's page-locked tables: the
+            # rehearsal's copies from them must have run first.
+            runtime.stream.synchronize()
             with gc_paused(), runtime.allocating_from(pool), capture.running():
                 captured = graph.capture(lambda: self.fn(entry.input.tensor, capture))
             if pool.count != len(sizes):
@@ -243,9 +254,12 @@ class CompiledStep:
             entry.next_mode = "eager"
             if isinstance(exc, step_state.StepSyncError):
                 return outputs, exc
-            raise CaptureError(f"compile_step: capturing the step as a CUDA graph failed "
-                               f"({type(exc).__name__}: {exc}); this shape now runs eagerly "
-                               "(compile_step(..., graph=False) never captures)") from exc
+            failure = CaptureError(f"compile_step: capturing the step as a CUDA graph failed "
+                                   f"({type(exc).__name__}: {exc}); batches of shape "
+                                   f"{entry.input.shape} run eagerly from now on "
+                                   "(compile_step(..., graph=False) never captures)")
+            failure.__cause__ = exc
+            return outputs, failure
         entry.keep(graph, arena, capture, _detached(captured, "fn"))
         return outputs, None
 
@@ -269,8 +283,7 @@ class _Entry:
         self.hooks, self.constants, self.outputs = context.hooks, context.constants, outputs
         # The gradients the graph writes: given back to their parameters after
         # each replay (another shape's capture may have replaced them).
-        self.grads = [(p, p.grad) for hook in self.hooks
-                      for p in getattr(hook, "parameters", ())]
+        self.grads = [pair for hook in self.hooks for pair in getattr(hook, "gradients", ())]
         self.next_mode = "replay"
 
     def stale(self):

@@ -31,6 +31,7 @@ class QueuedSteps:
     def __init__(self, step_function, device, notify):
         self.step_function, self.device, self.notify = step_function, device, notify
         self.compiled = None
+        self._batches = {}          # step number -> its batch, until its record is read
         # Room for a few read intervals: the host may run ahead of the GPU.
         self.log = ScalarLog(STEP_SCALARS + (FLAG,), capacity=4 * SYNC_EVERY)
 
@@ -48,6 +49,8 @@ class QueuedSteps:
         elif self.compiled.step != step:
             self.compiled.step = step         # eager steps ran in between
         self.log.record(step + 1, {**self.compiled(x), FLAG: self.compiled.flag})
+        # Kept (a reference, no copy) to rerun the step should it turn out non-finite.
+        self._batches[step + 1] = batch
 
     def read(self, wait=True):
         """(records, bad): steps' records [(step number, {scalar: float})] and the number
@@ -62,10 +65,19 @@ class QueuedSteps:
             if flag and bad is None:
                 bad = flag
             records.append((label, values))
+            if bad is None:
+                self._batches.pop(label, None)
         return records, bad
 
+    def batch_of(self, step):
+        """The batch that step number ``step`` ran on, while its record was unread (or None)."""
+        return self._batches.get(step)
+
     def discard(self):
-        """Forget the compiled step (after a non-finite step: its flag stays set)."""
+        """Forget the compiled step (after a non-finite step: its flag stays set) and the
+        steps still queued (their records are dropped unread)."""
+        self.log.read(wait=True)
+        self._batches.clear()
         if self.compiled is not None:
             self.compiled.reset()
         self.compiled = None

@@ -54,7 +54,8 @@ from gdnflow.backends import check_device, default_device
 from gdnflow.config import check_matmul_precision, override
 from gdnflow.data.images import ImageFolder, pad_to_multiple
 from gdnflow.data.loader import BackgroundLoader
-from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
+                                   optimizer_state_to_json, read_checkpoint_info, save_checkpoint)
 from gdnflow.io.files import write_bytes_atomic
 from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
@@ -136,22 +137,6 @@ class TrainConfig:
         if self.device is not None:
             check_device(self.device)
         check_matmul_precision(self.precision)
-
-
-def _optimizer_to_json(optimizer):
-    """An optimiser's state dict as JSON-able data (exact: float32 values survive JSON)."""
-    state = optimizer.state_dict()
-    return {"type": state["type"], "param_groups": state["param_groups"],
-            "state": {str(i): {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                               for k, v in entry.items()}
-                      for i, entry in state["state"].items()}}
-
-
-def _optimizer_from_json(data):
-    return {"type": data["type"], "param_groups": data["param_groups"],
-            "state": {int(i): {k: (np.array(v, dtype=np.float32) if isinstance(v, list) else v)
-                               for k, v in entry.items()}
-                      for i, entry in data["state"].items()}}
 
 
 class Trainer:
@@ -321,21 +306,35 @@ class Trainer:
             self._stop_compiled_non_finite(bad, dict(records).get(bad))
 
     def _stop_compiled_non_finite(self, bad, values):
-        """The compiled step's flag named step ``bad``: find the cause eagerly and raise."""
-        # Every update from step `bad` on was skipped on the device, so the
-        # parameters are those before it: rerun that step's batch eagerly.
-        self.step = bad - 1
+        """The compiled step's flag named step ``bad``: find the cause eagerly and raise.
+
+        Every update from step ``bad`` on was skipped on the device, so the
+        parameters are those before it. The step count, the schedule and the
+        optimisers' step counts go back there too; that step's batch is then
+        run again eagerly to name the layer or parameter.
+        """
+        batch = self._queued.batch_of(bad)
+        skipped = self.step - bad + 1
         self._queued.discard()
+        self.step = bad - 1
         if self.schedule is not None:
             self.schedule.load_state_dict({**self.schedule.state_dict(), "last_step": self.step})
-        x = Tensor(self.train_data.batch(self.config.seed, self.step, self.config.batch_size),
-                   device=self.device)
-        with override(matmul_precision=self.config.precision):
-            terms, aux = self._forward_backward(x, self.step)
-            norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
-            record = values or {k: terms[k].item() for k in ("loss", "bpp", "mse")}
-            record = {"aux": aux.item(), "grad_norm": norm, **record}
-            self._stop_non_finite(x, record)
+        for state in [*self.optimizer.state.values(), *self.aux_optimizer.state.values()]:
+            if "step" in state:
+                state["step"] -= skipped
+        record = {**dict.fromkeys(STEP_SCALARS, float("nan")), **(values or {})}
+        try:
+            if batch is None:
+                batch = self.train_data.batch(self.config.seed, self.step, self.config.batch_size)
+            x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
+            with override(matmul_precision=self.config.precision):
+                self._forward_backward(x, self.step)
+        except Exception as exc:        # the report of the NaN must not be lost to this
+            raise NonFiniteError(
+                f"training stopped at step {bad}: non-finite values; rerunning the step to find "
+                f"where failed ({type(exc).__name__}: {exc}). No parameter was updated since "
+                f"step {bad - 1}; the last checkpoint is intact.", step=bad) from exc
+        self._stop_non_finite(x, record)
 
     def notify(self, message):
         """Say something about the run (a compiled step's notices) above the progress bar."""
@@ -422,7 +421,7 @@ class Trainer:
             "step": self.step,
             "noise_key": self.noise_key,
             "train_config": dataclasses.asdict(self.config),
-            "aux_optimizer": _optimizer_to_json(self.aux_optimizer),
+            "aux_optimizer": optimizer_state_to_json(self.aux_optimizer),
             "schedule": self.schedule.state_dict() if self.schedule is not None else None,
             # The data's size decides the epochs' permutations: resume checks it.
             "images": len(self._train_data) if self._train_data is not None else None,
@@ -438,6 +437,7 @@ class Trainer:
         size differ from this run's (it would not continue the same run).
         """
         path = Path(path) if path is not None else self.checkpoint_path()
+        self._queued.discard()          # steps queued before the resume are not this run's
         info = read_checkpoint_info(path)
         extra = info["extra"]
         saved = extra.get("train_config", {})
@@ -451,7 +451,7 @@ class Trainer:
             raise ValueError(f"cannot resume from {path}: it was trained on {extra['images']} "
                              f"images, the data now has {len(self.train_data)}")
         load_checkpoint(path, self.model, self.optimizer)
-        self.aux_optimizer.load_state_dict(_optimizer_from_json(extra["aux_optimizer"]))
+        self.aux_optimizer.load_state_dict(optimizer_state_from_json(extra["aux_optimizer"]))
         if self.schedule is not None and extra.get("schedule"):
             self.schedule.load_state_dict(extra["schedule"])
         self.step = int(extra["step"])

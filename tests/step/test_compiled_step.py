@@ -192,6 +192,22 @@ def test_a_nan_step_is_flagged_and_no_later_update_runs():
     assert all(np.isfinite(p).all() for p in setup.parameters())
 
 
+def test_the_flag_saturates_at_the_largest_int32_as_on_the_gpu():
+    setup = Setup("numpy")
+    data = batches(1)
+    data[0][0, 0, 0, 0] = np.nan
+    compiled = compile_step(setup.step_function, data[0], start_step=2 ** 31 - 1)
+    with np.errstate(invalid="ignore"):
+        compiled(data[0])
+    assert compiled.first_nonfinite_step() == 2 ** 31 - 1
+
+
+def test_clip_without_gradients_returns_a_zero_norm():
+    params = [gf.tensor(np.ones(3), requires_grad=True)]
+    assert clip_grad_norm(params, 1.0) == 0.0
+    np.testing.assert_array_equal(clip_grad_norm(params, 1.0, sync=False).numpy(), [0.0])
+
+
 def test_guard_finite_takes_one_to_eight_one_element_tensors():
     def step_function(batch, step):
         step.guard_finite(batch)                      # the whole batch: not a scalar
@@ -309,6 +325,37 @@ def test_a_new_batch_shape_gets_its_own_graph_then_runs_eagerly():
     # Back to the first shape: its graph replays, with its own gradients.
     out = compiled(batches(1, shapes[0], seed=9)[0])
     assert np.isfinite(out["loss"].item())
+
+
+@pytest.mark.gpu
+def test_interleaved_shapes_keep_to_max_graphs():
+    setup = Setup("cuda")
+    messages = []
+    compiled = compile_step(setup.step_function, batches(1)[0], max_graphs=1,
+                            notify=messages.append)
+    a, b = batches(3, (4, 3, 9, 11)), batches(3, (2, 3, 9, 11))
+    for x, y in zip(a, b):                      # A, B, A, B, ...: both warm up first
+        compiled(x)
+        compiled(y)
+    assert compiled.graphs == 1
+    assert [compiled.mode(x.shape) for x in (a[0], b[0])] == ["replay", "eager"]
+
+
+@pytest.mark.gpu
+def test_zero_grad_after_the_update_still_replays():
+    setup = Setup("cuda")
+
+    def step_function(batch, step):
+        out = setup.step_function(batch, step)
+        setup.optimizer.zero_grad()             # the common idiom: clear after stepping
+        return out
+
+    messages = []
+    compiled = compile_step(step_function, batches(1)[0], notify=messages.append)
+    for batch in batches(5):
+        compiled(batch)
+    assert compiled.mode((4, 3, 9, 11)) == "replay" and compiled.graphs == 1
+    assert messages == []
 
 
 @pytest.mark.gpu

@@ -49,6 +49,24 @@ def test_compiled_nan_stops_at_the_first_bad_step_with_the_parameters_before_it(
     after = _parameters(trainer)
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
+    # The skipped steps are not counted: Adam's bias corrections go on from step 3.
+    steps = {state["step"] for opt in (trainer.optimizer, trainer.aux_optimizer)
+             for state in opt.state.values()}
+    assert steps == {3}
+    trainer.flush()                 # the dropped steps' records do not come back
+    assert trainer.step == 3 and len(trainer.history) == 3
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_compiled_nan_in_a_user_batch_reruns_that_batch(tiny_config):
+    trainer = Trainer(tiny_config(steps=20))
+    batches = [trainer.train_data.batch(0, step, 2) for step in range(5)]
+    batches[3][1, 2, 3, 4] = np.nan                               # not the data's own batch 3
+    with pytest.raises(NonFiniteError, match="step 4") as info:
+        for batch in batches:
+            trainer.queue_step(batch)
+        trainer.flush()
+    assert info.value.where == "input"
 
 
 @pytest.mark.gpu
