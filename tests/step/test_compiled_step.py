@@ -67,6 +67,12 @@ class Setup:
         return [p.numpy().copy() for p in self.model.parameters()]
 
 
+def with_notices(step_function, **options):
+    """(compile_step of ``step_function`` on the default batches, the list its notices go to)."""
+    messages = []
+    return compile_step(step_function, batches(1)[0], notify=messages.append, **options), messages
+
+
 def batches(count, shape=(4, 3, 9, 11), seed=5):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
@@ -311,9 +317,7 @@ def test_captured_nan_flag_names_the_first_bad_step_and_keeps_the_parameters():
 @pytest.mark.gpu
 def test_a_new_batch_shape_gets_its_own_graph_then_runs_eagerly():
     setup = Setup("cuda")
-    messages = []
-    compiled = compile_step(setup.step_function, batches(1)[0], max_graphs=2,
-                            notify=messages.append)
+    compiled, messages = with_notices(setup.step_function, max_graphs=2)
     shapes = [(4, 3, 9, 11), (2, 3, 9, 11), (3, 3, 8, 8)]
     for shape in shapes:
         for batch in batches(3, shape):
@@ -330,9 +334,7 @@ def test_a_new_batch_shape_gets_its_own_graph_then_runs_eagerly():
 @pytest.mark.gpu
 def test_interleaved_shapes_keep_to_max_graphs():
     setup = Setup("cuda")
-    messages = []
-    compiled = compile_step(setup.step_function, batches(1)[0], max_graphs=1,
-                            notify=messages.append)
+    compiled, _ = with_notices(setup.step_function, max_graphs=1)
     a, b = batches(3, (4, 3, 9, 11)), batches(3, (2, 3, 9, 11))
     for x, y in zip(a, b):                      # A, B, A, B, ...: both warm up first
         compiled(x)
@@ -350,8 +352,7 @@ def test_zero_grad_after_the_update_still_replays():
         setup.optimizer.zero_grad()             # the common idiom: clear after stepping
         return out
 
-    messages = []
-    compiled = compile_step(step_function, batches(1)[0], notify=messages.append)
+    compiled, messages = with_notices(step_function)
     for batch in batches(5):
         compiled(batch)
     assert compiled.mode((4, 3, 9, 11)) == "replay" and compiled.graphs == 1
@@ -382,8 +383,7 @@ def test_replays_return_the_same_tensors_in_a_new_structure():
 def test_momentum_switched_on_after_capture_captures_again():
     setup = Setup("cuda", optimizer="sgd")
     setup.optimizer.param_groups[0]["momentum"] = 0.0
-    messages = []
-    compiled = compile_step(setup.step_function, batches(1)[0], notify=messages.append)
+    compiled, messages = with_notices(setup.step_function)
     for batch in batches(3):
         compiled(batch)
     setup.optimizer.param_groups[0]["momentum"] = 0.9     # needs a buffer the graph lacks
@@ -396,8 +396,7 @@ def test_momentum_switched_on_after_capture_captures_again():
 @pytest.mark.gpu
 def test_replaced_parameters_are_noticed_and_the_step_captured_again():
     setup = Setup("cuda")
-    messages = []
-    compiled = compile_step(setup.step_function, batches(1)[0], notify=messages.append)
+    compiled, messages = with_notices(setup.step_function)
     for batch in batches(3):
         compiled(batch)
     state = setup.model.state_dict()
