@@ -1,4 +1,5 @@
-"""The ``gdnflow`` command.
+"""gdnflow: train and run GDN image codecs, run CNNs imported from ONNX or Keras, and
+check operator plugins.
 
     gdnflow info              what gdnflow sees: version, devices, operators, CUDA sources
     gdnflow info FILE         what a checkpoint, Keras or ONNX file holds
@@ -101,7 +102,8 @@ def build_parser():
     parser, sub = command_parser("gdnflow", __doc__.split("\n\n")[0])
     info = sub.add_parser("info", help="show devices, operators and where the CUDA sources are; "
                           "with FILE, what a checkpoint, Keras or ONNX file holds")
-    info.add_argument("file", nargs="?", metavar="FILE")
+    info.add_argument("file", nargs="?", metavar="FILE",
+                      help="a gdnflow checkpoint, Keras .h5 or ONNX file to describe")
     info.set_defaults(run=cmd_info)
     add_train_parser(sub)
     sub.add_parser("plugins", help="list installed operator plugins, their operators, and "

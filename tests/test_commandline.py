@@ -88,3 +88,15 @@ def test_max_pixels_sets_the_image_limit_for_the_command_only():
     assert run(parser, ["go", "--max-pixels", "1234"]) == 0
     assert run(parser, ["go"]) == 0
     assert seen == [1234, default] and settings.max_image_pixels == default
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    import argparse
+    from gdnflow.cli import build_parser
+    parser = build_parser()
+    assert "``" not in parser.description          # plain text, not reStructuredText
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [f"{name} {(a.option_strings or [a.dest])[0]}"
+              for name, sub in commands.choices.items() for a in sub._actions
+              if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not silent, f"arguments without help: {silent}"

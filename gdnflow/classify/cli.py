@@ -50,7 +50,8 @@ def add_commands(sub):
     classify_parser = sub.add_parser(
         "classify", help="top-5 ImageNet-style classes of images with a gdnflow, Keras or ONNX "
         "classifier")
-    classify_parser.add_argument("images", nargs="+", metavar="IMAGE")
+    classify_parser.add_argument("images", nargs="+", metavar="IMAGE",
+                                 help="image files to classify (PNG, JPEG, ...)")
     classify_parser.add_argument("--model", help=f"{' or '.join(CLASSIFIERS)} (for a "
                                  "checkpoint without config), or a model file")
     classify_parser.add_argument("--weights", help="a gdnflow checkpoint, Keras .h5 or ONNX file")
@@ -66,8 +67,9 @@ def add_commands(sub):
                                  help="classes shown (default 5)")
     classify_parser.set_defaults(run=cmd_classify)
     convert_parser = sub.add_parser("convert", help="ONNX or Keras file -> gdnflow checkpoint")
-    convert_parser.add_argument("source", metavar="IN")
-    convert_parser.add_argument("destination", metavar="OUT.h5")
+    convert_parser.add_argument("source", metavar="IN", help="an ONNX (.onnx) or Keras (.h5) file")
+    convert_parser.add_argument("destination", metavar="OUT.h5",
+                                help="the gdnflow checkpoint to write")
     convert_parser.add_argument("--force", action="store_true",
                                 help="overwrite OUT.h5 if it exists")
     convert_parser.set_defaults(run=cmd_convert)

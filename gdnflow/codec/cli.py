@@ -137,7 +137,7 @@ def add_codec_parsers(subparsers):
         "compress", help="compress images to .gdn files with a trained factorized-prior checkpoint",
         description="Compress images (PNG, JPEG, ...) with a factorized-prior checkpoint; print "
         "each file's bpp (8 x bytes / pixels) and the PSNR of its decoding.")
-    compress.add_argument("images", nargs="+", metavar="IMAGE")
+    compress.add_argument("images", nargs="+", metavar="IMAGE", help="images to compress")
     compress.add_argument("-o", "--output", metavar="OUT",
                           help="the .gdn file (one image) or a folder (several); default: "
                           "IMAGE with the suffix .gdn")
@@ -153,7 +153,7 @@ def add_codec_parsers(subparsers):
         description="Decode .gdn files to images (the format by the suffix of -o; PNG by "
         "default). Without --checkpoint, the checkpoint whose model id the file names is "
         f"looked for in ${CHECKPOINT_PATH_VARIABLE}, the file's folder and ./checkpoints.")
-    decompress.add_argument("files", nargs="+", metavar="FILE")
+    decompress.add_argument("files", nargs="+", metavar="FILE", help=".gdn files to decode")
     decompress.add_argument("-o", "--output", metavar="IMAGE",
                             help="the image (one file) or a folder (several); default: FILE "
                             "with the suffix .png")
@@ -168,7 +168,8 @@ def add_codec_parsers(subparsers):
         description="Compress every image of a folder with each checkpoint; report bpp from the "
         "real files, PSNR and MS-SSIM, and JPEG's PSNR and MS-SSIM at the same rates; write a "
         "markdown table, a JSON file and a rate-distortion plot.")
-    evaluation.add_argument("--checkpoint", nargs="+", required=True, metavar="CKPT")
+    evaluation.add_argument("--checkpoint", nargs="+", required=True, metavar="CKPT",
+                            help="one or more codec checkpoints to compare")
     evaluation.add_argument("--data", required=True, metavar="DIR", help="folder of images")
     evaluation.add_argument("--out", metavar="DIR",
                             help="folder for eval.md, eval.json, rd.png and the .gdn files "

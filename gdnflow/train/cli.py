@@ -50,7 +50,8 @@ def add_arguments(parser):
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--steps", type=positive_int, default=defaults.steps,
                        help=f"total training steps (default {defaults.steps})")
-    optim.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    optim.add_argument("--batch-size", type=positive_int, default=defaults.batch_size,
+                       help=f"crops per step (default {defaults.batch_size})")
     optim.add_argument("--lr", type=positive_float, default=defaults.lr,
                        help=f"Adam learning rate of the main loss (default {defaults.lr:g})")
     optim.add_argument("--aux-lr", type=positive_float, default=defaults.aux_lr,
@@ -58,8 +59,12 @@ def add_arguments(parser):
     optim.add_argument("--clip-norm", type=positive_float, default=defaults.clip_norm,
                        help=f"gradient clipping by global norm (default {defaults.clip_norm:g})")
     optim.add_argument("--lr-schedule", choices=["constant", "cosine"],
-                       default=defaults.lr_schedule)
-    optim.add_argument("--warmup-steps", type=nonnegative_int, default=defaults.warmup_steps)
+                       default=defaults.lr_schedule,
+                       help="learning rate over the run: constant, or cosine decay to 0 at "
+                       f"--steps (default {defaults.lr_schedule})")
+    optim.add_argument("--warmup-steps", type=nonnegative_int, default=defaults.warmup_steps,
+                       help="steps of linear warm-up before the cosine schedule (default "
+                       f"{defaults.warmup_steps})")
     optim.add_argument("--precision", choices=MATMUL_PRECISIONS, default=defaults.precision,
                        help="the GPU's matrix products: fp32 (exact float32) or tf32 (tensor "
                        "cores, float32 accumulation: faster, about 1e-3 relative error; default "
@@ -85,7 +90,9 @@ def add_arguments(parser):
     run.add_argument("--checkpoint-every", type=nonnegative_int, default=defaults.checkpoint_every,
                      help=f"checkpoint every K steps (0: only at the end; default "
                      f"{defaults.checkpoint_every})")
-    run.add_argument("--seed", type=nonnegative_int, default=defaults.seed)
+    run.add_argument("--seed", type=nonnegative_int, default=defaults.seed,
+                     help="seed of the initial weights, the data order and crops, and the "
+                     f"quantisation noise (default {defaults.seed})")
     run.add_argument("--device", choices=["numpy", "cuda"],
                      help="default: GDNFLOW_DEVICE, else cuda when usable, else numpy")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
