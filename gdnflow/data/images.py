@@ -30,6 +30,7 @@ from gdnflow.config import settings
 from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
+_warned_transparent = set()     # files whose dropped alpha was reported
 
 #: File name endings read as images (lower case).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -124,7 +125,9 @@ def read_rgb8(path, max_pixels=None):
 
     16-bit and float grey images are scaled to 8 bits (their full range,
     65535 or 255) before the conversion, which would otherwise clip at 255.
-    ``max_pixels`` and errors as :func:`open_image`.
+    Transparency is dropped (each pixel keeps its colour); a warning names
+    the file, once per process, when some pixel was not opaque. ``max_pixels`` and errors as
+    :func:`open_image`.
     """
     with open_image(path, max_pixels) as image:
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
@@ -132,6 +135,13 @@ def read_rgb8(path, max_pixels=None):
             top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
             grey = (np.clip(array / top, 0, 1) * 255).round().astype(np.uint8)
             return np.repeat(grey[:, :, None], 3, axis=2)
+        if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+            rgba = image.convert("RGBA")
+            if np.asarray(rgba)[:, :, 3].min() < 255 and str(path) not in _warned_transparent:
+                _warned_transparent.add(str(path))     # once per file: folders are read often
+                _log.warning("gdnflow: %s has transparent pixels; the alpha channel is dropped "
+                             "(each pixel keeps its colour)", path)
+            image = rgba
         if image.mode != "RGB":
             image = image.convert("RGB")
         return np.asarray(image)

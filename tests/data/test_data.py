@@ -273,3 +273,20 @@ def test_an_ico_bomb_is_refused_without_decoding(tmp_path):
     path.write_bytes(header + payload)
     with pytest.raises(ImageReadError, match="bomb.png: cannot read the image"):
         read_rgb8(path, max_pixels=1000)
+
+
+@pytest.mark.parametrize("alpha,warned", [(200, True), (255, False)])
+def test_transparency_is_dropped_with_a_warning_naming_the_file(tmp_path, caplog, alpha, warned):
+    from PIL import Image
+    pixels = np.random.default_rng(1).integers(0, 256, (5, 7, 4), dtype=np.uint8)
+    pixels[..., 3] = 255
+    pixels[2, 3, 3] = alpha
+    path = tmp_path / "see-through.png"
+    Image.fromarray(pixels, "RGBA").save(path)
+    with caplog.at_level("WARNING", logger="gdnflow"):
+        rgb = read_rgb8(path)
+    np.testing.assert_array_equal(rgb, pixels[..., :3])      # colours kept, alpha dropped
+    assert ("see-through.png has transparent pixels" in caplog.text) == warned
+    caplog.clear()
+    read_rgb8(path)
+    assert "transparent" not in caplog.text                    # once per file
