@@ -9,6 +9,10 @@ from gdnflow.backends import cuda, get_backend
 from gdnflow.optim.optimizer import BLOCK, SOURCE, block_map
 from gdnflow.tensor import Tensor
 
+#: Pointer tables of eager clipping kept for reuse (see :func:`_multi_tensor`).
+EAGER_TABLES = 8
+_eager_tables = {}      # pointers -> device table
+
 
 def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
     """Scale the gradients in place so that their global L2 norm is at most ``max_norm``.
@@ -58,8 +62,10 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
                 return norm
             norm_tensor = Tensor.wrap(np.array([norm], dtype=grads[0].dtype), "numpy")
         else:
-            total = _square_sum_cuda(grads)
-            tables = _multi_tensor(distinct)
+            tables = _multi_tensor(grads)
+            total = _square_sum_cuda(tables)
+            if len(distinct) != len(grads):
+                tables = _multi_tensor(distinct)
             if tables is not None:
                 table, blocks, n_blocks = tables
                 cuda.kernel(SOURCE, "scale_to_max_norm", "PPPdd")(
@@ -79,10 +85,10 @@ def _square_sum_numpy(grads):
     return total
 
 
-def _square_sum_cuda(grads):
-    """A one-element device array: sum of g^2 over every gradient (two launches)."""
+def _square_sum_cuda(tables):
+    """A one-element device array: sum of g^2 over the tensors of ``tables`` (see
+    :func:`_multi_tensor`; two launches)."""
     total = cuda.empty((1,))
-    tables = _multi_tensor(grads)
     table, blocks, n_blocks = tables if tables is not None else (None, None, 0)
     # With no element at all, sum_partials sums nothing and writes 0.
     partials = cuda.empty((max(n_blocks, 1),))
@@ -102,10 +108,18 @@ def _multi_tensor(tensors):
     blocks, n_blocks = block_map(tuple(t.size for t in tensors))
     if not n_blocks:
         return None
-    pointers = np.array([t.data.ptr for t in tensors], dtype=np.uint64)
+    pointers = tuple(t.data.ptr for t in tensors)
     step = step_state.active()
-    table = (step.upload_constant(pointers) if step is not None
-             else cuda.get_runtime().from_numpy(pointers))
+    if step is not None:
+        return step.upload_constant(np.array(pointers, dtype=np.uint64)), blocks, n_blocks
+    # Eager steps: the pool tends to hand the gradients the same blocks every
+    # step, so the table of the last few pointer lists is kept (the same values).
+    table = _eager_tables.get(pointers)
+    if table is None:
+        if len(_eager_tables) >= EAGER_TABLES:
+            _eager_tables.clear()
+        table = _eager_tables[pointers] = cuda.get_runtime().from_numpy(
+            np.array(pointers, dtype=np.uint64))
     return table, blocks, n_blocks
 
 

@@ -52,7 +52,7 @@ from gdnflow.config import settings
 from gdnflow.errors import DTypeError, GdnflowError
 from gdnflow.inference.errors import PlanError
 from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_paused, plan_memory
-from gdnflow.step.staging import InputBuffer
+from gdnflow.step.staging import InputBuffer, check_real
 from gdnflow.step_context import StepContext, StepCounter, new_flag, read_flag
 from gdnflow.tensor import Tensor
 
@@ -86,7 +86,7 @@ class CompiledStep:
         else:
             example = np.asarray(example_batch)
             self.device, self.dtype = default_device(), np.dtype(np.float32)
-            _check_real(example.dtype)
+            check_real(example.dtype)
         if int(max_graphs) < 0:
             raise ValueError(f"compile_step: max_graphs must be >= 0, got {max_graphs!r}")
         self.fn = fn
@@ -323,11 +323,6 @@ def _detached(outputs, what):
         return None
     raise TypeError(f"compile_step: {what} must return a Tensor, or a dict, list or tuple of "
                     f"Tensors (or None), got {type(outputs).__name__}")
-
-
-def _check_real(dtype):
-    if dtype.kind not in "fiub":
-        raise DTypeError(f"compile_step: a batch holds real numbers, got dtype {dtype}")
 
 
 def _warn(message):

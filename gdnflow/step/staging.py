@@ -22,6 +22,12 @@ from gdnflow.tensor import Tensor
 STAGING_BUFFERS = 2
 
 
+def check_real(dtype):
+    """Raise DTypeError unless ``dtype`` holds real numbers (bool, integers, floats)."""
+    if dtype.kind not in "fiub":
+        raise DTypeError(f"compile_step: a batch holds real numbers, got dtype {dtype}")
+
+
 class InputBuffer:
     """A step's static input: a tensor of ``shape`` and ``dtype`` on ``device``; see the module."""
 
@@ -46,8 +52,7 @@ class InputBuffer:
             self._copy_device(batch.data)
             return
         host = np.asarray(batch)
-        if host.dtype.kind not in "fiub":
-            raise DTypeError(f"compile_step: a batch holds real numbers, got dtype {host.dtype}")
+        check_real(host.dtype)
         self._check_shape(host.shape)
         if self.device == "numpy":
             np.copyto(self.tensor.data, host, casting="unsafe")

@@ -367,6 +367,7 @@ def test_default_notices_are_warnings():
     compiled(np.zeros((2, 2), np.float32))      # captured: the one graph allowed
     with pytest.warns(CompiledStepWarning, match="runs eagerly"):
         compiled(np.zeros((3, 2), np.float32))
+    assert compiled.graphs == 1 and compiled.mode((3, 2)) == "eager"
 
 
 @pytest.mark.gpu
