@@ -49,7 +49,7 @@ import numpy as np
 from gdnflow import step_state
 from gdnflow.backends import cuda, default_device
 from gdnflow.config import settings
-from gdnflow.errors import DTypeError, GdnflowError
+from gdnflow.errors import GdnflowError
 from gdnflow.inference.errors import PlanError
 from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_paused, plan_memory
 from gdnflow.step.staging import InputBuffer, check_real
