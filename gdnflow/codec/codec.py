@@ -41,7 +41,7 @@ from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
-from gdnflow.models.factorized_prior import FactorizedPrior
+from gdnflow.models import CODEC_MODELS, ScaleHyperprior
 from gdnflow.tensor import Tensor
 
 #: Default tile side in pixels of :class:`Codec` (see its ``tile``): measured with
@@ -120,15 +120,24 @@ class Codec:
                              f"pixels or None, got {tile!r}")
         self.model = model.eval()
         self.device = model_device(model)
-        self.tables = build_tables(model)
+        self.tables = self.build_tables(model)
+        #: Images are padded to multiples of this (16; 64 for the scale hyperprior).
+        self.multiple = getattr(model, "downsampling", DOWNSAMPLING)
         self.tile = tile
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
+    @staticmethod
+    def build_tables(model):
+        """The coding tables of ``model`` (:func:`~gdnflow.codec.tables.build_tables`)."""
+        return build_tables(model)
+
     @classmethod
     def from_checkpoint(cls, path, device=None, tile=TILE):
-        """A Codec of the model in the checkpoint at ``path`` (see :func:`load_model`)."""
-        return cls(load_model(path, device), tile)
+        """The codec of the model in the checkpoint at ``path`` (see :func:`load_model`):
+        a :class:`Codec`, or a :class:`~gdnflow.codec.hyperprior.HyperpriorCodec` for a
+        scale-hyperprior checkpoint."""
+        return codec_for(load_model(path, device), tile)
 
     def _latent_tiles(self, latent_height, latent_width):
         """[(row range, column range)] of the latent tiles, row-major."""
@@ -145,7 +154,8 @@ class Codec:
         """
         image = check_image(image)
         height, width = image.shape[:2]
-        padded = (-(-height // DOWNSAMPLING) * DOWNSAMPLING, -(-width // DOWNSAMPLING) * DOWNSAMPLING)
+        m = self.multiple
+        padded = (-(-height // m) * m, -(-width // m) * m)
         rows, columns = reflected_indices(height, padded[0]), reflected_indices(width, padded[1])
         g_a = self.model.g_a
         y = np.empty((self.tables.channels, padded[0] // DOWNSAMPLING,
@@ -163,15 +173,7 @@ class Codec:
 
     def quantize(self, y):
         """q = round(y - median) per channel, half to even, as int32 (the eval path's rounding)."""
-        y = np.asarray(y, np.float32)
-        q = np.empty(y.shape, np.int32)
-        for c, median in enumerate(self.tables.medians):     # one channel's temporaries at a time
-            values = np.rint(y[c] - median)
-            if not np.all(np.abs(values) < MAX_SYMBOL):      # also catches NaN and infinity
-                raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a "
-                                 "diverged model?): nothing to code")
-            q[c] = values
-        return q
+        return quantize_latents(y, self.tables.medians)
 
     def encode_latents(self, q, height, width):
         """The file bytes for integer latents ``q`` (M, h, w) of an image of height x width."""
@@ -225,19 +227,45 @@ class Codec:
         return self.synthesise(y_hat, header.height, header.width)
 
 
+def quantize_latents(y, medians):
+    """q = round(y[c] - medians[c]) per channel c, half to even, as int32.
+
+    Raises CodecError if a value is not finite or beyond +-MAX_SYMBOL (a
+    diverged model).
+    """
+    y = np.asarray(y, np.float32)
+    q = np.empty(y.shape, np.int32)
+    for c, median in enumerate(medians):        # one channel's temporaries at a time
+        values = np.rint(y[c] - median)
+        if not np.all(np.abs(values) < MAX_SYMBOL):      # also catches NaN and infinity
+            raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a "
+                             "diverged model?): nothing to code")
+        q[c] = values
+    return q
+
+
+def codec_for(model, tile=TILE):
+    """The codec of ``model``: a :class:`Codec` (factorized prior) or a HyperpriorCodec."""
+    if isinstance(model, ScaleHyperprior):
+        from gdnflow.codec.hyperprior import HyperpriorCodec    # it builds on this module
+        return HyperpriorCodec(model, tile)
+    return Codec(model, tile)
+
+
 def compress(model, image):
     """The ``.gdn`` bytes of a uint8 (H, W, 3) image under ``model`` (see :class:`Codec`)."""
-    return Codec(model).compress(image)
+    return codec_for(model).compress(image)
 
 
 def decompress(model, data, source="<bytes>"):
     """The uint8 (H, W, 3) image coded in ``data`` (bytes) by ``model`` (see :class:`Codec`)."""
-    return Codec(model).decompress(data, source)
+    return codec_for(model).decompress(data, source)
 
 
 # ----------------------------------------------------------- checkpoints --
 def load_model(path, device=None):
-    """The factorized-prior model stored in the gdnflow checkpoint at ``path``, in eval mode.
+    """The codec model (factorized prior or scale hyperprior) in the checkpoint at ``path``,
+    in eval mode.
 
     Raises CodecError naming the file if it is missing, unreadable or holds
     another kind of model.
@@ -250,10 +278,11 @@ def load_model(path, device=None):
     except CheckpointError as exc:
         raise CodecError(str(exc)) from None
     config = info["config"]
-    if info["model_name"] != FactorizedPrior.name or "N" not in config or "M" not in config:
-        raise CodecError(f"{path}: holds a {info['model_name']!r} model, not a factorized "
-                         "prior (train one with gdnflow train)")
-    model = FactorizedPrior(config["N"], config["M"], seed=0, device=device)
+    kind = CODEC_MODELS.get(info["model_name"])
+    if kind is None or "N" not in config or "M" not in config:
+        raise CodecError(f"{path}: holds a {info['model_name']!r} model, not a codec model "
+                         f"({' or '.join(sorted(CODEC_MODELS))}: train one with gdnflow train)")
+    model = kind(config["N"], config["M"], seed=0, device=device)
     try:
         load_checkpoint(path, model)
     except CheckpointError as exc:

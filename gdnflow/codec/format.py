@@ -37,7 +37,16 @@ plausible, and that the file ends exactly where the escape bits end.
 
 Version 1 (gdnflow before the checksum): the same layout without the
 checksum. It is still read, with every check but the checksum (a flipped bit
-in its payload may decode to a different image); writers write version 2.
+in its payload may decode to a different image); factorized-prior writers
+write version 2.
+
+Version 3 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
+version 2's layout with one more varint after the latent width, the side
+information's channels N (z is N x latent h/4 x latent w/4), and latent
+sides of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images
+to multiples of 64). Its payload codes z first, channel by channel as
+above, then y grouped by coding table (see that module); the escape bits
+follow the same order.
 """
 import dataclasses
 import zlib
@@ -47,8 +56,10 @@ from gdnflow.errors import GdnflowError
 
 MAGIC = b"GDNF"
 FORMAT_VERSION = 2
+#: The scale hyperprior's files (see the module docstring).
+HYPERPRIOR_VERSION = 3
 #: The versions readers accept (1: no checksum, see the module docstring).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
@@ -91,7 +102,9 @@ class Header:
 
     ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
     ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
-    (channels, latent_height, latent_width).
+    (channels, latent_height, latent_width). ``hyper_channels`` is the
+    side information's channel count in a hyperprior file (version 3), 0
+    otherwise.
     """
 
     height: int
@@ -102,11 +115,22 @@ class Header:
     model_id: bytes
     tables_digest: bytes
     version: int = FORMAT_VERSION
+    hyper_channels: int = 0
 
     @property
     def latent_shape(self):
         """(channels, latent_height, latent_width)."""
         return (self.channels, self.latent_height, self.latent_width)
+
+    @property
+    def hyper_shape(self):
+        """The side information's shape (hyper_channels, latent_height/4, latent_width/4)."""
+        return (self.hyper_channels, self.latent_height // 4, self.latent_width // 4)
+
+    @property
+    def symbols(self):
+        """How many latent values the payload codes (y's, and z's in a hyperprior file)."""
+        return int(np.prod(self.latent_shape)) + int(np.prod(self.hyper_shape))
 
 
 # ------------------------------------------------------------ varints --
@@ -156,11 +180,15 @@ def pack(header, payload, escapes):
     if header.version not in READABLE_VERSIONS:
         raise ValueError(f"pack: format version {header.version} is not one of "
                          f"{READABLE_VERSIONS}")
-    body = b"".join([
-        MAGIC, bytes([header.version]), header.model_id, header.tables_digest,
-        *(write_varint(v) for v in (header.height, header.width, header.channels,
-                                    header.latent_height, header.latent_width, len(payload))),
-        payload, escapes])
+    if (header.version == HYPERPRIOR_VERSION) != (header.hyper_channels > 0):
+        raise ValueError(f"pack: hyper_channels {header.hyper_channels} with format version "
+                         f"{header.version} (only version {HYPERPRIOR_VERSION} has them)")
+    sizes = [header.height, header.width, header.channels, header.latent_height,
+             header.latent_width]
+    if header.version == HYPERPRIOR_VERSION:
+        sizes.append(header.hyper_channels)
+    body = b"".join([MAGIC, bytes([header.version]), header.model_id, header.tables_digest,
+                     *(write_varint(v) for v in (*sizes, len(payload))), payload, escapes])
     return body + checksum(body) if header.version >= 2 else body
 
 
@@ -207,12 +235,18 @@ def unpack(data, source="<bytes>"):
     pos += MODEL_ID_BYTES
     digest = data[pos:pos + TABLES_DIGEST_BYTES]
     pos += TABLES_DIGEST_BYTES
+    fields = ["height", "width", "channels", "latent height", "latent width", "payload size"]
+    if version == HYPERPRIOR_VERSION:
+        fields.insert(5, "side information channels")
     values = []
-    for what in ("height", "width", "channels", "latent height", "latent width", "payload size"):
+    for what in fields:
         value, pos = read_varint(data, pos, source, what)
         values.append(value)
-    height, width, channels, latent_h, latent_w, size = values
-    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS):
+    height, width, channels, latent_h, latent_w = values[:5]
+    hyper_channels, size = (values[5], values[6]) if version == HYPERPRIOR_VERSION \
+        else (0, values[5])
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS
+            and (version != HYPERPRIOR_VERSION or 0 < hyper_channels <= MAX_CHANNELS)):
         raise FormatError(f"{source}: corrupt header: image {height}x{width} with "
                           f"{channels} latent channels")
     if height * width > MAX_PIXELS:
@@ -220,19 +254,22 @@ def unpack(data, source="<bytes>"):
                           f"({height * width} pixels), more than the format's limit of "
                           f"{MAX_PIXELS} pixels: corrupt or not written by gdnflow")
     expected = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
+    if version == HYPERPRIOR_VERSION:
+        expected = (4 * -(-height // (4 * DOWNSAMPLING)), 4 * -(-width // (4 * DOWNSAMPLING)))
     if (latent_h, latent_w) != expected:
         raise FormatError(f"{source}: corrupt header: a {latent_h}x{latent_w} latent for a "
                           f"{height}x{width} image (expected {expected[0]}x{expected[1]})")
     if size % 4:
         raise FormatError(f"{source}: corrupt header: payload size {size} is not a multiple of 4")
-    most = max_payload_bytes(channels * latent_h * latent_w)
+    header = Header(height, width, channels, latent_h, latent_w, model, digest, version,
+                    hyper_channels)
+    most = max_payload_bytes(header.symbols)
     if size > most:
         raise FormatError(f"{source}: corrupt header: a payload of {size} bytes for "
-                          f"{channels * latent_h * latent_w} latents (at most {most})")
+                          f"{header.symbols} latents (at most {most})")
     if pos + size > len(data):
         raise FormatError(f"{source}: truncated: the payload needs {size} bytes, the file has "
                           f"{len(data) - pos} after its header ({len(data)} bytes in all)")
-    header = Header(height, width, channels, latent_h, latent_w, model, digest, version)
     return header, data[pos:pos + size], data[pos + size:]
 
 
@@ -242,13 +279,24 @@ def max_payload_bytes(symbols):
 
 
 def check_model(header, tables, source="<bytes>"):
-    """Raise ModelMismatchError unless ``header`` was written with ``tables``' model and tables."""
+    """Raise ModelMismatchError unless ``header`` was written with ``tables``' model and tables.
+
+    ``tables``: a factorized model's CodingTables, or a hyperprior's tables
+    (which have ``hyper_channels``).
+    """
+    hyper = getattr(tables, "hyper_channels", 0)
+    if bool(header.hyper_channels) != bool(hyper):
+        kinds = ("a factorized-prior", "a scale-hyperprior")
+        raise ModelMismatchError(
+            f"{source}: written by {kinds[bool(header.hyper_channels)]} model, the checkpoint "
+            f"given is {kinds[bool(hyper)]} model: decode it with the checkpoint it was "
+            "compressed with")
     if header.model_id != tables.model_id[:MODEL_ID_BYTES]:
         raise ModelMismatchError(
             f"{source}: coded by another model (model id {header.model_id.hex()}, the "
             f"checkpoint given is {tables.model_id[:MODEL_ID_BYTES].hex()}): decode it with "
             "the checkpoint it was compressed with")
-    if header.channels != tables.channels:
+    if header.channels != tables.channels or header.hyper_channels != hyper:
         raise ModelMismatchError(f"{source}: {header.channels} latent channels, the model has "
                                  f"{tables.channels}")
     if header.tables_digest != tables.digest()[:TABLES_DIGEST_BYTES]:
@@ -320,17 +368,21 @@ class BitReader:
 
 
 # ---------------------------------------------------- entropy coding --
-def _models(tables):
-    """One constriction categorical model per channel.
+def categorical_model(probabilities):
+    """A constriction categorical model that codes with exactly ``probabilities``.
 
     ``perfect=True`` makes constriction choose the KL-optimal 24-bit
-    quantisation of the probabilities; ours are multiples of 2^-16 (each
-    >= 2^-16), which 24 bits represent exactly, so that optimum is our table
+    quantisation of the probabilities; gdnflow's are multiples of 2^-16 (each
+    >= 2^-16), which 24 bits represent exactly, so that optimum is the table
     itself: the coder codes with exactly the tables' frequencies, whatever
     constriction's heuristics (its "fast" quantiser shifts them slightly).
     """
-    categorical = _constriction().stream.model.Categorical
-    return [categorical(tables.probabilities(c), perfect=True) for c in range(tables.channels)]
+    return _constriction().stream.model.Categorical(probabilities, perfect=True)
+
+
+def _models(tables):
+    """One constriction categorical model per channel of factorized ``tables``."""
+    return [categorical_model(tables.probabilities(c)) for c in range(tables.channels)]
 
 
 def _constriction():
@@ -343,27 +395,86 @@ def _constriction():
     return constriction
 
 
+def range_encoder():
+    """A new constriction range encoder (the payload's coder)."""
+    return _constriction().stream.queue.RangeEncoder()
+
+
+def range_decoder(payload, source):
+    """A constriction range decoder over a payload's bytes; FormatError naming ``source``."""
+    words = np.frombuffer(payload, "<u4").astype(np.uint32)
+    try:
+        return _constriction().stream.queue.RangeDecoder(words)
+    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
+        raise FormatError(f"{source}: corrupt payload ({exc})") from None
+
+
+def encode_values(encoder, escapes, values, low, high, model):
+    """Code integer ``values`` (1-D) with one categorical ``model`` over [low, high] + escape.
+
+    Symbol k < L = high - low + 1 is the value low + k; symbol L, the
+    escape, stands for a value outside [low, high], whose distance past the
+    support goes to ``escapes`` (a :class:`BitWriter`) as an Elias-gamma code
+    of its zigzag number (see :mod:`gdnflow.codec.tables`).
+    """
+    symbols = values.astype(np.int64) - low
+    escape = high - low + 1
+    outside = (symbols < 0) | (symbols > escape - 1)
+    symbols[outside] = escape
+    encoder.encode(symbols.astype(np.int32), model)
+    for v in values[outside]:
+        d = int(v) - int(high if v > high else low)
+        escapes.write_gamma(2 * d - 1 if d > 0 else -2 * d)
+
+
+def decode_values(decoder, reader, count, low, high, model, source):
+    """The ``count`` values :func:`encode_values` coded (int64); escapes read from ``reader``."""
+    try:
+        symbols = np.asarray(decoder.decode(model, count), np.int64)
+    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
+        raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
+    values = symbols + low
+    for i in np.flatnonzero(symbols == high - low + 1):
+        n = reader.read_gamma()
+        value = high + (n + 1) // 2 if n % 2 else low - n // 2
+        if abs(value) >= MAX_SYMBOL:
+            raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
+        values[i] = value
+    return values
+
+
+def check_latents(q, channels, what="encode_symbols"):
+    """``q`` as an array; ValueError unless it is integer latents of shape (channels, h, w)."""
+    q = np.asarray(q)
+    if q.ndim != 3 or q.shape[0] != channels or q.dtype.kind not in "iu":
+        raise ValueError(f"{what}: expected integer latents of shape ({channels}, h, w), "
+                         f"got {q.dtype} {q.shape}")
+    return q
+
+
+def encode_channels(encoder, escapes, q, tables):
+    """Code latents ``q`` (C, h, w) channel by channel in raster order with factorized ``tables``."""
+    q = check_latents(q, tables.channels)
+    for c, model in enumerate(_models(tables)):
+        encode_values(encoder, escapes, q[c].ravel(), int(tables.low[c]), int(tables.high[c]),
+                      model)
+
+
+def decode_channels(decoder, reader, tables, latent_shape, source):
+    """The latents (C, h, w) int32 :func:`encode_channels` coded."""
+    channels, h, w = latent_shape
+    q = np.empty((channels, h * w), np.int32)
+    for c, model in enumerate(_models(tables)):
+        q[c] = decode_values(decoder, reader, h * w, int(tables.low[c]), int(tables.high[c]),
+                             model, source)
+    return q.reshape(channels, h, w)
+
+
 def encode_symbols(q, tables):
     """Range-code integer latents ``q`` (C, h, w); returns (payload bytes, escape bytes)."""
-    constriction = _constriction()
-    q = np.asarray(q)
-    if q.ndim != 3 or q.shape[0] != tables.channels or q.dtype.kind not in "iu":
-        raise ValueError(f"encode_symbols: expected integer latents of shape "
-                         f"({tables.channels}, h, w), got {q.dtype} {q.shape}")
-    encoder = constriction.stream.queue.RangeEncoder()
-    escapes = BitWriter()
-    for c, model in enumerate(_models(tables)):
-        values = q[c].ravel()
-        symbols = values.astype(np.int64) - tables.low[c]     # one channel at a time
-        escape = len(tables.cdfs[c]) - 2
-        outside = (symbols < 0) | (symbols >= escape)
-        symbols[outside] = escape
-        encoder.encode(symbols.astype(np.int32), model)
-        for v in values[outside]:
-            d = int(v) - int(tables.high[c] if v > tables.high[c] else tables.low[c])
-            escapes.write_gamma(2 * d - 1 if d > 0 else -2 * d)
-    payload = encoder.get_compressed().astype("<u4").tobytes()
-    return payload, escapes.getvalue()
+    encoder, escapes = range_encoder(), BitWriter()
+    encode_channels(encoder, escapes, q, tables)
+    return encoder.get_compressed().astype("<u4").tobytes(), escapes.getvalue()
 
 
 def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
@@ -372,28 +483,7 @@ def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
     Raises FormatError if the escape bits run out, an escape is beyond
     +-MAX_SYMBOL, or bytes are left over.
     """
-    constriction = _constriction()
-    channels, h, w = latent_shape
-    words = np.frombuffer(payload, "<u4").astype(np.uint32)
-    try:
-        decoder = constriction.stream.queue.RangeDecoder(words)
-    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
-        raise FormatError(f"{source}: corrupt payload ({exc})") from None
-    reader = BitReader(escapes, source)
-    q = np.empty((channels, h * w), np.int32)
-    for c, model in enumerate(_models(tables)):
-        try:
-            symbols = np.asarray(decoder.decode(model, h * w), np.int64)
-        except Exception as exc:    # noqa: BLE001
-            raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
-        escape = len(tables.cdfs[c]) - 2
-        values = symbols + tables.low[c]
-        for i in np.flatnonzero(symbols == escape):
-            n = reader.read_gamma()
-            value = tables.high[c] + (n + 1) // 2 if n % 2 else tables.low[c] - n // 2
-            if abs(value) >= MAX_SYMBOL:
-                raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
-            values[i] = value
-        q[c] = values
+    decoder, reader = range_decoder(payload, source), BitReader(escapes, source)
+    q = decode_channels(decoder, reader, tables, latent_shape, source)
     reader.check_end()
-    return q.reshape(channels, h, w)
+    return q

@@ -5,9 +5,14 @@ arrays) load with ``load_state_dict`` unchanged.
 """
 from gdnflow.models.factorized_prior import FactorizedPrior, factorized_prior
 from gdnflow.models.mobilenet_v2 import mobilenet_v2
+from gdnflow.models.scale_hyperprior import ScaleHyperprior, scale_hyperprior
 from gdnflow.models.vgg import vgg16
 
-MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16, "factorized_prior": factorized_prior}
+MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16, "factorized_prior": factorized_prior,
+          "hyperprior": scale_hyperprior}
+
+#: The image-codec models ``gdnflow train --model`` trains, by their ``name``.
+CODEC_MODELS = {"factorized_prior": FactorizedPrior, "hyperprior": ScaleHyperprior}
 
 
 def get(name):

@@ -34,7 +34,7 @@ learns them, with the density itself held fixed. The codec
 Parameter names follow CompressAI's ``EntropyBottleneck`` (``matrices.0``,
 ``biases.0``, ``factors.0``, ``quantiles``; buffer ``target``) so that its
 weights convert name for name (see
-:func:`gdnflow.models.factorized_prior.load_compressai_state_dict`).
+:func:`gdnflow.models.compression.load_compressai_state_dict`).
 """
 import math
 

@@ -1,4 +1,5 @@
-"""``gdnflow train``: train a factorized-prior autoencoder from the command line.
+"""``gdnflow train``: train a codec model (factorized prior or scale hyperprior) from the
+command line.
 
     gdnflow train --data photos/ --out runs/q3 --quality 3 --steps 200000
     gdnflow train --out runs/q3 --resume          # continue the same run
@@ -13,6 +14,7 @@ import sys
 from gdnflow.commandline import (USAGE_ERROR, add_max_pixels_option, nonnegative_int,
                                  positive_float, positive_int, positive_multiple_of)
 from gdnflow.config import MATMUL_PRECISIONS
+from gdnflow.models import CODEC_MODELS
 from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
@@ -38,6 +40,10 @@ def add_arguments(parser):
                       help=f"threads decoding images (default {defaults.workers})")
     add_max_pixels_option(data)
     model = parser.add_argument_group("model and loss")
+    model.add_argument("--model", choices=sorted(CODEC_MODELS), default=defaults.model,
+                       help="factorized_prior (Ballé et al. 2017) or hyperprior (the scale "
+                       "hyperprior of Ballé et al. 2018: crops multiples of 64; default "
+                       f"{defaults.model})")
     model.add_argument("--quality", type=int, choices=range(1, 9), metavar="1-8",
                        help="CompressAI's quality: sets lambda (0.0018 ... 0.18) and, for 6-8, "
                        "N=192, M=320")
@@ -130,8 +136,10 @@ def cmd_train(args):
 def add_train_parser(subparsers):
     """Add ``train`` to the ``gdnflow`` command's subparsers; returns the new parser."""
     parser = subparsers.add_parser(
-        "train", help="train a GDN image-compression autoencoder (factorized prior)",
-        description="Train a factorized-prior autoencoder (Ballé et al.) by the rate-distortion "
+        "train", help="train a GDN image-compression autoencoder (factorized prior or "
+        "scale hyperprior)",
+        description="Train a factorized-prior or scale-hyperprior autoencoder (Ballé et al.) "
+        "by the rate-distortion "
         "loss lambda * 255^2 * MSE + bpp, with checkpoints, evaluation and --resume.")
     add_arguments(parser)
     parser.set_defaults(run=cmd_train)

@@ -151,3 +151,12 @@ def _average_2x2(images):
         images = np.pad(images, pads)
     return 0.25 * (images[..., 0::2, 0::2] + images[..., 1::2, 0::2]
                    + images[..., 0::2, 1::2] + images[..., 1::2, 1::2])
+
+
+def describe_evaluation(result):
+    """One line summing up an evaluation record (a Trainer.evaluate result)."""
+    if not result:
+        return "evaluation: no images"
+    quality = f", MS-SSIM {result['ms_ssim']:.4f}" if math.isfinite(result["ms_ssim"]) else ""
+    return (f"step {result['step']}: eval on {result['images']} images: loss {result['loss']:.4f}, "
+            f"{result['bpp']:.4f} bpp, PSNR {result['psnr']:.2f} dB{quality}")

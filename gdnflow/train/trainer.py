@@ -1,5 +1,5 @@
-"""Training a factorized-prior autoencoder end to end: the loop, evaluation,
-checkpoints, resuming, and the stop on NaN or infinity.
+"""Training a codec model (factorized prior or scale hyperprior) end to end: the loop,
+evaluation, checkpoints, resuming, and the stop on NaN or infinity.
 
 One step (``Trainer.train_step``)::
 
@@ -14,14 +14,12 @@ One step (``Trainer.train_step``)::
 by default (``graph``): captured once as a CUDA graph and replayed, with
 clipping computed on the device, the NaN/inf check a device flag that stops
 the updates (seen when the step records are read back: every ``SYNC_EVERY``
-steps, the steps the GPU has finished), and the learning rates written before each replay. Its losses
-are those of the eager step (tests/train/test_compiled_trainer.py).
+steps, the steps the GPU has finished), and the learning rates written before each
+replay. Its losses are those of the eager step (tests/train/test_compiled_trainer.py).
 
 As in CompressAI, the main and auxiliary losses have their own Adam (learning
-rates 1e-4 and 1e-3 by default); unlike CompressAI's loop, the auxiliary loss
-is evaluated before the main update instead of after it, so that one read
-back of the step's scalars covers both (the quantiles' gradient sees the
-density of one step earlier: no measurable effect).
+rates 1e-4 and 1e-3); unlike CompressAI's loop, the auxiliary loss is evaluated
+before the main update, so that one read back of the step's scalars covers both.
 
 Reproducibility and resuming: every random choice is a function of the
 run's seed and the step: the data order and crops (see
@@ -57,10 +55,11 @@ from gdnflow.data.loader import BackgroundLoader
 from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
                                    optimizer_state_to_json, read_checkpoint_info, save_checkpoint)
 from gdnflow.io.files import write_bytes_atomic
-from gdnflow.models.factorized_prior import DOWNSAMPLING, FactorizedPrior
+from gdnflow.models import CODEC_MODELS
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
 from gdnflow.tensor import Tensor
-from gdnflow.train.losses import RateDistortionLoss, bits_per_pixel, ms_ssim, mse_to_psnr, psnr
+from gdnflow.train.losses import (RateDistortionLoss, bits_per_pixel, describe_evaluation,
+                                  ms_ssim, mse_to_psnr, psnr)
 from gdnflow.train.numerics import NonFiniteError, locate_non_finite
 from gdnflow.train.queued import STEP_SCALARS, SYNC_EVERY, QueuedSteps
 from gdnflow.train.plots import plot_curves, plot_reconstructions
@@ -77,7 +76,8 @@ class TrainConfig:
     ``eval_data`` (a folder; None: the first ``eval_images`` training images,
     which are then not held out; 0: all), ``crop``, ``small_images`` ("pad" or
     "skip"), ``workers`` (threads decoding images), ``prefetch`` (batches
-    prepared ahead). Model: ``N``, ``M``. Loss: ``lmbda``. Optimisation:
+    prepared ahead). Model: ``model`` (a name in :data:`gdnflow.models.CODEC_MODELS`),
+    ``N``, ``M``. Loss: ``lmbda``. Optimisation:
     ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
     ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
     ``precision`` of the GPU's matrix products in training and evaluation
@@ -97,6 +97,7 @@ class TrainConfig:
     batch_size: int = 16
     crop: int = 256
     lmbda: float = 0.0130
+    model: str = "factorized_prior"
     N: int = 128
     M: int = 192
     lr: float = 1e-4
@@ -118,7 +119,7 @@ class TrainConfig:
 
     #: Fields a resumed run must share with its checkpoint: they decide the
     #: data, the noise and the shapes, so a change would not continue the run.
-    RUN_DEFINING = ("seed", "batch_size", "crop", "N", "M")
+    RUN_DEFINING = ("seed", "batch_size", "crop", "model", "N", "M")
 
     def check(self):
         """Raise ValueError naming the first field out of range."""
@@ -128,8 +129,11 @@ class TrainConfig:
         for name in ("eval_every", "checkpoint_every", "warmup_steps", "eval_images", "workers"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.crop % DOWNSAMPLING:
-            raise ValueError(f"crop must be a multiple of {DOWNSAMPLING}, got {self.crop}")
+        if self.model not in CODEC_MODELS:
+            raise ValueError(f"model must be one of {sorted(CODEC_MODELS)}, got {self.model!r}")
+        if self.crop % CODEC_MODELS[self.model].downsampling:
+            raise ValueError(f"crop must be a multiple of {CODEC_MODELS[self.model].downsampling} "
+                             f"for the {self.model} model, got {self.crop}")
         if not (self.lmbda >= 0 and self.lr > 0 and self.aux_lr > 0 and self.clip_norm > 0):
             raise ValueError("lmbda must be >= 0 and lr, aux_lr and clip_norm > 0")
         if self.lr_schedule not in ("constant", "cosine"):
@@ -140,7 +144,7 @@ class TrainConfig:
 
 
 class Trainer:
-    """Trains a :class:`~gdnflow.models.FactorizedPrior` by the rate-distortion loss.
+    """Trains a codec model (``config.model``) by the rate-distortion loss.
 
     ``Trainer(config)`` builds the model (seeded by ``config.seed``), its two
     Adam optimisers and the data; ``model``, ``train_data`` and ``eval_data``
@@ -156,7 +160,7 @@ class Trainer:
         self.config = config = config or TrainConfig()
         config.check()
         self.device = config.device or default_device()
-        self.model = model if model is not None else FactorizedPrior(
+        self.model = model if model is not None else CODEC_MODELS[config.model](
             config.N, config.M, seed=config.seed, device=self.device)
         # Optimisers hold Parameter objects: build them after the move.
         self.model.to(self.device)
@@ -191,7 +195,7 @@ class Trainer:
     def eval_data(self):
         """The evaluation ImageFolder: ``config.eval_data``, else the training images."""
         if self._eval_data is None:
-            self._eval_data = (ImageFolder(self.config.eval_data, crop=DOWNSAMPLING)
+            self._eval_data = (ImageFolder(self.config.eval_data, crop=self.model.downsampling)
                                if self.config.eval_data else self.train_data)
         return self._eval_data
 
@@ -374,7 +378,8 @@ class Trainer:
             with no_grad():
                 for name, image in self.eval_data.evaluation_images(limit or None):
                     h, w = image.shape[-2:]
-                    x = Tensor(pad_to_multiple(image, DOWNSAMPLING)[None], device=self.device)
+                    x = pad_to_multiple(image, self.model.downsampling)[None]
+                    x = Tensor(x, device=self.device)
                     out = self.model(x)
                     bpp = bits_per_pixel(out["likelihoods"], h * w).item()
                     x_hat = np.clip(out["x_hat"].numpy()[0, :, :h, :w], 0, 1)
@@ -514,7 +519,7 @@ class Trainer:
         if self.step >= config.steps:
             print(f"nothing to do: the run is at step {self.step} of {config.steps}")
         bar = tqdm(total=config.steps, initial=self.step, disable=config.quiet,
-                   desc=f"factorized prior on {self.device}", dynamic_ncols=True)
+                   desc=f"{self.model.name} on {self.device}", dynamic_ncols=True)
         started, first = time.perf_counter(), self.step
         with StopSignals(defer=True) as stop:
             try:
@@ -532,7 +537,7 @@ class Trainer:
             if stop.requested:
                 self._stop_saved(stop)
             if result:
-                print(_describe_eval(result))
+                print(describe_evaluation(result))
             with stop.protect():
                 path = self.save()
             if self.step > first:
@@ -557,7 +562,7 @@ class Trainer:
                             psnr=f"{record['psnr']:.2f}")
         if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
             self.flush()
-            bar.write(_describe_eval(self.evaluate()))
+            bar.write(describe_evaluation(self.evaluate()))
         if config.checkpoint_every and self.step % config.checkpoint_every == 0 \
                 and self.step < config.steps:
             with stop.protect():
@@ -587,14 +592,6 @@ class Trainer:
             paths.append(plot_reconstructions(self.last_reconstructions,
                                               self.out_dir / "reconstructions.png"))
         return paths
-
-
-def _describe_eval(result):
-    if not result:
-        return "evaluation: no images"
-    quality = f", MS-SSIM {result['ms_ssim']:.4f}" if math.isfinite(result["ms_ssim"]) else ""
-    return (f"step {result['step']}: eval on {result['images']} images: loss {result['loss']:.4f}, "
-            f"{result['bpp']:.4f} bpp, PSNR {result['psnr']:.2f} dB{quality}")
 
 
 __all__ = ["TrainConfig", "Trainer", "NonFiniteError", "CHECKPOINT_NAME"]

@@ -2,8 +2,6 @@
 the density's sanity (masses over the integers sum to one), gradients of the
 density, of the auxiliary loss and of the whole rate-distortion loss in
 float64, CompressAI weight conversion, and (GPU) a training step against NumPy."""
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -13,41 +11,11 @@ from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_sta
 from gdnflow.testing import gradcheck, relative_error
 from gdnflow.train.losses import RateDistortionLoss
 from gdnflow.train.numerics import cast_module
+from model_kit import parameters_replaced, randomize
 
 
 def t64(x, grad=False):
     return gf.tensor(x, device="numpy", dtype=np.float64, requires_grad=grad)
-
-
-def randomize(module, rng):
-    """Move parameters away from their initial values (and off GDN's bounds),
-    so that checks do not pass by the symmetry of an initialisation."""
-    state = {}
-    for name, value in module.state_dict().items():
-        if name.endswith(("matrices.0", "matrices.1", "matrices.2", "matrices.3", "matrices.4")):
-            value = value + rng.normal(0, 0.5, value.shape)
-        elif ".factors." in f".{name}":
-            value = rng.normal(0, 1.0, value.shape)
-        elif name.endswith("gamma"):
-            value = np.sqrt(rng.uniform(0.01, 0.2, value.shape))     # stored form, above 2^-18
-        elif name.endswith("beta"):
-            value = np.sqrt(rng.uniform(0.5, 1.5, value.shape))
-        state[name] = value
-    module.load_state_dict(state)
-    return module
-
-
-@contextlib.contextmanager
-def parameters_replaced(model, tensors):
-    """Make ``model`` compute with ``tensors`` (in named_parameters order) as its parameters."""
-    slots = [(module, name) for _, module in model.named_modules() for name in module._parameters]
-    for (module, name), t in zip(slots, tensors):
-        object.__setattr__(module, name, t)
-    try:
-        yield
-    finally:
-        for module, name in slots:
-            object.__setattr__(module, name, module._parameters[name])
 
 
 # ----------------------------------------------------------- structure --

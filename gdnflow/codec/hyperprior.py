@@ -1,0 +1,160 @@
+"""Scale-hyperprior ``.gdn`` files (format version 3): side information z, then y.
+
+    codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
+    data = codec.compress(image)
+    image_hat = codec.decompress(data)
+
+Compression: the image is reflection-padded to multiples of 64; g_a gives
+y (M, h, w) (tile by tile, as the factorized codec); h_a(|y|) gives z
+(N, h/4, w/4) on the model's device; q_z = round(z - median) is coded with
+z's entropy-bottleneck tables, channel by channel (:mod:`gdnflow.codec.tables`).
+The encoder then computes the scales from q_z exactly as the decoder will
+(:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`: integer
+arithmetic, identical on every device), takes each element's table index
+(:func:`~gdnflow.codec.gaussian_tables.scale_indexes`), and codes
+q_y = round(y) (half to even, the model's evaluation rounding) grouped by
+table: first every element of table 0 in raster order of (channel, row,
+column), then table 1's, and so on: one constriction call per table.
+
+Decompression decodes q_z, recomputes the indexes, decodes each table's
+group of y and scatters it back, and runs g_s on y_hat = q_y as float32 (bit
+for bit the evaluation path's y_hat, on any device).
+
+What differs from the model's own evaluation forward: the scales (the
+exact transform rounds weights and activations, see its module) and the
+coded density (the table scale at or above each scale, with 16-bit
+frequencies): the file's size is close to, not equal to, the model's
+estimated rate; tests/codec/test_hyperprior_codec.py measures the gap.
+"""
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from gdnflow.autograd import no_grad
+from gdnflow.codec.codec import Codec, quantize_latents
+from gdnflow.codec.format import (HYPERPRIOR_VERSION, BitReader, BitWriter,
+                                  Header, categorical_model, check_latents, check_model,
+                                  decode_channels, decode_values, encode_channels,
+                                  encode_values, pack, range_decoder, range_encoder, unpack)
+from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
+from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, FRACTION_BITS, WEIGHT_BITS,
+                                           ExactHyperSynthesis)
+from gdnflow.codec.tables import build_tables
+from gdnflow.ops import entropy as entropy_ops
+from gdnflow.tensor import Tensor
+
+TABLES_VERSION = b"gdnflow-hyperprior-tables-1"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HyperpriorTables:
+    """Everything a hyperprior file is coded with.
+
+    Fields: ``z`` (z's :class:`~gdnflow.codec.tables.CodingTables`),
+    ``gaussian`` (:class:`~gdnflow.codec.gaussian_tables.GaussianTables`),
+    ``hyper_synthesis`` (:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`),
+    ``channels`` (M, y's channels), ``hyper_channels`` (N, z's).
+    """
+
+    z: object
+    gaussian: object
+    hyper_synthesis: object
+    channels: int
+    hyper_channels: int
+
+    @property
+    def model_id(self):
+        """The model id of the weights (all of them: z's tables carry it)."""
+        return self.z.model_id
+
+    @property
+    def medians(self):
+        """y's rounding offsets: zeros (the Gaussian conditional rounds y itself)."""
+        return np.zeros(self.channels, np.float32)
+
+    def digest(self):
+        """32-byte SHA-256 of z's tables, the Gaussian tables and the exact arithmetic's widths."""
+        h = hashlib.sha256(TABLES_VERSION)
+        h.update(self.z.digest())
+        h.update(self.gaussian.digest())
+        h.update(np.array([FRACTION_BITS, WEIGHT_BITS, ACTIVATION_LIMIT], "<f8").tobytes())
+        return h.digest()
+
+    def indexes(self, q_z):
+        """Each y element's table index (M, h, w) int32, from the integer side information q_z."""
+        return scale_indexes(self.hyper_synthesis.scales(q_z), self.gaussian.scales)
+
+
+def build_hyperprior_tables(model):
+    """The :class:`HyperpriorTables` of a ScaleHyperprior ``model``."""
+    z = build_tables(model)
+    return HyperpriorTables(z=z, gaussian=gaussian_tables(),
+                            hyper_synthesis=ExactHyperSynthesis(model.h_s, z.medians),
+                            channels=model.M, hyper_channels=model.N)
+
+
+def _table_models(gaussian):
+    return [categorical_model(gaussian.probabilities(k)) for k in range(len(gaussian.scales))]
+
+
+class HyperpriorCodec(Codec):
+    """A scale-hyperprior model with its coding tables: compress and decompress images.
+
+    As :class:`~gdnflow.codec.codec.Codec` (same arguments, attributes and
+    methods), for a :class:`~gdnflow.models.ScaleHyperprior`; ``tables`` is
+    a :class:`HyperpriorTables`. See the module docstring for the file.
+    """
+
+    @staticmethod
+    def build_tables(model):
+        """The model's :class:`HyperpriorTables`."""
+        return build_hyperprior_tables(model)
+
+    def side_information(self, y):
+        """q_z (N, h/4, w/4) int32: h_a(|y|) on the model's device, rounded around z's medians."""
+        with no_grad():
+            z = self.model.h_a(entropy_ops.abs(Tensor(y[None], device=self.device)))
+        return quantize_latents(z.numpy()[0], self.tables.z.medians)
+
+    def encode_latents(self, q, height, width, q_z):
+        """The file bytes for integer latents ``q`` (M, h, w) and side information ``q_z``."""
+        tables = self.tables
+        q = check_latents(q, tables.channels)
+        q_z = check_latents(q_z, tables.hyper_channels)
+        encoder, escapes = range_encoder(), BitWriter()
+        encode_channels(encoder, escapes, q_z, tables.z)
+        indexes = tables.indexes(q_z).ravel()
+        values = q.ravel()
+        for k, model in enumerate(_table_models(tables.gaussian)):
+            high = int(tables.gaussian.high[k])
+            encode_values(encoder, escapes, values[indexes == k], -high, high, model)
+        header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
+                        self._digest, HYPERPRIOR_VERSION, tables.hyper_channels)
+        return pack(header, encoder.get_compressed().astype("<u4").tobytes(),
+                    escapes.getvalue())
+
+    def compress(self, image):
+        """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
+        y = self.analyse(image)
+        q = self.quantize(y)
+        return self.encode_latents(q, image.shape[0], image.shape[1], self.side_information(y))
+
+    def decode_latents(self, data, source="<bytes>"):
+        """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
+        header, payload, escapes = unpack(data, source)
+        check_model(header, self.tables, source)
+        tables = self.tables
+        decoder, reader = range_decoder(payload, source), BitReader(escapes, source)
+        q_z = decode_channels(decoder, reader, tables.z, header.hyper_shape, source)
+        indexes = tables.indexes(q_z).ravel()
+        q = np.empty(indexes.shape, np.int32)
+        for k, model in enumerate(_table_models(tables.gaussian)):
+            where = np.flatnonzero(indexes == k)
+            high = int(tables.gaussian.high[k])
+            q[where] = decode_values(decoder, reader, len(where), -high, high, model, source)
+        reader.check_end()
+        return header, q.reshape(header.latent_shape).astype(np.float32)
+
+
+__all__ = ["HyperpriorCodec", "HyperpriorTables", "build_hyperprior_tables"]
