@@ -101,3 +101,7 @@ class FactorizedPrior(CompressionModel):
 def factorized_prior(N=128, M=192, **kwargs):
     """A :class:`FactorizedPrior` (the constructor gdnflow.models registers)."""
     return FactorizedPrior(N, M, **kwargs)
+
+
+# load_compressai_state_dict lived here before the scale hyperprior shared it.
+__all__ = ["FactorizedPrior", "factorized_prior", "DOWNSAMPLING", "load_compressai_state_dict"]

@@ -1,0 +1,66 @@
+"""Models and images of the codec tests: small models with non-trivial entropy
+models (factorized prior and scale hyperprior) and photo-like images."""
+import numpy as np
+
+from gdnflow.models import ScaleHyperprior
+from gdnflow.models.factorized_prior import FactorizedPrior
+
+
+def make_model(seed=0, latent_scale=30.0):
+    """A FactorizedPrior(8, 12) on NumPy whose entropy model is not the initial one.
+
+    The density's parameters are moved off their initialisation and the
+    quantiles set to asymmetric values around non-zero medians (as training
+    leaves them), and g_a's last convolution is scaled so that the latents
+    span several integers, some beyond the supports (escapes).
+    """
+    rng = np.random.default_rng(seed)
+    model = FactorizedPrior(8, 12, seed=seed, device="numpy")
+    state = model.state_dict()
+    for name, value in state.items():
+        if ".matrices." in name:
+            state[name] = value + rng.normal(0, 0.3, value.shape)
+        elif ".factors." in name:
+            state[name] = rng.normal(0, 1.0, value.shape)
+    channels = state["entropy_bottleneck.quantiles"].shape[0]
+    medians = rng.uniform(-0.6, 0.6, channels)
+    state["entropy_bottleneck.quantiles"] = np.stack(
+        [medians - rng.uniform(1.5, 5, channels), medians, medians + rng.uniform(1.5, 5, channels)],
+        axis=1)[:, None, :]
+    state["g_a.6.weight"] = state["g_a.6.weight"] * latent_scale
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def smooth_image(rng, height, width):
+    """A uint8 (H, W, 3) image: smooth colour fields plus a little noise (photo-like)."""
+    from PIL import Image
+    coarse = rng.integers(0, 256, (height // 8 + 2, width // 8 + 2, 3), dtype=np.uint8)
+    image = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BILINEAR), np.int16)
+    return np.clip(image + rng.integers(-6, 7, image.shape), 0, 255).astype(np.uint8)
+
+
+def make_hyperprior(seed=0, device="numpy", scale_bias=(-0.5, 2.0)):
+    """A ScaleHyperprior(8, 12) whose latents span several integers (some escape), whose
+    z density is not the initial one, and whose scales cover much of the table.
+
+    ``scale_bias``: the range of h_s's last biases; the default leaves many latents
+    beyond their tables' supports (escapes), (2, 6) almost none."""
+    rng = np.random.default_rng(seed)
+    model = ScaleHyperprior(8, 12, seed=seed, device="numpy")
+    state = model.state_dict()
+    for name, value in state.items():
+        if ".matrices." in name:
+            state[name] = value + rng.normal(0, 0.3, value.shape)
+        elif ".factors." in name:
+            state[name] = rng.normal(0, 1.0, value.shape)
+    medians = rng.uniform(-0.6, 0.6, 8)
+    state["entropy_bottleneck.quantiles"] = np.stack(
+        [medians - rng.uniform(1.5, 5, 8), medians, medians + rng.uniform(1.5, 5, 8)],
+        axis=1)[:, None, :]
+    state["g_a.6.weight"] = state["g_a.6.weight"] * 30
+    state["h_a.0.weight"] = state["h_a.0.weight"] * 4
+    state["h_s.4.weight"] = state["h_s.4.weight"] * 8
+    state["h_s.4.bias"] = rng.uniform(*scale_bias, 12)
+    model.load_state_dict(state)
+    return model.to(device).eval()
