@@ -1,4 +1,5 @@
-"""An image codec from a trained factorized-prior autoencoder: real ``.gdn`` files.
+"""Image codecs from trained factorized-prior and scale-hyperprior autoencoders: real
+``.gdn`` files.
 
     from gdnflow.codec import Codec
     codec = Codec.from_checkpoint("checkpoints/codec_q2.h5")
@@ -8,13 +9,16 @@
 ``tables``: per-channel integer CDFs of the entropy bottleneck, computed
 bit-identically on any machine; ``format``: the bitstream (header, range-coded
 latents via constriction, escape bits); ``codec``: compress / decompress;
-``evaluate`` and ``cli``: ``gdnflow compress``, ``decompress`` and ``eval``.
+``evaluate`` and ``cli``: ``gdnflow compress``, ``decompress`` and ``eval``;
+``hyperprior``, ``gaussian_tables`` and ``hyper_synthesis``: the scale
+hyperprior's files (``Codec.from_checkpoint`` returns its codec for such a
+checkpoint).
 """
-from gdnflow.codec.codec import (Codec, compress, decompress, load_model, read_image,
+from gdnflow.codec.codec import (Codec, codec_for, compress, decompress, load_model, read_image,
                                  to_uint8)
 from gdnflow.codec.format import CodecError, FormatError, ModelMismatchError
 from gdnflow.codec.tables import CodingTables, build_tables, model_id
 
-__all__ = ["Codec", "compress", "decompress", "load_model", "read_image", "to_uint8",
+__all__ = ["Codec", "codec_for", "compress", "decompress", "load_model", "read_image", "to_uint8",
            "CodecError", "FormatError", "ModelMismatchError", "CodingTables", "build_tables",
            "model_id"]

@@ -134,15 +134,16 @@ def _device_option(parser):
 def add_codec_parsers(subparsers):
     """Add ``compress``, ``decompress`` and ``eval`` to the ``gdnflow`` command's subparsers."""
     compress = subparsers.add_parser(
-        "compress", help="compress images to .gdn files with a trained factorized-prior checkpoint",
-        description="Compress images (PNG, JPEG, ...) with a factorized-prior checkpoint; print "
+        "compress", help="compress images to .gdn files with a trained codec checkpoint",
+        description="Compress images (PNG, JPEG, ...) with a codec checkpoint (factorized prior "
+        "or scale hyperprior); print "
         "each file's bpp (8 x bytes / pixels) and the PSNR of its decoding.")
     compress.add_argument("images", nargs="+", metavar="IMAGE", help="images to compress")
     compress.add_argument("-o", "--output", metavar="OUT",
                           help="the .gdn file (one image) or a folder (several); default: "
                           "IMAGE with the suffix .gdn")
     compress.add_argument("--checkpoint", required=True, metavar="CKPT",
-                          help="a gdnflow checkpoint of a factorized prior (gdnflow train)")
+                          help="a gdnflow checkpoint of a factorized prior or a scale hyperprior (gdnflow train)")
     compress.add_argument("--force", action="store_true", help="overwrite existing files")
     add_max_pixels_option(compress)
     _device_option(compress)

@@ -1,4 +1,5 @@
-"""Compress images to ``.gdn`` files with a trained factorized-prior model, and back.
+"""Compress images to ``.gdn`` files with a trained factorized-prior model, and back
+(the scale hyperprior's codec, :mod:`gdnflow.codec.hyperprior`, builds on this one).
 
 ::
 
