@@ -17,8 +17,10 @@ checkpoint).
 from gdnflow.codec.codec import (Codec, codec_for, compress, decompress, load_model, read_image,
                                  to_uint8)
 from gdnflow.codec.format import CodecError, FormatError, ModelMismatchError
+# Registers the scale hyperprior's codec with codec_for and Codec.from_checkpoint.
+from gdnflow.codec.hyperprior import HyperpriorCodec
 from gdnflow.codec.tables import CodingTables, build_tables, model_id
 
 __all__ = ["Codec", "codec_for", "compress", "decompress", "load_model", "read_image", "to_uint8",
-           "CodecError", "FormatError", "ModelMismatchError", "CodingTables", "build_tables",
+           "HyperpriorCodec", "CodecError", "FormatError", "ModelMismatchError", "CodingTables", "build_tables",
            "model_id"]

@@ -42,7 +42,7 @@ from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
-from gdnflow.models import CODEC_MODELS, ScaleHyperprior
+from gdnflow.models import CODEC_MODELS
 from gdnflow.tensor import Tensor
 
 #: Default tile side in pixels of :class:`Codec` (see its ``tile``): measured with
@@ -245,12 +245,14 @@ def quantize_latents(y, medians):
     return q
 
 
+#: The codec class of each model kind, by the model's ``name``: Codec here, and the
+#: scale hyperprior's (gdnflow.codec.hyperprior, which builds on this module) adds its own.
+CODECS = {}
+
+
 def codec_for(model, tile=TILE):
     """The codec of ``model``: a :class:`Codec` (factorized prior) or a HyperpriorCodec."""
-    if isinstance(model, ScaleHyperprior):
-        from gdnflow.codec.hyperprior import HyperpriorCodec    # it builds on this module
-        return HyperpriorCodec(model, tile)
-    return Codec(model, tile)
+    return CODECS.get(getattr(model, "name", None), Codec)(model, tile)
 
 
 def compress(model, image):

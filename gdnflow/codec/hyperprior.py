@@ -32,7 +32,7 @@ import hashlib
 import numpy as np
 
 from gdnflow.autograd import no_grad
-from gdnflow.codec.codec import Codec, quantize_latents
+from gdnflow.codec.codec import CODECS, Codec, quantize_latents
 from gdnflow.codec.format import (HYPERPRIOR_VERSION, BitReader, BitWriter,
                                   Header, categorical_model, check_latents, check_model,
                                   decode_channels, decode_values, encode_channels,
@@ -41,6 +41,7 @@ from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
 from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, FRACTION_BITS, WEIGHT_BITS,
                                            ExactHyperSynthesis)
 from gdnflow.codec.tables import build_tables
+from gdnflow.models.scale_hyperprior import ScaleHyperprior
 from gdnflow.ops import entropy as entropy_ops
 from gdnflow.tensor import Tensor
 
@@ -156,5 +157,7 @@ class HyperpriorCodec(Codec):
         reader.check_end()
         return header, q.reshape(header.latent_shape).astype(np.float32)
 
+
+CODECS[ScaleHyperprior.name] = HyperpriorCodec
 
 __all__ = ["HyperpriorCodec", "HyperpriorTables", "build_hyperprior_tables"]
