@@ -1,11 +1,18 @@
-"""Factorized-prior training step: gdnflow against CompressAI, same batch, loss and optimiser.
+"""Codec training step (factorized prior or scale hyperprior): gdnflow against CompressAI,
+same model, batch, loss and optimiser.
 
     python benchmarks/bench_train.py --out benchmarks/results/train.md
+    python benchmarks/bench_train.py --model hyperprior --out benchmarks/results/train_hyperprior.md
 
-Both sides train FactorizedPrior(128, 192) on one batch of 16 random
-256x256 images in [0, 1] with CompressAI's recipe: loss lambda 255^2 MSE + bpp
-(lambda 0.0130), Adam (1e-4) on every parameter but the quantiles, gradient
-clipping at norm 1, and a second Adam (1e-3) on the quantiles' auxiliary
+``--model`` picks the model, by its name in ``gdnflow.models.CODEC_MODELS``:
+``factorized_prior`` (the default) times gdnflow's FactorizedPrior(128, 192)
+against ``compressai.models.FactorizedPrior(128, 192)``, ``hyperprior`` its
+ScaleHyperprior(128, 192) against ``compressai.models.ScaleHyperprior(128,
+192)``; one code path for both, and the table names the model. Both sides
+train it on one batch of 16 random 256x256 images in [0, 1] with
+CompressAI's recipe: loss lambda 255^2 MSE + bpp (lambda 0.0130), Adam
+(1e-4) on every parameter but the quantiles, gradient clipping at norm 1,
+and a second Adam (1e-3) on the quantiles' auxiliary
 loss. gdnflow's eager step is ``Trainer.train_step`` (it reads the step's
 scalars back once, to stop on NaN/inf); its captured step is
 ``Trainer.queue_step``, the one ``gdnflow train`` runs (one CUDA graph per
@@ -27,20 +34,28 @@ import numpy as np
 from gdnflow import benchmarking as harness
 import gdnflow as gf
 from gdnflow.config import MATMUL_PRECISIONS
-from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_state_dict
+from gdnflow.models import CODEC_MODELS
+from gdnflow.models.compression import load_compressai_state_dict
 from gdnflow.train import TrainConfig, Trainer
 
 N, M, BATCH, SIDE, LMBDA = 128, 192, 16, 256, 0.0130
+#: gdnflow's name of each model -> the class of ``compressai.models`` it is compared with.
+COMPRESSAI_CLASSES = {"factorized_prior": "FactorizedPrior", "hyperprior": "ScaleHyperprior"}
+#: The speed-up goals set for a model, if any (a sentence of the table's notes).
+TARGETS = {"factorized_prior": "target >= 1.5 for the training step in fp32; >= 2.5 against "
+                               "CompressAI fp32 with gdnflow in tf32; >= 2.2 back to back, "
+                               "captured, fp32 on both sides"}
 
 
-def compressai_model(torch):
-    """CompressAI's FactorizedPrior(N, M) on the GPU, or None if CompressAI is missing."""
+def compressai_model(torch, model):
+    """CompressAI's model of gdnflow's name ``model``, (N, M), on the GPU, or None if
+    CompressAI is missing."""
     try:
-        from compressai.models import FactorizedPrior as CompressaiFactorizedPrior
+        import compressai.models
     except ImportError:
         return None
     torch.manual_seed(0)
-    return CompressaiFactorizedPrior(N, M).cuda().train()
+    return getattr(compressai.models, COMPRESSAI_CLASSES[model])(N, M).cuda().train()
 
 
 def compressai_step(torch, net, x):
@@ -92,6 +107,8 @@ def evaluation_terms_compressai(torch, net, x):
 def main():
     """Time both training steps and print (and write) the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(COMPRESSAI_CLASSES), default="factorized_prior",
+                        help="the codec model both libraries train (default: factorized_prior)")
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
@@ -107,20 +124,21 @@ def main():
                              "kernel of the process)")
     args = parser.parse_args()
     torch = harness.torch_or_none()
-    net = compressai_model(torch) if torch is not None else None
+    net = compressai_model(torch, args.model) if torch is not None else None
     rng = np.random.default_rng(0)
     x_host = rng.random((BATCH, 3, SIDE, SIDE), dtype=np.float32)
     x = gf.tensor(x_host, device="cuda")
 
-    model = FactorizedPrior(N, M, seed=0, device="cuda")
+    model_class = CODEC_MODELS[args.model]
+    model = model_class(N, M, seed=0, device="cuda")
     notes = []
     if net is not None:
         skipped = load_compressai_state_dict(model, net.state_dict())
         notes.append(f"gdnflow loaded CompressAI's initial weights ({len(skipped)} CompressAI "
                      "buffers without a gdnflow counterpart skipped)")
     precision = args.precision
-    trainer = Trainer(TrainConfig(N=N, M=M, lmbda=LMBDA, device="cuda", quiet=True,
-                                  precision=precision), model=model)
+    trainer = Trainer(TrainConfig(model=args.model, N=N, M=M, lmbda=LMBDA, device="cuda",
+                                  quiet=True, precision=precision), model=model)
     rows = []
     if net is not None:
         tx = torch.tensor(x_host, device="cuda")
@@ -164,19 +182,20 @@ def main():
     last = trainer.history[-1]
     notes.append(f"gdnflow's last timed step: loss {last['loss']:.4f}, bpp {last['bpp']:.4f}, "
                  f"grad norm {last['grad_norm']:.3g} (finite: the steps really trained)")
-    notes.append(f"FactorizedPrior(N={N}, M={M}), batch {BATCH}x3x{SIDE}x{SIDE} random data, "
-                 f"lambda {LMBDA}; medians of {args.repeats} CUDA-event timings after "
-                 f"{args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above 1: "
-                 "gdnflow faster; target >= 1.5 for the training step in fp32; >= 2.5 against "
-                 "CompressAI fp32 with gdnflow in tf32; >= 2.2 back to back, captured, fp32 on "
-                 "both sides); CompressAI tf32: PyTorch allow_tf32 on for matmul and cuDNN")
+    target = f"; {TARGETS[args.model]}" if args.model in TARGETS else ""
+    notes.append(f"{model_class.__name__}(N={N}, M={M}) against CompressAI's "
+                 f"{COMPRESSAI_CLASSES[args.model]}(N={N}, M={M}), batch {BATCH}x3x{SIDE}x{SIDE} "
+                 f"random data, lambda {LMBDA}; medians of {args.repeats} CUDA-event timings "
+                 f"after {args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above "
+                 f"1: gdnflow faster{target}); CompressAI tf32: PyTorch allow_tf32 on for "
+                 "matmul and cuDNN")
     notes.append("back to back: gdnflow's row is the captured step (Trainer.queue_step, as "
                  "`gdnflow train` runs it, batch copied from host memory each step), "
                  "CompressAI's its eager loop; wall time per step over "
                  f"{args.steps} steps, median of 3 rounds; the other gdnflow rows are the eager "
                  "step, timed with CUDA events around each call")
     table = harness.markdown_table(
-        "Factorized-prior training step: gdnflow against CompressAI",
+        f"{model_class.__name__}(N={N}, M={M}) training step: gdnflow against CompressAI",
         ["workload", "gdnflow ms", "CompressAI ms", "gdnflow steps/s", "CompressAI steps/s",
          "ratio"], rows, notes)
     if args.profile and torch is not None:
