@@ -10,6 +10,7 @@ from gdnflow.ops.arithmetic import add, div, mul, sub
 from gdnflow.ops.elementwise import (affine, clamp, exp, log, neg, pow, relu, relu6,  # noqa: A004
                                      sigmoid, sqrt)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
+from gdnflow.ops.gaussian import gaussian_likelihood
 from gdnflow.ops.gdn import gdn
 from gdnflow.ops.bound import lower_bound
 from gdnflow.ops.linear import linear, matmul
@@ -23,6 +24,7 @@ from gdnflow.ops.dropout import dropout
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
            "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
            "sum_to", "transpose", "slice_", "concat", "pad"]
-__all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_difference"]
+__all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_difference",
+            "gaussian_likelihood"]
 __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",
             "fold_batch_norm", "softmax", "log_softmax", "dropout"]
