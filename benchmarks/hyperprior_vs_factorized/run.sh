@@ -13,7 +13,7 @@ SEGMENT=${SEGMENT:-540} LAMBDAS=${LAMBDAS:-"0.0035 0.0130 0.0483"} OUT=${OUT:-$R
 # The model and batch (smaller ones for a quick try on the CPU).
 SHAPE=${SHAPE:-"--N 128 --M 192 --batch-size 16 --crop 256"}
 here=$(dirname "$0")
-mkdir -p "$RUNS"
+mkdir -p "$RUNS" "$OUT"
 step_of() {   # the step of a run's checkpoint, 0 without one
   python3 -c "import sys; from gdnflow.io.checkpoint import read_checkpoint_info as r; \
 print(r(sys.argv[1])['extra']['step'])" "$1/checkpoint.h5" 2>/dev/null || echo 0
