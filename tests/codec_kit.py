@@ -6,17 +6,10 @@ from gdnflow.models import ScaleHyperprior
 from gdnflow.models.factorized_prior import FactorizedPrior
 
 
-def make_model(seed=0, latent_scale=30.0):
-    """A FactorizedPrior(8, 12) on NumPy whose entropy model is not the initial one.
-
-    The density's parameters are moved off their initialisation and the
-    quantiles set to asymmetric values around non-zero medians (as training
-    leaves them), and g_a's last convolution is scaled so that the latents
-    span several integers, some beyond the supports (escapes).
-    """
-    rng = np.random.default_rng(seed)
-    model = FactorizedPrior(8, 12, seed=seed, device="numpy")
-    state = model.state_dict()
+def trained_entropy_bottleneck(state, rng):
+    """``state`` (a state dict) with its entropy bottleneck as training leaves one: the
+    density's parameters moved off their initialisation, the quantiles asymmetric
+    around non-zero medians."""
     for name, value in state.items():
         if ".matrices." in name:
             state[name] = value + rng.normal(0, 0.3, value.shape)
@@ -27,6 +20,20 @@ def make_model(seed=0, latent_scale=30.0):
     state["entropy_bottleneck.quantiles"] = np.stack(
         [medians - rng.uniform(1.5, 5, channels), medians, medians + rng.uniform(1.5, 5, channels)],
         axis=1)[:, None, :]
+    return state
+
+
+def make_model(seed=0, latent_scale=30.0):
+    """A FactorizedPrior(8, 12) on NumPy whose entropy model is not the initial one.
+
+    The density's parameters are moved off their initialisation and the
+    quantiles set to asymmetric values around non-zero medians (as training
+    leaves them), and g_a's last convolution is scaled so that the latents
+    span several integers, some beyond the supports (escapes).
+    """
+    rng = np.random.default_rng(seed)
+    model = FactorizedPrior(8, 12, seed=seed, device="numpy")
+    state = trained_entropy_bottleneck(model.state_dict(), rng)
     state["g_a.6.weight"] = state["g_a.6.weight"] * latent_scale
     model.load_state_dict(state)
     return model.eval()
@@ -48,16 +55,7 @@ def make_hyperprior(seed=0, device="numpy", scale_bias=(-0.5, 2.0)):
     beyond their tables' supports (escapes), (2, 6) almost none."""
     rng = np.random.default_rng(seed)
     model = ScaleHyperprior(8, 12, seed=seed, device="numpy")
-    state = model.state_dict()
-    for name, value in state.items():
-        if ".matrices." in name:
-            state[name] = value + rng.normal(0, 0.3, value.shape)
-        elif ".factors." in name:
-            state[name] = rng.normal(0, 1.0, value.shape)
-    medians = rng.uniform(-0.6, 0.6, 8)
-    state["entropy_bottleneck.quantiles"] = np.stack(
-        [medians - rng.uniform(1.5, 5, 8), medians, medians + rng.uniform(1.5, 5, 8)],
-        axis=1)[:, None, :]
+    state = trained_entropy_bottleneck(model.state_dict(), rng)
     state["g_a.6.weight"] = state["g_a.6.weight"] * 30
     state["h_a.0.weight"] = state["h_a.0.weight"] * 4
     state["h_s.4.weight"] = state["h_s.4.weight"] * 8

@@ -29,6 +29,15 @@ def deconv(cin, cout, rng, kernel=5, stride=2):
                            output_padding=stride - 1, rng=rng)
 
 
+def trace_layers(prefix, layers, x):
+    """Yield (``prefix.i``, output) after each of ``layers`` applied in turn to x; return the
+    last output (``x = yield from trace_layers("g_a", self.g_a, x)`` in a model's trace)."""
+    for i, layer in enumerate(layers):
+        x = layer(x)
+        yield f"{prefix}.{i}", x
+    return x
+
+
 def analysis_transform(N, M, rng):
     """g_a: conv5x5/2 (3 -> N), GDN, conv5x5/2, GDN, conv5x5/2, GDN, conv5x5/2 (N -> M)."""
     return Sequential(conv(3, N, rng), GDN(N), conv(N, N, rng), GDN(N), conv(N, N, rng), GDN(N),
@@ -45,11 +54,24 @@ def synthesis_transform(N, M, rng):
 class CompressionModel(Module):
     """Base of the codec models: input checks and the parameter split of the two losses.
 
-    Subclasses set ``downsampling`` (how much the encoder shrinks each side:
-    image sides must be multiples of it) and own an ``entropy_bottleneck``.
+    Subclasses set ``name`` and ``downsampling`` (how much the encoder
+    shrinks each side: image sides must be multiples of it), call
+    ``super().__init__(N, M, rng, seed)`` (which checks and stores N and M,
+    the ``config`` saved in checkpoints, and ``init_rng``), and own an
+    ``entropy_bottleneck``.
     """
 
     downsampling = 16
+
+    def __init__(self, N, M, rng=None, seed=None):
+        super().__init__()
+        N, M = int(N), int(M)
+        if N < 1 or M < 1:
+            raise ValueError(f"{type(self).__name__}: N and M must be positive, got N={N}, M={M}")
+        self.N, self.M = N, M
+        self.config = {"model": self.name, "N": N, "M": M}
+        #: The generator the subclass initialises its layers from (``rng``, else from ``seed``).
+        self.init_rng = np.random.default_rng(seed) if rng is None else rng
 
     def check_input(self, x):
         """Raise ShapeError unless x is (N, 3, H, W) with H and W multiples of ``downsampling``."""

@@ -21,10 +21,9 @@ same reparameterisation, so
 :func:`~gdnflow.models.compression.load_compressai_state_dict` loads its
 trained weights.
 """
-import numpy as np
-
 from gdnflow.models.compression import (CompressionModel, analysis_transform,
-                                        load_compressai_state_dict, synthesis_transform)
+                                        load_compressai_state_dict, synthesis_transform,
+                                        trace_layers)
 from gdnflow.models.entropy_bottleneck import EntropyBottleneck
 
 #: The factor by which g_a shrinks each side: inputs must be multiples of it.
@@ -52,13 +51,8 @@ class FactorizedPrior(CompressionModel):
     downsampling = DOWNSAMPLING
 
     def __init__(self, N=128, M=192, rng=None, seed=None, device=None):
-        super().__init__()
-        N, M = int(N), int(M)
-        if N < 1 or M < 1:
-            raise ValueError(f"FactorizedPrior: N and M must be positive, got N={N}, M={M}")
-        rng = np.random.default_rng(seed) if rng is None else rng
-        self.N, self.M = N, M
-        self.config = {"model": self.name, "N": N, "M": M}
+        super().__init__(N, M, rng, seed)
+        N, M, rng = self.N, self.M, self.init_rng
         self.entropy_bottleneck = EntropyBottleneck(M, rng=rng)
         self.g_a = analysis_transform(N, M, rng)
         self.g_s = synthesis_transform(N, M, rng)
@@ -85,17 +79,12 @@ class FactorizedPrior(CompressionModel):
         this to name the first layer whose output is not finite.
         """
         self.check_input(x)
-        for i, layer in enumerate(self.g_a):
-            x = layer(x)
-            yield f"g_a.{i}", x
-        y_hat, likelihoods = self.entropy_bottleneck(x, noise_key=noise_key,
+        y = yield from trace_layers("g_a", self.g_a, x)
+        y_hat, likelihoods = self.entropy_bottleneck(y, noise_key=noise_key,
                                                      noise_stream=noise_stream)
         yield "entropy_bottleneck.y_hat", y_hat
         yield "entropy_bottleneck.likelihoods", likelihoods
-        x = y_hat
-        for i, layer in enumerate(self.g_s):
-            x = layer(x)
-            yield f"g_s.{i}", x
+        yield from trace_layers("g_s", self.g_s, y_hat)
 
 
 def factorized_prior(N=128, M=192, **kwargs):

@@ -21,10 +21,8 @@ Names follow CompressAI's (``h_a.0.weight``, ``h_s.4.bias``,
 ``entropy_bottleneck.quantiles``...), so its trained weights load with
 :func:`~gdnflow.models.compression.load_compressai_state_dict`.
 """
-import numpy as np
-
 from gdnflow.models.compression import (CompressionModel, analysis_transform, conv, deconv,
-                                        synthesis_transform)
+                                        synthesis_transform, trace_layers)
 from gdnflow.models.entropy_bottleneck import EntropyBottleneck
 from gdnflow.models.gaussian_conditional import GaussianConditional
 from gdnflow.nn.layers import ReLU, Sequential
@@ -69,13 +67,8 @@ class ScaleHyperprior(CompressionModel):
     downsampling = DOWNSAMPLING
 
     def __init__(self, N=128, M=192, rng=None, seed=None, device=None):
-        super().__init__()
-        N, M = int(N), int(M)
-        if N < 1 or M < 1:
-            raise ValueError(f"ScaleHyperprior: N and M must be positive, got N={N}, M={M}")
-        rng = np.random.default_rng(seed) if rng is None else rng
-        self.N, self.M = N, M
-        self.config = {"model": self.name, "N": N, "M": M}
+        super().__init__(N, M, rng, seed)
+        N, M, rng = self.N, self.M, self.init_rng
         self.entropy_bottleneck = EntropyBottleneck(N, rng=rng)
         self.gaussian_conditional = GaussianConditional(rng=rng)
         self.g_a = analysis_transform(N, M, rng)
@@ -108,30 +101,18 @@ class ScaleHyperprior(CompressionModel):
         if noise_key is None and self.training:
             noise_key = int(self.gaussian_conditional.noise_rng.integers(2 ** 63))
         z_key = None if noise_key is None else (noise_key + _Z_KEY_OFFSET) % 2 ** 64
-        for i, layer in enumerate(self.g_a):
-            x = layer(x)
-            yield f"g_a.{i}", x
-        y = x
-        x = entropy_ops.abs(y)
-        for i, layer in enumerate(self.h_a):
-            x = layer(x)
-            yield f"h_a.{i}", x
-        z_hat, z_likelihoods = self.entropy_bottleneck(x, noise_key=z_key,
+        y = yield from trace_layers("g_a", self.g_a, x)
+        z = yield from trace_layers("h_a", self.h_a, entropy_ops.abs(y))
+        z_hat, z_likelihoods = self.entropy_bottleneck(z, noise_key=z_key,
                                                        noise_stream=noise_stream)
         yield "entropy_bottleneck.z_hat", z_hat
         yield "entropy_bottleneck.likelihoods", z_likelihoods
-        x = z_hat
-        for i, layer in enumerate(self.h_s):
-            x = layer(x)
-            yield f"h_s.{i}", x
-        y_hat, y_likelihoods = self.gaussian_conditional(y, x, noise_key=noise_key,
+        scales = yield from trace_layers("h_s", self.h_s, z_hat)
+        y_hat, y_likelihoods = self.gaussian_conditional(y, scales, noise_key=noise_key,
                                                          noise_stream=noise_stream)
         yield "gaussian_conditional.y_hat", y_hat
         yield "gaussian_conditional.likelihoods", y_likelihoods
-        x = y_hat
-        for i, layer in enumerate(self.g_s):
-            x = layer(x)
-            yield f"g_s.{i}", x
+        yield from trace_layers("g_s", self.g_s, y_hat)
 
 
 def scale_hyperprior(N=128, M=192, **kwargs):

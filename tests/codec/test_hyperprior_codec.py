@@ -225,12 +225,16 @@ def test_corrupt_files_are_refused(model, small_image):
         codec.decompress(data[:-9], "x.gdn")
 
 
-def test_latent_overflow_is_refused(model, small_image):
+def test_diverged_side_information_is_refused(model, small_image):
+    """A latent y that h_a turns into a non-finite or huge z: refused before coding."""
     codec = codec_for(model)
     y = codec.analyse(small_image)
-    y[0, 0, 0] = np.nan
-    with pytest.raises(CodecError, match="not finite"):
-        codec.quantize(y)
+    y[0, 0, 0] = np.inf
+    with pytest.raises(CodecError, match="not finite"), np.errstate(invalid="ignore"):
+        codec.side_information(y)          # inf * 0 in the convolutions: NaN, quietly
+    y[0, 0, 0] = 1e30
+    with pytest.raises(CodecError, match="beyond"):
+        codec.side_information(y)
 
 
 def test_command_line_round_trip(model, tmp_path, capsys):

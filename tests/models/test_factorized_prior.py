@@ -8,10 +8,10 @@ import pytest
 import gdnflow as gf
 from gdnflow.models.entropy_bottleneck import EntropyBottleneck
 from gdnflow.models.factorized_prior import FactorizedPrior, load_compressai_state_dict
-from gdnflow.testing import gradcheck, relative_error
+from gdnflow.testing import gradcheck
 from gdnflow.train.losses import RateDistortionLoss
 from gdnflow.train.numerics import cast_module
-from model_kit import parameters_replaced, randomize
+from model_kit import assert_cuda_training_step_matches_numpy, parameters_replaced, randomize
 
 
 def t64(x, grad=False):
@@ -181,21 +181,4 @@ def test_cuda_training_step_matches_numpy(n, m, side, rng):
     """Loss and every gradient of a training step (same batch, same noise) on
     CUDA (float32) against NumPy (float64), within 1e-4 relative."""
     source = randomize(FactorizedPrior(n, m, rng=rng, device="numpy"), rng)
-    x_host = rng.random((2, 3, side, side)).astype(np.float32)
-    results = {}
-    for device, dtype in (("numpy", np.float64), ("cuda", np.float32)):
-        model = FactorizedPrior(n, m, seed=0, device=device)
-        model.load_state_dict(source.state_dict())
-        cast_module(model, dtype)
-        x = gf.tensor(x_host, device=device, dtype=dtype)
-        terms = RateDistortionLoss(0.0130)(model(x, noise_key=99, noise_stream=3), x)
-        terms["loss"].backward()
-        model.aux_loss().backward()
-        results[device] = ({k: v.item() for k, v in terms.items()},
-                           {name: p.grad.numpy() for name, p in model.named_parameters()})
-    (ref_terms, ref_grads), (gpu_terms, gpu_grads) = results["numpy"], results["cuda"]
-    for key in ref_terms:
-        assert abs(gpu_terms[key] - ref_terms[key]) <= 1e-4 * abs(ref_terms[key]), key
-    for name in ref_grads:
-        err = relative_error(gpu_grads[name], ref_grads[name])
-        assert err <= 1e-4, f"{name}: relative error {err:.2e}"
+    assert_cuda_training_step_matches_numpy(FactorizedPrior, source, rng, side)
