@@ -1,4 +1,5 @@
-"""Train a GDN image-compression autoencoder (Ballé et al.'s factorized prior).
+"""Train a GDN image-compression autoencoder (Ballé et al.'s factorized prior, or with
+--model hyperprior their scale hyperprior).
 
     python examples/train_gdn_autoencoder.py --data photos/ --out runs/q3 --quality 3
     python examples/train_gdn_autoencoder.py --out runs/q3 --quality 3 --resume

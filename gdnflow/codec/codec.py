@@ -104,10 +104,13 @@ class Codec:
 
     ``Codec(model, tile=TILE)`` puts the model in eval mode and builds its
     tables (a few milliseconds; rebuild the Codec after changing the
-    weights). Images are uint8 (H, W, 3) arrays of any size >= 1x1 up to
+    weights). A scale hyperprior's codec is a
+    :class:`~gdnflow.codec.hyperprior.HyperpriorCodec`: :func:`codec_for` and
+    :meth:`from_checkpoint` choose the class (TypeError for the wrong one).
+    Images are uint8 (H, W, 3) arrays of any size >= 1x1 up to
     :data:`~gdnflow.codec.format.MAX_PIXELS`. The transforms run on tiles
-    of ``tile`` x ``tile`` pixels (a multiple of 16; None: the whole image
-    at once) with the halo their receptive field needs
+    of ``tile`` x ``tile`` pixels (a multiple of the model's padding, 16 or
+    64; None: the whole image at once) with the halo their receptive field needs
     (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. Attributes: ``model``, ``tables``
@@ -115,15 +118,19 @@ class Codec:
     """
 
     def __init__(self, model, tile=TILE):
-        if tile is not None and (int(tile) != tile or tile < DOWNSAMPLING
-                                 or tile % DOWNSAMPLING):
-            raise ValueError(f"Codec: tile must be a positive multiple of {DOWNSAMPLING} "
-                             f"pixels or None, got {tile!r}")
+        wanted = CODECS.get(getattr(model, "name", None), Codec)
+        if type(self) is not wanted:
+            raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
+                            f"{wanted.__name__} (codec_for(model) chooses it)")
+        #: Images are padded to multiples of this (16; 64 for the scale hyperprior).
+        self.multiple = getattr(model, "downsampling", DOWNSAMPLING)
+        if tile is not None and (int(tile) != tile or tile < self.multiple
+                                 or tile % self.multiple):
+            raise ValueError(f"{type(self).__name__}: tile must be a positive multiple of "
+                             f"{self.multiple} pixels or None, got {tile!r}")
         self.model = model.eval()
         self.device = model_device(model)
         self.tables = self.build_tables(model)
-        #: Images are padded to multiples of this (16; 64 for the scale hyperprior).
-        self.multiple = getattr(model, "downsampling", DOWNSAMPLING)
         self.tile = tile
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
@@ -148,7 +155,8 @@ class Codec:
 
     # --------------------------------------------------------- encode --
     def analyse(self, image):
-        """The latent y (M, ceil(H/16), ceil(W/16)) float32 of a uint8 image (reflection-padded).
+        """The latent y (M, H'/16, W'/16) float32 of a uint8 image reflection-padded to H' x W',
+        the multiples of ``multiple``.
 
         Tile by tile: each tile's pixels are gathered from the uint8 image
         (the reflection padding by index) and converted to float32 on their own.
@@ -209,7 +217,10 @@ class Codec:
         y_hat = np.asarray(y_hat, np.float32)
         g_s = self.model.g_s
         image = np.empty((height, width, 3), np.uint8)
-        for (top, bottom), (left, right) in self._latent_tiles(*y_hat.shape[1:]):
+        # Tiles of the latents the image needs (the hyperprior's padding to 64 leaves
+        # up to 3 more rows and columns, which only the halos read).
+        needed = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
+        for (top, bottom), (left, right) in self._latent_tiles(*needed):
             r0, r1 = synthesis_crop(g_s, top * DOWNSAMPLING, bottom * DOWNSAMPLING, y_hat.shape[1])
             c0, c1 = synthesis_crop(g_s, left * DOWNSAMPLING, right * DOWNSAMPLING, y_hat.shape[2])
             with no_grad():

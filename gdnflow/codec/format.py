@@ -40,13 +40,15 @@ checksum. It is still read, with every check but the checksum (a flipped bit
 in its payload may decode to a different image); factorized-prior writers
 write version 2.
 
-Version 3 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
+Version 4 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
 version 2's layout with one more varint after the latent width, the side
 information's channels N (z is N x latent h/4 x latent w/4), and latent
 sides of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images
 to multiples of 64). Its payload codes z first, channel by channel as
 above, then y grouped by coding table (see that module); the escape bits
-follow the same order.
+follow the same order. (Not 3: 3 is one flipped bit from 1, which has no
+checksum; 4 is two bits from both 1 and 2, so a single flipped bit of the
+version byte never turns one readable version into another.)
 """
 import dataclasses
 import zlib
@@ -57,9 +59,9 @@ from gdnflow.errors import GdnflowError
 MAGIC = b"GDNF"
 FORMAT_VERSION = 2
 #: The scale hyperprior's files (see the module docstring).
-HYPERPRIOR_VERSION = 3
+HYPERPRIOR_VERSION = 4
 #: The versions readers accept (1: no checksum, see the module docstring).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 4)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
@@ -72,7 +74,10 @@ MAX_CHANNELS = 1 << 12
 #: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
 #: header before anything is allocated; decoding one at the limit with M = 192 latent
 #: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
-#: image): 2.7 GB. Encoders refuse larger images, so every file written is readable.
+#: image): 2.7 GB. A scale-hyperprior file (version 4) holds up to about 20 bytes a pixel
+#: (5 GB at the limit; measured 19 at 2048x2048 with every latent in one table's group:
+#: the group's positions as int64 dominate). Encoders refuse larger images, so every
+#: file written is readable.
 MAX_PIXELS = 1 << 28
 #: Largest |q| coded: the escape codes and the float32 round trip of q stay exact below it.
 MAX_SYMBOL = 2 ** 24
@@ -103,7 +108,7 @@ class Header:
     ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
     ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
     (channels, latent_height, latent_width). ``hyper_channels`` is the
-    side information's channel count in a hyperprior file (version 3), 0
+    side information's channel count in a hyperprior file (version 4), 0
     otherwise.
     """
 
@@ -172,7 +177,7 @@ def checksum(data):
 def pack(header, payload, escapes):
     """The bytes of a file: ``header`` (a :class:`Header`), ``payload`` and ``escapes`` (bytes).
 
-    A version-2 header gets the checksum; version 1 (for tests of old files) not.
+    Versions 2 and 4 get the checksum; version 1 (for tests of old files) not.
     """
     if len(header.model_id) != MODEL_ID_BYTES or len(header.tables_digest) != TABLES_DIGEST_BYTES:
         raise ValueError(f"pack: model id and tables digest must be {MODEL_ID_BYTES} and "
@@ -248,7 +253,9 @@ def unpack(data, source="<bytes>"):
     if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS
             and (version != HYPERPRIOR_VERSION or 0 < hyper_channels <= MAX_CHANNELS)):
         raise FormatError(f"{source}: corrupt header: image {height}x{width} with "
-                          f"{channels} latent channels")
+                          f"{channels} latent channels"
+                          + (f" and {hyper_channels} side-information channels"
+                             if version == HYPERPRIOR_VERSION else ""))
     if height * width > MAX_PIXELS:
         raise FormatError(f"{source}: the header claims a {height}x{width} image "
                           f"({height * width} pixels), more than the format's limit of "
@@ -296,9 +303,12 @@ def check_model(header, tables, source="<bytes>"):
             f"{source}: coded by another model (model id {header.model_id.hex()}, the "
             f"checkpoint given is {tables.model_id[:MODEL_ID_BYTES].hex()}): decode it with "
             "the checkpoint it was compressed with")
-    if header.channels != tables.channels or header.hyper_channels != hyper:
+    if header.channels != tables.channels:
         raise ModelMismatchError(f"{source}: {header.channels} latent channels, the model has "
                                  f"{tables.channels}")
+    if header.hyper_channels != hyper:
+        raise ModelMismatchError(f"{source}: {header.hyper_channels} side-information channels, "
+                                 f"the model has {hyper}")
     if header.tables_digest != tables.digest()[:TABLES_DIGEST_BYTES]:
         raise ModelMismatchError(
             f"{source}: the model matches but its coding tables differ from the writer's "
@@ -428,9 +438,10 @@ def encode_values(encoder, escapes, values, low, high, model):
 
 
 def decode_values(decoder, reader, count, low, high, model, source):
-    """The ``count`` values :func:`encode_values` coded (int64); escapes read from ``reader``."""
+    """The ``count`` values :func:`encode_values` coded (int32); escapes read from ``reader``."""
     try:
-        symbols = np.asarray(decoder.decode(model, count), np.int64)
+        # int32: values stay below MAX_SYMBOL; half the memory of int64 for large groups.
+        symbols = np.asarray(decoder.decode(model, count), np.int32)
     except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
         raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
     values = symbols + low

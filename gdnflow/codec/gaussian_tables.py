@@ -106,5 +106,7 @@ def gaussian_tables(precision=PRECISION):
         frequencies = quantize_pmf(np.append(masses, tails), precision)
         highs.append(high)
         cdfs.append(np.concatenate([[0], np.cumsum(frequencies)]).astype(np.int64))
-    return GaussianTables(scales=scales, high=np.array(highs, np.int64), cdfs=tuple(cdfs),
-                          precision=int(precision))
+    high = np.array(highs, np.int64)
+    for array in (scales, high, *cdfs):          # shared by every caller: read-only
+        array.flags.writeable = False
+    return GaussianTables(scales=scales, high=high, cdfs=tuple(cdfs), precision=int(precision))

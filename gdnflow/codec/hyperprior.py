@@ -1,4 +1,4 @@
-"""Scale-hyperprior ``.gdn`` files (format version 3): side information z, then y.
+"""Scale-hyperprior ``.gdn`` files (format version 4): side information z, then y.
 
     codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
     data = codec.compress(image)
@@ -37,10 +37,11 @@ from gdnflow.codec.format import (HYPERPRIOR_VERSION, BitReader, BitWriter,
                                   Header, categorical_model, check_latents, check_model,
                                   decode_channels, decode_values, encode_channels,
                                   encode_values, pack, range_decoder, range_encoder, unpack)
-from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
-from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, FRACTION_BITS, WEIGHT_BITS,
-                                           ExactHyperSynthesis)
+from gdnflow.codec.gaussian_tables import gaussian_tables
+from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, BIAS_LIMIT, FRACTION_BITS,
+                                           SUM_BITS, WEIGHT_BITS, ExactHyperSynthesis)
 from gdnflow.codec.tables import build_tables
+from gdnflow.codec.tiling import analysis_crop, tile_ranges
 from gdnflow.models.scale_hyperprior import ScaleHyperprior
 from gdnflow.ops import entropy as entropy_ops
 from gdnflow.tensor import Tensor
@@ -79,12 +80,13 @@ class HyperpriorTables:
         h = hashlib.sha256(TABLES_VERSION)
         h.update(self.z.digest())
         h.update(self.gaussian.digest())
-        h.update(np.array([FRACTION_BITS, WEIGHT_BITS, ACTIVATION_LIMIT], "<f8").tobytes())
+        h.update(np.array([FRACTION_BITS, WEIGHT_BITS, ACTIVATION_LIMIT, SUM_BITS, BIAS_LIMIT],
+                          "<f8").tobytes())
         return h.digest()
 
     def indexes(self, q_z):
-        """Each y element's table index (M, h, w) int32, from the integer side information q_z."""
-        return scale_indexes(self.hyper_synthesis.scales(q_z), self.gaussian.scales)
+        """Each y element's table index (M, h, w) uint8, from the integer side information q_z."""
+        return self.hyper_synthesis.indexes(q_z, self.gaussian.scales)
 
 
 def build_hyperprior_tables(model):
@@ -113,16 +115,38 @@ class HyperpriorCodec(Codec):
         return build_hyperprior_tables(model)
 
     def side_information(self, y):
-        """q_z (N, h/4, w/4) int32: h_a(|y|) on the model's device, rounded around z's medians."""
-        with no_grad():
-            z = self.model.h_a(entropy_ops.abs(Tensor(y[None], device=self.device)))
-        return quantize_latents(z.numpy()[0], self.tables.z.medians)
+        """q_z (N, h/4, w/4) int32: h_a(|y|) on the model's device, rounded around z's medians.
+
+        Tile by tile (as :meth:`analyse`): each tile of z from the crop of y it reads.
+        """
+        y = np.asarray(y, np.float32)
+        h_a = self.model.h_a
+        side = None if self.tile is None else self.tile // self.multiple
+        shape = (self.tables.hyper_channels, y.shape[1] // 4, y.shape[2] // 4)
+        q_z = np.empty(shape, np.int32)
+        for top, bottom in tile_ranges(shape[1], side):
+            r0, r1 = analysis_crop(h_a, top, bottom, y.shape[1])
+            for left, right in tile_ranges(shape[2], side):
+                c0, c1 = analysis_crop(h_a, left, right, y.shape[2])
+                crop = np.ascontiguousarray(y[None, :, r0:r1, c0:c1])
+                with no_grad():
+                    z = h_a(entropy_ops.abs(Tensor(crop, device=self.device))).numpy()[0]
+                r, c = r0 // 4, c0 // 4
+                q_z[:, top:bottom, left:right] = quantize_latents(
+                    z[:, top - r:bottom - r, left - c:right - c], self.tables.z.medians)
+        return q_z
 
     def encode_latents(self, q, height, width, q_z):
-        """The file bytes for integer latents ``q`` (M, h, w) and side information ``q_z``."""
+        """The file bytes for integer latents ``q`` (M, h, w) and side information ``q_z``
+        (N, h/4, w/4) of an image of height x width."""
         tables = self.tables
-        q = check_latents(q, tables.channels)
-        q_z = check_latents(q_z, tables.hyper_channels)
+        q = check_latents(q, tables.channels, "HyperpriorCodec.encode_latents: q")
+        q_z = check_latents(q_z, tables.hyper_channels, "HyperpriorCodec.encode_latents: q_z")
+        sides = (4 * -(-height // self.multiple), 4 * -(-width // self.multiple))
+        if q.shape[1:] != sides or q_z.shape[1:] != (sides[0] // 4, sides[1] // 4):
+            raise ValueError(f"HyperpriorCodec.encode_latents: a {height}x{width} image has "
+                             f"latents of {sides[0]}x{sides[1]} and side information of "
+                             f"{sides[0] // 4}x{sides[1] // 4}, got {q.shape} and {q_z.shape}")
         encoder, escapes = range_encoder(), BitWriter()
         encode_channels(encoder, escapes, q_z, tables.z)
         indexes = tables.indexes(q_z).ravel()

@@ -160,6 +160,8 @@ class Trainer:
         self.config = config = config or TrainConfig()
         config.check()
         self.device = config.device or default_device()
+        if model is not None and getattr(model, "name", None) != config.model:
+            raise ValueError(f"Trainer: a {type(model).__name__} given for model={config.model!r}")
         self.model = model if model is not None else CODEC_MODELS[config.model](
             config.N, config.M, seed=config.seed, device=self.device)
         # Optimisers hold Parameter objects: build them after the move.
@@ -445,7 +447,8 @@ class Trainer:
         self._queued.discard()          # steps queued before the resume are not this run's
         info = read_checkpoint_info(path)
         extra = info["extra"]
-        saved = extra.get("train_config", {})
+        # Checkpoints from before the model choice record the model only as model_name.
+        saved = {"model": info["model_name"], **extra.get("train_config", {})}
         differing = [f"{k}: checkpoint {saved[k]!r}, now {getattr(self.config, k)!r}"
                      for k in TrainConfig.RUN_DEFINING
                      if k in saved and saved[k] != getattr(self.config, k)]

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from gdnflow.codec import format as F
-from gdnflow.codec.codec import Codec
+from gdnflow.codec.codec import Codec, codec_for
 from gdnflow.codec.tables import build_tables
+
+from codec_kit import make_hyperprior
 
 
 def test_varints_round_trip():
@@ -100,8 +102,8 @@ def test_wrong_magic_and_version(coded):
     codec, data = coded
     with pytest.raises(F.FormatError, match="x.png: not a gdnflow compressed image"):
         codec.decompress(b"\x89PNG" + data[4:], "x.png")
-    with pytest.raises(F.FormatError, match="x.gdn: format version 4 is not supported"):
-        codec.decompress(data[:4] + b"\x04" + data[5:], "x.gdn")
+    with pytest.raises(F.FormatError, match="x.gdn: format version 5 is not supported"):
+        codec.decompress(data[:4] + b"\x05" + data[5:], "x.gdn")
 
 
 def test_another_model_or_other_tables_are_refused(coded, other_model):
@@ -128,21 +130,28 @@ def test_inconsistent_header_is_refused(coded):
         codec.decompress(F.pack(huge, payload, escapes), "x.gdn")
 
 
-def test_every_single_bit_flip_is_refused(coded):
-    """Each of the file's bits flipped in turn: refused every time, and a flip anywhere
-    past the version byte (the model id included) is called corrupted, not another model."""
-    codec, data = coded
+def assert_every_single_bit_flip_is_refused(codec, data):
+    """Each of the file's bits flipped in turn: refused every time. No flip of the version
+    byte gives another readable version (so none escapes the checksum by reading as
+    version 1), and a flip anywhere past it (the model id included) is called
+    corrupted, not another model."""
     for bit in range(8 * len(data)):
         flipped = bytearray(data)
         flipped[bit // 8] ^= 0x80 >> (bit % 8)
         with pytest.raises(F.FormatError) as error:
             codec.decompress(bytes(flipped), "x.gdn")
-        # A flip of the version byte that gives another readable version (2 -> 3) is
-        # caught by the checksum too.
-        unsupported = 32 <= bit < 40 and flipped[4] not in F.READABLE_VERSIONS
         expected = ("not a gdnflow compressed image" if bit < 32 else
-                    "is not supported" if unsupported else "corrupted (checksum mismatch)")
+                    "is not supported" if bit < 40 else "corrupted (checksum mismatch)")
         assert str(error.value).startswith("x.gdn: ") and expected in str(error.value), bit
+
+
+def test_every_single_bit_flip_is_refused(coded):
+    assert_every_single_bit_flip_is_refused(*coded)
+
+
+def test_every_single_bit_flip_of_a_hyperprior_file_is_refused(small_image):
+    codec = codec_for(make_hyperprior())
+    assert_every_single_bit_flip_is_refused(codec, codec.compress(small_image[:20, :30]))
 
 
 def test_version_1_files_are_still_read(coded):

@@ -3,19 +3,22 @@ the exact hyper-synthesis against an independent integer computation, scale
 indexes that cannot depend on summation order or device, the file's size
 against the model's estimated rate, mismatched and corrupt files, the CLI,
 and (GPU) files written on one device decoded on the other."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow.codec import Codec, CodecError, FormatError, ModelMismatchError, read_image
 from gdnflow.codec.cli import main
-from gdnflow.codec.format import unpack
+from gdnflow.codec.format import pack, unpack
 from gdnflow.codec.codec import codec_for, image_to_array
 from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes, scale_table
 from gdnflow.codec.hyper_synthesis import FRACTION_BITS, ExactHyperSynthesis
 from gdnflow.codec.hyperprior import HyperpriorCodec
 from gdnflow.data.images import pad_to_multiple
 from gdnflow.io.checkpoint import save_checkpoint
+from gdnflow.models import ScaleHyperprior
 from gdnflow.train.losses import bits_per_pixel
 
 from codec_kit import make_hyperprior, make_model, smooth_image
@@ -38,14 +41,16 @@ def evaluation_path(model, image):
     return out["y_hat"].numpy()[0], to_uint8(out["x_hat"].numpy()[0][:, :h, :w]), bits
 
 
-@pytest.mark.parametrize("size", [(97, 131), (1, 1), (64, 64), (65, 3), (130, 200)])
-def test_round_trip_equals_the_evaluation_path(model, size):
+@pytest.mark.parametrize("size, tile", [((97, 131), 512), ((1, 1), 512), ((64, 64), 64),
+                                        ((65, 3), 64), ((130, 200), 64), ((200, 130), 128),
+                                        ((65, 97), None)])
+def test_round_trip_equals_the_evaluation_path(model, size, tile):
     image = smooth_image(np.random.default_rng(size[0] * 1000 + size[1]), *size) \
         if min(size) >= 8 else np.random.default_rng(1).integers(0, 256, (*size, 3), np.uint8)
-    codec = codec_for(model)
+    codec = codec_for(model, tile)
     assert isinstance(codec, HyperpriorCodec)
     data = codec.compress(image)
-    assert data[4] == 3                       # format version 3: a hyperprior file
+    assert data[4] == 4                       # format version 4: a hyperprior file
     header, y_hat = codec.decode_latents(data)
     y_eval, x_eval, _ = evaluation_path(model, image)
     assert header.hyper_channels == 8 and header.latent_shape == y_eval.shape
@@ -118,9 +123,12 @@ def side(value):
 
 
 def integer_scales(exact, q_z):
-    """ExactHyperSynthesis.scales recomputed in int64 arithmetic, layer by layer."""
+    """ExactHyperSynthesis.scales recomputed in int64 arithmetic, layer by layer, activations
+    clipped to +-2^24 units (the integer weights and biases are the layers')."""
+    limit = 2 ** 24
     a = q_z.astype(np.int64) * 2 ** FRACTION_BITS + exact.median_units.astype(np.int64)[:, None,
                                                                                            None]
+    a = np.clip(a, -limit, limit)
     for k, layer in enumerate(exact.layers):
         w, b = layer.weight.astype(np.int64), layer.bias.astype(np.int64)
         if layer.transpose:
@@ -133,7 +141,8 @@ def integer_scales(exact, q_z):
             s = np.maximum(s, 0)
         if k == len(exact.layers) - 1:
             return np.ldexp(s.astype(np.float64), -(layer.exponent + FRACTION_BITS))
-        a = np.rint(np.ldexp(s.astype(np.float64), -layer.exponent)).astype(np.int64)
+        a = np.clip(np.rint(np.ldexp(s.astype(np.float64), -layer.exponent)), -limit,
+                    limit).astype(np.int64)
 
 
 def test_exact_hyper_synthesis_equals_integer_arithmetic(model):
@@ -142,6 +151,32 @@ def test_exact_hyper_synthesis_equals_integer_arithmetic(model):
     q_z = rng.integers(-6, 7, (8, 3, 5))
     exact = codec.tables.hyper_synthesis
     np.testing.assert_array_equal(exact.scales(q_z), integer_scales(exact, q_z))
+
+
+def test_exact_at_the_bounds_of_the_widest_models():
+    """N=192, M=320 (qualities 6-8), every weight at its layer's largest magnitude with
+    random signs, side information at +-(2^24 - 1): the sums reach their 2^52 bound
+    and still equal int64 arithmetic."""
+    model = ScaleHyperprior(192, 320, seed=0, device="numpy")
+    rng = np.random.default_rng(1)
+    state = model.state_dict()
+    for name in ("h_s.0.weight", "h_s.2.weight", "h_s.4.weight"):
+        state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
+    model.load_state_dict(state)
+    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
+    for layer in exact.layers:               # at the top of the 15 bits they may use
+        assert 0.99 * 2 ** 15 <= np.abs(layer.weight).max() <= 2 ** 15
+    q_z = rng.choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 2))
+    np.testing.assert_array_equal(exact.scales(q_z), integer_scales(exact, q_z))
+
+
+def test_tiled_indexes_equal_untiled(model):
+    codec = codec_for(model)
+    q_z = np.random.default_rng(6).integers(-6, 7, (8, 7, 9))
+    exact, table = codec.tables.hyper_synthesis, codec.tables.gaussian.scales
+    whole = scale_indexes(exact.scales(q_z), table)
+    for tile in (4, 5, 12, 64):
+        np.testing.assert_array_equal(exact.indexes(q_z, table, tile), whole)
 
 
 def test_scales_do_not_depend_on_the_order_of_the_sums(model):
@@ -201,6 +236,37 @@ def test_gaussian_tables_are_normalised_and_centred():
 
 
 # ------------------------------------------------------------ errors --
+def test_codecs_refuse_the_other_kind_of_model(model):
+    with pytest.raises(TypeError, match="a ScaleHyperprior model is coded by HyperpriorCodec"):
+        Codec(model)
+    with pytest.raises(TypeError, match="a FactorizedPrior model is coded by Codec"):
+        HyperpriorCodec(make_model())
+    with pytest.raises(ValueError, match="tile must be a positive multiple of 64"):
+        HyperpriorCodec(model, tile=32)
+
+
+def test_latents_of_the_wrong_shape_are_refused(model):
+    codec = codec_for(model)
+    q = np.zeros((12, 8, 4), np.int32)
+    with pytest.raises(ValueError, match="a 100x50 image has latents of 8x4 and side "
+                       "information of 2x1, got"):
+        codec.encode_latents(q, 100, 50, np.zeros((8, 1, 2), np.int32))
+    with pytest.raises(ValueError, match="encode_latents: q_z: expected integer latents"):
+        codec.encode_latents(q, 100, 50, np.zeros((8, 2, 1)))
+
+
+def test_header_side_information_mismatch_is_named(model, small_image):
+    codec = codec_for(model)
+    header, payload, escapes = unpack(codec.compress(small_image))
+    other = dataclasses.replace(header, hyper_channels=9)
+    with pytest.raises(ModelMismatchError, match="x.gdn: 9 side-information channels, the model "
+                       "has 8"):
+        codec.decompress(pack(other, payload, escapes), "x.gdn")
+    with pytest.raises(FormatError, match="corrupt header: .* and 5000 side-information"):
+        codec.decompress(pack(dataclasses.replace(header, hyper_channels=5000), payload,
+                              escapes), "x.gdn")
+
+
 def test_mismatched_models_are_refused(model, small_image):
     hyper_file = codec_for(model).compress(small_image)
     factorized = Codec(make_model())

@@ -2,12 +2,15 @@
 the loss falls, a resumed run equals an uninterrupted one bit for bit, runs of
 another model are not resumed, crops must suit the model, and the checkpoint
 opens as a hyperprior codec."""
+import json
+
+import h5py
 import numpy as np
 import pytest
 
 from gdnflow.codec import Codec
 from gdnflow.codec.hyperprior import HyperpriorCodec
-from gdnflow.io.checkpoint import load_checkpoint
+from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info
 from gdnflow.train import TrainConfig, Trainer
 from gdnflow.train.cli import add_arguments, config_from_args
 
@@ -49,6 +52,30 @@ def test_resume_refuses_a_run_of_another_model(tiny_config):
     Trainer(tiny_config(steps=1, crop=64)).run()              # a factorized prior
     with pytest.raises(ValueError, match="model: checkpoint 'factorized_prior', now 'hyperprior'"):
         Trainer(hyper_config(tiny_config)).resume()
+
+
+def test_resume_of_a_checkpoint_without_the_model_field(tiny_config):
+    """Checkpoints written before the model choice have no train_config["model"]: the model
+    they hold (model_name) is compared instead."""
+    trainer = Trainer(tiny_config(steps=1, crop=64))
+    trainer.run()
+    path = trainer.checkpoint_path()
+    with h5py.File(path, "r+") as f:
+        for key, value in f.attrs.items():
+            if isinstance(value, str) and '"train_config"' in value:
+                record = json.loads(value)
+                record["train_config"].pop("model")
+                f.attrs[key] = json.dumps(record)
+    assert "model" not in read_checkpoint_info(path)["extra"]["train_config"]
+    with pytest.raises(ValueError, match="model: checkpoint 'factorized_prior', now 'hyperprior'"):
+        Trainer(hyper_config(tiny_config, N=8, M=12)).resume()
+    assert Trainer(tiny_config(steps=2, crop=64)).resume() == 1
+
+
+def test_a_given_model_must_be_the_configured_one(tiny_config):
+    from gdnflow.models import FactorizedPrior
+    with pytest.raises(ValueError, match="a FactorizedPrior given for model='hyperprior'"):
+        Trainer(hyper_config(tiny_config), model=FactorizedPrior(4, 6, device="numpy"))
 
 
 def test_crops_must_be_multiples_of_64(tiny_config):
