@@ -128,10 +128,13 @@ def _min(a, b):
     return a - ops.relu(a - b)
 
 
+_sum = _fold(_sum_inputs, np.add)
+
+
 def _mean(node, inputs, device):
-    present = [v for v in inputs if v is not None]
-    total = _fold(_sum_inputs, np.add)(node, present, device)
-    return total / len(present) if is_host(total) else total * (1.0 / len(present))
+    count = sum(v is not None for v in inputs)
+    total = _sum(node, inputs, device)
+    return total / count if is_host(total) else total * (1.0 / count)
 
 
 # ------------------------------------------------------------ reductions --
@@ -212,7 +215,7 @@ HANDLERS = {
     "Softplus": _unary(ops.softplus), "Reciprocal": _unary(lambda x: ops.pow(x, -1.0)),
     "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "PRelu": _prelu,
     "LeakyRelu": _leaky_relu, "Elu": _elu, "Softsign": _softsign, "Pow": _pow,
-    "Sum": _fold(_sum_inputs, np.add), "Mean": _mean,
+    "Sum": _sum, "Mean": _mean,
     "Max": _fold(_max, np.maximum), "Min": _fold(_min, np.minimum),
     **REDUCTIONS, "Split": _split, "LRN": _lrn,
 }
