@@ -21,8 +21,13 @@ Supported (opset 7 and later, float32 tensors): Conv, ConvTranspose, Gemm,
 MatMul, Add, Sub, Mul, Div, Relu, Clip, Sigmoid, BatchNormalization,
 MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
 Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
-Slice, Cast, Constant, ConstantOfShape; and nodes of custom domains whose
-op type a registered (plugin) operator declares (see :func:`custom_operator`).
+Slice, Cast, Constant, ConstantOfShape; composed from those operators by
+:mod:`gdnflow.io.onnx_ops` (so forward and backward run on both backends):
+HardSigmoid, HardSwish, PRelu, LeakyRelu, Elu, Softsign, Tanh, Abs, Sqrt,
+Neg, Exp, Log, Softplus, Reciprocal, Pow, Sum, Mean, Max, Min, ReduceSum,
+ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, Split, LRN;
+and nodes of custom domains whose op type a registered (plugin) operator
+declares (see :func:`custom_operator`). Dropout's mask output is all true.
 Attributes, values and outputs outside gdnflow's operators (ceil_mode
 pooling, non-constant padding modes, SAME padding of a transposed convolution,
 attributes of opsets before 7...: :mod:`gdnflow.io.onnx_support` lists what
@@ -35,14 +40,11 @@ import numpy as np
 
 from gdnflow import ops, registry
 from gdnflow.backends import default_device
-from gdnflow.errors import GdnflowError
+from gdnflow.io import onnx_ops
 from gdnflow.io.onnx_support import ONNX_TYPES, unsupported_features
+from gdnflow.io.onnx_values import OnnxImportError, as_tensor, host, ints, is_host, scalar
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.tensor import Tensor
-
-
-class OnnxImportError(GdnflowError, ValueError):
-    """An ONNX file that gdnflow cannot read or run; the message names the file or node."""
 
 
 def load(path, device=None):
@@ -171,7 +173,7 @@ class _Node:
     # Ops that may run on host arrays at import time when all inputs are known.
     HOST_OPS = {"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
                 "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
-                "Transpose", "Flatten"}
+                "Transpose", "Flatten"} | onnx_ops.HOST_OPS
 
     def __init__(self, node, opset):
         from onnx import helper     # local import: onnx is optional, loaded on first use
@@ -200,10 +202,10 @@ class _Node:
             from_onnx = getattr(operator_class, "from_onnx", None)
             operator = (from_onnx(attributes) if from_onnx is not None
                         else operator_class(**attributes))
-            result = operator(*[_as_tensor(v, device) for v in inputs if v is not None])
+            result = operator(*[as_tensor(v, device) for v in inputs if v is not None])
             return result if isinstance(result, (list, tuple)) else [result]
         data = inputs[0] if inputs else None
-        if self.op_type not in self.HOST_OPS and _is_host(data):
+        if self.op_type not in self.HOST_OPS and is_host(data):
             if data.dtype != np.float32:
                 self.fail(f"{data.dtype} data (gdnflow computes in float32; other types only "
                           "in shape arithmetic)")
@@ -252,32 +254,6 @@ def _decoded(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _is_host(value):
-    return isinstance(value, np.ndarray)
-
-
-def _as_tensor(value, device):
-    if isinstance(value, Tensor):
-        return value
-    array = np.asarray(value)
-    if array.dtype.kind not in "fiub":
-        raise OnnxImportError(f"cannot make a tensor of {array.dtype} values")
-    return Tensor(array.astype(np.float32), device=device)
-
-
-def _host(value):
-    return value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-
-
-def _scalar(value):
-    """A one-element constant as a Python float (None stays None)."""
-    return None if value is None else float(_host(value).reshape(()))
-
-
-def _ints(value):
-    return [int(v) for v in _host(value).reshape(-1)]
-
-
 def _spatial_2d(node, x):
     if x.ndim != 4:
         node.fail(f"a {x.ndim - 2}-D {node.op_type} (only 2-D, NCHW)")
@@ -300,13 +276,13 @@ def _pads_2d(node, x_shape, kernel, strides, dilations=(1, 1)):
 def _binary(function, host_function):
     def handler(node, inputs, device):
         a, b = inputs
-        if _is_host(a) and _is_host(b):
+        if is_host(a) and is_host(b):
             return host_function(a, b)
-        if _is_host(b) and b.size == 1:
+        if is_host(b) and b.size == 1:
             return function(a, float(b.reshape(())))
-        if _is_host(a) and a.size == 1:
+        if is_host(a) and a.size == 1:
             return function(float(a.reshape(())), b)
-        return function(_as_tensor(a, device), _as_tensor(b, device))
+        return function(as_tensor(a, device), as_tensor(b, device))
     return handler
 
 
@@ -318,7 +294,7 @@ def _conv(node, inputs, device):
     dilations = node.attr("dilations", [1, 1])
     kernel = node.attr("kernel_shape", list(w.shape[2:]))
     padding = _pads_2d(node, x.shape, kernel, strides, dilations)
-    return ops.conv2d(x, _as_tensor(w, device), None if b is None else _as_tensor(b, device),
+    return ops.conv2d(x, as_tensor(w, device), None if b is None else as_tensor(b, device),
                       stride=strides, padding=padding, dilation=dilations,
                       groups=node.attr("group", 1))
 
@@ -327,8 +303,8 @@ def _conv_transpose(node, inputs, device):
     x, w, b = (inputs + [None])[:3]
     _spatial_2d(node, x)
     pads = node.attr("pads", [0, 0, 0, 0])
-    return ops.conv_transpose2d(x, _as_tensor(w, device),
-                                None if b is None else _as_tensor(b, device),
+    return ops.conv_transpose2d(x, as_tensor(w, device),
+                                None if b is None else as_tensor(b, device),
                                 stride=node.attr("strides", [1, 1]),
                                 padding=(pads[0], pads[2], pads[1], pads[3]),
                                 output_padding=node.attr("output_padding", [0, 0]),
@@ -338,7 +314,7 @@ def _conv_transpose(node, inputs, device):
 
 def _gemm(node, inputs, device):
     a, b, c = (inputs + [None])[:3]
-    a, b = _as_tensor(a, device), _as_tensor(b, device)
+    a, b = as_tensor(a, device), as_tensor(b, device)
     if node.attr("transA", 0):
         a = ops.transpose(a, (1, 0))
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
@@ -347,13 +323,13 @@ def _gemm(node, inputs, device):
     if alpha != 1.0:
         y = y * alpha
     if c is not None:
-        c = _as_tensor(c, device)
+        c = as_tensor(c, device)
         y = y + (c * beta if beta != 1.0 else c)
     return y
 
 
 def _matmul(node, inputs, device):
-    return ops.matmul(_as_tensor(inputs[0], device), _as_tensor(inputs[1], device))
+    return ops.matmul(as_tensor(inputs[0], device), as_tensor(inputs[1], device))
 
 
 def _clip(node, inputs, device):
@@ -361,8 +337,8 @@ def _clip(node, inputs, device):
     if node.opset < 11:
         low, high = node.attr("min", -np.inf), node.attr("max", np.inf)
     else:
-        low = _scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else -np.inf
-        high = _scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else np.inf
+        low = scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else -np.inf
+        high = scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else np.inf
     if low > high:
         low = high      # ONNX: with min > max every output is max
     if low == 0 and high == 6:
@@ -374,7 +350,7 @@ def _clip(node, inputs, device):
 
 def _batch_norm(node, inputs, device):
     x, scale, bias, mean, var = inputs[:5]
-    t = lambda v: _as_tensor(v, device)  # noqa: E731
+    t = lambda v: as_tensor(v, device)  # noqa: E731
     return ops.batch_norm(x, t(scale), t(bias), t(mean), t(var), training=False,
                           eps=node.attr("epsilon", 1e-5))
 
@@ -401,26 +377,26 @@ def _flatten(node, inputs, device):
     x = inputs[0]
     axis = node.attr("axis", 1) % max(len(x.shape), 1) if x.shape else 0
     shape = (int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
-    return x.reshape(shape) if _is_host(x) else ops.reshape(x, shape)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
 
 
 def _reshape(node, inputs, device):
     x, shape = inputs
-    shape = _ints(shape)
+    shape = ints(shape)
     if not node.attr("allowzero", 0):
         shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-    return x.reshape(shape) if _is_host(x) else ops.reshape(x, shape)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
 
 
 def _transpose(node, inputs, device):
     x = inputs[0]
     perm = node.attr("perm", list(range(len(x.shape)))[::-1])
-    return np.transpose(x, perm).copy() if _is_host(x) else ops.transpose(x, perm)
+    return np.transpose(x, perm).copy() if is_host(x) else ops.transpose(x, perm)
 
 
 def _axes(node, inputs, ndim):
     axes = node.attr("axes") if node.opset < 13 else (
-        _ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None)
+        ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None)
     return None if axes is None else sorted(a % ndim for a in axes)
 
 
@@ -432,25 +408,25 @@ def _squeeze(node, inputs, device):
     if any(x.shape[a] != 1 for a in axes):
         node.fail(f"squeezing a dimension larger than 1 (shape {tuple(x.shape)}, axes {axes})")
     shape = [s for i, s in enumerate(x.shape) if i not in axes]
-    return x.reshape(shape) if _is_host(x) else ops.reshape(x, shape)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
 
 
 def _unsqueeze(node, inputs, device):
     x = inputs[0]
-    raw = node.attr("axes") if node.opset < 13 else _ints(inputs[1])
+    raw = node.attr("axes") if node.opset < 13 else ints(inputs[1])
     ndim = len(x.shape) + len(raw)
     shape = list(x.shape)
     for axis in sorted(a % ndim for a in raw):
         shape.insert(axis, 1)
-    return x.reshape(shape) if _is_host(x) else ops.reshape(x, shape)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
 
 
 def _concat(node, inputs, device):
     axis = node.attr("axis")
     present = [v for v in inputs if v is not None and np.prod(v.shape) > 0] or inputs[:1]
-    if all(_is_host(v) for v in present):
+    if all(is_host(v) for v in present):
         return np.concatenate(present, axis=axis)
-    return ops.concat([_as_tensor(v, device) for v in present], axis=axis)
+    return ops.concat([as_tensor(v, device) for v in present], axis=axis)
 
 
 def _pad(node, inputs, device):
@@ -458,8 +434,8 @@ def _pad(node, inputs, device):
     if node.opset < 11:
         pads, value = node.attr("pads"), node.attr("value", 0.0)
     else:
-        pads = _ints(inputs[1])
-        value = _scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.0
+        pads = ints(inputs[1])
+        value = scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.0
         if len(inputs) > 3 and inputs[3] is not None:
             node.fail("the axes input")
     half = len(pads) // 2
@@ -480,8 +456,11 @@ def _softmax(node, inputs, device):
 
 
 def _dropout(node, inputs, device):
-    if len(inputs) > 2 and inputs[2] is not None and bool(_host(inputs[2]).reshape(())):
+    if len(inputs) > 2 and inputs[2] is not None and bool(host(inputs[2]).reshape(())):
         node.fail("Dropout in training mode")
+    if len(node.outputs) > 1 and node.outputs[1]:
+        # Inference keeps every element: the mask is all true.
+        return [inputs[0], np.ones(inputs[0].shape, dtype=np.bool_)]
     return inputs[0]
 
 
@@ -494,8 +473,8 @@ def _shape(node, inputs, device):
 def _gather(node, inputs, device):
     data, indices = inputs
     axis = node.attr("axis", 0) % len(data.shape)
-    indices = _host(indices).astype(np.int64)
-    if _is_host(data):
+    indices = host(indices).astype(np.int64)
+    if is_host(data):
         return np.take(data, indices, axis=axis)
     # On a device tensor: one slice per index, joined (Gather there is rare:
     # exporters use it on shapes; this path is for correctness, not speed).
@@ -513,9 +492,9 @@ def _slice(node, inputs, device):
         starts, ends = node.attr("starts"), node.attr("ends")
         axes, steps = node.attr("axes"), None
     else:
-        starts, ends = _ints(inputs[1]), _ints(inputs[2])
-        axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
-        steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
+        starts, ends = ints(inputs[1]), ints(inputs[2])
+        axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+        steps = ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
     ndim = len(x.shape)
     axes = list(range(len(starts))) if axes is None else [a % ndim for a in axes]
     steps = steps or [1] * len(starts)
@@ -523,7 +502,7 @@ def _slice(node, inputs, device):
     for axis, start, end, step in zip(axes, starts, ends, steps):
         # ONNX clamps out-of-range ends (e.g. INT64_MAX), as Python slices do.
         index[axis] = slice(start, None if (step < 0 and end < -x.shape[axis]) else end, step)
-    if _is_host(x):
+    if is_host(x):
         return x[tuple(index)].copy()
     return ops.slice_(x, tuple(index))
 
@@ -531,7 +510,7 @@ def _slice(node, inputs, device):
 def _cast(node, inputs, device):
     x = inputs[0]
     to = ONNX_TYPES[node.attr("to")]
-    if _is_host(x):
+    if is_host(x):
         return x.astype(to)
     if np.dtype(to) != np.float32:
         node.fail(f"casting a device tensor to {np.dtype(to)} (device tensors are float32)")
@@ -553,12 +532,12 @@ def _constant_of_shape(node, inputs, device):
     from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
     value = node.attrs.get("value")
     fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
-    return np.full(_ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)
+    return np.full(ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)
 
 
 def _unary(function):
     def handler(node, inputs, device):
-        return function(_as_tensor(inputs[0], device))
+        return function(as_tensor(inputs[0], device))
     return handler
 
 
@@ -576,5 +555,5 @@ HANDLERS = {
     "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad, "Softmax": _softmax,
     "Dropout": _dropout, "Identity": lambda node, inputs, device: inputs[0],
     "Shape": _shape, "Gather": _gather, "Slice": _slice, "Cast": _cast, "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape,
+    "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS,
 }

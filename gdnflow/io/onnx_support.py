@@ -46,6 +46,7 @@ _ANY = None
 _AUTO_PAD = _one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _CONV = {"auto_pad": _AUTO_PAD, "dilations": _pair, "group": _ANY, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
+_REDUCE = {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY}
 _POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0), "dilations": _ones, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
 
@@ -72,7 +73,18 @@ ATTRIBUTES = {
     "Constant": {"value": _ANY, "value_float": _ANY, "value_floats": _ANY, "value_int": _ANY,
                  "value_ints": _ANY},
     "ConstantOfShape": {"value": _ANY},
+    # Composed from gdnflow operators (gdnflow.io.onnx_ops).
+    "HardSigmoid": {"alpha": _ANY, "beta": _ANY}, "LeakyRelu": {"alpha": _ANY},
+    "Elu": {"alpha": _ANY},
+    "ReduceSum": _REDUCE, "ReduceMean": _REDUCE, "ReduceSumSquare": _REDUCE,
+    "ReduceL1": _REDUCE, "ReduceL2": _REDUCE, "ReduceLogSum": _REDUCE,
+    "Split": {"axis": _ANY, "split": _ANY, "num_outputs": _ANY},
+    "LRN": {"size": _ANY, "alpha": _ANY, "beta": _ANY, "bias": _ANY},
 }
+
+#: Op types whose handlers compute every output (Dropout's mask: all true in inference).
+EVERY_OUTPUT = {"Split", "Dropout"}
+
 
 def unsupported_features(op_type, attributes, outputs):
     """What of a node of ``op_type`` gdnflow cannot run: a list of phrases such as
@@ -95,7 +107,8 @@ def unsupported_features(op_type, attributes, outputs):
         if len(pads) == 4 and len(kernel) == 2 and any(
                 p >= k for p, k in zip(pads, list(kernel) * 2)):
             found.append(f"pads={_show(pads)} (each smaller than kernel_shape {_show(kernel)})")
-    extra = [name for name in outputs[1:] if name]     # every handler computes one output
+    # Other handlers compute the first output only.
+    extra = [] if op_type in EVERY_OUTPUT else [name for name in outputs[1:] if name]
     if extra:
         found.append(f"output {', '.join(extra)} (only the first output is computed)")
     return found

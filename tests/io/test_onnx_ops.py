@@ -1,0 +1,191 @@
+"""ONNX operators composed from gdnflow operators (gdnflow/io/onnx_ops.py): gradients
+through the imported module, a small network against onnxruntime, and the onnx
+package's light models (the node cases run in test_onnx.py)."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import gdnflow as gf  # noqa: E402
+from gdnflow.io.onnx import OnnxImportError, OnnxModule  # noqa: E402
+from gdnflow.testing import gradcheck  # noqa: E402
+
+LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+
+
+def graph_model(nodes, inputs, outputs, initializers=(), opset=17):
+    """A model of ``nodes``; ``inputs`` and ``outputs`` map float tensor names to shapes."""
+    from onnx import TensorProto, helper, numpy_helper
+    value = lambda name, shape: helper.make_tensor_value_info(  # noqa: E731
+        name, TensorProto.FLOAT, shape)
+    graph = helper.make_graph(
+        nodes, "g", [value(n, s) for n, s in inputs.items()],
+        [value(n, s) for n, s in outputs.items()],
+        initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in dict(initializers).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node(op_type, inputs, outputs=("y",), **attributes):
+    from onnx import helper
+    return helper.make_node(op_type, list(inputs), list(outputs), **attributes)
+
+
+# ------------------------------------ gradients through the imported module --
+# name: (nodes, input shapes, constant initializers, opset, positive inputs)
+GRADIENT_CASES = {
+    "HardSigmoid": ([node("HardSigmoid", "x", alpha=0.3, beta=0.4)], {"x": (2, 3, 4)}, {}, 17,
+                    False),
+    "HardSwish": ([node("HardSwish", "x")], {"x": (2, 3, 4)}, {}, 17, False),
+    "PRelu, slope per channel": ([node("PRelu", ["x", "slope"])],
+                                 {"x": (2, 3, 2, 2), "slope": (3, 1, 1)}, {}, 17, False),
+    "LeakyRelu": ([node("LeakyRelu", "x", alpha=0.2)], {"x": (3, 4)}, {}, 17, False),
+    "Elu": ([node("Elu", "x", alpha=0.7)], {"x": (3, 4)}, {}, 17, False),
+    "Softsign": ([node("Softsign", "x")], {"x": (3, 4)}, {}, 17, False),
+    "Pow, constant exponent": ([node("Pow", ["x", "e"])], {"x": (3, 4)},
+                               {"e": np.float32(3.0)}, 17, False),
+    "Pow, exponent tensor": ([node("Pow", ["x", "e"])], {"x": (3, 4), "e": (4,)}, {}, 17, True),
+    "Reciprocal": ([node("Reciprocal", "x")], {"x": (3, 4)}, {}, 17, True),
+    "ReduceMean, attribute axes": ([node("ReduceMean", "x", axes=[1, -1], keepdims=0)],
+                                   {"x": (2, 3, 4)}, {}, 17, False),
+    "ReduceMean, axes input": ([node("ReduceMean", ["x", "axes"], keepdims=1)],
+                               {"x": (2, 3, 4)}, {"axes": np.array([0, 2], np.int64)}, 18, False),
+    "ReduceSum, all axes": ([node("ReduceSum", "x", keepdims=0)], {"x": (2, 3)}, {}, 13, False),
+    "ReduceL2": ([node("ReduceL2", ["x", "axes"])], {"x": (2, 3, 4)},
+                 {"axes": np.array([1], np.int64)}, 18, False),
+    "Sum, broadcasting": ([node("Sum", ["a", "b", "c"])], {"a": (2, 3), "b": (3,), "c": (2, 1)},
+                          {}, 13, False),
+    "Mean": ([node("Mean", ["a", "b"])], {"a": (2, 3), "b": (2, 3)}, {}, 13, False),
+    "Max, three inputs": ([node("Max", ["a", "b", "c"])], {"a": (2, 3), "b": (2, 3), "c": (3,)},
+                          {}, 13, False),
+    "Min": ([node("Min", ["a", "b"])], {"a": (2, 3), "b": (2, 3)}, {}, 13, False),
+    "Split, then Sub": ([node("Split", ["x", "parts"], ["p", "q"], axis=1), node("Sub", "pq")],
+                        {"x": (2, 4)}, {"parts": np.array([2, 2], np.int64)}, 13, False),
+    "LRN": ([node("LRN", "x", size=3, alpha=0.5, beta=0.75, bias=2.0)], {"x": (2, 5, 2, 3)}, {},
+            13, False),
+}
+
+
+@pytest.mark.parametrize("nodes, inputs, constants, opset, positive", GRADIENT_CASES.values(),
+                         ids=GRADIENT_CASES.keys())
+def test_gradients_through_the_imported_module(nodes, inputs, constants, opset, positive, rng):
+    module = OnnxModule(graph_model(nodes, inputs, {"y": None}, constants, opset), device="numpy")
+    arrays = [rng.standard_normal(shape) for shape in inputs.values()]
+    if positive:
+        arrays[0] = np.abs(arrays[0]) + 0.5
+    gradcheck(module, arrays)
+
+
+# -------------------------------- a small network against onnxruntime --
+@pytest.mark.parametrize("opset", [17, 18])
+def test_conv_hardswish_reducemean_prelu_matches_onnxruntime(opset, rng):
+    ort = pytest.importorskip("onnxruntime")
+    reduce = (node("ReduceMean", ["h", "axes"], ["m"], keepdims=1) if opset >= 18 else
+              node("ReduceMean", ["h"], ["m"], axes=[2, 3], keepdims=1))
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             node("HardSwish", ["c"], ["h"]), reduce,
+             node("PRelu", ["m", "slope"], ["p"]),
+             node("HardSigmoid", ["c"], ["s"], alpha=0.25, beta=0.45),
+             node("Mul", ["s", "p"], ["sp"]),
+             node("LRN", ["sp"], ["l"], size=3, alpha=1e-2, beta=0.75, bias=1.5),
+             node("Split", ["l", "parts"], ["l1", "l2"], axis=1),
+             node("Max", ["l1", "l2"], ["mx"]), node("Sum", ["l1", "l2", "mx"], ["sm"]),
+             node("Pow", ["sm", "two"], ["sq"]),
+             node("ReduceSum", ["sq", "axes_sum"], ["y"], keepdims=0)]
+    constants = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.4,
+                 "b": rng.standard_normal(8).astype(np.float32),
+                 "slope": rng.uniform(0.1, 0.5, (8, 1, 1)).astype(np.float32),
+                 "axes": np.array([2, 3], np.int64), "parts": np.array([4, 4], np.int64),
+                 "two": np.float32(2.0), "axes_sum": np.array([1], np.int64)}
+    model = graph_model(nodes, {"x": (2, 3, 7, 6)}, {"y": None}, constants, opset)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    assert got.shape == expected.shape
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+def test_dropout_mask_is_all_true_in_inference():
+    model = graph_model([node("Dropout", ["x"], ["y", "mask"], seed=1)], {"x": (2, 3)},
+                        {"y": (2, 3), "mask": (2, 3)})
+    model.graph.output[1].type.tensor_type.elem_type = onnx.TensorProto.BOOL
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y, mask = OnnxModule(model, device="numpy")(x)
+    np.testing.assert_array_equal(y.numpy(), x)
+    assert mask.dtype == np.bool_ and mask.shape == (2, 3) and mask.all()
+
+
+def test_prelu_slope_that_does_not_broadcast_to_the_input_is_refused():
+    model = graph_model([node("PRelu", ["x", "slope"], name="pr")], {"x": (2, 3)}, {"y": None},
+                        {"slope": np.ones((2, 1, 3), np.float32)})
+    with pytest.raises(OnnxImportError, match=r"node pr \(PRelu\): a slope of shape \(2, 1, 3\)"):
+        OnnxModule(model, device="numpy")(np.ones((2, 3), np.float32))
+
+
+def test_unsupported_attribute_of_a_composed_operator_is_refused_at_load():
+    model = graph_model([node("LeakyRelu", "x", name="lr", alpha=0.1)], {"x": (2, 3)}, {"y": None})
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("gamma", 2.0))
+    with pytest.raises(OnnxImportError, match=r"^m: node lr \(LeakyRelu\): attribute gamma is "
+                                              r"not supported$"):
+        OnnxModule(model, device="numpy", source="m")
+
+
+# ------------------------------------------------- onnx's light models --
+LIGHT_MODELS = sorted(p.stem for p in LIGHT.glob("light_*.onnx"))
+
+
+def light_input(model):
+    """The input onnx's backend runner feeds the light models: arange(n) / n."""
+    initializers = {t.name for t in model.graph.initializer}
+    value = next(i for i in model.graph.input if i.name not in initializers)
+    shape = tuple(d.dim_value or 1 for d in value.type.tensor_type.shape.dim)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_matches_its_reference_output(name):
+    from onnx import numpy_helper
+    model = onnx.load(str(LIGHT / f"{name}.onnx"))
+    expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT / f"{name}_output_0.pb")))
+    got = OnnxModule(model, device="numpy", source=name)(light_input(model)).numpy()
+    # onnx's runner compares these with rtol 1e-3 (2e-3 for densenet121), atol 1e-7.
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["light_inception_v1", "light_resnet50", "light_shufflenet"])
+def test_light_model_with_random_weights_matches_onnxruntime(name, rng):
+    """The light models' weights are constant fills (their reference output is a uniform
+    softmax, 0.001 everywhere): here each fill is scaled elementwise by U(0.5, 1.5) and
+    the logits (the Softmax's input) are compared with onnxruntime's. Covers LRN,
+    Dropout's mask and Sum inside real graphs."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import numpy_helper
+    model = onnx.load(str(LIGHT / f"{name}.onnx"))
+    shapes = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    kept = []
+    for n in model.graph.node:
+        if n.op_type == "ConstantOfShape":
+            fill = numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0]
+            values = fill * rng.uniform(0.5, 1.5, shapes[n.input[0]])
+            model.graph.initializer.append(numpy_helper.from_array(values.astype(np.float32),
+                                                                    n.output[0]))
+        elif n.op_type == "Softmax":
+            logits = n.input[0]
+        else:
+            kept.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.graph.output[0].name = logits
+    x = light_input(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3      # the unused __SHAPE initializers are warned about
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    expected = session.run(None, {session.get_inputs()[0].name: x})[0]
+    got = OnnxModule(model, device="numpy", source=name)(x).numpy()
+    assert np.ptp(expected) > 1e-3 * np.max(np.abs(expected))      # not a constant output
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
