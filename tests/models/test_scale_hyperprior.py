@@ -1,7 +1,8 @@
 """The scale hyperprior: shapes and CompressAI's names, the Gaussian conditional's
 likelihoods against a formula written independently, evaluation rounding, the
 noise of y and z, the gradient of the whole rate-distortion loss in float64,
-CompressAI weight conversion, and (GPU) a training step against NumPy."""
+and (GPU) a training step against NumPy. CompressAI's weights:
+test_hyperprior_compressai.py."""
 import math
 
 import numpy as np
@@ -9,7 +10,6 @@ import pytest
 
 import gdnflow as gf
 from gdnflow.models import CODEC_MODELS, ScaleHyperprior
-from gdnflow.models.compression import load_compressai_state_dict
 from gdnflow.models.gaussian_conditional import GaussianConditional
 from gdnflow.testing import gradcheck
 from gdnflow.train.losses import RateDistortionLoss
@@ -117,20 +117,6 @@ def test_rate_distortion_loss_gradient_of_the_whole_model(rng):
     x = rng.random((1, 3, 64, 64))
     gradcheck(loss, [x] + [p.numpy() for p in model.parameters()], directions=1,
               full_jacobian_max=0, rtol=1e-5)
-
-
-def test_load_compressai_state_dict(rng):
-    source = randomize(ScaleHyperprior(4, 6, rng=rng, device="numpy"), rng)
-    state = source.state_dict()
-    state["gaussian_conditional.scale_table"] = np.linspace(0.11, 256, 64)
-    state["gaussian_conditional._quantized_cdf"] = np.zeros((64, 10), np.int32)
-    target = ScaleHyperprior(4, 6, seed=1, device="numpy")
-    skipped = load_compressai_state_dict(target, state)
-    assert sorted(skipped) == ["gaussian_conditional._quantized_cdf",
-                               "gaussian_conditional.scale_table"]
-    loaded = target.state_dict()
-    for name, value in source.state_dict().items():
-        np.testing.assert_array_equal(loaded[name], value.astype(np.float32))
 
 
 # ------------------------------------------------------------------ GPU --
