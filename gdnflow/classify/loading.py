@@ -22,6 +22,7 @@ from gdnflow.io import formats
 from gdnflow.io import keras as keras_io
 from gdnflow.io import onnx as onnx_io
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info
+from gdnflow.sparse.checkpoint import load_pruned
 
 #: gdnflow's image classifiers (the --model names).
 CLASSIFIERS = ("mobilenet_v2", "vgg16")
@@ -71,7 +72,7 @@ def load_model(weights=None, model=None, device=None):
             if detect_format(weights) != "gdnflow-checkpoint":
                 raise ClassifyError(f"--weights {weights}: with --model FILE, the weights must be "
                                     "a gdnflow checkpoint")
-            load_checkpoint(weights, network)
+            load_pruned(weights, network)       # pruned or not
         return network.eval()
     if weights is None:
         raise ClassifyError("--weights is required: gdnflow ships no trained weights (give a "
@@ -135,7 +136,7 @@ def model_from_checkpoint(path, device=None, model_name=None):
     if "num_classes" not in config:
         config["num_classes"] = _classes_from_shapes(info["parameter_shapes"])
     network = _build_named(name, config, device)
-    load_checkpoint(path, network)
+    load_pruned(path, network)          # a pruned checkpoint (gdnflow prune) too
     return network
 
 

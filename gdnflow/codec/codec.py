@@ -43,6 +43,7 @@ from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_cro
 from gdnflow.data.images import open_image, read_rgb8
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models import CODEC_MODELS
+from gdnflow.sparse.checkpoint import load_pruned
 from gdnflow.tensor import Tensor
 
 #: Default tile side in pixels of :class:`Codec` (see its ``tile``): measured with
@@ -298,7 +299,7 @@ def load_model(path, device=None):
                          f"({' or '.join(sorted(CODEC_MODELS))}: train one with gdnflow train)")
     model = kind(config["N"], config["M"], seed=0, device=device)
     try:
-        load_checkpoint(path, model)
+        load_pruned(path, model)        # a pruned checkpoint (gdnflow prune) too
     except CheckpointError as exc:
         raise CodecError(str(exc)) from None
     return model.eval()

@@ -228,3 +228,24 @@ def test_info_on_each_kind_of_file(checkpoint, tmp_path, rng, capsys):
     assert "x [Nx3x48x48]" in out and "parameters: 136 in 3 initializers" in out
     assert main(["info"]) == 0          # without FILE: what gdnflow sees, as before
     assert "default device" in capsys.readouterr().out
+
+
+def test_a_pruned_checkpoint_classifies_like_its_dense_twin(images, checkpoint, tmp_path, capsys):
+    """gdnflow prune's output (dense weights with zeros, plus weight_mask buffers) loads where
+    the dense checkpoint does, and classifies as a dense model with those weights."""
+    path, _ = checkpoint
+    pruned = tmp_path / "pruned.h5"
+    assert main(["prune", str(path), "--sparsity", "0.5", "-o", str(pruned)]) == 0
+    capsys.readouterr()
+    assert main(["classify", *images, "--weights", str(pruned), "--device", "numpy",
+                 "--size", str(SIZE)]) == 0
+    results = parse(capsys.readouterr().out)
+    dense = models.mobilenet_v2(num_classes=7, width_mult=0.35, device="numpy")
+    saved = gf.io.checkpoint.load_checkpoint(pruned)
+    dense.load_state_dict(saved["parameters"] | {k: v for k, v in saved["buffers"].items()
+                                                 if not k.endswith("weight_mask")})
+    assert any(np.mean(v == 0) > 0.4 for v in saved["parameters"].values())   # really pruned
+    for image in images:
+        order, probabilities = expected_top5(dense.eval(), image)
+        assert [i for i, _ in results[image]] == list(order)
+        np.testing.assert_allclose([p for _, p in results[image]], probabilities, atol=6e-5)
