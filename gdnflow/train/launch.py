@@ -5,6 +5,22 @@ from gdnflow.train.run_folder import RunExistsError, RunFolder
 from gdnflow.train.stopping import StopSignals
 from gdnflow.train.trainer import Trainer
 
+#: The quick look on a CPU that examples/train_gdn_autoencoder.py suggests.
+CPU_SIZE = "--N 16 --M 24 --crop 64 --batch-size 4 --lr 1e-3"
+
+
+def cpu_hint(config, device):
+    """A one-line hint when a run of ``config``'s size on ``device`` would be very slow, else None.
+
+    On NumPy a step costs in proportion to batch x crop^2 x N; past 8 times the
+    CPU_SIZE run (about 0.5 s a step on two cores) the hint names that size.
+    """
+    if device != "numpy" or config.batch_size * config.crop ** 2 * config.N <= 8 * 4 * 64 ** 2 * 16:
+        return None
+    return (f"note: training on NumPy (no usable GPU): N={config.N} with {config.batch_size} "
+            f"crops of {config.crop}x{config.crop} takes seconds to minutes a step on a CPU; for a "
+            f"quick look try {CPU_SIZE}")
+
 
 def train(config, resume=None, force=False, log=print):
     """Train ``config``'s run in its folder ``config.out_dir``, owned for the whole run.
@@ -25,6 +41,9 @@ def train(config, resume=None, force=False, log=print):
             RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new") \
             as folder:
         trainer = Trainer(config)
+        hint = cpu_hint(config, trainer.device)
+        if hint:
+            log(hint)
         elsewhere = resume not in (None, True) and \
             Path(resume).resolve() != trainer.checkpoint_path().resolve()
         if elsewhere and folder.run_files():

@@ -72,3 +72,16 @@ def test_resume_and_force_together_are_a_usage_error(tmp_path, capsys):
     assert args.run(args) == 2
     assert "pass one of them" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_large_run_on_numpy_gets_a_cpu_size_hint(tiny_config):
+    from gdnflow.train import TrainConfig
+    from gdnflow.train.launch import CPU_SIZE, cpu_hint, train
+    assert cpu_hint(tiny_config(), "numpy") is None                   # N=8, 2 crops of 32
+    assert cpu_hint(TrainConfig(), "cuda") is None
+    hint = cpu_hint(TrainConfig(), "numpy")
+    assert "N=128 with 16 crops of 256x256" in hint and CPU_SIZE in hint
+    lines = []
+    train(tiny_config(steps=1, crop=160, batch_size=8, N=16, M=24), log=lines.append)
+    assert lines == [cpu_hint(tiny_config(crop=160, batch_size=8, N=16), "numpy")]
+    assert lines[0] is not None
