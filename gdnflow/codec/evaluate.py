@@ -14,7 +14,10 @@ Outputs in the folder given: ``eval.md`` (a markdown table, per image and
 mean per model), ``eval.json`` (every number), ``rd.png`` (PSNR and
 MS-SSIM against bpp: the models' mean points and JPEG's mean curve over a
 sweep of qualities around their rates) and the ``.gdn`` files under
-``files/<checkpoint>/`` (``files/codec_q2/photo.png.gdn``). ``--force``
+``files/<checkpoint>/`` (``files/codec_q2/photo.png.gdn``) with their decodings
+beside them (``photo.png.decoded.png``). A checkpoint is named by its file's stem,
+or by its folder for a run's ``checkpoint.h5``; labels add the model's kind and
+lambda ("q3 (hyperprior, lambda 0.0067)"). ``--force``
 replaces only a ``files`` folder that eval wrote (it holds ``.gdnflow-eval``)
 and that holds none of the inputs; the earlier one is swapped out by rename.
 """
@@ -121,14 +124,26 @@ class JpegReference:
             {"qualities": list(pair), "bpp": [a["bpp"], b["bpp"]]}
 
 
+def checkpoint_name(path):
+    """A checkpoint's short name: its file stem, or its folder's name for a run's
+    ``checkpoint.h5`` (runs/q3/checkpoint.h5 is "q3")."""
+    path = Path(path)
+    return path.parent.resolve().name or path.stem if path.stem == "checkpoint" else path.stem
+
+
 def checkpoint_label(path, name=None):
-    """A checkpoint's short name: ``name`` (default: its file stem), with its lambda if recorded."""
-    label = name or Path(path).stem
+    """``name`` (default: :func:`checkpoint_name`) with the model's kind and its lambda, as
+    far as the checkpoint records them: "q3 (hyperprior, lambda 0.0067)"."""
+    label = name or checkpoint_name(path)
     try:
-        lmbda = read_checkpoint_info(path)["extra"].get("train_config", {}).get("lmbda")
+        info = read_checkpoint_info(path)
+        details = [info["model_name"]]
+        lmbda = info["extra"].get("train_config", {}).get("lmbda")
+        if lmbda is not None:
+            details.append(f"lambda {lmbda:g}")
     except Exception:       # noqa: BLE001 (the label is cosmetic; loading reports real errors)
-        lmbda = None
-    return f"{label} (lambda {lmbda:g})" if lmbda is not None else label
+        return label
+    return f"{label} ({', '.join(details)})"
 
 
 def _mean(values):
@@ -156,7 +171,7 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=prin
     codecs, stems = [], set()
     for path in checkpoints:
         # Names must differ: they label the rows and name the folders of .gdn files.
-        stem = Path(path).stem
+        stem = checkpoint_name(path)
         stem = next(f"{stem}-{i}" for i in range(2, len(checkpoints) + 2)
                     if f"{stem}-{i}" not in stems) if stem in stems else stem
         stems.add(stem)
@@ -237,6 +252,7 @@ def _measure(images, data, codecs, files, log):
             write_bytes_atomic(target, codec.compress(original))
             data_read = target.read_bytes()
             decoded = codec.decompress(data_read, str(target))
+            write_bytes_atomic(target.with_suffix(".decoded.png"), png_bytes(decoded))
             bpp = 8 * os.path.getsize(target) / reference.pixels
             row = {"image": str(path.relative_to(data)), "model": label,
                    "bytes": len(data_read), "bpp": bpp,
@@ -244,6 +260,13 @@ def _measure(images, data, codecs, files, log):
             rows.append(row)
             log(_describe(row))
     return rows, references
+
+
+def png_bytes(image):
+    """The bytes of a uint8 (H, W, 3) image as a PNG file."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, "PNG")
+    return buffer.getvalue()
 
 
 def _model_mean(label, rows):

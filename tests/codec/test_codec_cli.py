@@ -140,7 +140,7 @@ def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, cap
     assert run("eval", "--checkpoint", checkpoint, "--data", image_files["png"].parent,
                "--out", out, "--device", "numpy") == 0
     printed = capsys.readouterr().out
-    assert "| odd.png | model (lambda 0.01) |" in printed and "**mean of 2**" in printed
+    assert "| odd.png | model (factorized_prior, lambda 0.01) |" in printed and "**mean of 2**" in printed
     results = json.loads((out / "eval.json").read_text())
     for row in results["rows"]:
         path = out / "files" / "model" / (row["image"] + ".gdn")
@@ -167,9 +167,30 @@ def test_eval_keeps_checkpoints_of_one_name_apart(checkpoint, other_model, small
     Image.fromarray(small_image).save(data / "tiny.png")
     results = evaluate([checkpoint, other], data, tmp_path / "out", device="numpy",
                        log=lambda line: None)
-    assert [m["model"] for m in results["means"]] == ["model (lambda 0.01)", "model-2"]
+    assert [m["model"] for m in results["means"]] == ["model (factorized_prior, lambda 0.01)",
+                                                      "model-2 (factorized_prior)"]
     assert sorted(p.name for p in (tmp_path / "out" / "files").iterdir()) == [
         ".gdnflow-eval", "model", "model-2"]
+    # Each file's decoding is kept beside it, and is what the file decodes to.
+    coded = tmp_path / "out" / "files" / "model" / "tiny.png.gdn"
+    decoded = read_image(tmp_path / "out" / "files" / "model" / "tiny.png.decoded.png")
+    assert np.array_equal(decoded, Codec.from_checkpoint(checkpoint, "numpy").decompress(
+        coded.read_bytes()))
+
+
+def test_eval_names_a_runs_checkpoint_by_its_folder(model, small_image, tmp_path):
+    from PIL import Image
+    from gdnflow.codec.evaluate import evaluate
+    from gdnflow.io.checkpoint import save_checkpoint
+    run = tmp_path / "runs" / "q3" / "checkpoint.h5"
+    run.parent.mkdir(parents=True)
+    save_checkpoint(run, model, extra={"train_config": {"lmbda": 0.0067}})
+    data = tmp_path / "tiny"
+    data.mkdir()
+    Image.fromarray(small_image).save(data / "tiny.png")
+    results = evaluate([run], data, tmp_path / "out", device="numpy", log=lambda line: None)
+    assert results["means"][0]["model"] == "q3 (factorized_prior, lambda 0.0067)"
+    assert (tmp_path / "out" / "files" / "q3" / "tiny.png.gdn").is_file()
     # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
     assert results["rows"][0]["jpeg"] is None and "out of JPEG's range" in (
         tmp_path / "out" / "eval.md").read_text()
