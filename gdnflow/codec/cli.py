@@ -1,6 +1,7 @@
 """``gdnflow compress``, ``gdnflow decompress`` and ``gdnflow eval``: the image codec's commands.
 
     gdnflow compress photo.png -o photo.gdn --checkpoint checkpoints/codec_q2.h5
+    gdnflow compress photo.png --quality 3             # a shipped model (gdnflow.codec.zoo)
     gdnflow decompress photo.gdn -o photo_hat.png      # finds the checkpoint by model id
     gdnflow eval --checkpoint checkpoints/*.h5 --data photos/ --out results/
 
@@ -14,7 +15,7 @@ one line naming the file, exit status 1 (:mod:`gdnflow.commandline`).
 ``decompress`` without ``--checkpoint`` looks for the checkpoint whose
 model id the file names in the folders of ``GDNFLOW_CHECKPOINTS``
 (separated by ``os.pathsep``), then the file's own folder, then
-``./checkpoints``.
+``./checkpoints``, then the shipped models' folders.
 """
 import io
 import os
@@ -26,6 +27,7 @@ from PIL import Image
 from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image
 from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
 from gdnflow.codec.format import CodecError
+from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint, shipped_folders
 from gdnflow.commandline import add_max_pixels_option, command_parser, run
 from gdnflow.io.files import check_inputs, check_outputs, output_paths, write_bytes_atomic
 from gdnflow.io.formats import require_checkpoint
@@ -53,12 +55,21 @@ def save_image(path, image, overwrite=False):
 
 # ---------------------------------------------------------------- commands --
 def cmd_compress(args):
-    """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding."""
+    """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding.
+
+    Without ``--checkpoint`` the shipped model of ``--quality`` (default 2) codes them."""
     check_inputs(args.images, "image")
-    require_checkpoint(args.checkpoint, "gdnflow compress")
+    if args.checkpoint is None:
+        checkpoint = shipped_checkpoint("factorized_prior", args.quality or 2)
+        print(f"the shipped factorized prior of quality {args.quality or 2} ({checkpoint.name})")
+    else:
+        if args.quality is not None:
+            raise CodecError("--quality chooses a shipped model: give it or --checkpoint, not both")
+        checkpoint = args.checkpoint
+        require_checkpoint(checkpoint, "gdnflow compress")
     outputs = check_outputs(output_paths(args.images, args.output, ".gdn"),
-                            inputs=[*args.images, args.checkpoint], force=args.force)
-    codec = Codec.from_checkpoint(args.checkpoint, args.device)
+                            inputs=[*args.images, checkpoint], force=args.force)
+    codec = Codec.from_checkpoint(checkpoint, args.device)
     for source, target in zip(args.images, outputs):
         image = read_image(source)
         write_bytes_atomic(target, codec.compress(image), overwrite=args.force)
@@ -76,7 +87,8 @@ def checkpoint_folders(file):
     """Folders ``decompress`` searches for a file's checkpoint, in order (module docstring)."""
     listed = os.environ.get(CHECKPOINT_PATH_VARIABLE, "")
     return [Path(p) for p in listed.split(os.pathsep) if p] + [Path(file).parent,
-                                                               Path("checkpoints")]
+                                                               Path("checkpoints"),
+                                                               *shipped_folders()]
 
 
 def cmd_decompress(args):
@@ -142,8 +154,12 @@ def add_codec_parsers(subparsers):
     compress.add_argument("-o", "--output", metavar="OUT",
                           help="the .gdn file (one image) or a folder (several); default: "
                           "IMAGE with the suffix .gdn")
-    compress.add_argument("--checkpoint", required=True, metavar="CKPT",
-                          help="a gdnflow checkpoint of a factorized prior or a scale hyperprior (gdnflow train)")
+    compress.add_argument("--checkpoint", metavar="CKPT",
+                          help="a gdnflow checkpoint of a factorized prior or a scale hyperprior "
+                          "(gdnflow train); default: a shipped model (--quality)")
+    compress.add_argument("--quality", type=int, choices=sorted({e.quality for e in SHIPPED}),
+                          help="the shipped factorized prior of this quality (CompressAI's "
+                          "lambdas; default 2 when no --checkpoint is given)")
     compress.add_argument("--force", action="store_true", help="overwrite existing files")
     add_max_pixels_option(compress)
     _device_option(compress)
@@ -153,7 +169,8 @@ def add_codec_parsers(subparsers):
         "decompress", help="decode .gdn files to images",
         description="Decode .gdn files to images (the format by the suffix of -o; PNG by "
         "default). Without --checkpoint, the checkpoint whose model id the file names is "
-        f"looked for in ${CHECKPOINT_PATH_VARIABLE}, the file's folder and ./checkpoints.")
+        f"looked for in ${CHECKPOINT_PATH_VARIABLE}, the file's folder, ./checkpoints and the "
+        "shipped models.")
     decompress.add_argument("files", nargs="+", metavar="FILE", help=".gdn files to decode")
     decompress.add_argument("-o", "--output", metavar="IMAGE",
                             help="the image (one file) or a folder (several); default: FILE "

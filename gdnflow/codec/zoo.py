@@ -1,0 +1,88 @@
+"""The trained codecs shipped with gdnflow, by architecture and quality.
+
+    from gdnflow.codec import pretrained
+    codec = pretrained("factorized_prior", quality=2)    # a Codec, ready to use
+    image_hat = codec.decompress(codec.compress(image))
+
+    gdnflow compress photo.png --quality 3               # no --checkpoint needed
+
+:data:`SHIPPED` lists them (CompressAI's qualities and lambdas; ``checkpoints/README.md``
+says how they were trained and how they do). The files are installed with
+the package (``gdnflow/checkpoints``, from the checkout's top-level
+``checkpoints/``) or, in a source checkout, found beside the package; each
+is checked against its SHA-256 before use, so a damaged or replaced file is
+refused by name instead of coding with other weights.
+"""
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from gdnflow.codec.codec import TILE, Codec
+from gdnflow.codec.format import CodecError
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShippedModel:
+    """One shipped checkpoint: its architecture, quality, lambda, file name and SHA-256."""
+
+    architecture: str
+    quality: int
+    lmbda: float
+    file: str
+    sha256: str
+
+
+SHIPPED = (
+    ShippedModel("factorized_prior", 1, 0.0018, "codec_q1.h5",
+                 "23108933bafd18a485ce2aee69cc134ecb6055a4258899158114ea4858aa8d1f"),
+    ShippedModel("factorized_prior", 2, 0.0035, "codec_q2.h5",
+                 "d73b127a008096684e056575dcaf036d4ca11df88f84cbcbc4c0c10813a63f02"),
+    ShippedModel("factorized_prior", 3, 0.0067, "codec_q3.h5",
+                 "c5d674a29418ac8c10db88d0c9fb58671c52163d87c7f27b2906653de49daf7c"),
+)
+
+
+def shipped_folders():
+    """Where the shipped checkpoints are looked for: installed, then beside the package."""
+    return [_PACKAGE / "checkpoints", _PACKAGE.parent / "checkpoints"]
+
+
+def describe_shipped():
+    """"factorized_prior quality 1, 2, 3": what :data:`SHIPPED` holds, for messages."""
+    kinds = {}
+    for entry in SHIPPED:
+        kinds.setdefault(entry.architecture, []).append(str(entry.quality))
+    return "; ".join(f"{kind} quality {', '.join(qualities)}" for kind, qualities in kinds.items())
+
+
+def shipped_checkpoint(architecture="factorized_prior", quality=2, folders=None):
+    """The path of the shipped checkpoint of ``architecture`` at ``quality``, its hash checked.
+
+    ``folders``: where to look (default :func:`shipped_folders`). Raises
+    CodecError if none is shipped (naming what is), if the file is in none of
+    the folders, or if its SHA-256 is not the recorded one.
+    """
+    folders = shipped_folders() if folders is None else [Path(f) for f in folders]
+    entry = next((e for e in SHIPPED if (e.architecture, e.quality) == (architecture, quality)),
+                 None)
+    if entry is None:
+        raise CodecError(f"no shipped {architecture} model of quality {quality}; shipped: "
+                         f"{describe_shipped()}")
+    path = next((folder / entry.file for folder in folders if (folder / entry.file).is_file()),
+                None)
+    if path is None:
+        raise CodecError(f"the shipped checkpoint {entry.file} is in none of "
+                         f"{', '.join(map(str, folders))} (reinstall gdnflow)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != entry.sha256:
+        raise CodecError(f"{path}: not the shipped {entry.file} (SHA-256 {digest[:16]}..., "
+                         f"expected {entry.sha256[:16]}...): damaged or replaced; reinstall "
+                         "gdnflow")
+    return path
+
+
+def pretrained(architecture="factorized_prior", quality=2, device=None, tile=TILE):
+    """The codec of a shipped model (:func:`shipped_checkpoint`), on ``device``."""
+    return Codec.from_checkpoint(shipped_checkpoint(architecture, quality), device, tile)
