@@ -25,7 +25,9 @@ Slice, Cast, Constant, ConstantOfShape; composed from those operators by
 :mod:`gdnflow.io.onnx_ops` (so forward and backward run on both backends):
 HardSigmoid, HardSwish, PRelu, LeakyRelu, Elu, Softsign, Tanh, Abs, Sqrt,
 Neg, Exp, Log, Softplus, Reciprocal, Pow, Sum, Mean, Max, Min, ReduceSum,
-ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, Split, LRN;
+ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, Split, LRN,
+LayerNormalization, InstanceNormalization, Gelu (tanh form), Selu, Celu,
+Mish, Expand, Tile, Where, Resize and Upsample (nearest, integer factors);
 and nodes of custom domains whose op type a registered (plugin) operator
 declares (see :func:`custom_operator`). Dropout's mask output is all true.
 Attributes, values and outputs outside gdnflow's operators (ceil_mode

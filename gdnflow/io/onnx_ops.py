@@ -1,9 +1,9 @@
 """ONNX operators that the importer runs as compositions of gdnflow operators.
 
 Each handler here builds its node's result from existing operators (relu,
-clamp, affine, pow, exp, log, sum, mean, avg_pool2d, slice...), so it runs on
-both backends and differentiates through their verified kernels; none has a
-kernel of its own. The compositions, with x the node's first input:
+clamp, affine, pow, exp, log, sum, mean, avg_pool2d, slice, broadcast_to,
+reshape...), so it runs on both backends and differentiates through their
+verified kernels; none has a kernel of its own. The compositions, with x the node's first input:
 
 ========================  ===================================================
 HardSigmoid(alpha, beta)  clamp(alpha x + beta, 0, 1)
@@ -24,11 +24,32 @@ Split                     one slice per output
 LRN(size, alpha, beta,    x / (bias + alpha * mean of x^2 over the ``size``
 bias)                     channels around each one)^beta; the window mean is
                           an average pool of x^2 seen as [N, 1, C, rest]
+LayerNormalization(axis,  (x - m) * (v + epsilon)^-1/2 * scale + bias, m and v
+epsilon)                  the mean and variance over the axes from ``axis``
+                          on (means of x and of (x - m)^2); its Mean and
+                          InvStdDev outputs are m and (v + epsilon)^-1/2
+InstanceNormalization     the same over the spatial axes, scale and bias per
+                          channel
+Gelu(approximate="tanh")  x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); the
+                          exact (erf) form is refused: gdnflow has no erf
+Selu(alpha, gamma)        gamma (relu(x) + alpha (exp(-relu(-x)) - 1))
+Celu(alpha)               relu(x) + alpha (exp(-relu(-x) / alpha) - 1)
+Mish                      x * tanh(softplus(x))
+Expand(x, shape)          broadcast_to(x, broadcast of x.shape and shape)
+Tile(x, repeats)          x as [1, d0, 1, d1, ...], broadcast_to [r0, d0, r1,
+                          d1, ...], reshaped to [r0 d0, r1 d1, ...]
+Where(c, a, b)            c a + (1 - c) b with c as 0/1: both branches are
+                          computed, so an inf or NaN in the one not taken
+                          gives NaN where ONNX gives the other branch's value
+Resize, Upsample          nearest by integer factors s: x as [..., d, 1, ...],
+(mode="nearest")          broadcast_to [..., d, s, ...], reshaped: each pixel
+                          replicated, which is nearest sampling under the
+                          coordinate modes onnx_support admits
 ========================  ===================================================
 
 Tanh, Abs, Sqrt, Neg, Exp, Log and Softplus map to the gdnflow operator of
-the same name. Max, Min, Sum and Split also compute on host arrays (shape
-arithmetic), with NumPy.
+the same name. Max, Min, Sum, Split, Expand, Tile and Where also compute on
+host arrays (shape arithmetic), with NumPy.
 """
 import functools
 import math
@@ -36,7 +57,8 @@ import math
 import numpy as np
 
 from gdnflow import ops
-from gdnflow.io.onnx_values import as_tensor, ints, is_host
+from gdnflow.io.onnx_values import as_tensor, host, ints, is_host
+from gdnflow.tensor import Tensor
 
 
 def _operand(value, device):
@@ -90,6 +112,32 @@ def _elu(node, inputs, device):
 def _softsign(node, inputs, device):
     x = inputs[0]
     return x / (ops.abs(x) + 1.0)
+
+
+def _selu(node, inputs, device):
+    x = inputs[0]
+    alpha = node.attr("alpha", 1.67326319217681884765625)
+    gamma = node.attr("gamma", 1.05070102214813232421875)
+    return gamma * (ops.relu(x) + alpha * (ops.exp(ops.neg(_negative_part(x))) - 1.0))
+
+
+def _celu(node, inputs, device):
+    x = inputs[0]
+    alpha = node.attr("alpha", 1.0)
+    return ops.relu(x) + alpha * (ops.exp(_negative_part(x) * (-1.0 / alpha)) - 1.0)
+
+
+def _mish(node, inputs, device):
+    x = inputs[0]
+    return x * ops.tanh(ops.softplus(x))
+
+
+def _gelu(node, inputs, device):
+    # Only approximate="tanh" reaches here: onnx_support refuses the exact
+    # (erf) form at load, gdnflow having no erf operator.
+    x = inputs[0]
+    inner = (x + 0.044715 * ops.pow(x, 3.0)) * math.sqrt(2 / math.pi)
+    return (x * 0.5) * (ops.tanh(inner) + 1.0)
 
 
 # ------------------------------------------------------------ arithmetic --
@@ -192,6 +240,78 @@ def _split(node, inputs, device):
     return pieces
 
 
+def _repeat(x, factors, each):
+    """x repeated ``factors[i]`` times along each axis i: every element in place
+    (``each``: nearest upsampling) or the whole extent (Tile). One broadcast_to
+    between reshapes, so the backward is broadcast_to's: a sum over the copies."""
+    if all(f == 1 for f in factors):
+        return x
+    split, spread = [], []
+    for size, factor in zip(x.shape, factors):
+        split += [size, 1] if each else [1, size]
+        spread += [size, factor] if each else [factor, size]
+    return ops.reshape(ops.broadcast_to(ops.reshape(x, tuple(split)), tuple(spread)),
+                       tuple(s * f for s, f in zip(x.shape, factors)))
+
+
+def _tile(node, inputs, device):
+    x, repeats = inputs[0], ints(inputs[1])
+    if len(repeats) != x.ndim:
+        node.fail(f"{len(repeats)} repeats for a {x.ndim}-D input")
+    return np.tile(x, repeats) if is_host(x) else _repeat(x, repeats, each=False)
+
+
+def _expand(node, inputs, device):
+    x, shape = inputs[0], tuple(ints(inputs[1]))
+    # ONNX broadcasts both ways: a 1 in ``shape`` keeps x's size there.
+    out = np.broadcast_shapes(tuple(x.shape), shape)
+    if is_host(x):
+        return np.broadcast_to(x, out).copy()
+    return x if out == x.shape else ops.broadcast_to(x, out)
+
+
+def _where(node, inputs, device):
+    condition, a, b = inputs
+    if all(is_host(v) for v in inputs):
+        return np.where(condition, a, b)
+    # c a + (1 - c) b with c the condition as 0/1: both branches are computed,
+    # so an inf or NaN in the branch not taken still makes a NaN (0 * inf).
+    like = a if not is_host(a) else b
+    c = (condition if not is_host(condition) else as_tensor(condition, device) if is_host(like)
+         else Tensor(condition, device=device, dtype=like.dtype))
+    return c * _operand(a, device) + (1.0 - c) * _operand(b, device)
+
+
+def _present(inputs, index):
+    """The input at ``index`` as a host array, or None when omitted or empty."""
+    value = inputs[index] if len(inputs) > index else None
+    value = None if value is None else host(value)
+    return value if value is not None and value.size else None
+
+
+def _resize_nearest(node, inputs, device):
+    """Resize and Upsample in nearest mode by integer factors: each pixel
+    replicated. onnx_support admits only coordinate modes under which that is
+    what nearest sampling gives (asymmetric with floor, half_pixel with
+    round_prefer_floor/ceil)."""
+    x = inputs[0]
+    if node.op_type == "Upsample":
+        scales, sizes = (node.attr("scales") if node.opset < 9 else _present(inputs, 1)), None
+    else:
+        scales = _present(inputs, 1 if node.opset < 11 else 2)
+        sizes = _present(inputs, 3) if node.opset >= 11 else None
+    axes = [a % x.ndim for a in node.attr("axes", range(x.ndim))]
+    factors = [1.0] * x.ndim
+    given = [int(v) for v in sizes.reshape(-1)] if sizes is not None else [
+        float(v) for v in np.asarray(scales).reshape(-1)]
+    for axis, value in zip(axes, given):
+        factors[axis] = value / x.shape[axis] if sizes is not None else value
+    if any(f != int(f) or f < 1 for f in factors):
+        node.fail(f"{'sizes' if sizes is not None else 'scales'} {given} for an input of shape "
+                  f"{tuple(x.shape)} (nearest: integer upscaling factors only)")
+    return _repeat(x, [int(f) for f in factors], each=True)
+
+
 # -------------------------------------------------------- normalisation --
 def _lrn(node, inputs, device):
     x = inputs[0]
@@ -209,6 +329,31 @@ def _lrn(node, inputs, device):
     return x * ops.pow(scale, -beta)
 
 
+def _normalized(x, axes, epsilon):
+    """(x - mean) / sqrt(var + epsilon) over ``axes``, with the mean and
+    1 / sqrt(var + epsilon) (reduced axes kept)."""
+    mean = ops.mean(x, axes, True)
+    centred = x - mean
+    inv_std = ops.pow(ops.mean(centred * centred, axes, True) + epsilon, -0.5)
+    return centred * inv_std, mean, inv_std
+
+
+def _layer_norm(node, inputs, device):
+    x, scale, bias = (list(inputs) + [None, None])[:3]
+    axis = node.attr("axis", -1) % x.ndim
+    y, mean, inv_std = _normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
+    y = y * _operand(scale, device)
+    return [y if bias is None else y + _operand(bias, device), mean, inv_std]
+
+
+def _instance_norm(node, inputs, device):
+    x, scale, bias = inputs
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    y, _, _ = _normalized(x, tuple(range(2, x.ndim)), node.attr("epsilon", 1e-5))
+    return (y * ops.reshape(as_tensor(scale, device), per_channel)
+            + ops.reshape(as_tensor(bias, device), per_channel))
+
+
 HANDLERS = {
     "Tanh": _unary(ops.tanh), "Abs": _unary(ops.abs), "Sqrt": _unary(ops.sqrt),
     "Neg": _unary(ops.neg), "Exp": _unary(ops.exp), "Log": _unary(ops.log),
@@ -218,7 +363,11 @@ HANDLERS = {
     "Sum": _sum, "Mean": _mean,
     "Max": _fold(_max, np.maximum), "Min": _fold(_min, np.minimum),
     **REDUCTIONS, "Split": _split, "LRN": _lrn,
+    "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
+    "Gelu": _gelu, "Selu": _selu, "Celu": _celu, "Mish": _mish,
+    "Expand": _expand, "Tile": _tile, "Where": _where,
+    "Resize": _resize_nearest, "Upsample": _resize_nearest,
 }
 
 #: Those of :data:`HANDLERS` that also compute on host arrays (shape arithmetic).
-HOST_OPS = {"Sum", "Max", "Min", "Split"}
+HOST_OPS = {"Sum", "Max", "Min", "Split", "Expand", "Tile", "Where"}

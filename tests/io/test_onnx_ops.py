@@ -65,6 +65,27 @@ GRADIENT_CASES = {
                         {"x": (2, 4)}, {"parts": np.array([2, 2], np.int64)}, 13, False),
     "LRN": ([node("LRN", "x", size=3, alpha=0.5, beta=0.75, bias=2.0)], {"x": (2, 5, 2, 3)}, {},
             13, False),
+    "LayerNormalization, axis 1, scale and bias": (
+        [node("LayerNormalization", ["x", "s", "b"], axis=1, epsilon=1e-3)],
+        {"x": (2, 3, 4), "s": (3, 4), "b": (4,)}, {}, 17, False),
+    "LayerNormalization, last axis, no bias": ([node("LayerNormalization", ["x", "s"])],
+                                               {"x": (3, 5), "s": (5,)}, {}, 17, False),
+    "InstanceNormalization": ([node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)],
+                              {"x": (2, 3, 2, 3), "s": (3,), "b": (3,)}, {}, 17, False),
+    "Gelu, tanh": ([node("Gelu", "x", approximate="tanh")], {"x": (3, 4)}, {}, 20, False),
+    "Selu": ([node("Selu", "x", alpha=1.5, gamma=1.2)], {"x": (3, 4)}, {}, 17, False),
+    "Celu": ([node("Celu", "x", alpha=0.8)], {"x": (3, 4)}, {}, 17, False),
+    "Mish": ([node("Mish", "x")], {"x": (3, 4)}, {}, 18, False),
+    "Resize nearest, scales 2 and 3": ([node("Resize", ["x", "", "scales"])], {"x": (1, 2, 2, 3)},
+                                       {"scales": np.array([1, 1, 2, 3], np.float32)}, 19, False),
+    "Upsample nearest": ([node("Upsample", ["x", "scales"])], {"x": (1, 2, 2, 2)},
+                         {"scales": np.array([1, 1, 3, 2], np.float32)}, 9, False),
+    "Tile": ([node("Tile", ["x", "repeats"])], {"x": (2, 3)},
+             {"repeats": np.array([2, 3], np.int64)}, 13, False),
+    "Expand, both ways": ([node("Expand", ["x", "shape"])], {"x": (3, 1)},
+                          {"shape": np.array([2, 1, 4], np.int64)}, 13, False),
+    "Where, constant condition": ([node("Where", ["c", "a", "b"])], {"a": (2, 3), "b": (3,)},
+                                  {"c": np.array([[1, 0, 1], [0, 0, 1]], bool)}, 16, False),
 }
 
 
@@ -106,6 +127,120 @@ def test_conv_hardswish_reducemean_prelu_matches_onnxruntime(opset, rng):
     got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
     assert got.shape == expected.shape
     assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+RESIZE_MODES = {
+    "opset 19 defaults (half_pixel, round_prefer_floor)": (19, {}, "scales"),
+    "half_pixel, round_prefer_ceil": (19, dict(nearest_mode="round_prefer_ceil"), "scales"),
+    "pytorch_half_pixel": (13, dict(coordinate_transformation_mode="pytorch_half_pixel"),
+                           "scales"),
+    "asymmetric, floor (PyTorch's export)": (13, dict(coordinate_transformation_mode="asymmetric",
+                                                      nearest_mode="floor"), "scales"),
+    "sizes": (13, {}, "sizes"),
+    "opset 10": (10, {}, "scales"),
+}
+
+
+@pytest.mark.parametrize("factors", [(2, 2), (3, 2), (1, 4)])
+@pytest.mark.parametrize("opset, attributes, given", RESIZE_MODES.values(),
+                         ids=RESIZE_MODES.keys())
+def test_resize_nearest_by_integer_factors_matches_onnxruntime(opset, attributes, given, factors,
+                                                               rng):
+    ort = pytest.importorskip("onnxruntime")
+    shape = (2, 3, 4, 5)
+    scales = np.array([1, 1, *factors], np.float32)
+    sizes = np.array([2, 3, 4 * factors[0], 5 * factors[1]], np.int64)
+    inputs = (["x", "scales"] if opset == 10 else
+              ["x", "", "scales"] if given == "scales" else ["x", "", "", "sizes"])
+    model = graph_model([node("Resize", inputs, mode="nearest", **attributes)], {"x": shape},
+                        {"y": None}, {"scales": scales, "sizes": sizes}, opset)
+    if given == "sizes":
+        model.graph.initializer.pop(0)      # an unused scales is rejected by onnxruntime
+    x = rng.standard_normal(shape).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_norms_activations_tile_expand_where_resize_match_onnxruntime(opset, rng):
+    ort = pytest.importorskip("onnxruntime")
+    gelu = (node("Gelu", ["i"], ["g"], approximate="tanh") if opset >= 20 else
+            node("Mish", ["i"], ["g"]))
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             node("InstanceNormalization", ["c", "in_s", "in_b"], ["i"], epsilon=1e-4), gelu,
+             node("Resize", ["g", "", "scales"], ["r"], mode="nearest",
+                  coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             node("LayerNormalization", ["r", "ln_s", "ln_b"], ["l"], axis=1),
+             node("Mish", ["l"], ["m"]), node("Selu", ["m"], ["s"]),
+             node("Tile", ["s", "repeats"], ["t"]),
+             node("Expand", ["row", "shape"], ["e"]),
+             node("Where", ["mask", "t", "e"], ["wh"]),
+             node("Celu", ["wh"], ["ce"], alpha=0.5),
+             node("ReduceSum", ["ce", "axes"], ["y"], keepdims=0)]
+    constants = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.4,
+                 "b": rng.standard_normal(4).astype(np.float32),
+                 "in_s": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+                 "in_b": rng.standard_normal(4).astype(np.float32),
+                 "scales": np.array([1, 1, 2, 2], np.float32),
+                 "ln_s": rng.uniform(0.5, 1.5, (4, 1, 12)).astype(np.float32),
+                 "ln_b": rng.standard_normal((4, 10, 12)).astype(np.float32),
+                 "repeats": np.array([1, 2, 1, 1], np.int64),
+                 "row": rng.standard_normal((1, 12)).astype(np.float32),
+                 "shape": np.array([2, 8, 10, 1], np.int64),
+                 "mask": rng.uniform(size=(8, 10, 12)) > 0.3,
+                 "axes": np.array([2, 3], np.int64)}
+    model = graph_model(nodes, {"x": (2, 3, 5, 6)}, {"y": None}, constants, opset)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    assert got.shape == expected.shape == (2, 8)
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+REFUSED = {
+    "exact Gelu": ([node("Gelu", "x", name="g1")], 20,
+                   r"node g1 \(Gelu\): approximate=none \(only tanh: the exact form needs erf"),
+    "asymmetric nearest with rounding": (
+        [node("Resize", ["x", "", "scales"], name="r1",
+              coordinate_transformation_mode="asymmetric")],
+        19, r"node r1 \(Resize\): nearest_mode=round_prefer_floor with "
+            r"coordinate_transformation_mode=asymmetric"),
+    "linear Resize": ([node("Resize", ["x", "", "scales"], name="r1", mode="linear")], 19,
+                      r"node r1 \(Resize\): mode=linear \(only nearest\)"),
+    "layer norm in double precision stash": (
+        [node("LayerNormalization", ["x", "scales"], name="ln", stash_type=11)], 17,
+        r"node ln \(LayerNormalization\): stash_type=11 \(only 1\)"),
+}
+
+
+@pytest.mark.parametrize("nodes, opset, message", REFUSED.values(), ids=REFUSED.keys())
+def test_what_a_composed_operator_cannot_run_is_refused_at_load(nodes, opset, message):
+    model = graph_model(nodes, {"x": (1, 1, 2, 2)}, {"y": None},
+                        {"scales": np.array([1, 1, 2, 2], np.float32)}, opset)
+    with pytest.raises(OnnxImportError, match=f"^m: {message}.* is not supported$"):
+        OnnxModule(model, device="numpy", source="m")
+
+
+def test_resize_by_a_fractional_factor_is_refused_naming_node_and_scales():
+    model = graph_model([node("Resize", ["x", "", "scales"], name="r1")], {"x": (1, 1, 2, 2)},
+                        {"y": None}, {"scales": np.array([1, 1, 1.5, 2], np.float32)}, 19)
+    with pytest.raises(OnnxImportError, match=r"^node r1 \(Resize\): scales \[1.0, 1.0, 1.5, 2.0\] "
+                       r"for an input of shape \(1, 1, 2, 2\) \(nearest: integer upscaling "
+                       r"factors only\) is not supported$"):
+        OnnxModule(model, device="numpy")(np.ones((1, 1, 2, 2), np.float32))
+
+
+def test_where_computes_both_branches_so_an_inf_not_taken_still_gives_nan():
+    """Where is c a + (1 - c) b: documented limitation, pinned here."""
+    model = graph_model([node("Where", ["c", "a", "b"])], {"a": (2,), "b": (2,)}, {"y": None},
+                        {"c": np.array([True, False])})
+    with np.errstate(invalid="ignore"):     # 0 * inf
+        y = OnnxModule(model, device="numpy")(np.array([1.0, np.inf], np.float32),
+                                              np.array([2.0, 3.0], np.float32)).numpy()
+    assert y[0] == 1.0 and np.isnan(y[1])
 
 
 def test_dropout_mask_is_all_true_in_inference():
