@@ -17,7 +17,6 @@ model id the file names in the folders of ``GDNFLOW_CHECKPOINTS``
 (separated by ``os.pathsep``), then the file's own folder, then
 ``./checkpoints``, then the shipped models' folders.
 """
-import io
 import os
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from PIL import Image
 
 from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image
-from gdnflow.codec.evaluate import evaluate, markdown_table, quality_metrics
+from gdnflow.codec.evaluate import evaluate, image_bytes, markdown_table, quality_metrics
 from gdnflow.codec.format import CodecError
 from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint, shipped_folders
 from gdnflow.commandline import add_max_pixels_option, command_parser, run
@@ -48,9 +47,7 @@ def image_format(path):
 
 def save_image(path, image, overwrite=False):
     """Write a uint8 (H, W, 3) image atomically, in the format of ``path``'s suffix (Pillow)."""
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, image_format(path))
-    write_bytes_atomic(path, buffer.getvalue(), overwrite=overwrite)
+    write_bytes_atomic(path, image_bytes(image, image_format(path)), overwrite=overwrite)
 
 
 # ---------------------------------------------------------------- commands --

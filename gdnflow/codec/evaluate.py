@@ -252,7 +252,7 @@ def _measure(images, data, codecs, files, log):
             write_bytes_atomic(target, codec.compress(original))
             data_read = target.read_bytes()
             decoded = codec.decompress(data_read, str(target))
-            write_bytes_atomic(target.with_suffix(".decoded.png"), png_bytes(decoded))
+            write_bytes_atomic(target.with_suffix(".decoded.png"), image_bytes(decoded))
             bpp = 8 * os.path.getsize(target) / reference.pixels
             row = {"image": str(path.relative_to(data)), "model": label,
                    "bytes": len(data_read), "bpp": bpp,
@@ -262,10 +262,10 @@ def _measure(images, data, codecs, files, log):
     return rows, references
 
 
-def png_bytes(image):
-    """The bytes of a uint8 (H, W, 3) image as a PNG file."""
+def image_bytes(image, format_name="PNG"):
+    """The bytes of a uint8 (H, W, 3) image as a file of Pillow's ``format_name``."""
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, "PNG")
+    Image.fromarray(image).save(buffer, format_name)
     return buffer.getvalue()
 
 

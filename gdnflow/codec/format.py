@@ -67,6 +67,8 @@ MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
 #: Latent side per image side: the analysis transform's downsampling.
 DOWNSAMPLING = 16
+#: Latents of y per element of the side information z, a side (the scale hyperprior's h_a).
+SIDE_DOWNSAMPLING = 4
 #: Largest image side and latent channel count a file may declare: a corrupt
 #: header must not make the reader allocate gigabytes before it fails.
 MAX_SIDE = 1 << 16
@@ -130,7 +132,8 @@ class Header:
     @property
     def hyper_shape(self):
         """The side information's shape (hyper_channels, latent_height/4, latent_width/4)."""
-        return (self.hyper_channels, self.latent_height // 4, self.latent_width // 4)
+        return (self.hyper_channels, self.latent_height // SIDE_DOWNSAMPLING,
+                self.latent_width // SIDE_DOWNSAMPLING)
 
     @property
     def symbols(self):
@@ -262,7 +265,8 @@ def unpack(data, source="<bytes>"):
                           f"{MAX_PIXELS} pixels: corrupt or not written by gdnflow")
     expected = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
     if version == HYPERPRIOR_VERSION:
-        expected = (4 * -(-height // (4 * DOWNSAMPLING)), 4 * -(-width // (4 * DOWNSAMPLING)))
+        m = SIDE_DOWNSAMPLING
+        expected = (m * -(-height // (m * DOWNSAMPLING)), m * -(-width // (m * DOWNSAMPLING)))
     if (latent_h, latent_w) != expected:
         raise FormatError(f"{source}: corrupt header: a {latent_h}x{latent_w} latent for a "
                           f"{height}x{width} image (expected {expected[0]}x{expected[1]})")

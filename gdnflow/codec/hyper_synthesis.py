@@ -43,7 +43,7 @@ import numpy as np
 from gdnflow import ops
 from gdnflow.autograd import no_grad
 from gdnflow.codec.gaussian_tables import scale_indexes
-from gdnflow.codec.tiling import synthesis_crop, tile_ranges
+from gdnflow.codec.tiling import synthesis_crop, tile_ranges, total_stride
 from gdnflow.nn.conv import Conv2d, ConvTranspose2d
 from gdnflow.nn.layers import ReLU
 from gdnflow.tensor import Tensor
@@ -51,7 +51,8 @@ from gdnflow.tensor import Tensor
 #: Fractional bits of the activations (and of z_hat): a resolution of 2^-12.
 FRACTION_BITS = 12
 #: Largest |activation| in units of 2^-FRACTION_BITS: 2^24, i.e. 4096.0.
-ACTIVATION_LIMIT = 2.0 ** 24
+ACTIVATION_BITS = 24
+ACTIVATION_LIMIT = 2.0 ** ACTIVATION_BITS
 #: Bits of the largest weight of each layer (fewer for very wide layers: see _weight_bits).
 WEIGHT_BITS = 15
 # Every partial sum of a layer stays below 2^52, and its bias below 2^51: under 2^53.
@@ -62,7 +63,7 @@ TILE_LATENTS = 64
 
 def _weight_bits(terms):
     """The weight bits a layer summing ``terms`` products may use (at most WEIGHT_BITS)."""
-    bits = SUM_BITS - 24 - int(np.ceil(np.log2(terms)))
+    bits = SUM_BITS - ACTIVATION_BITS - int(np.ceil(np.log2(terms)))
     if bits < 8:
         raise ValueError(f"hyper-synthesis: a layer summing {terms} products is too wide for "
                          "exact float64 arithmetic")
@@ -95,18 +96,20 @@ class ExactLayer:
             else np.asarray(layer.bias.numpy(), np.float64)
         self.bias = np.clip(np.rint(np.ldexp(bias, self.exponent + FRACTION_BITS)),
                             -BIAS_LIMIT, BIAS_LIMIT)
+        # As NumPy-backend tensors once, not per tile.
+        self._weight, self._bias = (Tensor(a, device="numpy", dtype=np.float64)
+                                    for a in (self.weight, self.bias))
 
     def __call__(self, a):
         """The layer's exact output, in units of 2^-(exponent + FRACTION_BITS), for integer ``a``."""
         x = Tensor(a[None], device="numpy", dtype=np.float64)
-        w = Tensor(self.weight, device="numpy", dtype=np.float64)
-        b = Tensor(self.bias, device="numpy", dtype=np.float64)
         with no_grad():
             if self.transpose:
-                y = ops.conv_transpose2d(x, w, b, stride=self.stride, padding=self.padding,
-                                         output_padding=self.output_padding)
+                y = ops.conv_transpose2d(x, self._weight, self._bias, stride=self.stride,
+                                         padding=self.padding, output_padding=self.output_padding)
             else:
-                y = ops.conv2d(x, w, b, stride=self.stride, padding=self.padding)
+                y = ops.conv2d(x, self._weight, self._bias, stride=self.stride,
+                               padding=self.padding)
         y = y.numpy()[0]
         return np.maximum(y, 0.0) if self.relu else y
 
@@ -147,20 +150,15 @@ class ExactHyperSynthesis:
         """Each element's coding-table index (uint8, the scales' shape) for ``table``
         (increasing scales, at most 256), computed tile by tile (module docstring)."""
         q_z = np.asarray(q_z)
-        height, width = (self.upsampling * side for side in q_z.shape[1:])
+        upsampling = total_stride(self.modules)         # 4: y's latents per z element
+        height, width = (upsampling * side for side in q_z.shape[1:])
         out = np.empty((self.layers[-1].bias.shape[0], height, width), np.uint8)
         for top, bottom in tile_ranges(height, tile):
             r0, r1 = synthesis_crop(self.modules, top, bottom, q_z.shape[1])
             for left, right in tile_ranges(width, tile):
                 c0, c1 = synthesis_crop(self.modules, left, right, q_z.shape[2])
                 scales = self.scales(q_z[:, r0:r1, c0:c1])
-                r, c = self.upsampling * r0, self.upsampling * c0
+                r, c = upsampling * r0, upsampling * c0
                 out[:, top:bottom, left:right] = scale_indexes(
                     scales[:, top - r:bottom - r, left - c:right - c], table)
         return out
-
-    @property
-    def upsampling(self):
-        """How many latents of y one element of z makes a side (the strides' product: 4)."""
-        return int(np.prod([layer.stride if isinstance(layer.stride, int) else layer.stride[0]
-                            for layer in self.layers]))

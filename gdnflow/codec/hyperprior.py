@@ -27,13 +27,14 @@ frequencies): the file's size is close to, not equal to, the model's
 estimated rate; tests/codec/test_hyperprior_codec.py measures the gap.
 """
 import dataclasses
+import functools
 import hashlib
 
 import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
-from gdnflow.codec.format import (HYPERPRIOR_VERSION, BitReader, BitWriter,
+from gdnflow.codec.format import (HYPERPRIOR_VERSION, SIDE_DOWNSAMPLING, BitReader, BitWriter,
                                   Header, categorical_model, check_latents, check_model,
                                   decode_channels, decode_values, encode_channels,
                                   encode_values, pack, range_decoder, range_encoder, unpack)
@@ -97,8 +98,19 @@ def build_hyperprior_tables(model):
                             channels=model.M, hyper_channels=model.N)
 
 
-def _table_models(gaussian):
-    return [categorical_model(gaussian.probabilities(k)) for k in range(len(gaussian.scales))]
+@functools.lru_cache(maxsize=1)
+def gaussian_models():
+    """One constriction model per Gaussian table (built once: the tables are fixed)."""
+    tables = gaussian_tables()
+    return tuple(categorical_model(tables.probabilities(k)) for k in range(len(tables.scales)))
+
+
+def table_groups(indexes):
+    """(order, bounds): positions of the flat ``indexes`` grouped by table, each group in
+    raster order (a stable sort), and table k's group is ``order[bounds[k]:bounds[k + 1]]``."""
+    order = np.argsort(indexes, kind="stable")      # a radix sort for uint8: one pass
+    counts = np.bincount(indexes, minlength=len(gaussian_models()))
+    return order, np.concatenate([[0], np.cumsum(counts)])
 
 
 class HyperpriorCodec(Codec):
@@ -122,7 +134,8 @@ class HyperpriorCodec(Codec):
         y = np.asarray(y, np.float32)
         h_a = self.model.h_a
         side = None if self.tile is None else self.tile // self.multiple
-        shape = (self.tables.hyper_channels, y.shape[1] // 4, y.shape[2] // 4)
+        m = SIDE_DOWNSAMPLING
+        shape = (self.tables.hyper_channels, y.shape[1] // m, y.shape[2] // m)
         q_z = np.empty(shape, np.int32)
         for top, bottom in tile_ranges(shape[1], side):
             r0, r1 = analysis_crop(h_a, top, bottom, y.shape[1])
@@ -131,7 +144,7 @@ class HyperpriorCodec(Codec):
                 crop = np.ascontiguousarray(y[None, :, r0:r1, c0:c1])
                 with no_grad():
                     z = h_a(entropy_ops.abs(Tensor(crop, device=self.device))).numpy()[0]
-                r, c = r0 // 4, c0 // 4
+                r, c = r0 // m, c0 // m
                 q_z[:, top:bottom, left:right] = quantize_latents(
                     z[:, top - r:bottom - r, left - c:right - c], self.tables.z.medians)
         return q_z
@@ -142,18 +155,19 @@ class HyperpriorCodec(Codec):
         tables = self.tables
         q = check_latents(q, tables.channels, "HyperpriorCodec.encode_latents: q")
         q_z = check_latents(q_z, tables.hyper_channels, "HyperpriorCodec.encode_latents: q_z")
-        sides = (4 * -(-height // self.multiple), 4 * -(-width // self.multiple))
-        if q.shape[1:] != sides or q_z.shape[1:] != (sides[0] // 4, sides[1] // 4):
+        m = SIDE_DOWNSAMPLING
+        sides = (m * -(-height // self.multiple), m * -(-width // self.multiple))
+        if q.shape[1:] != sides or q_z.shape[1:] != (sides[0] // m, sides[1] // m):
             raise ValueError(f"HyperpriorCodec.encode_latents: a {height}x{width} image has "
                              f"latents of {sides[0]}x{sides[1]} and side information of "
-                             f"{sides[0] // 4}x{sides[1] // 4}, got {q.shape} and {q_z.shape}")
+                             f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
         encoder, escapes = range_encoder(), BitWriter()
         encode_channels(encoder, escapes, q_z, tables.z)
-        indexes = tables.indexes(q_z).ravel()
-        values = q.ravel()
-        for k, model in enumerate(_table_models(tables.gaussian)):
+        order, bounds = table_groups(tables.indexes(q_z).ravel())
+        grouped = q.ravel()[order]
+        for k, model in enumerate(gaussian_models()):
             high = int(tables.gaussian.high[k])
-            encode_values(encoder, escapes, values[indexes == k], -high, high, model)
+            encode_values(encoder, escapes, grouped[bounds[k]:bounds[k + 1]], -high, high, model)
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
                         self._digest, HYPERPRIOR_VERSION, tables.hyper_channels)
         return pack(header, encoder.get_compressed().astype("<u4").tobytes(),
@@ -172,14 +186,14 @@ class HyperpriorCodec(Codec):
         tables = self.tables
         decoder, reader = range_decoder(payload, source), BitReader(escapes, source)
         q_z = decode_channels(decoder, reader, tables.z, header.hyper_shape, source)
-        indexes = tables.indexes(q_z).ravel()
-        q = np.empty(indexes.shape, np.int32)
-        for k, model in enumerate(_table_models(tables.gaussian)):
-            where = np.flatnonzero(indexes == k)
+        order, bounds = table_groups(tables.indexes(q_z).ravel())
+        y_hat = np.empty(order.shape, np.float32)
+        for k, model in enumerate(gaussian_models()):
             high = int(tables.gaussian.high[k])
-            q[where] = decode_values(decoder, reader, len(where), -high, high, model, source)
+            y_hat[order[bounds[k]:bounds[k + 1]]] = decode_values(
+                decoder, reader, int(bounds[k + 1] - bounds[k]), -high, high, model, source)
         reader.check_end()
-        return header, q.reshape(header.latent_shape).astype(np.float32)
+        return header, y_hat.reshape(header.latent_shape)
 
 
 CODECS[ScaleHyperprior.name] = HyperpriorCodec

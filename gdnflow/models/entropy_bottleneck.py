@@ -47,6 +47,11 @@ from gdnflow.ops import entropy as entropy_ops
 from gdnflow.ops.bound import lower_bound
 
 
+def noise_key_or_draw(noise_key, rng):
+    """``noise_key``, or a new one drawn from ``rng`` (a NumPy Generator) when it is None."""
+    return int(rng.integers(2 ** 63)) if noise_key is None else noise_key
+
+
 class ParameterList(Module):
     """Parameters named "0", "1", ... in order: the names of PyTorch's ``nn.ParameterList``."""
 
@@ -180,9 +185,8 @@ class EntropyBottleneck(Module):
         through; the medians are held fixed.
         """
         if training:
-            if noise_key is None:
-                noise_key = int(self.noise_rng.integers(2 ** 63))
-            return entropy_ops.uniform_noise(y, noise_key, noise_stream)
+            return entropy_ops.uniform_noise(y, noise_key_or_draw(noise_key, self.noise_rng),
+                                             noise_stream)
         medians = self.medians().detach().reshape(1, self.channels, 1, 1)
         return entropy_ops.round(y - medians) + medians
 

@@ -18,6 +18,7 @@ tables, which gdnflow builds in the codec.
 import numpy as np
 
 from gdnflow.errors import ShapeError
+from gdnflow.models.entropy_bottleneck import noise_key_or_draw
 from gdnflow.nn.module import Module
 from gdnflow.ops import entropy as entropy_ops
 from gdnflow.ops.bound import lower_bound
@@ -51,9 +52,8 @@ class GaussianConditional(Module):
     def quantize(self, y, training, noise_key=None, noise_stream=0):
         """y + U(-1/2, 1/2) noise (training) or y rounded half to even (evaluation)."""
         if training:
-            if noise_key is None:
-                noise_key = int(self.noise_rng.integers(2 ** 63))
-            return entropy_ops.uniform_noise(y, noise_key, noise_stream)
+            return entropy_ops.uniform_noise(y, noise_key_or_draw(noise_key, self.noise_rng),
+                                             noise_stream)
         return entropy_ops.round(y)
 
     def likelihood(self, y_hat, scales):

@@ -23,7 +23,7 @@ Names follow CompressAI's (``h_a.0.weight``, ``h_s.4.bias``,
 """
 from gdnflow.models.compression import (CompressionModel, analysis_transform, conv, deconv,
                                         synthesis_transform, trace_layers)
-from gdnflow.models.entropy_bottleneck import EntropyBottleneck
+from gdnflow.models.entropy_bottleneck import EntropyBottleneck, noise_key_or_draw
 from gdnflow.models.gaussian_conditional import GaussianConditional
 from gdnflow.nn.layers import ReLU, Sequential
 from gdnflow.ops import entropy as entropy_ops
@@ -98,8 +98,8 @@ class ScaleHyperprior(CompressionModel):
         ``gaussian_conditional.likelihoods``, ``g_s.0`` ... ``g_s.6``).
         """
         self.check_input(x)
-        if noise_key is None and self.training:
-            noise_key = int(self.gaussian_conditional.noise_rng.integers(2 ** 63))
+        if self.training:
+            noise_key = noise_key_or_draw(noise_key, self.gaussian_conditional.noise_rng)
         z_key = None if noise_key is None else (noise_key + _Z_KEY_OFFSET) % 2 ** 64
         y = yield from trace_layers("g_a", self.g_a, x)
         z = yield from trace_layers("h_a", self.h_a, entropy_ops.abs(y))
