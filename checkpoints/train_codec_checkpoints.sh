@@ -4,17 +4,17 @@
 #   source .gpu/env.sh && bash checkpoints/train_codec_checkpoints.sh [DEST]
 #
 # Trains the default FactorizedPrior(N=128, M=192) with `gdnflow train` on
-# random 256x256 crops of twelve of scikit-image's sample images, one model
+# random 256x256 crops of eleven of scikit-image's sample images, one model
 # per lambda (CompressAI's qualities 1, 2 and 3), all at once on the one GPU
 # (each alone leaves it partly idle), then runs `gdnflow eval` on the two
 # held-out photos (coffee, chelsea) and, for reference only, on the training
-# images. A demonstration on fourteen images, not a benchmark. About 9
-# minutes on an H200: training is capped at TRAIN_SECONDS wall-clock (an
+# images. A demonstration on thirteen images, not a benchmark. About 8
+# minutes on an H200 with TRAIN_SECONDS=370: training is capped at TRAIN_SECONDS wall-clock (an
 # interrupted run saves the checkpoint of its last step; the log says so).
 #
 # Writes to DEST (default: checkpoints/), 8 files, at most one folder down:
 #   codec_q1.h5 codec_q2.h5 codec_q3.h5   weights only (no optimiser state), ~12 MiB each
-#   train.log                        the trainings, the export, both evaluations
+#   results/train.log                the trainings, the export, both evaluations
 #   results/eval.md results/eval.json results/rd.png    held-out images
 #   results/eval_train.md            the training images (seen in training)
 #
@@ -30,7 +30,7 @@ IMAGES=${IMAGES:-.gpu/images}
 TRAIN_IMAGES=${TRAIN_IMAGES:-"astronaut.png rocket.jpg motorcycle_left.png motorcycle_right.png
   hubble_deep_field.jpg retina.jpg ihc.png brick.png camera.png grass.png gravel.png"}
 HELDOUT=${HELDOUT:-"coffee.png chelsea.png"}
-STEPS=${STEPS:-12000}
+STEPS=${STEPS:-14000}
 BATCH=${BATCH:-8}
 CROP=${CROP:-256}
 N=${N:-128}
@@ -45,7 +45,7 @@ SCRATCH=${SCRATCH:-/tmp/gdnflow_codec_run}
 export PYTHONUNBUFFERED=1
 
 mkdir -p "$DEST/results" || exit 1
-LOG="$DEST/train.log"
+LOG="$DEST/results/train.log"
 : > "$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
 

@@ -3,7 +3,7 @@
     gdnflow compress photo.png -o photo.gdn --checkpoint checkpoints/codec_q2.h5
     gdnflow compress photo.png --quality 3             # a shipped model (gdnflow.codec.zoo)
     gdnflow decompress photo.gdn -o photo_hat.png      # finds the checkpoint by model id
-    gdnflow eval --checkpoint checkpoints/*.h5 --data photos/ --out results/
+    gdnflow eval --checkpoint checkpoints/*.h5 --data photos/   # into runs/eval (-2, ...)
 
 :func:`add_codec_parsers` adds the three subcommands to the ``gdnflow``
 parser; ``python -m gdnflow.codec.cli`` runs them on their own. The outputs
@@ -124,12 +124,25 @@ def cmd_eval(args):
     """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
     for checkpoint in args.checkpoint:
         require_checkpoint(checkpoint, "gdnflow eval")
-    results = evaluate(args.checkpoint, args.data, args.out, args.device, args.force)
+    out = args.out if args.out is not None else unused_folder(Path("runs") / "eval")
+    results = evaluate(args.checkpoint, args.data, out, args.device, args.force)
     print()
     print(markdown_table(results), end="")
-    if args.out is not None:
-        print(f"\nwritten: {Path(args.out) / 'eval.md'}, eval.json, rd.png and files/")
+    print(f"\nwritten: {Path(out) / 'eval.md'}, eval.json, rd.png and files/")
     return 0
+
+
+def unused_folder(base):
+    """``base`` if nothing is there, else the first of ``base-2``, ``base-3``, ... that is free.
+
+    ``eval`` without ``--out`` writes into a new folder each time, so no
+    earlier result is ever overwritten or mixed with a new one.
+    """
+    candidate, n = Path(base), 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(f"{base}-{n}")
+    return candidate
 
 
 # ------------------------------------------------------------------ parsers --
@@ -187,8 +200,8 @@ def add_codec_parsers(subparsers):
                             help="one or more codec checkpoints to compare")
     evaluation.add_argument("--data", required=True, metavar="DIR", help="folder of images")
     evaluation.add_argument("--out", metavar="DIR",
-                            help="folder for eval.md, eval.json, rd.png and the .gdn files "
-                            "(default: only print the table)")
+                            help="folder for eval.md, eval.json, rd.png, the .gdn files and their "
+                            "decodings (default: runs/eval, or runs/eval-2, -3, ... if taken)")
     evaluation.add_argument("--force", action="store_true", help="overwrite earlier results")
     add_max_pixels_option(evaluation)
     _device_option(evaluation)

@@ -4,8 +4,10 @@ overwritten without --force, and eval's JPEG bracketing."""
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from gdnflow.codec import Codec, read_image
 from gdnflow.codec.cli import main
@@ -153,6 +155,19 @@ def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, cap
     assert run("eval", "--checkpoint", checkpoint, "--data", image_files["png"].parent,
                "--out", out, "--device", "numpy") == 1
     assert "pass --force" in capsys.readouterr().err
+
+
+def test_eval_without_out_writes_a_new_folder_under_runs(checkpoint, small_image, tmp_path,
+                                                         monkeypatch, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.fromarray(small_image).save(data / "one.png")
+    monkeypatch.chdir(tmp_path)
+    for expected in ("eval", "eval-2"):
+        assert run("eval", "--checkpoint", checkpoint, "--data", data, "--device", "numpy") == 0
+        assert f"written: {Path('runs') / expected / 'eval.md'}" in capsys.readouterr().out
+        assert (tmp_path / "runs" / expected / "eval.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["eval", "eval-2"]
 
 
 def test_eval_keeps_checkpoints_of_one_name_apart(checkpoint, other_model, small_image, tmp_path):
