@@ -9,7 +9,6 @@ for plugin in examples/plugins/*/; do
   python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site "$plugin" \
     > /dev/null 2>&1 || echo "could not install $plugin"
 done
-[ -d .gpu/fixtures ] && export GDNFLOW_FIXTURES="$PWD/.gpu/fixtures"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log" \
   | grep -E "passed|failed|^FAILED|^ERROR" | tail -60

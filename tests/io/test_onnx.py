@@ -1,9 +1,7 @@
-"""ONNX import: the onnx package's own node tests, a torchvision MobileNetV2
-export against onnxruntime, and the errors for files gdnflow cannot run."""
+"""ONNX import: the onnx package's own node tests, a MobileNetV2 laid out as
+torchvision's export against onnxruntime, and the errors for files gdnflow cannot run."""
 import collections
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +10,15 @@ onnx = pytest.importorskip("onnx")
 
 import gdnflow as gf  # noqa: E402
 from gdnflow.io import onnx_ops  # noqa: E402
+from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402
 from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa: E402
 
-# The shared fixtures sit beside the checkout (as in CI); GDNFLOW_FIXTURES
-# points elsewhere (the GPU machine gets a copy).
-FIXTURE = Path(os.environ.get("GDNFLOW_FIXTURES", Path(__file__).resolve().parents[3] / "shared"
-                              / "fixtures")) / "mobilenet_v2_random.onnx"
+
+
+@pytest.fixture(scope="module")
+def mobilenet_file(tmp_path_factory):
+    """A MobileNetV2 with random weights, as torch.onnx exports torchvision's (onnx_mobilenet)."""
+    return mobilenet_v2_onnx(tmp_path_factory.mktemp("onnx") / "mobilenet_v2_random.onnx")
 
 
 def node_test_cases():
@@ -131,28 +132,24 @@ def test_every_supported_operator_passes_node_tests():
     assert not missing, f"no passing onnx node test for: {missing}"
 
 
-def test_mobilenet_v2_export_matches_onnxruntime_on_numpy(rng):
+def test_mobilenet_v2_export_matches_onnxruntime_on_numpy(rng, mobilenet_file):
     ort = pytest.importorskip("onnxruntime")
-    if not FIXTURE.exists():
-        pytest.skip(f"{FIXTURE} not present")
     x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
-    session = ort.InferenceSession(str(FIXTURE), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(mobilenet_file), providers=["CPUExecutionProvider"])
     expected = session.run(None, {session.get_inputs()[0].name: x})[0]
-    got = load(FIXTURE, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    got = load(mobilenet_file, device="numpy")(gf.tensor(x, device="numpy")).numpy()
     scale = np.max(np.abs(expected))
     assert np.max(np.abs(got - expected)) <= 1e-4 * scale
 
 
 @pytest.mark.gpu
-def test_mobilenet_v2_export_matches_onnxruntime_on_cuda(rng):
+def test_mobilenet_v2_export_matches_onnxruntime_on_cuda(rng, mobilenet_file):
     ort = pytest.importorskip("onnxruntime")
-    if not FIXTURE.exists():
-        pytest.skip(f"{FIXTURE} not present")
     x = rng.standard_normal((2, 3, 224, 224)).astype(np.float32)
-    session = ort.InferenceSession(str(FIXTURE), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(mobilenet_file), providers=["CPUExecutionProvider"])
     expected = np.concatenate([session.run(None, {session.get_inputs()[0].name: x[i:i + 1]})[0]
                                for i in range(2)])
-    model = load(FIXTURE, device="cuda")
+    model = load(mobilenet_file, device="cuda")
     with gf.no_grad():
         got = model(gf.tensor(x, device="cuda")).numpy()
     assert np.max(np.abs(got - expected)) <= 1e-4 * np.max(np.abs(expected))
@@ -172,11 +169,9 @@ def test_all_unsupported_operators_are_reported_at_once(tmp_path):
         load(path)
 
 
-def test_truncated_and_missing_files_are_named(tmp_path):
-    if not FIXTURE.exists():
-        pytest.skip(f"{FIXTURE} not present")
+def test_truncated_and_missing_files_are_named(tmp_path, mobilenet_file):
     truncated = tmp_path / "cut.onnx"
-    truncated.write_bytes(FIXTURE.read_bytes()[:100000])
+    truncated.write_bytes(mobilenet_file.read_bytes()[:100000])
     with pytest.raises(OnnxImportError, match="cut.onnx is not a valid ONNX model"):
         load(truncated)
     with pytest.raises(OnnxImportError, match="nope.onnx: no such file"):
@@ -187,10 +182,8 @@ def test_truncated_and_missing_files_are_named(tmp_path):
         load(garbage)
 
 
-def test_imported_weights_are_parameters_of_the_module():
-    if not FIXTURE.exists():
-        pytest.skip(f"{FIXTURE} not present")
-    model = load(FIXTURE, device="numpy")
+def test_imported_weights_are_parameters_of_the_module(mobilenet_file):
+    model = load(mobilenet_file, device="numpy")
     n = sum(p.size for p in model.parameters())
     assert 3_400_000 < n < 3_600_000        # MobileNetV2 has 3.5 M parameters
     assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}
