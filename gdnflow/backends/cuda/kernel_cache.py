@@ -69,7 +69,7 @@ def nvcc_identity(nvcc):
     (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) its text counts too: it
     names the toolkit it runs.
     """
-    if nvcc is None:
+    if not nvcc:
         return "no nvcc"
     stat = os.stat(nvcc)
     identity = f"{nvcc} {stat.st_size} {stat.st_mtime_ns}"
@@ -125,7 +125,7 @@ class KernelCache:
     """Cubins on disk by key, compiled with nvcc on a miss.
 
     ``folder`` defaults to :func:`default_folder`; ``nvcc`` to
-    :func:`find_nvcc`; ``run`` runs an nvcc command line and returns
+    :func:`find_nvcc` (``""``: there is none, compiling raises); ``run`` runs an nvcc command line and returns
     (exit status, output) (a new :class:`NvccRunner`; a test passes one
     that counts).
     Thread-safe: each method works on its own files.
@@ -204,15 +204,17 @@ class KernelCache:
             self.store(key, arch, cubin)
         return cubin
 
-    def compile(self, file, defines, arch):
+    def compile(self, file, defines, arch, owner=None):
         """Compile ``file`` (its header expanded) with ``defines`` for ``arch``; the cubin.
 
         ``nvcc --cubin -arch=<arch> -O3 -std=c++17 -D...``, as PyCUDA's
         SourceModule ran it (``no_extern_c``: the source is compiled as it
         is). Raises :class:`KernelCompileError` naming the real file (not the
-        temporary copy), its owner (a plugin), the line and the defines.
+        temporary copy), its owner (``owner``, else the one
+        :func:`~gdnflow.backends.cuda.sources.owner_of` finds), the line and
+        the defines.
         """
-        if self.nvcc is None:
+        if not self.nvcc:
             raise BackendUnavailableError(
                 f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot compile {file}")
         path = resolve(file)
@@ -224,5 +226,6 @@ class KernelCache:
                                      "-o", str(output), str(source)])
             if status != 0 or not output.is_file():
                 raise KernelCompileError(compile_error_message(
-                    path, text.replace(str(source), str(path)), defines, owner_of(path)))
+                    path, text.replace(str(source), str(path)), defines,
+                    owner or owner_of(path)))
             return output.read_bytes()
