@@ -141,11 +141,13 @@ def cmd_build_kernels(args):
     return 0
 
 
-def gpu_arch(text):
-    """An argparse type: a GPU architecture as nvcc names it (sm_90, sm_80, sm_90a)."""
-    if not re.fullmatch(r"sm_\d+[af]?", text):
-        raise argparse.ArgumentTypeError(f"expected a GPU architecture such as sm_90, got {text!r}")
-    return text
+def gpu_arches(text):
+    """An argparse type: GPU architectures as nvcc names them, comma-separated (sm_90,sm_80)."""
+    arches = [part.strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"sm_\d+[af]?", arch) for arch in arches):
+        raise argparse.ArgumentTypeError(
+            f"expected GPU architectures such as sm_90 or sm_80,sm_90, got {text!r}")
+    return arches
 
 
 def define_pair(text):
@@ -165,9 +167,9 @@ def add_build_kernels_parser(sub):
     build.add_argument("files", nargs="*", metavar="FILE",
                        help="CUDA sources to compile (default: gdnflow's own modules, those "
                        "the first run of a process compiles)")
-    build.add_argument("--arch", nargs="+", type=gpu_arch,
-                       help="GPU architectures to compile for, e.g. sm_90 sm_80 (default: "
-                       "this machine's GPU)")
+    build.add_argument("--arch", type=gpu_arches,
+                       help="GPU architectures to compile for, comma-separated, e.g. sm_90 or "
+                       "sm_80,sm_90 (default: this machine's GPU)")
     build.add_argument("-D", "--define", action="append", type=define_pair, default=[],
                        metavar="NAME=VALUE", help="a -D define for the FILEs (repeat for more)")
     build.add_argument("--plugins", action="store_true",

@@ -71,13 +71,16 @@ def nvcc_identity(nvcc):
     """
     if not nvcc:
         return "no nvcc"
-    stat = os.stat(nvcc)
-    identity = f"{nvcc} {stat.st_size} {stat.st_mtime_ns}"
-    if stat.st_size <= _SCRIPT_BYTES:
-        with open(nvcc, "rb") as handle:
-            head = handle.read(_SCRIPT_BYTES)
-        if head.startswith(b"#!"):
-            identity += " " + head.decode(errors="replace")
+    try:
+        stat = os.stat(nvcc)
+        identity = f"{nvcc} {stat.st_size} {stat.st_mtime_ns}"
+        if stat.st_size <= _SCRIPT_BYTES:
+            with open(nvcc, "rb") as handle:
+                head = handle.read(_SCRIPT_BYTES)
+            if head.startswith(b"#!"):
+                identity += " " + head.decode(errors="replace")
+    except OSError as exc:      # compiling will say what is wrong with it
+        identity = f"{nvcc} ({exc.strerror})"
     return identity
 
 
@@ -103,8 +106,11 @@ class NvccRunner:
         with self._lock:
             if self._stopped:
                 return 1, "not started: gdnflow is exiting"
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True)
+            try:
+                process = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+            except OSError as exc:
+                return 127, f"cannot run {argv[0]}: {exc.strerror}"
             self._running.add(process)
         try:
             output, _ = process.communicate()
