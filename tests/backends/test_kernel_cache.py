@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import gdnflow as gf
 from gdnflow.backends.cuda.kernel_builds import Builds
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
 from gdnflow.backends.cuda.sources import InlineSource
@@ -193,13 +194,16 @@ def test_build_kernels_fills_a_cache_without_a_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_relu_from_a_cached_module_matches_numpy(tmp_path, monkeypatch):
-    import gdnflow as gf
     from gdnflow.backends.cuda import kernels    # local import: PyCUDA, on the GPU machine only
     host = np.random.default_rng(0).standard_normal((3, 1000), dtype=np.float32)
 
-    def relu_in_a_fresh_loader():
+    def fresh_loader():
+        kernels.builds().close()        # its background nvcc runs end; a new pool follows
         for cached in (kernels.builds, kernels.load_module, kernels.kernel):
             cached.cache_clear()        # as in a new process: nothing compiled or loaded yet
+
+    def relu_in_a_fresh_loader():
+        fresh_loader()
         return gf.tensor(host, device="cuda").relu().numpy()
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path))
     try:
@@ -211,6 +215,4 @@ def test_relu_from_a_cached_module_matches_numpy(tmp_path, monkeypatch):
         assert [e.stat().st_mtime_ns for e in entries] == stamps      # read, not rewritten
     finally:
         monkeypatch.undo()
-        kernels.builds().close()
-        for cached in (kernels.builds, kernels.load_module, kernels.kernel):
-            cached.cache_clear()
+        fresh_loader()
