@@ -11,10 +11,9 @@ pipeline depth (2-4 stages) and number of thread groups sharing a tile
 a busy kernel, as bench_conv.py's "gpu ms") is listed next to the model's
 prediction, fastest first, with the variant the model chooses and the best
 2-stage, BK-8, one-group one (the kernel before stages and groups) marked. The variants are
-compiled in parallel first (PyCUDA's disk cache).
+compiled in parallel first (gdnflow's kernel cache).
 """
 import argparse
-import os
 import pathlib
 import sys
 
@@ -103,8 +102,7 @@ def main():
                         help="block tiles per layer from the model's ranking")
     args = parser.parse_args()
     configs = {layer: variants(layer, args.tiles) for layer in LAYERS}
-    precompile(SOURCE, {c.defines(False) for cs in configs.values() for c in cs},
-               workers=os.cpu_count() or 8)
+    precompile(SOURCE, {c.defines(False) for cs in configs.values() for c in cs})
     rows = [row for layer in LAYERS for row in sweep(layer, configs[layer], args.top)]
     harness.emit(harness.markdown_table(
         "Direct pointwise kernel: tiles and pipeline depths, measured against the cost model",

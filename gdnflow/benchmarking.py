@@ -111,10 +111,11 @@ def gpu_name():
     return cuda.get_runtime().name
 
 
-def markdown_table(title, headers, rows, notes=()):
-    """A markdown table headed by the title, GPU, date and host; rows are lists of cells."""
+def markdown_table(title, headers, rows, notes=(), gpu=None):
+    """A markdown table headed by the title, GPU (``gpu``, else this process's), date and host;
+    rows are lists of cells."""
     lines = [f"## {title}", "",
-             f"GPU: {gpu_name()}; date: {datetime.date.today().isoformat()}; "
+             f"GPU: {gpu or gpu_name()}; date: {datetime.date.today().isoformat()}; "
              f"host Python {platform.python_version()}, CPU {host_cpu()}", ""]
     lines.append("| " + " | ".join(headers) + " |")
     lines.append("|" + "---|" * len(headers))

@@ -13,19 +13,25 @@ check operator plugins.
     gdnflow prune MODEL.h5    magnitude pruning of a checkpoint's convolutions (gdnflow.sparse)
     gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
     gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
+    gdnflow build-kernels     compile the CUDA modules into the kernel cache ahead of time
 
 Errors are one line ``gdnflow CMD: message`` on stderr; the exit status is 0,
 1 on a failure, 2 on a usage error (a bad option or value), 130 on Ctrl-C and
 141 on a closed pipe; ``gdnflow --debug CMD`` (or ``GDNFLOW_DEBUG=1``) shows
 tracebacks (:mod:`gdnflow.commandline`).
 """
+import argparse
+import re
 import sys
+import time
 
 from gdnflow import classify, plugins, registry
 from gdnflow.backends import cuda, default_device
-from gdnflow.backends.cuda.sources import source_dir
+from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
+from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache
+from gdnflow.backends.cuda.sources import resolve, source_dir
 from gdnflow.codec.cli import add_codec_parsers
-from gdnflow.commandline import command_parser, nonnegative_int, run
+from gdnflow.commandline import command_parser, nonnegative_int, positive_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.inference_bench import add_bench_parser
 from gdnflow.sparse import describe as describe_sparse
@@ -97,6 +103,85 @@ def cmd_plugin_check(args):
     return 1 if failed else 0
 
 
+def cmd_build_kernels(args):
+    """Compile CUDA modules into the kernel cache for each --arch; 1 if one fails to compile."""
+    if args.arch:
+        arches = args.arch
+    elif cuda.is_available():
+        arches = [cuda.get_runtime().arch]
+    else:
+        raise BackendUnavailableError(
+            f"no CUDA device here ({cuda.unavailable_reason()}): name the GPU architecture "
+            "with --arch, e.g. --arch sm_90")
+    defines = tuple(sorted(args.define))
+    variants = ([(str(resolve(f)), defines) for f in args.files] if args.files
+                else prefetch_list())
+    if args.plugins:
+        variants += [(str(path), ()) for plugin in plugins.load_installed() if plugin.loaded
+                     for path in plugin.sources()]
+    cache = KernelCache(args.cache)
+    failed = []
+    for arch in arches:
+        started, counts = time.perf_counter(), {"cached": 0, "compiled": 0, "failed": 0}
+        builds = Builds(cache, arch, workers=args.workers, prefetch=[])
+        for file, built_with, outcome, error in builds.build(variants):
+            counts[outcome] += 1
+            with_defines = f" {dict(built_with)}" if built_with else ""
+            print(f"  {arch} {outcome:8} {file}{with_defines}", flush=True)
+            if error is not None:
+                print(error, file=sys.stderr)
+                failed.append(f"{file}{with_defines} ({arch})")
+        builds.close()
+        print(f"{arch}: {counts['compiled']} compiled, {counts['cached']} already cached, "
+              f"{counts['failed']} failed, in {time.perf_counter() - started:.1f} s "
+              f"({cache.folder})")
+    if failed:
+        raise KernelCompileError(f"{len(failed)} module{'s' if len(failed) > 1 else ''} did not "
+                                 f"compile (nvcc's messages above): {', '.join(failed)}")
+    return 0
+
+
+def gpu_arches(text):
+    """An argparse type: GPU architectures as nvcc names them, comma-separated (sm_90,sm_80)."""
+    arches = [part.strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"sm_\d+[af]?", arch) for arch in arches):
+        raise argparse.ArgumentTypeError(
+            f"expected GPU architectures such as sm_90 or sm_80,sm_90, got {text!r}")
+    return arches
+
+
+def define_pair(text):
+    """An argparse type: ``NAME=VALUE`` as a (NAME, VALUE) pair (for nvcc's -D)."""
+    name, equals, value = text.partition("=")
+    if not equals or not re.fullmatch(r"[A-Za-z_]\w*", name):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def add_build_kernels_parser(sub):
+    """The ``build-kernels`` command: fill the kernel cache (no GPU needed with --arch)."""
+    build = sub.add_parser("build-kernels", help="compile gdnflow's CUDA modules (or FILEs) into "
+                           "the kernel cache ahead of time, e.g. for a container image; needs "
+                           "nvcc, and a GPU only to find the architecture when --arch is not "
+                           "given")
+    build.add_argument("files", nargs="*", metavar="FILE",
+                       help="CUDA sources to compile (default: gdnflow's own modules, those "
+                       "the first run of a process compiles)")
+    build.add_argument("--arch", type=gpu_arches,
+                       help="GPU architectures to compile for, comma-separated, e.g. sm_90 or "
+                       "sm_80,sm_90 (default: this machine's GPU)")
+    build.add_argument("-D", "--define", action="append", type=define_pair, default=[],
+                       metavar="NAME=VALUE", help="a -D define for the FILEs (repeat for more)")
+    build.add_argument("--plugins", action="store_true",
+                       help="also compile the installed plugins' CUDA sources")
+    build.add_argument("--cache", metavar="DIR",
+                       help=f"the cache folder (default: ${CACHE_VARIABLE}, else "
+                       "$XDG_CACHE_HOME/gdnflow/kernels or ~/.cache/gdnflow/kernels)")
+    build.add_argument("--workers", type=positive_int,
+                       help="nvcc runs at a time (default: the CPU cores, at most 16)")
+    build.set_defaults(run=cmd_build_kernels)
+
+
 def build_parser():
     """The argument parser of the ``gdnflow`` command."""
     parser, sub = command_parser("gdnflow", __doc__.split("\n\n")[0])
@@ -115,6 +200,7 @@ def build_parser():
                        "folder, or an operator name")
     check.add_argument("--seed", type=nonnegative_int, default=0, help="random seed of the inputs")
     check.set_defaults(run=cmd_plugin_check)
+    add_build_kernels_parser(sub)
     classify.add_commands(sub)
     add_bench_parser(sub)
     add_prune_parser(sub)

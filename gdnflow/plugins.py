@@ -49,10 +49,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
@@ -64,7 +61,8 @@ from gdnflow.backends import cuda_available
 from gdnflow.backends.cuda import empty, kernel, launch_grid
 from gdnflow.backends import cuda
 from gdnflow.backends.cuda import sources
-from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
+from gdnflow.backends.cuda.kernel_cache import KernelCache
+from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.errors import BackendUnavailableError, GdnflowError, KernelCompileError, ShapeError
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor
@@ -387,37 +385,31 @@ def check_operator(op_class, *, seed=0):
     return done
 
 
-def compile_check(target, *, defines=(), arch="sm_90"):
+def compile_check(target, *, defines=(), arch="sm_90", compiler=None):
     """Compile CUDA sources with nvcc as the kernel loader would; return the files checked.
 
     ``target`` is a :class:`Plugin` or its name, a plugin's ``.py`` file or
     package folder (its ``.cu`` files), a ``.cu`` path, or an
     :class:`InlineSource`. Each file is expanded like the loader does
-    (:func:`~gdnflow.backends.cuda.sources.expand_source`) and compiled with
-    ``nvcc -arch=<arch> --compile``: no GPU is needed, so CI can run it.
+    (:func:`~gdnflow.backends.cuda.sources.expand_source`) and compiled to a
+    cubin with the loader's nvcc options (not kept in the kernel cache): no
+    GPU is needed, so CI can run it.
     Raises :class:`KernelCompileError` naming the plugin, the file, the line
     and nvcc's message for every file that fails, and
     :class:`~gdnflow.errors.BackendUnavailableError` where nvcc is missing.
+    ``compiler`` is the :class:`~gdnflow.backends.cuda.kernel_cache.KernelCache`
+    whose nvcc compiles (default: the nvcc on PATH).
     """
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    compiler = compiler or KernelCache()
+    if not compiler.nvcc:
         raise BackendUnavailableError("nvcc is not on PATH: CUDA sources cannot be checked here")
     owner, files = _sources_of(target)
-    options = ["-O3", "-std=c++17"] + [f"-D{key}={value}" for key, value in defines]
     failures = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for file in files:
-            expanded = Path(tmp) / Path(str(file)).name
-            expanded.write_text(expand_source(file))
-            result = subprocess.run(
-                [nvcc, f"-arch={arch}", *options, "--compile", str(expanded),
-                 "-o", str(Path(tmp) / "check.o")],
-                capture_output=True, text=True, timeout=600)
-            if result.returncode != 0:
-                # Name the real file, not its expanded copy in the temporary folder.
-                output = (result.stderr + result.stdout).replace(str(expanded), str(file))
-                failures.append(compile_error_message(file, output, defines,
-                                                      owner or owner_of(file)))
+    for file in files:
+        try:
+            compiler.compile(file, tuple(defines), arch, owner)
+        except KernelCompileError as exc:
+            failures.append(str(exc))
     if failures:
         raise KernelCompileError("\n\n".join(failures))
     return files

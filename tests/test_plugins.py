@@ -11,6 +11,7 @@ import pytest
 import gdnflow
 from gdnflow import cli, plugins, registry
 from gdnflow.backends.cuda import sources
+from gdnflow.backends.cuda.kernel_cache import KernelCache
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.ops.elementwise import ReLUOp
@@ -234,10 +235,9 @@ def test_plugin_check_explains_an_unknown_name(capsys):
     assert "no plugin, plugin path or operator named 'tp_nothing'" in capsys.readouterr().err
 
 
-def test_compile_check_without_nvcc_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(plugins.shutil, "which", lambda name: None)
+def test_compile_check_without_nvcc_says_so(tmp_path):
     with pytest.raises(BackendUnavailableError, match="nvcc is not on PATH"):
-        plugins.compile_check(write(tmp_path / "k.cu", GOOD_CU))
+        plugins.compile_check(write(tmp_path / "k.cu", GOOD_CU), compiler=KernelCache(nvcc=""))
 
 
 @needs_nvcc

@@ -38,6 +38,7 @@ BLOCKS_PER_SM = 4               # the channel sums aim at this many blocks per S
 MIN_PER_BLOCK = 4 * BN_BLOCK    # ...as long as each block gets at least this many values
 # Every kernel of the file is fetched with the same defines: one compiled module, not two.
 DEFINES = (("BN_BLOCK", BN_BLOCK),)
+cuda.declare_variants(SOURCE, DEFINES)
 
 
 @register("batch_norm")

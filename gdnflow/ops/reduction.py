@@ -29,6 +29,8 @@ SOURCE = "reduction.cu"
 BROADCAST_SOURCE = "elementwise.cu"     # broadcast_copy sits beside the binary kernels
 SUM_BLOCK = 256          # threads per block of sum_partial (its -DSUM_BLOCK)
 SUM_BLOCKS_PER_SM = 8    # one full wave of 256-thread blocks: 2048 threads per SM
+SUM_DEFINES = (("SUM_BLOCK", SUM_BLOCK),)   # the whole-tensor sum's module; the others: none
+cuda.declare_variants(SOURCE, (), SUM_DEFINES)
 # (how these were chosen: docs/ops.md)
 LONG_ROW = 2048          # rows at least this long get a block each, shorter ones a warp
 
@@ -113,7 +115,7 @@ def sum_cuda(x, axes, scale):
 def _sum_pass(x, outer, r, inner, scale):
     """out[o, i] = scale * sum_j x[o, j, i] for x seen as [outer, r, inner]."""
     out = cuda.empty((outer * inner,), x.dtype)
-    defines = (("SUM_BLOCK", SUM_BLOCK),)
+    defines = SUM_DEFINES
     if outer == 1 and inner == 1:
         grid = cuda.launch_grid(max(r // 4, 1), SUM_BLOCK, SUM_BLOCKS_PER_SM)
         partial = cuda.empty((grid[0],), x.dtype)

@@ -29,6 +29,7 @@ LONG_ROW = 512          # rows at least this long get a block each, shorter ones
 # (how it was chosen: docs/ops.md)
 # Every kernel of the file is fetched with the same defines: one compiled module, not two.
 DEFINES = (("SOFTMAX_BLOCK", SOFTMAX_BLOCK),)
+cuda.declare_variants(SOURCE, DEFINES)
 
 
 @register("softmax")

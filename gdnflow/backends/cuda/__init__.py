@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 from gdnflow.errors import DTypeError
+from gdnflow.backends.cuda import kernel_builds
 from gdnflow.backends.cuda.limits import check_elements
 
 _probe_error = None
@@ -95,6 +96,14 @@ def _loaded():
 def kernel(file, name, arg_types, defines=()):
     """The compiled, prepared kernel ``name`` from ``file`` (see ``kernels.kernel``)."""
     return (_device or _loaded()).kernel(file, name, arg_types, defines)
+
+
+def declare_variants(file, *variants):
+    """Say which ``-D`` define tuples ``file`` is loaded with (see ``kernel_builds``).
+
+    A first compile in a process then compiles those modules ahead, in parallel.
+    """
+    kernel_builds.declare_variants(file, *variants)
 
 
 def get_runtime():

@@ -1,24 +1,25 @@
-"""Kernel loader: compile ``cuda_src/*.cu`` (and plugins' sources) with PyCUDA, cache, launch.
+"""Kernel loader: cubins of ``cuda_src/*.cu`` (and plugins' sources) from gdnflow's cache, launched.
 
 A kernel is named by its file, its ``extern "C"`` name, the types of its
 arguments (a ``struct`` format string such as ``"PPi"``: P pointer, i int32,
 f float32, q int64) and the compile-time ``-D`` defines it is built with.
-Modules are compiled once per (file, defines) in this process (there is one
-context per process) and kernels are launched through PyCUDA's prepared calls
-on the runtime's stream.
+A module (file + defines) comes from the on-disk cubin cache
+(:mod:`~gdnflow.backends.cuda.kernel_cache`), compiled there by a pool of
+nvcc runs on a miss (:mod:`~gdnflow.backends.cuda.kernel_builds`), and is
+loaded once per (file, defines) in this process (there is one context per
+process); kernels are launched through PyCUDA's prepared calls on the
+runtime's stream.
 """
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import pycuda.driver as drv
 from pycuda._pvt_struct import pack
-from pycuda.compiler import SourceModule
-from pycuda.compiler import compile as compile_to_cubin
 
 from gdnflow.errors import KernelCompileError
+from gdnflow.backends.cuda.kernel_builds import Builds
+from gdnflow.backends.cuda.kernel_cache import KernelCache
 from gdnflow.backends.cuda.limits import argument_overflow
 from gdnflow.backends.cuda.runtime import get_runtime
-from gdnflow.backends.cuda.sources import compile_error_message, expand_source, owner_of, resolve
 
 #: Threads per block unless a kernel asks for another size.
 DEFAULT_BLOCK = 256
@@ -27,43 +28,32 @@ DEFAULT_BLOCK = 256
 DEFAULT_BLOCKS_PER_SM = 16
 
 
-def _nvcc_options(defines):
-    return ["-O3", "-std=c++17"] + [f"-D{name}={value}" for name, value in defines]
+@functools.lru_cache(maxsize=None)
+def builds():
+    """The process's :class:`~gdnflow.backends.cuda.kernel_builds.Builds` for its GPU."""
+    return Builds(KernelCache(), get_runtime().arch)
 
 
 @functools.lru_cache(maxsize=None)
 def load_module(file, defines=()):
-    """Compile (or fetch from cache) the module for ``file`` with ``defines``.
+    """The loaded module of ``file`` built with ``defines``: cached cubin, else compiled.
 
     ``defines`` is a tuple of (NAME, value) pairs, passed as ``-DNAME=value``.
+    Raises :class:`~gdnflow.errors.KernelCompileError` naming the file (and
+    the plugin owning it) where nvcc fails.
     """
-    path, source = resolve(file), expand_source(file)
-    runtime = get_runtime()
-    try:
-        return SourceModule(source, options=_nvcc_options(defines), arch=runtime.arch,
-                            no_extern_c=True)
-    except drv.CompileError as exc:
-        raise KernelCompileError(compile_error_message(
-            path, exc.stderr or str(exc), defines, owner_of(path))) from None
+    return drv.module_from_buffer(builds().cubin(file, defines))
 
 
-def precompile(file, variants, workers=8):
-    """Compile ``file`` once per set of defines in ``variants``, ``workers`` nvcc at a time.
+def precompile(file, variants):
+    """Compile ``file`` once per set of defines in ``variants``, in parallel (the nvcc pool).
 
-    Fills PyCUDA's on-disk compiler cache, so that the later :func:`kernel`
-    calls for these variants only load them: for sweeps over many compiled
-    variants (each nvcc run takes seconds). Errors surface at that later load.
+    Fills the kernel cache, so that the later :func:`kernel` calls for these
+    variants only load them: for sweeps over many compiled variants (each
+    nvcc run takes seconds). Errors surface at that later load.
     """
-    source, arch = expand_source(file), get_runtime().arch
-
-    def build(defines):
-        try:
-            compile_to_cubin(source, options=_nvcc_options(tuple(sorted(defines))), arch=arch,
-                             no_extern_c=True)
-        except drv.CompileError:
-            pass                # reported, with the file named, when load_module retries
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(build, variants))
+    for _ in builds().build([(file, tuple(sorted(defines))) for defines in variants]):
+        pass
 
 
 class Kernel:

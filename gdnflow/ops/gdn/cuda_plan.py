@@ -79,6 +79,7 @@ GEMM_TILE = 128
 MIN_CHUNK_PIXELS = 256
 #: Channel counts the fused kernels are built for (GDN_CHANNELS in gdn.cu).
 FUSED_CHANNELS = (64, 128, 192)
+cuda.declare_variants(SOURCE, (), *((("GDN_CHANNELS", c),) for c in FUSED_CHANNELS))
 #: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu).
 FUSED_PIXELS = 64
 #: The fused kernels' grid has one row of blocks per image (gridDim.y's limit).

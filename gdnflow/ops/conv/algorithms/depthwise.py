@@ -33,6 +33,7 @@ MAX_KERNEL = 7                  # taps per side compiled as unrolled registers
 MAX_STRIDE = 2
 MAX_DILATION = 2
 BACKWARD_WEIGHT_BLOCK = 256     # -DDW_BWD_BLOCK
+cuda.declare_variants(SOURCE)   # every module is built for a shape: none known ahead
 #: Threads per forward block at most (DW_MAX_THREADS in depthwise.cu).
 FORWARD_THREADS = 256
 #: Shared memory one forward block stages (bytes). 32 KB lets 6-7 blocks share

@@ -10,6 +10,9 @@ from gdnflow.config import settings
 from gdnflow.ops.conv.geometry import FLOAT_BYTES
 
 SOURCE = "conv2d.cu"
+# The epilogue's module, and im2col's for the common square kernels: 3x3
+# (MobileNet's and VGG's stride-2 or grouped layers) and 5x5 (the codecs').
+cuda.declare_variants(SOURCE, (), (("KH", 3), ("KW", 3)), (("KH", 5), ("KW", 5)))
 
 
 def chunk_images(n, floats_per_image):

@@ -22,6 +22,7 @@ from gdnflow.ops.conv.algorithms.pointwise_tiles import (choose_config, intensit
                                                          product_intensity)
 
 SOURCE = "pointwise.cu"
+cuda.declare_variants(SOURCE)   # every module is built for a tile chosen per layer
 
 #: The heuristic prefers this kernel for layers of at most this many flop per
 #: byte moved (:func:`intensity`); above it, cuBLAS's GEMM.

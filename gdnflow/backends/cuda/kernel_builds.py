@@ -1,0 +1,189 @@
+"""Compiling CUDA modules in parallel: a pool of nvcc runs, and the modules compiled ahead.
+
+Pure Python (no PyCUDA). :class:`Builds` hands out cubins for one GPU
+architecture from a :class:`~gdnflow.backends.cuda.kernel_cache.KernelCache`.
+A warm cache costs a hash of the source and a file read per module, and
+starts no process. The first miss of a process also queues every module
+of :func:`prefetch_list` that is not on disk yet to a pool of nvcc runs (in
+the background, one line on stderr says so), so that the operators that come
+next find their module compiled or compiling; a module asked for waits only
+for itself, and one still queued is compiled at once by the thread asking.
+
+Operators whose file is always loaded with some ``-D`` defines say which with
+:func:`declare_variants`, so the prefetch compiles those instead of the plain
+module.
+"""
+import atexit
+import os
+import queue
+import sys
+import threading
+
+from gdnflow.backends.cuda.sources import source_files
+
+_declared = {}      # file name -> the define tuples it is loaded with (declare_variants)
+
+
+def declare_variants(file, *variants):
+    """Say that ``file`` (a name in ``cuda_src/``) is loaded with these define tuples.
+
+    The prefetch then compiles ``file`` once per tuple (``()``: no defines)
+    instead of once without defines; declare only variants known when the
+    operator module is imported (not per-shape ones).
+    """
+    _declared[str(file)] = [tuple(sorted(defines)) for defines in variants]
+
+
+def prefetch_list():
+    """(file name, defines) of every module of gdnflow's own ``cuda_src`` worth compiling ahead."""
+    return [(path.name, defines) for path in source_files()
+            for defines in _declared.get(path.name, [()])]
+
+
+def default_workers():
+    """nvcc runs at a time: one per CPU core, at most 16."""
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+class Job:
+    """The compilation of one module: queued, then run once by a worker or by who asks first."""
+
+    def __init__(self, file, defines, key):
+        self.file, self.defines, self.key = file, defines, key
+        self.cubin = self.error = None
+        self._claimed = False
+        self._claim_lock = threading.Lock()
+        self._done = threading.Event()
+
+    def claim(self):
+        """True for the first caller only: that caller must :meth:`run` the job."""
+        with self._claim_lock:
+            claimed, self._claimed = self._claimed, True
+        return not claimed
+
+    def run(self, cache, arch):
+        """Fetch or compile the cubin; keep the error instead if it fails."""
+        try:
+            self.cubin = cache.cubin(self.file, self.defines, arch, self.key)
+        except Exception as exc:      # kept for whoever asks for this module
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def result(self):
+        """Wait for the job; the cubin, or the error it ended with, raised."""
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.cubin
+
+
+class Builds:
+    """Cubins for ``arch`` from ``cache``, compiled ``workers`` at a time where missing.
+
+    ``announce(text)`` is called once, at the first miss (default: a line on
+    stderr); ``prefetch`` is the list queued then (default :func:`prefetch_list`;
+    empty: compile only what is asked for).
+    """
+
+    def __init__(self, cache, arch, workers=None, announce=None, prefetch=None):
+        self.cache, self.arch = cache, arch
+        self.workers = workers or default_workers()
+        self.announce = announce if announce is not None else _print_to_stderr
+        self.prefetch = prefetch
+        self._jobs = {}
+        self._queue = queue.SimpleQueue()
+        self._threads = []
+        self._missed = False
+        self._lock = threading.Lock()
+
+    def cubin(self, file, defines=()):
+        """The cubin of ``file`` with ``defines``: from disk, else compiled (and kept)."""
+        key = self.cache.key(file, defines, self.arch)
+        cubin = self.cache.lookup(key, self.arch)
+        if cubin is not None:
+            return cubin
+        self._first_miss(file, defines)
+        job = self.submit(file, defines, key)
+        if job.claim():
+            job.run(self.cache, self.arch)
+        return job.result()
+
+    def submit(self, file, defines=(), key=None):
+        """Queue ``file`` with ``defines`` for the pool (once per module); its :class:`Job`."""
+        key = key or self.cache.key(file, defines, self.arch)
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                job = self._jobs[key] = Job(file, defines, key)
+                self._queue.put(job)
+                self._start_workers()
+        return job
+
+    def build(self, variants):
+        """Yield (file, defines, "cached" or "compiled", error or None) for each of ``variants``.
+
+        All missing modules are queued at once and reported in the order given.
+        """
+        keys = [self.cache.key(file, defines, self.arch) for file, defines in variants]
+        cached = [self.cache.path(key, self.arch).is_file() for key in keys]
+        jobs = [None if hit else self.submit(file, defines, key)
+                for (file, defines), key, hit in zip(variants, keys, cached)]
+        for (file, defines), job in zip(variants, jobs):
+            if job is None:
+                yield file, defines, "cached", None
+                continue
+            try:
+                job.result()
+                yield file, defines, "compiled", None
+            except Exception as exc:      # reported per module; the caller decides
+                yield file, defines, "failed", exc
+
+    def close(self):
+        """Drop the queued modules, end the nvcc runs under way and stop the workers."""
+        self.cache.stop()
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(None)
+        for thread in threads:
+            thread.join(timeout=1.0)
+
+    def _first_miss(self, file, defines):
+        with self._lock:
+            first, self._missed = not self._missed, True
+        if not first:
+            return
+        variants = prefetch_list() if self.prefetch is None else self.prefetch
+        missing = [(f, d, key) for f, d in variants
+                   for key in [self.cache.key(f, d, self.arch)]
+                   if not self.cache.path(key, self.arch).is_file()]
+        count = len(missing) + ((str(file), tuple(defines)) not in
+                                {(str(f), tuple(d)) for f, d, _ in missing})
+        self.announce(f"gdnflow: compiling {count} CUDA kernel module"
+                      f"{'s' if count != 1 else ''} for {self.arch} (first run; cached in "
+                      f"{self.cache.folder}) ...")
+        for f, d, key in missing:
+            self.submit(f, d, key)
+
+    def _start_workers(self):
+        # Called with self._lock held, after queueing a job.
+        if len(self._threads) >= self.workers:
+            return
+        if not self._threads:
+            atexit.register(self.close)
+        thread = threading.Thread(target=self._work, name="gdnflow-nvcc", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _work(self):
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if job.claim():
+                job.run(self.cache, self.arch)
+
+
+def _print_to_stderr(text):
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,237 @@
+"""gdnflow's on-disk cache of compiled CUDA modules (cubins), and the nvcc run that fills it.
+
+Pure Python (no PyCUDA), so CPU machines, CI and ``gdnflow build-kernels``
+use it without a GPU. A module is a CUDA source (see
+:mod:`~gdnflow.backends.cuda.sources`) compiled with a tuple of ``-D``
+defines for one GPU architecture (``"sm_90"``); its cubin is stored under
+
+    $GDNFLOW_KERNEL_CACHE, else $XDG_CACHE_HOME/gdnflow/kernels, else ~/.cache/gdnflow/kernels
+
+as ``<arch>/<key>.cubin``, where the key is the SHA-256 of the expanded
+source text, the nvcc options (defines included), the architecture and the
+identity of nvcc (:func:`nvcc_identity`). Any change to one of them is a new
+key: stale entries are never read, only left behind (delete the folder to
+clear it). Entries are written atomically (a temporary file, then a rename),
+so concurrent processes can share a cache; each starts with a header holding
+the SHA-256 of its cubin, so a truncated or corrupted entry reads as missing
+and is compiled again. A cache folder that cannot be written is reported
+once (a warning) and modules are compiled without being kept.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from gdnflow.errors import BackendUnavailableError, KernelCompileError
+from gdnflow.backends.cuda.sources import compile_error_message, expand_source, owner_of, resolve
+
+#: Environment variable naming the cache folder (overrides the XDG default).
+CACHE_VARIABLE = "GDNFLOW_KERNEL_CACHE"
+#: The options every module is compiled with, before its ``-D`` defines.
+NVCC_OPTIONS = ("-O3", "-std=c++17")
+#: Start of every entry; the SHA-256 of the cubin follows, then the cubin.
+ENTRY_MAGIC = b"gdnflow-cubin-1\n"
+_DIGEST_BYTES = 32
+_SCRIPT_BYTES = 4096    # a wrapper script of nvcc is at most this long (the binary is MBs)
+
+
+def default_folder(environ=None):
+    """The cache folder: ``$GDNFLOW_KERNEL_CACHE``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(CACHE_VARIABLE):
+        return Path(environ[CACHE_VARIABLE]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser()
+    return Path(base) / "gdnflow" / "kernels"
+
+
+def find_nvcc():
+    """The resolved path of nvcc (from PATH, else ``$CUDA_HOME/bin``), or None if there is none."""
+    found = shutil.which("nvcc")
+    if found is None:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        candidate = Path(home) / "bin" / "nvcc"
+        found = str(candidate) if candidate.is_file() else None
+    return None if found is None else str(Path(found).resolve())
+
+
+def nvcc_identity(nvcc):
+    """What tells one nvcc from another in a cache key: its resolved path, size and mtime.
+
+    ``nvcc --version`` would say it in words, but costs a process start (what
+    made PyCUDA's warm cache slow); a stat costs microseconds. A CUDA upgrade
+    replaces the nvcc binary (new size or mtime), so its entries are new keys;
+    copies of one installation (a container image, packages of one release)
+    keep the mtime and so share entries. Where nvcc is a wrapper script
+    (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) its text counts too: it
+    names the toolkit it runs.
+    """
+    if not nvcc:
+        return "no nvcc"
+    try:
+        stat = os.stat(nvcc)
+        identity = f"{nvcc} {stat.st_size} {stat.st_mtime_ns}"
+        if stat.st_size <= _SCRIPT_BYTES:
+            with open(nvcc, "rb") as handle:
+                head = handle.read(_SCRIPT_BYTES)
+            if head.startswith(b"#!"):
+                identity += " " + head.decode(errors="replace")
+    except OSError as exc:      # compiling will say what is wrong with it
+        identity = f"{nvcc} ({exc.strerror})"
+    return identity
+
+
+def nvcc_options(defines):
+    """The nvcc options of a module built with ``defines`` ((NAME, value) pairs)."""
+    return list(NVCC_OPTIONS) + [f"-D{name}={value}" for name, value in defines]
+
+
+class NvccRunner:
+    """Runs nvcc command lines: ``runner(argv)`` is (exit status, stderr and stdout).
+
+    Keeps the processes under way so that :meth:`stop` can end them: a
+    process exiting while modules compile in the background need not wait
+    for them (nor leave nvcc running on its temporary files).
+    """
+
+    def __init__(self):
+        self._running = set()
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    def __call__(self, argv):
+        with self._lock:
+            if self._stopped:
+                return 1, "not started: gdnflow is exiting"
+            try:
+                process = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+            except OSError as exc:
+                return 127, f"cannot run {argv[0]}: {exc.strerror}"
+            self._running.add(process)
+        try:
+            output, _ = process.communicate()
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        return process.returncode, output
+
+    def stop(self):
+        """Kill the nvcc runs under way and refuse new ones."""
+        with self._lock:
+            self._stopped = True
+            for process in self._running:
+                process.kill()
+
+
+class KernelCache:
+    """Cubins on disk by key, compiled with nvcc on a miss.
+
+    ``folder`` defaults to :func:`default_folder`; ``nvcc`` to
+    :func:`find_nvcc` (``""``: there is none, compiling raises); ``run`` runs an nvcc command line and returns
+    (exit status, output) (a new :class:`NvccRunner`; a test passes one
+    that counts).
+    Thread-safe: each method works on its own files.
+    """
+
+    def __init__(self, folder=None, nvcc=None, run=None):
+        self.folder = Path(folder) if folder is not None else default_folder()
+        self.nvcc = nvcc if nvcc is not None else find_nvcc()
+        self.run = run if run is not None else NvccRunner()
+        self.identity = nvcc_identity(self.nvcc)
+        self._unwritable_reported = False
+        self._lock = threading.Lock()
+
+    def stop(self):
+        """End the nvcc runs under way and refuse new ones (where the runner can: NvccRunner)."""
+        stop = getattr(self.run, "stop", None)
+        if stop is not None:
+            stop()
+
+    def key(self, file, defines, arch):
+        """The hex SHA-256 naming the module of ``file`` built with ``defines`` for ``arch``."""
+        digest = hashlib.sha256()
+        for part in (expand_source(file), " ".join(nvcc_options(defines)), arch, self.identity):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+    def path(self, key, arch):
+        """Where the entry of ``key`` for ``arch`` lives (whether or not it exists)."""
+        return self.folder / arch / f"{key}.cubin"
+
+    def lookup(self, key, arch):
+        """The cubin stored under ``key``, or None if it is missing, truncated or corrupted."""
+        try:
+            data = self.path(key, arch).read_bytes()
+        except OSError:
+            return None
+        header = len(ENTRY_MAGIC) + _DIGEST_BYTES
+        cubin = data[header:]
+        if (not data.startswith(ENTRY_MAGIC) or not cubin
+                or hashlib.sha256(cubin).digest() != data[len(ENTRY_MAGIC):header]):
+            return None
+        return cubin
+
+    def store(self, key, arch, cubin):
+        """Write ``cubin`` under ``key`` atomically; warn once (and keep going) if it cannot."""
+        path = self.path(key, arch)
+        temporary = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}-",
+                                                 suffix=".tmp")
+            os.fchmod(handle, 0o644)        # mkstemp's 0600 would hide a shared cache
+            with os.fdopen(handle, "wb") as out:
+                out.write(ENTRY_MAGIC + hashlib.sha256(cubin).digest() + cubin)
+            os.replace(temporary, path)
+        except OSError as exc:
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
+            with self._lock:
+                reported, self._unwritable_reported = self._unwritable_reported, True
+            if not reported:
+                warnings.warn(f"gdnflow: cannot write the kernel cache {self.folder} "
+                              f"({exc.strerror or exc}); CUDA modules are compiled without "
+                              f"being kept (set {CACHE_VARIABLE} to a writable folder)",
+                              RuntimeWarning, stacklevel=2)
+            return False
+        return True
+
+    def cubin(self, file, defines, arch, key=None):
+        """The cubin of ``file`` with ``defines`` for ``arch``: from disk, else compiled and kept."""
+        key = key or self.key(file, defines, arch)
+        cubin = self.lookup(key, arch)
+        if cubin is None:
+            cubin = self.compile(file, defines, arch)
+            self.store(key, arch, cubin)
+        return cubin
+
+    def compile(self, file, defines, arch, owner=None):
+        """Compile ``file`` (its header expanded) with ``defines`` for ``arch``; the cubin.
+
+        ``nvcc --cubin -arch=<arch> -O3 -std=c++17 -D...``, as PyCUDA's
+        SourceModule ran it (``no_extern_c``: the source is compiled as it
+        is). Raises :class:`KernelCompileError` naming the real file (not the
+        temporary copy), its owner (``owner``, else the one
+        :func:`~gdnflow.backends.cuda.sources.owner_of` finds), the line and
+        the defines.
+        """
+        if not self.nvcc:
+            raise BackendUnavailableError(
+                f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot compile {file}")
+        path = resolve(file)
+        with tempfile.TemporaryDirectory(prefix="gdnflow-nvcc-") as folder:
+            source = Path(folder) / Path(str(path)).name
+            source.write_text(expand_source(file))
+            output = Path(folder) / "module.cubin"
+            status, text = self.run([self.nvcc, "--cubin", f"-arch={arch}", *nvcc_options(defines),
+                                     "-o", str(output), str(source)])
+            if status != 0 or not output.is_file():
+                raise KernelCompileError(compile_error_message(
+                    path, text.replace(str(source), str(path)), defines,
+                    owner or owner_of(path)))
+            return output.read_bytes()

@@ -1,0 +1,218 @@
+"""The on-disk cubin cache and the nvcc pool (CPU: nvcc only; one GPU test loads a cubin)."""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow.backends.cuda.kernel_builds import Builds
+from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
+from gdnflow.backends.cuda.sources import InlineSource
+from gdnflow.errors import KernelCompileError
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+SMALL = InlineSource('extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n',
+                     "small.cu")
+OTHER = InlineSource('extern "C" __global__ void thrice(float* x) { x[threadIdx.x] *= 3.0f; }\n',
+                     "other.cu")
+
+
+class CountingRunner:
+    """An nvcc runner that counts its runs (and can be slowed, to show runs overlapping)."""
+
+    def __init__(self, delay=0.0):
+        self.calls, self.delay, self.running, self.most_at_once = [], delay, 0, 0
+        self._runner, self._lock = NvccRunner(), threading.Lock()
+
+    def __call__(self, argv):
+        with self._lock:
+            self.calls.append(argv)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.delay)
+        try:
+            return self._runner(argv)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def writing_nvcc(cubin, calls):
+    """A stand-in for nvcc that writes ``cubin`` where ``-o`` says and appends its argv to ``calls``."""
+    def run(argv):
+        calls.append(argv)
+        with open(argv[argv.index("-o") + 1], "wb") as out:
+            out.write(cubin)
+        return 0, ""
+    return run
+
+
+@needs_nvcc
+def test_a_miss_compiles_and_stores_and_the_next_lookup_runs_no_nvcc(tmp_path):
+    runner = CountingRunner()
+    cache = KernelCache(tmp_path, run=runner)
+    cubin = cache.cubin(SMALL, (), "sm_90")
+    assert cubin[:4] == b"\x7fELF" and len(runner.calls) == 1
+    assert "--cubin" in runner.calls[0] and "-arch=sm_90" in runner.calls[0]
+    key = cache.key(SMALL, (), "sm_90")
+    assert cache.path(key, "sm_90").is_file()
+    # A new cache object on the same folder (another process) hits without nvcc.
+    again = KernelCache(tmp_path, run=runner)
+    assert again.cubin(SMALL, (), "sm_90") == cubin and len(runner.calls) == 1
+
+
+def test_the_key_follows_source_defines_arch_and_nvcc(tmp_path):
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_bytes(b"\0" * 5000)
+    cache = KernelCache(tmp_path, nvcc=str(nvcc))
+    base = cache.key(SMALL, (("TILE", 8),), "sm_90")
+    assert base == KernelCache(tmp_path, nvcc=str(nvcc)).key(SMALL, (("TILE", 8),), "sm_90")
+    assert len({base, cache.key(OTHER, (("TILE", 8),), "sm_90"),
+                cache.key(SMALL, (("TILE", 16),), "sm_90"), cache.key(SMALL, (), "sm_90"),
+                cache.key(SMALL, (("TILE", 8),), "sm_80")}) == 5
+    os.utime(nvcc, ns=(0, 123))          # another nvcc: the same path, another mtime
+    assert KernelCache(tmp_path, nvcc=str(nvcc)).key(SMALL, (("TILE", 8),), "sm_90") != base
+
+
+def test_a_wrapper_script_of_nvcc_counts_by_its_text(tmp_path):
+    wrapper = tmp_path / "nvcc"
+    keys = []
+    for toolkit in ("cuda-13.0", "cuda-13.1"):      # the same size, mtime pinned
+        wrapper.write_text(f'#!/bin/sh\nexec /usr/local/{toolkit}/bin/nvcc "$@"\n')
+        os.utime(wrapper, ns=(0, 0))
+        keys.append(KernelCache(tmp_path, nvcc=str(wrapper)).key(SMALL, (), "sm_90"))
+    assert keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "foreign"])
+def test_a_damaged_entry_reads_as_missing_and_is_compiled_again(tmp_path, damage):
+    compiled = []
+    cache = KernelCache(tmp_path, nvcc="nvcc", run=writing_nvcc(b"CUBIN" * 100, compiled))
+    key = cache.key(SMALL, (), "sm_90")
+    assert cache.cubin(SMALL, (), "sm_90") == b"CUBIN" * 100
+    entry = cache.path(key, "sm_90")
+    data = entry.read_bytes()
+    entry.write_bytes({"truncate": data[:-7], "flip": data[:-1] + b"X", "empty": b"",
+                       "foreign": b"CUBIN" * 120}[damage])
+    assert cache.lookup(key, "sm_90") is None
+    assert cache.cubin(SMALL, (), "sm_90") == b"CUBIN" * 100 and len(compiled) == 2
+    assert entry.read_bytes() == data          # rewritten whole
+
+
+@pytest.mark.parametrize("unwritable", ["read-only", "a file"])
+def test_an_unwritable_folder_warns_once_and_still_compiles(tmp_path, unwritable):
+    if unwritable == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o500)
+    else:                       # a check that holds for root too
+        (tmp_path / "file").write_text("not a folder")
+        folder = tmp_path / "file" / "kernels"
+    compiled = []
+    cache = KernelCache(folder, nvcc="nvcc", run=writing_nvcc(b"C", compiled))
+    with pytest.warns(RuntimeWarning, match="cannot write the kernel cache") as warned:
+        assert cache.cubin(SMALL, (), "sm_90") == b"C"
+        assert cache.cubin(OTHER, (), "sm_90") == b"C"
+    assert len(warned) == 1 and len(compiled) == 2
+
+
+def test_a_missing_nvcc_is_a_compile_error_naming_it(tmp_path):
+    cache = KernelCache(tmp_path, nvcc=str(tmp_path / "no-nvcc"))
+    with pytest.raises(KernelCompileError, match=r"nvcc failed on small\.cu:\ncannot run .*no-nvcc"):
+        cache.cubin(SMALL, (), "sm_90")
+
+
+@needs_nvcc
+def test_a_compile_error_names_the_file_line_and_defines(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k(float* x) {\n  x[0] = ;\n}\n')
+    cache = KernelCache(tmp_path / "cache")
+    with pytest.raises(KernelCompileError) as caught:
+        cache.cubin(bad, (("TILE", 4),), "sm_90")
+    message = str(caught.value)
+    assert message.startswith(f"nvcc failed on {bad}, line 2 (defines {{'TILE': 4}}):\n")
+    assert f"{bad}(2): error: expected an expression" in message
+    assert "gdnflow-nvcc-" not in message            # the temporary copy is not named
+    assert not any((tmp_path / "cache").rglob("*.cubin"))
+
+
+@needs_nvcc
+def test_the_pool_compiles_modules_at_once_and_a_miss_announces_once(tmp_path):
+    runner = CountingRunner(delay=0.5)
+    lines = []
+    third = InlineSource(SMALL.text.replace("twice", "half").replace("2.0f", "0.5f"), "third.cu")
+    builds = Builds(KernelCache(tmp_path, run=runner), "sm_90", workers=3,
+                    announce=lines.append, prefetch=[(OTHER, ()), (third, ())])
+    try:
+        builds.cubin(SMALL)                # the first miss queues the other two as well
+        cubins = [builds.cubin(OTHER), builds.cubin(third)]
+    finally:
+        builds.close()
+    assert len(runner.calls) == 3 and runner.most_at_once >= 2
+    assert lines == [f"gdnflow: compiling 3 CUDA kernel modules for sm_90 (first run; cached "
+                     f"in {tmp_path}) ..."]
+    assert cubins[0] != cubins[1]
+    # A warm start: every module from disk, no nvcc, no announcement.
+    warm = Builds(KernelCache(tmp_path, run=runner), "sm_90", announce=lines.append,
+                  prefetch=[(OTHER, ()), (third, ())])
+    assert [warm.cubin(SMALL), warm.cubin(OTHER), warm.cubin(third)][1:] == cubins
+    assert len(runner.calls) == 3 and len(lines) == 1
+
+
+@needs_nvcc
+def test_build_kernels_fills_a_cache_without_a_gpu(tmp_path):
+    good = tmp_path / "good.cu"
+    good.write_text(SMALL.text)
+    bad = tmp_path / "bad.cu"
+    bad.write_text("__global__ void k() {\n  int x = ;\n}\n")
+    env = dict(os.environ, **{CACHE_VARIABLE: str(tmp_path / "cache")})
+
+    def build_kernels(*files):
+        return subprocess.run([sys.executable, "-m", "gdnflow.cli", "build-kernels",
+                               "--arch", "sm_90", *map(str, files)],
+                              capture_output=True, text=True, env=env, timeout=600)
+    first = build_kernels(good)
+    assert first.returncode == 0, first.stderr
+    assert f"sm_90 compiled {good}" in first.stdout
+    key = KernelCache(tmp_path / "cache").key(good, (), "sm_90")
+    assert (tmp_path / "cache" / "sm_90" / f"{key}.cubin").is_file()
+    second = build_kernels(good, bad)
+    assert second.returncode == 1
+    assert f"sm_90 cached   {good}" in second.stdout and f"sm_90 failed   {bad}" in second.stdout
+    assert f"nvcc failed on {bad}, line 2:" in second.stderr
+    assert second.stderr.strip().endswith(f"1 module did not compile (nvcc's messages above): "
+                                          f"{bad} (sm_90)")
+
+
+@pytest.mark.gpu
+def test_relu_from_a_cached_module_matches_numpy(tmp_path, monkeypatch):
+    from gdnflow.backends.cuda import kernels    # local import: PyCUDA, on the GPU machine only
+    host = np.random.default_rng(0).standard_normal((3, 1000), dtype=np.float32)
+
+    def fresh_loader():
+        kernels.builds().close()        # its background nvcc runs end; a new pool follows
+        for cached in (kernels.builds, kernels.load_module, kernels.kernel):
+            cached.cache_clear()        # as in a new process: nothing compiled or loaded yet
+
+    def relu_in_a_fresh_loader():
+        fresh_loader()
+        return gf.tensor(host, device="cuda").relu().numpy()
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path))
+    try:
+        np.testing.assert_array_equal(relu_in_a_fresh_loader(), np.maximum(host, 0))  # compiled
+        entries = sorted(tmp_path.rglob("*.cubin"))
+        assert entries, "nothing was stored in the kernel cache"
+        stamps = [e.stat().st_mtime_ns for e in entries]
+        np.testing.assert_array_equal(relu_in_a_fresh_loader(), np.maximum(host, 0))  # loaded
+        assert [e.stat().st_mtime_ns for e in entries] == stamps      # read, not rewritten
+    finally:
+        monkeypatch.undo()
+        fresh_loader()
