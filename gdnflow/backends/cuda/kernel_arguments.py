@@ -1,0 +1,262 @@
+"""Kernel argument types checked against the compiled kernels, without a GPU.
+
+A kernel is launched with a ``struct`` format string naming its argument
+types (``kernel(SOURCE, "swish_backward", "PPPi")``); a wrong string packs the
+arguments wrongly and the kernel reads garbage, with no error. This module
+finds those declarations in Python source (:func:`scan_declarations`, with
+``ast``: calls ``kernel(FILE, "name", "types", ...)`` whose name and types
+are string constants) and compares them with the parameter lists nvcc wrote
+into the PTX (:func:`ptx_entries`), by count, size and kind per position
+(:func:`check_declarations`).
+
+PTX cannot tell a pointer from a 64-bit integer (both ``.u64``) nor a
+signed int from an unsigned one, so ``P``, ``q`` and ``Q`` all fit an 8-byte
+integer parameter and ``i`` and ``I`` a 4-byte one; a float (``f``, ``d``)
+against an integer parameter, or any size mismatch, is an error. A struct
+passed by value (``.param .align N .b8 name[K]``) matches any code of K bytes.
+Pure Python, no PyCUDA: CI runs it with nvcc alone.
+"""
+import ast
+import dataclasses
+import re
+import struct
+from pathlib import Path
+
+from gdnflow.backends.cuda.limits import format_codes
+
+#: The keyword names of ``kernel(file, name, arg_types, defines=())``.
+_KERNEL_PARAMETERS = ("file", "name", "arg_types")
+_FLOAT_CODES = "efd"
+# ".visible .entry name(params)" (params hold no parenthesis)
+_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)")
+_PARAM_TYPE = re.compile(r"\.([busf])(8|16|32|64)\b")
+_ARRAY = re.compile(r"\[(\d+)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One kernel parameter as PTX declares it: ``size`` in bytes and ``kind``.
+
+    ``kind`` is ``"int"`` (``.u``/``.s``), ``"float"`` (``.f``) or ``"bits"``
+    (``.b``: a struct by value, or untyped bits), which matches either.
+    """
+
+    size: int
+    kind: str
+
+    @property
+    def letter(self):
+        """How messages show it: the format code that fits it, or ``{K bytes}`` for a struct."""
+        if self.kind == "float":
+            return {4: "f", 8: "d", 2: "e"}.get(self.size, f"{{{self.size} bytes}}")
+        return {8: "P", 4: "i", 2: "h", 1: "b"}.get(self.size, f"{{{self.size} bytes}}")
+
+
+def ptx_entries(ptx):
+    """``{kernel name: [Parameter, ...]}`` of every ``.entry`` in PTX text."""
+    entries = {}
+    for name, params in _ENTRY.findall(ptx):
+        parameters = []
+        for param in filter(None, (p.strip() for p in params.split(","))):
+            kind, bits = _PARAM_TYPE.search(param).groups()
+            count = _ARRAY.search(param)
+            size = int(bits) // 8 * (int(count.group(1)) if count else 1)
+            parameters.append(Parameter(size, {"f": "float", "b": "bits"}.get(kind, "int")))
+        entries[name] = parameters
+    return entries
+
+
+@dataclasses.dataclass
+class Declaration:
+    """One ``kernel(...)`` call found in Python source.
+
+    ``where`` is ``"path:line"``; ``kernel`` and ``arg_types`` are the
+    constant strings (None where the source computes them, and then
+    ``unreadable`` says which); ``source`` is the file name of the ``.cu`` it
+    names where that could be read (a string constant, a module constant, or
+    the ``.cu`` name inside a call such as ``source_file(__file__, "x.cu")``).
+    """
+
+    where: str
+    kernel: str = None
+    arg_types: str = None
+    source: str = None
+    unreadable: str = None
+
+
+def _constant_string(node, constants):
+    """The string a node evaluates to, if it is built from constants: ``"PP" + "i" * 3``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name) and isinstance(constants.get(node.id), str):
+        return constants[node.id]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _constant_string(node.left, constants), _constant_string(node.right, constants)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for text, count in ((node.left, node.right), (node.right, node.left)):
+            value, count = _constant_string(text, constants), _constant_int(count, constants)
+            if value is not None and count is not None:
+                return value * count
+    return None
+
+
+def _constant_int(node, constants):
+    """The int a constant or a module constant's name stands for, or None."""
+    value = node.value if isinstance(node, ast.Constant) else (
+        constants.get(node.id) if isinstance(node, ast.Name) else None)
+    return value if type(value) is int else None
+
+
+def _source_name(node, constants, sources):
+    """The ``.cu`` file name a kernel call's first argument names, or None."""
+    if isinstance(node, ast.Name) and node.id in sources:
+        return sources[node.id]
+    value = _constant_string(node, constants)
+    if value is not None:
+        return Path(value).name if value.endswith(".cu") else None
+    if isinstance(node, ast.Call):      # source_file(__file__, "x.cu"), InlineSource(..., name=)
+        for arg in list(node.args) + [k.value for k in node.keywords]:
+            name = _source_name(arg, constants, sources)
+            if name is not None:
+                return name
+    return None
+
+
+def scan_declarations(path, relative_to=None):
+    """The :class:`Declaration` of every ``kernel(...)`` call in the Python file ``path``.
+
+    A call counts if it is to a name or attribute ``kernel`` and passes at
+    least the file, name and types (positionally or as ``file=``, ``name=``,
+    ``arg_types=``). ``where`` names the file relative to ``relative_to``
+    when it lies below it.
+    """
+    path = Path(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    constants, sources = {}, {}
+    for node in tree.body:       # module constants: TYPES = "PPi", SOURCE = "x.cu", MAX = 8
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            value = _constant_string(node.value, constants)
+            if value is None:
+                value = _constant_int(node.value, constants)
+            if value is not None:
+                constants[node.targets[0].id] = value
+            source = _source_name(node.value, constants, sources)
+            if source is not None:
+                sources[node.targets[0].id] = source
+    shown = path
+    if relative_to is not None and Path(relative_to) in path.parents:
+        shown = path.relative_to(relative_to)
+    found = []
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    for node in calls:
+        func = node.func
+        if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)) != "kernel":
+            continue
+        if any(isinstance(arg, ast.Tuple) for arg in node.args[:2]):
+            continue        # a launch, kernel(grid, block, *args), not a declaration
+        given = dict(zip(_KERNEL_PARAMETERS, node.args))
+        given.update((k.arg, k.value) for k in node.keywords if k.arg in _KERNEL_PARAMETERS)
+        if len(given) < len(_KERNEL_PARAMETERS):
+            continue
+        declaration = Declaration(
+            f"{shown}:{node.lineno}", _constant_string(given["name"], constants),
+            _constant_string(given["arg_types"], constants),
+            _source_name(given["file"], constants, sources))
+        unread = [what for what, value in (("kernel name", declaration.kernel),
+                                          ("argument types", declaration.arg_types))
+                  if value is None]
+        if unread:
+            declaration.unreadable = " and ".join(unread) + " computed, not a string constant"
+        found.append(declaration)
+    return found
+
+
+def _describe(code):
+    size = struct.calcsize(code)
+    return f"{size}-byte {'float' if code in _FLOAT_CODES else 'pointer' if code == 'P' else 'int'}"
+
+
+def compare(declaration, parameters, file_name):
+    """Problems (one line each) between a declaration and a kernel's PTX ``parameters``."""
+    try:
+        codes = list(format_codes(declaration.arg_types))
+        sizes = [struct.calcsize(code) for code in codes]
+    except struct.error as exc:
+        return [f"{declaration.where}: argument types {declaration.arg_types!r} of "
+                f"{declaration.kernel!r} are no struct format ({exc})"]
+    if len(codes) != len(parameters):
+        shown = " ".join(p.letter for p in parameters)
+        return [f"{declaration.kernel!r} takes {len(parameters)} parameters ({shown}) in "
+                f"{file_name}; {declaration.where} declares {declaration.arg_types!r} "
+                f"({len(codes)})"]
+    problems = []
+    for index, (code, size, parameter) in enumerate(zip(codes, sizes, parameters)):
+        is_float = code in _FLOAT_CODES
+        kind_ok = parameter.kind == "bits" or (parameter.kind == "float") == is_float
+        if size != parameter.size or not kind_ok:
+            kind = parameter.kind if parameter.kind != "bits" else "struct or bits"
+            problems.append(
+                f"{declaration.kernel!r} parameter {index} is a {parameter.size}-byte {kind} "
+                f"({parameter.letter}) in {file_name}; {declaration.where} declares "
+                f"{code!r} ({_describe(code)}) in {declaration.arg_types!r}")
+    return problems
+
+
+@dataclasses.dataclass
+class ArgumentReport:
+    """What :func:`check_declarations` found: lines for ``problems``, ``checked`` and ``not_checked``."""
+
+    problems: list = dataclasses.field(default_factory=list)
+    checked: list = dataclasses.field(default_factory=list)
+    not_checked: list = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self):
+        """True when no declaration disagrees with its kernel."""
+        return not self.problems
+
+    def summary(self):
+        """One line: how many declarations matched, and which could not be read."""
+        line = f"{len(self.checked)} kernel declarations match their kernels"
+        if self.not_checked:
+            line += "; not checked: " + "; ".join(self.not_checked)
+        return line
+
+
+def check_declarations(declarations, compiled, *, complete=True):
+    """Compare ``declarations`` with ``compiled``, ``{.cu path or name: ptx_entries(...)}``.
+
+    A declaration naming one of the compiled files is looked up there; one
+    whose file could not be read is looked up in all of them. With
+    ``complete`` False (only some of the sources were compiled), declarations
+    naming another file, or whose kernel none of these files has, are left
+    out instead of reported missing.
+    """
+    by_name = {Path(str(file)).name: entries for file, entries in compiled.items()}
+    report = ArgumentReport()
+    for declaration in declarations:
+        if declaration.unreadable:
+            report.not_checked.append(f"{declaration.where} ({declaration.unreadable})")
+            continue
+        if declaration.source in by_name:
+            searched = [declaration.source]
+        elif complete or declaration.source is None:
+            searched = list(by_name)
+        else:
+            continue
+        file_name = next((f for f in searched if declaration.kernel in by_name[f]), None)
+        if file_name is None:
+            if complete or declaration.source in by_name:
+                report.problems.append(
+                    f"missing kernel: {declaration.where} declares {declaration.kernel!r}; "
+                    f"searched {', '.join(searched) or 'no .cu files'}: no extern \"C\" "
+                    "__global__ kernel of that name")
+            continue
+        problems = compare(declaration, by_name[file_name][declaration.kernel], file_name)
+        report.problems.extend(problems)
+        if not problems:
+            report.checked.append(f"{declaration.where} {declaration.kernel}")
+    return report
