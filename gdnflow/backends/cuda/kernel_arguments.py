@@ -91,7 +91,8 @@ def _constant_string(node, constants):
     if isinstance(node, ast.Name) and isinstance(constants.get(node.id), str):
         return constants[node.id]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _constant_string(node.left, constants), _constant_string(node.right, constants)
+        left = _constant_string(node.left, constants)
+        right = _constant_string(node.right, constants)
         return left + right if left is not None and right is not None else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
         for text, count in ((node.left, node.right), (node.right, node.left)):
@@ -207,8 +208,12 @@ def compare(declaration, parameters, file_name):
 
 @dataclasses.dataclass
 class ArgumentReport:
-    """What :func:`check_declarations` found: lines for ``problems``, ``checked`` and ``not_checked``."""
+    """What :func:`check_declarations` found: one line per problem, match, or unread declaration.
 
+    ``files`` lists the sources compiled, where the caller compiled them.
+    """
+
+    files: list = dataclasses.field(default_factory=list)
     problems: list = dataclasses.field(default_factory=list)
     checked: list = dataclasses.field(default_factory=list)
     not_checked: list = dataclasses.field(default_factory=list)
