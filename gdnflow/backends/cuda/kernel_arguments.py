@@ -13,7 +13,8 @@ PTX cannot tell a pointer from a 64-bit integer (both ``.u64``) nor a
 signed int from an unsigned one, so ``P``, ``q`` and ``Q`` all fit an 8-byte
 integer parameter and ``i`` and ``I`` a 4-byte one; a float (``f``, ``d``)
 against an integer parameter, or any size mismatch, is an error. A struct
-passed by value (``.param .align N .b8 name[K]``) matches any code of K bytes.
+passed by value (``.param .align N .b8 name[K]``) matches the run of codes
+that fills its K bytes (its fields, as the caller packs them).
 Pure Python, no PyCUDA: CI runs it with nvcc alone.
 """
 import ast
@@ -31,6 +32,7 @@ _FLOAT_CODES = "efd"
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)")
 _PARAM_TYPE = re.compile(r"\.([busf])(8|16|32|64)\b")
 _ARRAY = re.compile(r"\[(\d+)\]")
+_ALIGN = re.compile(r"\.align\s+(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,15 +40,20 @@ class Parameter:
     """One kernel parameter as PTX declares it: ``size`` in bytes and ``kind``.
 
     ``kind`` is ``"int"`` (``.u``/``.s``), ``"float"`` (``.f``) or ``"bits"``
-    (``.b``: a struct by value, or untyped bits), which matches either.
+    (``.b``, untyped), which matches either. ``struct`` marks a struct passed
+    by value (``.param .align N .b8 name[K]``: K bytes, aligned to ``align``).
     """
 
     size: int
     kind: str
+    struct: bool = False
+    align: int = 1
 
     @property
     def letter(self):
         """How messages show it: the format code that fits it, or ``{K bytes}`` for a struct."""
+        if self.struct:
+            return f"{{{self.size} bytes}}"
         if self.kind == "float":
             return {4: "f", 8: "d", 2: "e"}.get(self.size, f"{{{self.size} bytes}}")
         return {8: "P", 4: "i", 2: "h", 1: "b"}.get(self.size, f"{{{self.size} bytes}}")
@@ -59,9 +66,11 @@ def ptx_entries(ptx):
         parameters = []
         for param in filter(None, (p.strip() for p in params.split(","))):
             kind, bits = _PARAM_TYPE.search(param).groups()
-            count = _ARRAY.search(param)
+            count, align = _ARRAY.search(param), _ALIGN.search(param)
             size = int(bits) // 8 * (int(count.group(1)) if count else 1)
-            parameters.append(Parameter(size, {"f": "float", "b": "bits"}.get(kind, "int")))
+            parameters.append(Parameter(size, {"f": "float", "b": "bits"}.get(kind, "int"),
+                                        struct=count is not None,
+                                        align=int(align.group(1)) if align else int(bits) // 8))
         entries[name] = parameters
     return entries
 
@@ -180,29 +189,64 @@ def _describe(code):
     return f"{size}-byte {'float' if code in _FLOAT_CODES else 'pointer' if code == 'P' else 'int'}"
 
 
+def _padded_size(codes, align):
+    """Bytes a struct of fields ``codes`` takes: native alignment, rounded up to ``align``."""
+    size = struct.calcsize("".join(codes))
+    return -(-size // align) * align
+
+
+def _runs(codes, parameters):
+    """The codes grouped per parameter: one per scalar, a run filling a struct; None if short/long."""
+    runs, position = [], 0
+    for parameter in parameters:
+        end = position + 1
+        if parameter.struct:
+            while end < len(codes) and struct.calcsize("".join(codes[position:end])) < (
+                    parameter.size):
+                end += 1
+        if end > len(codes):
+            return None
+        runs.append(codes[position:end])
+        position = end
+    return runs if position == len(codes) else None
+
+
 def compare(declaration, parameters, file_name):
-    """Problems (one line each) between a declaration and a kernel's PTX ``parameters``."""
+    """Problems (one line each) between a declaration and a kernel's PTX ``parameters``.
+
+    A struct parameter takes the run of codes that fills its size (its
+    fields, as the caller packs them); other parameters take one code each.
+    """
     try:
         codes = list(format_codes(declaration.arg_types))
-        sizes = [struct.calcsize(code) for code in codes]
+        struct.calcsize("".join(codes))
     except struct.error as exc:
         return [f"{declaration.where}: argument types {declaration.arg_types!r} of "
                 f"{declaration.kernel!r} are no struct format ({exc})"]
-    if len(codes) != len(parameters):
+    runs = _runs(codes, parameters)
+    if runs is None:
         shown = " ".join(p.letter for p in parameters)
         return [f"{declaration.kernel!r} takes {len(parameters)} parameters ({shown}) in "
                 f"{file_name}; {declaration.where} declares {declaration.arg_types!r} "
                 f"({len(codes)})"]
     problems = []
-    for index, (code, size, parameter) in enumerate(zip(codes, sizes, parameters)):
+    for index, (run, parameter) in enumerate(zip(runs, parameters)):
+        if parameter.struct:
+            if _padded_size(run, parameter.align) != parameter.size:
+                problems.append(
+                    f"{declaration.kernel!r} parameter {index} is a {parameter.size}-byte struct "
+                    f"in {file_name}; {declaration.where} declares {''.join(run)!r} "
+                    f"({_padded_size(run, parameter.align)} bytes) in "
+                    f"{declaration.arg_types!r}")
+            continue
+        (code,) = run
         is_float = code in _FLOAT_CODES
         kind_ok = parameter.kind == "bits" or (parameter.kind == "float") == is_float
-        if size != parameter.size or not kind_ok:
-            kind = parameter.kind if parameter.kind != "bits" else "struct or bits"
+        if struct.calcsize(code) != parameter.size or not kind_ok:
             problems.append(
-                f"{declaration.kernel!r} parameter {index} is a {parameter.size}-byte {kind} "
-                f"({parameter.letter}) in {file_name}; {declaration.where} declares "
-                f"{code!r} ({_describe(code)}) in {declaration.arg_types!r}")
+                f"{declaration.kernel!r} parameter {index} is a {parameter.size}-byte "
+                f"{parameter.kind} ({parameter.letter}) in {file_name}; {declaration.where} "
+                f"declares {code!r} ({_describe(code)}) in {declaration.arg_types!r}")
     return problems
 
 
