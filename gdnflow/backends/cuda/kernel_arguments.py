@@ -70,7 +70,9 @@ def ptx_entries(ptx):
             size = int(bits) // 8 * (int(count.group(1)) if count else 1)
             parameters.append(Parameter(size, {"f": "float", "b": "bits"}.get(kind, "int"),
                                         struct=count is not None,
-                                        align=int(align.group(1)) if align else int(bits) // 8))
+                                        # (".ptr .align 1" is the pointee's alignment)
+                                        align=int(align.group(1)) if count and align
+                                        else int(bits) // 8))
         entries[name] = parameters
     return entries
 
@@ -201,7 +203,7 @@ def _runs(codes, parameters):
     for parameter in parameters:
         end = position + 1
         if parameter.struct:
-            while end < len(codes) and struct.calcsize("".join(codes[position:end])) < (
+            while end < len(codes) and _padded_size(codes[position:end], parameter.align) < (
                     parameter.size):
                 end += 1
         if end > len(codes):
