@@ -516,13 +516,18 @@ def test_the_tutorial_files_work(tmp_path):
     for text, relative in blocks:
         write(tmp_path / relative, text)
     assert {relative for _, relative in blocks} >= {
-        "gdnflow_swish/__init__.py", "gdnflow_swish/swish.cu", "setup.cfg", "pyproject.toml",
+        "gdnflow_swish/__init__.py", "gdnflow_swish/swish.cu", "gdnflow_swish/swish_op.py",
+        "gdnflow_swish/prelu.cu", "gdnflow_swish/prelu_op.py", "setup.cfg", "pyproject.toml",
         "train.py", "tests/test_swish.py"}
     plugin = plugins.load(tmp_path / "gdnflow_swish")
-    assert plugin.operators() == ["swish"]
-    plugins.check_operator(registry.get("swish"))
+    assert plugin.operators() == ["prelu", "swish"]
+    for name in plugin.operators():
+        assert plugins.check_operator(registry.get(name))[0].startswith(
+            "gradcheck (numpy, float64): passed")
     if NVCC:
-        plugins.compile_check(plugin)
+        # Both kernels' files compile and all four kernel(...) calls match their kernels.
+        report = plugins.check_kernel_arguments(plugin)
+        assert report.ok and len(report.checked) == 4 and not report.not_checked, report
     root = Path(gdnflow.__file__).resolve().parents[1]
     env = dict(os.environ, GDNFLOW_DEVICE="numpy",
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
@@ -534,4 +539,4 @@ def test_the_tutorial_files_work(tmp_path):
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
-    assert tests.returncode == 0 and "1 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout + tests.stderr
