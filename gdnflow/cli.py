@@ -2,6 +2,7 @@
 check operator plugins.
 
     gdnflow info              what gdnflow sees: version, devices, operators, CUDA sources
+    gdnflow info --include    the folder of gdnflow_common.cuh, for nvcc -I
     gdnflow info FILE         what a checkpoint, Keras or ONNX file holds
     gdnflow classify IMAGE... top-5 classes of images (gdnflow.classify)
     gdnflow convert IN OUT.h5 an ONNX or Keras file as a gdnflow checkpoint
@@ -41,9 +42,13 @@ from gdnflow.version import __version__
 
 
 def cmd_info(args):
-    """Print the version, the devices and the registered operators (or what FILE holds)."""
+    """Print the version, the devices and the operators, plugins' too (or what FILE holds)."""
     if getattr(args, "file", None):
         return classify.cmd_info_file(args)
+    if getattr(args, "include", False):
+        print(plugins.include_dir())
+        return 0
+    installed = plugins.load_installed()
     print(f"gdnflow {__version__}")
     if cuda.is_available():
         runtime = cuda.get_runtime()
@@ -52,7 +57,15 @@ def cmd_info(args):
         print(f"cuda: unavailable ({cuda.unavailable_reason()})")
     print(f"default device: {default_device()}")
     print(f"CUDA sources: {source_dir()}")
-    print("operators: " + " ".join(registry.names()))
+    owners = {name: plugin for plugin in installed if plugin.loaded
+              for name in plugin.operators()}
+    print("operators: " + " ".join(n for n in registry.names() if n not in owners))
+    print("plugin operators: " + (", ".join(
+        f"{name} (plugin {plugin.name!r}, {plugin.origin})" for name, plugin in owners.items())
+        or "none"))
+    broken = [p.name for p in installed if not p.loaded]
+    if broken:
+        print(f"plugins that failed to load: {', '.join(broken)} (see gdnflow plugins)")
     print(describe_sparse())
     return 0
 
@@ -71,23 +84,43 @@ def cmd_plugins(args):
             ok = False
         else:
             print("  loaded; operators: " + (" ".join(plugin.operators()) or "none"))
-        sources = plugin.sources()
-        try:
-            if sources:
-                plugins.compile_check(plugin)
-            names = ", ".join(p.name for p in sources)
-            print(f"  CUDA: {names} compiled with nvcc (sm_90)" if sources
-                  else "  CUDA: no .cu files")
-        except BackendUnavailableError as exc:
-            print(f"  CUDA: not checked ({exc})")
-        except KernelCompileError as exc:
-            print("  CUDA: DOES NOT COMPILE\n    " + str(exc).replace("\n", "\n    "))
-            ok = False
+        ok = print_kernel_check(plugin, args.arch) and ok
     return 0 if ok else 1
 
 
+def print_kernel_check(plugin, arch):
+    """Compile a plugin's sources and check its kernel declarations, printing what happened.
+
+    Returns False if a source does not compile or a declaration disagrees
+    with its kernel; True also when nvcc is missing (said as NOT RUN).
+    """
+    sources = plugin.sources()
+    if not sources:
+        print("  CUDA: no .cu files")
+        return True
+    arch = arch or plugins.default_arch()
+    try:
+        report = plugins.check_kernel_arguments(plugin, arch=arch)
+    except BackendUnavailableError as exc:
+        print(f"  CUDA: NOT RUN ({exc})")
+        return True
+    except KernelCompileError as exc:
+        print("  CUDA: DOES NOT COMPILE\n    " + str(exc).replace("\n", "\n    "))
+        return False
+    print(f"  CUDA: {', '.join(p.name for p in sources)} compiled with nvcc ({arch})")
+    if not report.ok:
+        print("  kernel arguments: WRONG\n    " + "\n    ".join(report.problems))
+        return False
+    print(f"  kernel arguments: {report.summary()}")
+    return True
+
+
 def cmd_plugin_check(args):
-    """gradcheck (and CUDA against NumPy) on each operator of a plugin; 1 on failure."""
+    """gradcheck (and CUDA against NumPy) on each operator, and the plugins' kernels; 1 on failure.
+
+    The last line sums up; with ``--require-gpu`` a run where the CUDA half
+    could not run fails too.
+    """
     operators = plugins.find_operators(args.name)
     failed = 0
     for op_class in operators:
@@ -97,10 +130,29 @@ def cmd_plugin_check(args):
         except Exception as exc:    # report every operator's failure, then exit non-zero
             print(f"{op_class.op_name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed += 1
-    if failed:
-        print(f"gdnflow plugin-check: {failed} of {len(operators)} operators failed",
+    owners = {id(p): p for p in map(plugins.plugin_of, operators) if p is not None}
+    kernels_ok = True
+    for plugin in owners.values():
+        print(f"{plugin.label}:")
+        kernels_ok = print_kernel_check(plugin, args.arch) and kernels_ok
+    gpu = plugins.cuda_available()
+    summary = (f"{len(operators) - failed} of {len(operators)} operators passed"
+               + ("" if kernels_ok else "; kernels FAILED")
+               + ("; CUDA against NumPy ran" if gpu else
+                  "; CUDA against NumPy NOT RUN (no CUDA device)"))
+    if failed or not kernels_ok or (args.require_gpu and not gpu):
+        print(f"gdnflow plugin-check: {summary}"
+              + ("" if gpu or not args.require_gpu else "; --require-gpu asks for it"),
               file=sys.stderr)
-    return 1 if failed else 0
+        return 1
+    print(f"plugin-check: {summary}")
+    return 0
+
+
+def add_arch_option(parser):
+    """``--arch``: the GPU architecture the compile check targets."""
+    parser.add_argument("--arch", metavar="SM", help="nvcc target of the compile check, e.g. "
+                        f"sm_80 (default: this machine's GPU, else {plugins.DEFAULT_ARCH})")
 
 
 def cmd_build_kernels(args):
@@ -189,16 +241,23 @@ def build_parser():
                           "with FILE, what a checkpoint, Keras or ONNX file holds")
     info.add_argument("file", nargs="?", metavar="FILE",
                       help="a gdnflow checkpoint, Keras .h5 or ONNX file to describe")
+    info.add_argument("--include", action="store_true", help="print only the folder holding "
+                      "gdnflow_common.cuh (nvcc -I\"$(gdnflow info --include)\" my.cu)")
     info.set_defaults(run=cmd_info)
     add_train_parser(sub)
-    sub.add_parser("plugins", help="list installed operator plugins, their operators, and "
-                   "whether their CUDA sources compile (exit 1 if one fails)"
-                   ).set_defaults(run=cmd_plugins)
+    listing = sub.add_parser("plugins", help="list installed operator plugins, their operators, "
+                             "whether their CUDA sources compile and their kernel argument "
+                             "types match (exit 1 if one fails)")
+    add_arch_option(listing)
+    listing.set_defaults(run=cmd_plugins)
     check = sub.add_parser("plugin-check", help="gradcheck a plugin's operators on the inputs "
                            "they declare (and compare CUDA with NumPy where CUDA is usable)")
     check.add_argument("name", help="an installed plugin, a plugin's .py file or package "
                        "folder, or an operator name")
     check.add_argument("--seed", type=nonnegative_int, default=0, help="random seed of the inputs")
+    check.add_argument("--require-gpu", action="store_true", help="exit 1 if the CUDA-against-"
+                       "NumPy check cannot run (no CUDA device)")
+    add_arch_option(check)
     check.set_defaults(run=cmd_plugin_check)
     add_build_kernels_parser(sub)
     classify.add_commands(sub)

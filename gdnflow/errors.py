@@ -37,6 +37,14 @@ class KernelCompileError(GdnflowError, RuntimeError):
     """nvcc rejected a CUDA source file; the message names the file and the error."""
 
 
+class KernelArgumentError(GdnflowError, ValueError):
+    """Argument types declared for a kernel disagree with its compiled parameter list.
+
+    The message names the Python line of the declaration, the ``.cu`` file,
+    and the parameters there against the types declared.
+    """
+
+
 class DeviceLimitError(GdnflowError):
     """The device cannot hold or index an array an operator asked for.
 

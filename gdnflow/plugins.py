@@ -39,15 +39,19 @@ Discovery
 
 Checks
     :func:`compile_check` compiles a plugin's ``.cu`` files with nvcc, as the
-    kernel loader would, without a GPU. :func:`check_operator` runs
+    kernel loader would, without a GPU, and checks the argument types its
+    Python declares for each kernel against the compiled parameter lists
+    (:func:`check_kernel_arguments`). :func:`check_operator` runs
     :func:`gradcheck` on the declared example inputs and, where CUDA is usable,
-    :func:`assert_backends_match`.
+    :func:`assert_backends_match`. :func:`include_dir` is the folder holding
+    ``gdnflow_common.cuh``, for running nvcc on a plugin's ``.cu`` directly.
 """
 import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
 import re
 import sys
 import traceback
@@ -61,9 +65,12 @@ from gdnflow.backends import cuda_available
 from gdnflow.backends.cuda import empty, kernel, launch_grid
 from gdnflow.backends import cuda
 from gdnflow.backends.cuda import sources
+from gdnflow.backends.cuda.kernel_arguments import (check_declarations, ptx_entries,
+                                                    scan_declarations)
 from gdnflow.backends.cuda.kernel_cache import KernelCache
-from gdnflow.backends.cuda.sources import InlineSource
-from gdnflow.errors import BackendUnavailableError, GdnflowError, KernelCompileError, ShapeError
+from gdnflow.backends.cuda.sources import InlineSource, source_dir
+from gdnflow.errors import (BackendUnavailableError, GdnflowError, KernelArgumentError,
+                            KernelCompileError, ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor
 from gdnflow.testing import assert_backends_match, gradcheck
@@ -71,15 +78,18 @@ from gdnflow.testing import assert_backends_match, gradcheck
 __all__ = [
     # writing an operator
     "Operator", "register", "Tensor", "ShapeError", "kernel", "empty", "launch_grid",
-    "source_file", "InlineSource", "cuda_available",
+    "source_file", "InlineSource", "cuda_available", "include_dir",
     # testing it
     "gradcheck", "assert_backends_match", "example_arrays", "check_operator", "compile_check",
+    "check_kernel_arguments", "default_arch",
     # finding plugins
     "ENTRY_POINT_GROUP", "Plugin", "PluginError", "load", "load_installed", "loaded",
-    "find_operators", "owner_of", "KernelCompileError",
+    "find_operators", "plugin_of", "owner_of", "KernelCompileError", "KernelArgumentError",
 ]
 
 ENTRY_POINT_GROUP = "gdnflow.operators"
+#: The compile check's target where no GPU says otherwise (see :func:`default_arch`).
+DEFAULT_ARCH = "sm_90"
 
 
 class PluginError(GdnflowError, RuntimeError):
@@ -98,6 +108,15 @@ def source_file(module_file, name):
     return path
 
 
+def include_dir():
+    """The folder holding ``gdnflow_common.cuh``: ``nvcc -I"$(gdnflow info --include)" my.cu``.
+
+    The kernel loader pastes the header in itself; nvcc run by hand (or an
+    editor's language server) needs this folder on its include path.
+    """
+    return source_dir()
+
+
 # ---------------------------------------------------------------- records --
 @dataclasses.dataclass
 class Plugin:
@@ -106,9 +125,9 @@ class Plugin:
     ``name`` is the entry-point name (or the file or folder name for
     :func:`load`), ``module`` the module imported, ``origin`` the
     distribution or path, ``error`` why the import failed (None if it
-    loaded), ``folder`` where its files are and ``package`` whether that
-    folder is the plugin's own package (then its ``.cu`` files may sit in
-    subfolders too).
+    loaded), ``folder`` where its files are, ``package`` whether that
+    folder is the plugin's own package (then its ``.cu`` and ``.py`` files may
+    sit in subfolders too) and ``file`` the module's own file.
     """
 
     name: str
@@ -117,6 +136,7 @@ class Plugin:
     error: str = None
     folder: Path = None
     package: bool = False
+    file: Path = None
 
     @property
     def loaded(self):
@@ -138,6 +158,12 @@ class Plugin:
         if self.folder is None:
             return []
         return sorted(self.folder.rglob("*.cu") if self.package else self.folder.glob("*.cu"))
+
+    def python_files(self):
+        """The plugin's Python files: its package's modules, or its one module file."""
+        if self.package:
+            return sorted(self.folder.rglob("*.py"))
+        return [self.file] if self.file is not None else []
 
     def owns(self, path):
         """True if ``path`` is one of this plugin's files."""
@@ -191,6 +217,11 @@ def load_for_unknown_name():
                    for p in _plugins if not p.loaded)
 
 
+def plugin_of(op_class):
+    """The loaded :class:`Plugin` whose module defines ``op_class``, else None (a built-in)."""
+    return next((p for p in _plugins if p.loaded and _defined_in(op_class, p.module)), None)
+
+
 def _defined_in(cls, module):
     return cls.__module__ == module or cls.__module__.startswith(module + ".")
 
@@ -215,11 +246,11 @@ def _forget(module):
 
 
 def _where(spec):
-    """(folder, is a package) of a module spec, or (None, False)."""
+    """(folder, is a package, module file) of a module spec, or (None, False, None)."""
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
-        return None, False
+        return None, False, None
     origin = Path(spec.origin).resolve()
-    return origin.parent, spec.submodule_search_locations is not None
+    return origin.parent, spec.submodule_search_locations is not None, origin
 
 
 # --------------------------------------------------------------- loading --
@@ -238,7 +269,8 @@ def load_installed():
         if record is None:
             record = Plugin(entry.name, entry.module, origin)
             try:
-                record.folder, record.package = _where(importlib.util.find_spec(entry.module))
+                record.folder, record.package, record.file = _where(
+                    importlib.util.find_spec(entry.module))
             except Exception:     # a broken parent package: the import below says why
                 pass
             try:
@@ -279,7 +311,7 @@ def load(path):
     for record in _plugins:
         if record.origin == str(path) and record.loaded:
             return record
-    record = Plugin(name, module, str(path), folder=folder, package=package)
+    record = Plugin(name, module, str(path), folder=folder, package=package, file=file)
     _plugins[:] = [p for p in _plugins if p.origin != str(path)]     # forget an earlier failure
     _plugins.append(record)
     if module in sys.modules:      # imported already (installed, or by the user's own import)
@@ -355,8 +387,9 @@ def check_operator(op_class, *, seed=0):
     """Check an operator on its declared example inputs; return what ran, one line each.
 
     Runs :func:`gradcheck` (NumPy, float64) and, where CUDA is usable,
-    :func:`assert_backends_match`. The operator is built with no arguments.
-    Raises AssertionError naming the operator and its inputs when a check
+    :func:`assert_backends_match`; where it is not, the line says ``NOT RUN``
+    and why. The operator is built with no arguments. Raises AssertionError
+    naming the operator and its inputs (by their declared names) when a check
     fails, :class:`PluginError` when the operator declares no usable
     ``example_inputs``, and whatever the operator itself raises.
     """
@@ -375,59 +408,107 @@ def check_operator(op_class, *, seed=0):
     for check, what in ((gradcheck, "gradcheck (numpy, float64)"),
                         (assert_backends_match, "cuda against numpy (float32)")):
         if check is assert_backends_match and not cuda_available():
-            done.append(f"{what}: skipped, {cuda.unavailable_reason() or 'no CUDA device'}")
+            done.append(f"{what}: NOT RUN (no CUDA device: "
+                        f"{cuda.unavailable_reason() or 'none found'})")
             continue
         try:
-            check(apply, arrays, seed=seed)
+            check(apply, arrays, seed=seed, names=names)
         except AssertionError as exc:
             raise AssertionError(f"{op.label} on inputs {inputs}: {what} failed: {exc}") from None
         done.append(f"{what}: passed on {inputs}")
     return done
 
 
-def compile_check(target, *, defines=(), arch="sm_90", compiler=None):
+def default_arch():
+    """The compile check's target: this machine's GPU where CUDA is usable, else sm_90."""
+    return cuda.get_runtime().arch if cuda_available() else DEFAULT_ARCH
+
+
+def compile_check(target, *, defines=(), arch=None, compiler=None):
     """Compile CUDA sources with nvcc as the kernel loader would; return the files checked.
 
     ``target`` is a :class:`Plugin` or its name, a plugin's ``.py`` file or
     package folder (its ``.cu`` files), a ``.cu`` path, or an
     :class:`InlineSource`. Each file is expanded like the loader does
     (:func:`~gdnflow.backends.cuda.sources.expand_source`) and compiled to a
-    cubin with the loader's nvcc options (not kept in the kernel cache): no
-    GPU is needed, so CI can run it.
-    Raises :class:`KernelCompileError` naming the plugin, the file, the line
-    and nvcc's message for every file that fails, and
+    cubin with the loader's nvcc options (``arch`` defaults to
+    :func:`default_arch`; nothing is kept in the kernel cache): no GPU is
+    needed, so CI can run it. Then the kernel argument types the plugin's
+    Python declares are checked against the compiled kernels
+    (:func:`check_kernel_arguments`). Raises :class:`KernelCompileError`
+    naming the plugin, the file, the line and nvcc's message for every file
+    that fails, :class:`KernelArgumentError` listing every declaration that
+    disagrees with its kernel, and
     :class:`~gdnflow.errors.BackendUnavailableError` where nvcc is missing.
     ``compiler`` is the :class:`~gdnflow.backends.cuda.kernel_cache.KernelCache`
     whose nvcc compiles (default: the nvcc on PATH).
     """
-    compiler = compiler or KernelCache()
+    report = check_kernel_arguments(target, defines=defines, arch=arch, compiler=compiler)
+    if not report.ok:
+        raise KernelArgumentError("\n".join(report.problems))
+    return report.files
+
+
+def check_kernel_arguments(target, *, defines=(), arch=None, compiler=None):
+    """Compile ``target``'s sources (as :func:`compile_check`) and check its kernel declarations.
+
+    The declarations are the calls ``kernel(FILE, "name", "types", ...)``
+    in the plugin's Python files whose name and types are string constants
+    (see :mod:`gdnflow.backends.cuda.kernel_arguments`); each is compared
+    with the parameter list nvcc compiled for that kernel: a kernel no file
+    defines, a count, size or float/int mismatch is a problem; a declaration
+    whose strings are computed is listed as not checked. Returns an
+    :class:`~gdnflow.backends.cuda.kernel_arguments.ArgumentReport` (with
+    ``files``, the sources compiled); raises like :func:`compile_check` when
+    a file does not compile. ``compiler``: as for :func:`compile_check`.
+    """
+    owner, files, python_files, complete = _sources_of(target)
+    ptx = _compile(files, defines, arch or default_arch(), owner, compiler or KernelCache())
+    # Declarations are shown as "package/module.py:line".
+    relative_to = Path(os.path.commonpath([f.parent for f in python_files])).parent if (
+        python_files) else None
+    declarations = [d for file in python_files for d in scan_declarations(file, relative_to)]
+    report = check_declarations(declarations, {file: ptx_entries(text) for file, text in
+                                               ptx.items()}, complete=complete)
+    report.files = list(files)
+    return report
+
+
+def _compile(files, defines, arch, owner, compiler):
+    """``{file: PTX text}``: each file expanded and compiled by ``compiler``'s nvcc for ``arch``
+    (the loader's options), the PTX kept from the same run."""
     if not compiler.nvcc:
         raise BackendUnavailableError("nvcc is not on PATH: CUDA sources cannot be checked here")
-    owner, files = _sources_of(target)
-    failures = []
+    failures, ptx = [], {}
     for file in files:
         try:
-            compiler.compile(file, tuple(defines), arch, owner)
+            ptx[file] = compiler.compile_with_ptx(file, tuple(defines), arch, owner)[1]
         except KernelCompileError as exc:
             failures.append(str(exc))
     if failures:
         raise KernelCompileError("\n\n".join(failures))
-    return files
+    return ptx
 
 
 def _sources_of(target):
-    """(owner label or None, CUDA sources) for :func:`compile_check`'s ``target``."""
+    """(owner label or None, CUDA sources, Python files declaring kernels, whether complete).
+
+    For :func:`check_kernel_arguments`'s ``target``; "complete" when the
+    sources are all those the Python files may name (not one ``.cu`` of many).
+    """
     if isinstance(target, InlineSource):
-        return None, [target]
+        return None, [target], [], False
     if isinstance(target, str) and not Path(target).exists():
         target = next((p for p in _plugins + load_installed() if p.name == target), None) or target
     if isinstance(target, Plugin):
-        return target.label, target.sources()
+        return target.label, target.sources(), target.python_files(), True
     path = Path(target).resolve()
     if path.suffix == ".cu" and path.is_file():
-        return None, [path]
+        plugin = next((p for p in _plugins if p.owns(path)), None)
+        python_files = plugin.python_files() if plugin else sorted(path.parent.glob("*.py"))
+        return None, [path], python_files, False
     if path.is_dir():
-        return None, sorted(path.rglob("*.cu"))
+        return None, sorted(path.rglob("*.cu")), sorted(path.rglob("*.py")), True
     if path.suffix == ".py" and path.is_file():
-        return None, sorted(path.parent.glob("*.cu"))
+        return None, sorted(path.parent.glob("*.cu")), [path], True
     raise PluginError(f"compile_check: {target!r} is no plugin, .cu file, plugin file or folder")

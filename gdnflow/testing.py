@@ -15,6 +15,11 @@ from gdnflow.backends import cuda
 from gdnflow.tensor import Tensor
 
 
+def _input_label(index, names):
+    """How a failure names input ``index``: ``input 'theta'`` given ``names``, else ``input 1``."""
+    return f"input {names[index]!r}" if names is not None else f"input {index}"
+
+
 def _weighted_output(fn, arrays, weight):
     """sum(weight * fn(arrays)) in float64 on NumPy, without recording."""
     with no_grad():
@@ -23,7 +28,7 @@ def _weighted_output(fn, arrays, weight):
 
 
 def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
-              directions=2, full_jacobian_max=32, seed=0):
+              directions=2, full_jacobian_max=32, seed=0, names=None):
     """Assert that ``fn``'s gradients match central differences (float64, NumPy).
 
     The output is contracted with a random weight w, L = sum(w * fn(x)), and
@@ -31,6 +36,7 @@ def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     (L(x + eps d) - L(x - eps d)) / (2 eps) along ``directions`` random
     directions d, and element by element when the input has at most
     ``full_jacobian_max`` elements. Raises AssertionError naming the input
+    (by its name in ``names``, one per input, where given; else by position)
     and the two values.
     """
     rng = np.random.default_rng(seed)
@@ -62,8 +68,8 @@ def gradcheck(fn, inputs, *, requires_grad=None, eps=1e-6, rtol=1e-5, atol=1e-8,
                 where = (f"at element {tuple(int(k) for k in np.unravel_index(int(np.argmax(d)), x.shape))}"
                          if np.count_nonzero(d) == 1 else "along a random direction")
                 raise AssertionError(
-                    f"gradient of input {i} (shape {x.shape}) {where}: backward gives "
-                    f"{predicted:.10g}, finite differences {numeric:.10g}")
+                    f"gradient of {_input_label(i, names)} (shape {x.shape}) {where}: backward "
+                    f"gives {predicted:.10g}, finite differences {numeric:.10g}")
 
 
 @contextlib.contextmanager
@@ -101,7 +107,7 @@ def relative_error(actual, expected):
     return float(diff / scale) if scale > 0 else float(diff)
 
 
-def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0):
+def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0, names=None):
     """Assert that ``fn`` gives the same values and gradients on CUDA and NumPy.
 
     Inputs are rounded to float32; CUDA runs in float32 with every new device
@@ -109,6 +115,7 @@ def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0):
     NumPy runs in float64 as the reference. Outputs and, with ``grad``, the
     gradients of sum(w * fn(x)) for a random w must agree within ``rtol``
     relative to the largest reference magnitude (see :func:`relative_error`).
+    A failure names the input by its name in ``names`` where given.
     """
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(a, dtype=np.float32) for a in inputs]
@@ -133,9 +140,10 @@ def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0):
                              f"> {rtol:g} (shape {ref_out.shape})")
     for i, (g_gpu, g_ref) in enumerate(zip(gpu_grads, ref_grads)):
         if (g_gpu is None) != (g_ref is None):
-            raise AssertionError(f"gradient of input {i}: present on one backend only")
+            raise AssertionError(f"gradient of {_input_label(i, names)}: present on one "
+                                 "backend only")
         if g_ref is not None:
             err = relative_error(g_gpu, g_ref)
             if not err <= rtol:
-                raise AssertionError(f"gradient of input {i} differs between cuda and numpy: "
-                                     f"relative error {err:.3g} > {rtol:g}")
+                raise AssertionError(f"gradient of {_input_label(i, names)} differs between cuda "
+                                     f"and numpy: relative error {err:.3g} > {rtol:g}")

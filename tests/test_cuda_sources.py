@@ -9,6 +9,8 @@ import pytest
 
 import gdnflow
 
+from gdnflow.backends.cuda.kernel_arguments import (check_declarations, ptx_entries,
+                                                    scan_declarations)
 from gdnflow.backends.cuda.sources import COMMON_HEADER, expand_source, source_dir, source_files
 
 NVCC = shutil.which("nvcc")
@@ -20,17 +22,30 @@ def test_sources_ship_with_the_package():
     assert (source_dir() / COMMON_HEADER).exists()
 
 
+@pytest.fixture(scope="module")
+def kernel_declarations():
+    """Every kernel(FILE, "name", "types") call in gdnflow's own Python (read with ast)."""
+    package = Path(gdnflow.__file__).resolve().parent
+    return [d for file in sorted(package.rglob("*.py"))
+            for d in scan_declarations(file, package.parent)]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("path", source_files(), ids=lambda p: p.name)
-def test_compiles_for_sm90_without_warnings(path, tmp_path):
+def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations):
     # Compile exactly what the loader would hand to PyCUDA: the header expanded.
     expanded = tmp_path / path.name
     expanded.write_text(expand_source(path))
     result = subprocess.run(
         [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings",
-         "-c", str(expanded), "-o", str(tmp_path / "out.o")],
+         "-c", str(expanded), "-o", str(tmp_path / "out.o"), "--keep", "--keep-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"nvcc failed on {path}:\n{result.stderr}"
+    # The argument types gdnflow's Python declares for this file's kernels
+    # (where they are string constants) against the parameters nvcc compiled.
+    entries = ptx_entries(expanded.with_suffix(".ptx").read_text())
+    report = check_declarations(kernel_declarations, {path: entries}, complete=False)
+    assert report.ok, "\n".join(report.problems)
 
 
 @pytest.mark.skipif(not os.environ.get("CI"), reason="only CI runs from a non-editable install")

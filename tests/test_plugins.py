@@ -13,7 +13,8 @@ from gdnflow import cli, plugins, registry
 from gdnflow.backends.cuda import sources
 from gdnflow.backends.cuda.kernel_cache import KernelCache
 from gdnflow.backends.cuda.sources import InlineSource, compile_error_message, expand_source
-from gdnflow.errors import BackendUnavailableError, KernelCompileError
+from gdnflow.backends.cuda import kernel_arguments
+from gdnflow.errors import BackendUnavailableError, KernelArgumentError, KernelCompileError
 from gdnflow.ops.elementwise import ReLUOp
 
 NVCC = shutil.which("nvcc")
@@ -227,7 +228,7 @@ def test_plugin_check_passes_a_right_backward_and_fails_a_wrong_one(tmp_path, ca
     assert cli.main(["plugin-check", str(cube_file(tmp_path, "tp_wrong", factor=2))]) == 1
     err = capsys.readouterr().err
     assert "tp_wrong: FAILED: AssertionError: tp_wrong on inputs x (2, 3): gradcheck" in err
-    assert "gradient of input 0" in err
+    assert "gradient of input 'x'" in err
 
 
 def test_plugin_check_explains_an_unknown_name(capsys):
@@ -327,6 +328,182 @@ def test_compile_error_message():
         "nvcc failed on k.cu:\nnvcc fatal : bad option")
 
 
+# y = x * scale; the tests write a wrong gradient for the scale.
+SCALE = '''
+from gdnflow import plugins
+
+@plugins.register("{name}")
+class Scale(plugins.Operator):
+    """y = x * scale (elementwise, same shapes)."""
+    example_inputs = {{"x": (2, 3), "scale": (2, 3)}}
+
+    def forward_numpy(self, x, scale):
+        self.save(x=x, scale=scale)
+        return x * scale
+
+    def backward(self, gy):
+        x, scale = self.saved.x, self.saved.scale
+        return (gy * self.wrap(scale), gy * self.wrap({factor} * x))
+'''
+
+
+def test_gradient_failures_name_the_declared_input(tmp_path, capsys):
+    path = write(tmp_path / "tp_scale.py", SCALE.format(name="tp_scale", factor=2))
+    assert cli.main(["plugin-check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "tp_scale on inputs x (2, 3), scale (2, 3): gradcheck (numpy, float64) failed: " \
+        "gradient of input 'scale' (shape (2, 3))" in err
+    assert "1 of 1 operators failed" not in err and "0 of 1 operators passed" in err
+
+
+@pytest.mark.skipif(gdnflow.cuda_available(), reason="tests the machine without a GPU")
+def test_plugin_check_says_when_cuda_did_not_run(tmp_path, capsys):
+    path = str(cube_file(tmp_path, "tp_nogpu"))
+    assert cli.main(["plugin-check", path]) == 0
+    out = capsys.readouterr().out
+    assert "tp_nogpu: cuda against numpy (float32): NOT RUN (no CUDA device: " in out
+    assert out.endswith("plugin-check: 1 of 1 operators passed; "
+                        "CUDA against NumPy NOT RUN (no CUDA device)\n")
+    assert cli.main(["plugin-check", path, "--require-gpu"]) == 1
+    assert "--require-gpu asks for it" in capsys.readouterr().err
+
+
+def test_info_lists_plugin_operators_with_their_plugin(tmp_path, monkeypatch, capsys):
+    site = fake_distribution(tmp_path, "tp-info", {"tp_info": "tp_info"},
+                             {"tp_info.py": CUBE.format(name="tp_info_cube", factor=3)})
+    monkeypatch.syspath_prepend(str(site))
+    assert cli.main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (operators,) = [line for line in lines if line.startswith("operators: ")]
+    (plugin_operators,) = [line for line in lines if line.startswith("plugin operators: ")]
+    assert "relu" in operators.split() and "tp_info_cube" not in operators.split()
+    assert "tp_info_cube (plugin 'tp_info', tp-info 0.1)" in plugin_operators
+
+
+@needs_nvcc
+def test_nvcc_compiles_a_plugin_source_with_the_include_dir(tmp_path, capsys):
+    assert cli.main(["info", "--include"]) == 0
+    include = capsys.readouterr().out.strip()
+    assert Path(include) == plugins.include_dir()
+    cu = write(tmp_path / "cube.cu", GOOD_CU)
+    command = [NVCC, "-arch=sm_90", "--ptx", str(cu), "-o", str(tmp_path / "cube.ptx")]
+    without = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert without.returncode != 0 and "gdnflow_common.cuh" in without.stderr
+    run = subprocess.run(command[:1] + [f"-I{include}"] + command[1:], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    entries = kernel_arguments.ptx_entries((tmp_path / "cube.ptx").read_text())
+    assert [(p.size, p.kind) for p in entries["cube_forward"]] == [(8, "int"), (8, "int"),
+                                                                   (4, "int")]
+
+
+# ------------------------------------------------------- kernel arguments --
+# Eight parameters, of three kinds; and a struct passed by value.
+ARGUMENTS_CU = '''#include "gdnflow_common.cuh"
+struct Window { int start; int stop; float weight; };
+
+extern "C" __global__ void scale_backward(const float* x, const float* s, const float* gy,
+                                          float* gx, float* gs, int n, int channels, float eps) {
+    GRID_STRIDE_LOOP(i, n) { gx[i] = gy[i] * s[i % channels] + eps; gs[0] = x[0]; }
+}
+
+extern "C" __global__ void windowed(float* y, Window w, long long n) {
+    if (threadIdx.x < n) y[w.start] = w.weight;
+}
+'''
+
+ARGUMENTS_PY = '''from gdnflow import plugins
+
+SOURCE = plugins.source_file(__file__, "args.cu")
+TYPES = "PPPPP" + "ii" + "f"
+
+
+def launches(name, types):
+    plugins.kernel(SOURCE, "scale_backward", TYPES)                 # right
+    plugins.kernel(SOURCE, "windowed", "P" + "iif" + "q")           # right: the struct's fields
+    plugins.kernel(SOURCE, "scale_backward", "PPPii")               # too few
+    plugins.kernel(file=SOURCE, name="scale_backward", arg_types="PPPPPiii")   # i for f
+    plugins.kernel(SOURCE, "windowed", "Pifq")                      # a field short
+    plugins.kernel(SOURCE, "scale_forward", "PPi")                  # no such kernel
+    plugins.kernel(SOURCE, name, "PPi")                             # not readable here
+    plugins.kernel(SOURCE, "windowed", types)                       # types unreadable
+'''
+
+
+@pytest.fixture(scope="module")
+def argument_report(tmp_path_factory):
+    """The kernel-argument check of a package with right and wrong declarations (one nvcc run)."""
+    package = tmp_path_factory.mktemp("plugin") / "tp_args"
+    write(package / "args.cu", ARGUMENTS_CU)
+    write(package / "__init__.py", ARGUMENTS_PY)
+    return plugins.check_kernel_arguments(package), package
+
+
+def declared_on(line_text):
+    """ "tp_args/__init__.py:LINE" of the line of ARGUMENTS_PY holding ``line_text``."""
+    (line,) = [n for n, text in enumerate(ARGUMENTS_PY.splitlines(), 1) if line_text in text]
+    return f"tp_args/__init__.py:{line}"
+
+
+@needs_nvcc
+def test_kernel_arguments_wrong_count_type_missing_and_unreadable(argument_report):
+    report, package = argument_report
+    assert report.files == [package / "args.cu"]
+    assert report.checked == [f"{declared_on('TYPES)')} scale_backward",
+                              f"{declared_on('fields')} windowed"]
+    assert report.problems == [
+        f"'scale_backward' takes 8 parameters (P P P P P i i f) in args.cu; "
+        f"{declared_on('too few')} declares 'PPPii' (5)",
+        f"'scale_backward' parameter 7 is a 4-byte float (f) in args.cu; "
+        f"{declared_on('i for f')} declares 'i' (4-byte int) in 'PPPPPiii'",
+        f"'windowed' takes 3 parameters (P {{12 bytes}} P) in args.cu; "
+        f"{declared_on('field short')} declares 'Pifq' (4)",
+        f"missing kernel: {declared_on('no such')} declares 'scale_forward'; searched args.cu: "
+        'no extern "C" __global__ kernel of that name']
+    assert report.not_checked == [
+        f"{declared_on('SOURCE, name,')} (kernel name computed, not a string constant)",
+        f"{declared_on('types unreadable')} (argument types computed, not a string constant)"]
+
+
+def test_ptx_parameter_lists():
+    ptx = """
+.visible .entry k(
+\t.param .u64 .ptr .align 1 k_param_0,
+\t.param .f64 k_param_1,
+\t.param .align 8 .b8 k_param_2[24],
+\t.param .u16 k_param_3
+)
+.weak .entry none()
+"""
+    entries = kernel_arguments.ptx_entries(ptx)
+    Parameter = kernel_arguments.Parameter
+    assert entries == {"k": [Parameter(8, "int", align=8), Parameter(8, "float", align=8),
+                             Parameter(24, "bits", struct=True, align=8),
+                             Parameter(2, "int", align=2)], "none": []}
+
+    def problems(arg_types):
+        declaration = kernel_arguments.Declaration("m.py:3", "k", arg_types, "k.cu")
+        return kernel_arguments.compare(declaration, entries["k"], "k.cu")
+    assert problems("Pd" + "ddi" + "H") == []        # the struct's fields, padded to 24 bytes
+    assert problems("Pd" + "3d" + "Q") == [
+        "'k' parameter 3 is a 2-byte int (h) in k.cu; m.py:3 declares 'Q' (8-byte int) in "
+        "'Pd3dQ'"]
+    assert problems("Pf" + "ddd" + "h") == [
+        "'k' parameter 1 is a 8-byte float (d) in k.cu; m.py:3 declares 'f' (4-byte float) in "
+        "'Pfdddh'"]
+    assert problems("Pd" + "dq" + "h")[0].startswith("'k' takes 4 parameters (P d {24 bytes} h)")
+
+
+@needs_nvcc
+def test_compile_check_refuses_wrong_kernel_arguments(tmp_path):
+    write(tmp_path / "k.cu", GOOD_CU)
+    write(tmp_path / "tp_k.py", 'from gdnflow import plugins\n'
+          'plugins.kernel(plugins.source_file(__file__, "k.cu"), "cube_forward", "PPf")\n')
+    with pytest.raises(KernelArgumentError, match=r"^'cube_forward' parameter 2 is a 4-byte int "
+                       r"\(i\) in k\.cu; \S*tp_k\.py:2 declares 'f' \(4-byte float\)"):
+        plugins.compile_check(tmp_path / "tp_k.py", arch="sm_80")
+
+
 # --------------------------------------------------------------- the tutorial --
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -339,13 +516,18 @@ def test_the_tutorial_files_work(tmp_path):
     for text, relative in blocks:
         write(tmp_path / relative, text)
     assert {relative for _, relative in blocks} >= {
-        "gdnflow_swish/__init__.py", "gdnflow_swish/swish.cu", "setup.cfg", "pyproject.toml",
+        "gdnflow_swish/__init__.py", "gdnflow_swish/swish.cu", "gdnflow_swish/swish_op.py",
+        "gdnflow_swish/prelu.cu", "gdnflow_swish/prelu_op.py", "setup.cfg", "pyproject.toml",
         "train.py", "tests/test_swish.py"}
     plugin = plugins.load(tmp_path / "gdnflow_swish")
-    assert plugin.operators() == ["swish"]
-    plugins.check_operator(registry.get("swish"))
+    assert plugin.operators() == ["prelu", "swish"]
+    for name in plugin.operators():
+        assert plugins.check_operator(registry.get(name))[0].startswith(
+            "gradcheck (numpy, float64): passed")
     if NVCC:
-        plugins.compile_check(plugin)
+        # Both kernels' files compile and all four kernel(...) calls match their kernels.
+        report = plugins.check_kernel_arguments(plugin)
+        assert report.ok and len(report.checked) == 4 and not report.not_checked, report
     root = Path(gdnflow.__file__).resolve().parents[1]
     env = dict(os.environ, GDNFLOW_DEVICE="numpy",
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
@@ -357,4 +539,4 @@ def test_the_tutorial_files_work(tmp_path):
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
-    assert tests.returncode == 0 and "1 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout + tests.stderr

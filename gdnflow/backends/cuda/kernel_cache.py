@@ -220,6 +220,11 @@ class KernelCache:
         :func:`~gdnflow.backends.cuda.sources.owner_of` finds), the line and
         the defines.
         """
+        return self.compile_with_ptx(file, defines, arch, owner, keep_ptx=False)[0]
+
+    def compile_with_ptx(self, file, defines, arch, owner=None, keep_ptx=True):
+        """(cubin, PTX text) of ``file``, as :meth:`compile` builds it; the PTX is the one nvcc
+        made on the way (``--keep``: no second run), None unless ``keep_ptx``."""
         if not self.nvcc:
             raise BackendUnavailableError(
                 f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot compile {file}")
@@ -228,10 +233,12 @@ class KernelCache:
             source = Path(folder) / Path(str(path)).name
             source.write_text(expand_source(file))
             output = Path(folder) / "module.cubin"
+            keep = ["--keep", "--keep-dir", folder] if keep_ptx else []
             status, text = self.run([self.nvcc, "--cubin", f"-arch={arch}", *nvcc_options(defines),
-                                     "-o", str(output), str(source)])
+                                     *keep, "-o", str(output), str(source)])
             if status != 0 or not output.is_file():
                 raise KernelCompileError(compile_error_message(
                     path, text.replace(str(source), str(path)), defines,
                     owner or owner_of(path)))
-            return output.read_bytes()
+            ptx = source.with_suffix(".ptx").read_text() if keep_ptx else None
+            return output.read_bytes(), ptx

@@ -49,7 +49,7 @@ _INTEGER_CODES = {"b": ("signed char", True), "B": ("unsigned char", False),
                   "P": ("pointer", False)}
 
 
-def _codes(arg_format):
+def format_codes(arg_format):
     """The one-letter codes of a struct format, repeat counts expanded ("2iP" -> i, i, P)."""
     for count, code in re.findall(r"(\d*)([a-zA-Z?])", arg_format):
         yield from code * int(count or 1)
@@ -61,7 +61,7 @@ def argument_overflow(kernel_name, arg_format, args):
     Called after packing ``args`` by ``arg_format`` failed (never on the launch
     path itself): None means the failure was something else.
     """
-    for index, (code, value) in enumerate(zip(_codes(arg_format), args)):
+    for index, (code, value) in enumerate(zip(format_codes(arg_format), args)):
         if code not in _INTEGER_CODES or not hasattr(value, "__index__"):
             continue
         value, (ctype, signed) = int(value), _INTEGER_CODES[code]
