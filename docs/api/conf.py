@@ -20,7 +20,6 @@ copyright = "gdnflow's authors, MIT licence"
 release = version = __version__
 
 extensions = ["sphinx.ext.autodoc"]
-exclude_patterns = ["README.md"]
 
 # Members in source (and __all__) order: a package's names in the order its author
 # grouped them, a class's methods as they read in the file.
