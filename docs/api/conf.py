@@ -24,6 +24,8 @@ extensions = ["sphinx.ext.autodoc"]
 # Members in source (and __all__) order: a package's names in the order its author
 # grouped them, a class's methods as they read in the file.
 autodoc_member_order = "bysource"
+# A page that shows some of a module's names uses ``:no-members:`` and one directive per
+# name: Sphinx lets this boolean default override a directive's ``:members: a, b`` list.
 autodoc_default_options = {"members": True, "show-inheritance": True}
 # A class's docstring states its contract; its __init__ parameters are in the signature.
 autoclass_content = "class"
