@@ -1,5 +1,5 @@
 """gdnflow: a small deep-learning framework whose operators are CUDA kernels
-compiled at run time, with a NumPy reference backend behind the same API.
+compiled at run time, with a NumPy reference backend behind the same API::
 
     import gdnflow as gf
     x = gf.tensor([[1.0, -2.0]], requires_grad=True)

@@ -98,7 +98,7 @@ def round_to_tf32(x):
 
 
 def relative_error(actual, expected):
-    """max |actual - expected| / max |expected| (inf on NaN or a shape mismatch)."""
+    """``max |actual - expected| / max |expected|`` (inf on NaN or a shape mismatch)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     if actual.shape != expected.shape or not np.all(np.isfinite(actual)):
         return float("inf")

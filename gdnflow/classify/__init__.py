@@ -1,5 +1,5 @@
 """Classifying images, converting model files and describing them: the work
-behind ``gdnflow classify``, ``gdnflow convert`` and ``gdnflow info FILE``.
+behind ``gdnflow classify``, ``gdnflow convert`` and ``gdnflow info FILE``::
 
     gdnflow classify cat.jpg dog.png --weights mobilenet_v2.h5     # top-5 per image
     gdnflow convert mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_224.h5 mnv2.h5

@@ -24,8 +24,11 @@ from gdnflow.data import images
 #: Input scalings by name (see the module docstring).
 PREPROCESSING = ("torchvision", "keras-mobilenet", "caffe")
 
+#: ImageNet's per-channel RGB mean, of values in [0, 1] (``torchvision`` scaling).
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+#: ImageNet's per-channel RGB standard deviation, of values in [0, 1] (``torchvision``).
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+#: The per-channel BGR mean that ``caffe`` scaling subtracts from values in [0, 255].
 CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], np.float32)
 
 

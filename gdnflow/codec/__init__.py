@@ -1,5 +1,5 @@
 """Image codecs from trained factorized-prior and scale-hyperprior autoencoders: real
-``.gdn`` files.
+``.gdn`` files::
 
     from gdnflow.codec import Codec, pretrained
     codec = pretrained("factorized_prior", quality=2)     # a shipped model (zoo)

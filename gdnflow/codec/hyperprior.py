@@ -127,7 +127,7 @@ class HyperpriorCodec(Codec):
         return build_hyperprior_tables(model)
 
     def side_information(self, y):
-        """q_z (N, h/4, w/4) int32: h_a(|y|) on the model's device, rounded around z's medians.
+        """q_z (N, h/4, w/4) int32: ``h_a(|y|)`` on the model's device, rounded around z's medians.
 
         Tile by tile (as :meth:`analyse`): each tile of z from the crop of y it reads.
         """

@@ -1,4 +1,4 @@
-"""The trained codecs shipped with gdnflow, by architecture and quality.
+"""The trained codecs shipped with gdnflow, by architecture and quality::
 
     from gdnflow.codec import pretrained
     codec = pretrained("factorized_prior", quality=2)    # a Codec, ready to use
@@ -34,6 +34,7 @@ class ShippedModel:
     sha256: str
 
 
+#: The shipped checkpoints, one :class:`ShippedModel` each.
 SHIPPED = (
     ShippedModel("factorized_prior", 1, 0.0018, "codec_q1.h5",
                  "23108933bafd18a485ce2aee69cc134ecb6055a4258899158114ea4858aa8d1f"),

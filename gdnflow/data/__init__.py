@@ -1,5 +1,7 @@
 """Training data: image folders, random crops, and a background batch loader.
 
+For example::
+
     data = ImageFolder("photos/", crop=256)          # or ImageFolder(None): sample photos
     with BackgroundLoader(lambda step: data.batch(seed, step, 16), start=0) as batches:
         for batch in batches:                         # float32 (16, 3, 256, 256) in [0, 1]

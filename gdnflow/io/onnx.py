@@ -1,4 +1,4 @@
-"""Import ONNX models as gdnflow modules.
+"""Import ONNX models as gdnflow modules::
 
     model = gdnflow.io.onnx.load("mobilenet_v2.onnx", device="cuda")
     probabilities = model(gdnflow.tensor(images, device="cuda"))

@@ -8,6 +8,7 @@ from gdnflow.models.mobilenet_v2 import mobilenet_v2
 from gdnflow.models.scale_hyperprior import ScaleHyperprior, scale_hyperprior
 from gdnflow.models.vgg import vgg16
 
+#: Every model's constructor, by the name ``get`` takes.
 MODELS = {"mobilenet_v2": mobilenet_v2, "vgg16": vgg16, "factorized_prior": factorized_prior,
           "hyperprior": scale_hyperprior}
 

@@ -212,7 +212,7 @@ class EntropyBottleneck(Module):
         return y_hat, likelihoods
 
     def loss(self):
-        """The auxiliary loss sum |c(quantiles) - target|: it moves only ``quantiles``.
+        """The auxiliary loss ``sum |c(quantiles) - target|``: it moves only ``quantiles``.
 
         Minimised, it places each channel's quantiles where the CDF logits are
         -t, 0 and t (``target``), the density itself held fixed.

@@ -16,7 +16,7 @@ class GDN(Module):
 
     ``y_i = x_i * (beta_i + sum_j gamma[i, j] s(x_j))^a`` at every pixel, with
     s(x) = x^2 and a = -1/2 (GDN, Ballé et al. 2016) or a = +1/2
-    (``inverse=True``); ``simplified=True`` takes s(x) = |x| and a = -1 or +1
+    (``inverse=True``); ``simplified=True`` takes ``s(x) = |x|`` and a = -1 or +1
     (Johnston et al. 2019). Input and output: (N, channels, H, W).
 
     Parameters ``beta`` (channels,) and ``gamma`` (channels, channels), laid

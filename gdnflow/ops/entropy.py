@@ -275,7 +275,7 @@ def tanh(x):
 
 
 def abs(x):  # noqa: A001 (mirrors numpy.abs)
-    """|x|, elementwise (gradient sign(x), 0 at 0)."""
+    """``|x|``, elementwise (gradient sign(x), 0 at 0)."""
     return AbsOp()(x)
 
 
@@ -292,5 +292,5 @@ def uniform_noise(x, key, stream=0):
 
 
 def sigmoid_difference(lower, upper):
-    """|sigmoid(upper) - sigmoid(lower)|, computed in the logistic's tail (see the module doc)."""
+    """``|sigmoid(upper) - sigmoid(lower)|``, computed in the logistic's tail (see the module doc)."""
     return SigmoidDifferenceOp()(lower, upper)

@@ -220,7 +220,7 @@ class GaussianLikelihoodOp(Operator):
 
 
 def gaussian_likelihood(values, scales, scale_bound=0.11):
-    """Phi((1/2 - |values|)/s) - Phi((-1/2 - |values|)/s), s = max(scales, scale_bound).
+    """``Phi((1/2 - |values|)/s) - Phi((-1/2 - |values|)/s)``, s = max(scales, scale_bound).
 
     The probability of each integer bin [values - 1/2, values + 1/2] under a
     zero-mean normal of standard deviation s, elementwise; ``values`` and

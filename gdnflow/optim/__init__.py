@@ -1,4 +1,4 @@
-"""Optimisers, gradient clipping and learning-rate schedules.
+"""Optimisers, gradient clipping and learning-rate schedules::
 
     opt = gdnflow.optim.Adam(model.parameters(), lr=1e-3)
     schedule = gdnflow.optim.CosineLR(opt, total_steps=10_000, warmup_steps=500)

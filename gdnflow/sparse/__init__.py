@@ -1,6 +1,6 @@
 """Pruned networks: magnitude pruning with masks, CSR filters with input offsets,
 the direct sparse convolution (``sparse_conv2d``, both backends), a layer that
-picks dense or sparse per shape, and pruned checkpoints.
+picks dense or sparse per shape, and pruned checkpoints::
 
     from gdnflow import sparse
     sparse.prune(model, 0.9)            # masks as buffers "weight_mask"

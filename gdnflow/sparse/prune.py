@@ -109,7 +109,7 @@ def set_mask(layer, keep):
 
 
 def apply_masks(module):
-    """weight *= weight_mask, in place, for every layer of ``module`` that has a mask.
+    """``weight *= weight_mask``, in place, for every layer of ``module`` that has a mask.
 
     Call it after every optimiser step while fine-tuning a pruned model (see
     the module docstring); also after loading weights from elsewhere.

@@ -1,6 +1,6 @@
 """Training image-compression models: the rate-distortion loss, metrics, the
 trainer (checkpoints, resume, NaN stops, signals), run folders owned by one
-process, and the command line.
+process, and the command line::
 
     from gdnflow.train import TrainConfig, train
     trainer = train(TrainConfig(data="photos/", out_dir="runs/q2", steps=10_000, lmbda=0.0067))

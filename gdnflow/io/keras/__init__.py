@@ -1,4 +1,4 @@
-"""Import Keras models and weights (HDF5 files) as gdnflow modules.
+"""Import Keras models and weights (HDF5 files) as gdnflow modules::
 
     model = gdnflow.io.keras.load("model.h5", device="cuda")     # NCHW in, as every gdnflow model
     probabilities = model(gdnflow.tensor(images_nchw, device="cuda"))

@@ -4,13 +4,16 @@ Shapes, formula and output size: :mod:`gdnflow.ops.conv.geometry`. Three
 linear maps make up the operator and its gradients; every algorithm, on both
 backends, provides all three for a :class:`ConvGeometry`:
 
+=============================   ====================================
 ``forward(g, x, w)``            x -> y
 ``backward_data(g, gy, w)``     gy -> gx, the adjoint of forward in x
 ``backward_weight(g, x, gy)``   (x, gy) -> gw
+=============================   ====================================
 
 ``conv_transpose2d`` (:mod:`~gdnflow.ops.conv.transpose`) is the same three
 maps in another order. The modules:
 
+===============    ==============================================================
 ``geometry``       parameters, shapes, output size, their checks
 ``operator``       :class:`Conv2dOp` and :func:`conv2d`
 ``transpose``      :class:`ConvTranspose2dOp` and :func:`conv_transpose2d`
@@ -22,6 +25,7 @@ maps in another order. The modules:
                    ``pointwise_tiles``), the direct depthwise kernels (``depthwise``),
                    Winograd F(4x4, 3x3) / F(2x2, 3x3) (``winograd``), and strided
                    convolutions as stride-1 ones on the sub-pixel grid (``subpixel``)
+===============    ==============================================================
 """
 from gdnflow.ops.conv.algorithms.depthwise import Depthwise
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise

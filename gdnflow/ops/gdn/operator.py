@@ -90,7 +90,7 @@ class GDNOp(Operator):
 
     Inputs: ``x`` (N, C, H, W), ``beta`` (C,) and ``gamma`` (C, C), laid out
     [output channel, input channel]. Output: the shape of x. ``inverse``
-    selects a = +1/2 (inverse GDN) over -1/2; ``simplified`` uses s = |x| and
+    selects a = +1/2 (inverse GDN) over -1/2; ``simplified`` uses ``s = |x|`` and
     a = -1 (or +1 inverse) instead of s = x^2. beta should be positive and
     gamma non-negative; the operator itself does not enforce it, unless
     ``parametrized`` = (beta_bound, gamma_bound, pedestal) is given: beta and
@@ -152,7 +152,7 @@ class GDNOp(Operator):
 
     # ------------------------------------------------------------- NumPy --
     def statistic(self, x):
-        """s(x): x^2, or |x| for the simplified variants (NumPy)."""
+        """s(x): x^2, or ``|x|`` for the simplified variants (NumPy)."""
         return np.abs(x) if self.simplified else x * x
 
     def statistic_grad(self, x):
@@ -332,7 +332,7 @@ def gdn(x, beta, gamma, inverse=False, simplified=False, parametrized=None):
 
     gamma is (C, C), laid out [output channel, input channel]; beta is (C,).
     s(x) = x^2 and a = -1/2 (GDN) or +1/2 (``inverse``); ``simplified`` uses
-    s(x) = |x| and a = -1 or +1. With ``parametrized`` = (beta_bound,
+    ``s(x) = |x|`` and a = -1 or +1. With ``parametrized`` = (beta_bound,
     gamma_bound, pedestal), beta and gamma are stored forms p used as
     max(p, bound)^2 - pedestal, as the GDN layer trains them (the
     reparameterisation of :mod:`gdnflow.ops.gdn.parametrize` fused into the

@@ -272,8 +272,8 @@ class Depthwise:
         """gx = the adjoint of forward in x.
 
         At stride 1, the forward kernel on gy with the filter rotated by 180
-        degrees and padding (k-1)*d - p: gx[h] = sum_i w[i] gy[h + p - i*d]
-        = sum_i' w[k-1-i'] gy[h - ((k-1)*d - p) + i'*d]. Strided: gathered
+        degrees and padding ``(k-1)*d - p``: ``gx[h] = sum_i w[i] gy[h + p - i*d]
+        = sum_i' w[k-1-i'] gy[h - ((k-1)*d - p) + i'*d]``. Strided: gathered
         per gx element by depthwise_backward_data (tiled over gx).
         """
         gx = cuda.empty(g.x_shape)

@@ -86,11 +86,13 @@ def _lowering(g):
 class Im2colGemm:
     """Any convolution: lower the input to column matrices, multiply with cuBLAS SGEMM.
 
+    ================  ========================================================
     forward:          y[n, grp] = W[grp] @ cols[n, grp], strided-batched over
                       the images of a chunk (the weight's batch stride is 0),
                       one call per group;
     backward_data:    gcols[n, grp] = W[grp]^T @ gy[n, grp], then col2im;
     backward_weight:  :func:`gemm_backward_weight` with im2col as the lowering.
+    ================  ========================================================
     """
 
     name = "im2col_gemm"
