@@ -36,7 +36,8 @@ def run(launcher, ranks, *args, timeout_s=60, deadline_s="20"):
     """Run worker.py in ``ranks`` processes started by ``launcher`` ("mpi" or "store"; one
     process has neither); (the return code furthest from 0, all output, seconds)."""
     env = dict(os.environ, GDNFLOW_DIST_TIMEOUT=deadline_s,
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                           os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, str(WORKER), *map(str, args)]
     start = time.monotonic()
     if launcher == "mpi":

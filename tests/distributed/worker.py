@@ -23,16 +23,7 @@ import numpy as np
 import gdnflow as gf
 from gdnflow import distributed as dist
 
-SEED = 1234
-
-
-def autoencoder(channels=8):
-    """3 -> channels (stride 2) -> GDN -> 3 (transposed, stride 2); the same weights for a seed."""
-    rng = np.random.default_rng(SEED)
-    return gf.nn.Sequential(
-        gf.nn.Conv2d(3, channels, 5, stride=2, padding=2, rng=rng),
-        gf.nn.GDN(channels),
-        gf.nn.ConvTranspose2d(channels, 3, 5, stride=2, padding=2, output_padding=1, rng=rng))
+from distributed_kit import SEED, autoencoder
 
 
 def batches(global_batch, steps):
