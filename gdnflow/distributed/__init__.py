@@ -20,7 +20,8 @@ store. docs/distributed.md explains launching, failures and scaling.
 from gdnflow.distributed.collectives import (all_gather_object, all_reduce, barrier, broadcast,
                                              check_same)
 from gdnflow.distributed.data_parallel import DataParallel
-from gdnflow.distributed.world import (DistributedError, World, init, is_initialized, local_rank,
+from gdnflow.distributed.errors import DistributedError
+from gdnflow.distributed.world import (World, init, is_initialized, local_rank,
                                        rank, report_failure, world_size)
 
 __all__ = ["DataParallel", "DistributedError", "World", "all_gather_object", "all_reduce",

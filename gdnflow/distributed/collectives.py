@@ -12,7 +12,7 @@ import pickle
 import numpy as np
 
 from gdnflow.distributed import world as _world
-from gdnflow.distributed.world import DistributedError
+from gdnflow.distributed.errors import DistributedError
 from gdnflow.tensor import Tensor
 
 #: What ``all_reduce`` computes.

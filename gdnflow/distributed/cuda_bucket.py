@@ -17,7 +17,7 @@ import pycuda.driver as drv
 
 from gdnflow.backends import cuda
 from gdnflow.distributed import world as _world
-from gdnflow.distributed.data_parallel import Bucket
+from gdnflow.distributed.buckets import Bucket
 
 _comm_stream = None
 

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from gdnflow.distributed.transport import Transport
-from gdnflow.distributed.world import DistributedError
+from gdnflow.distributed.errors import DistributedError
 
 FAILURE, PING, PONG = 1, 2, 3           # message tags on the failure communicator
 #: Seconds a rank that timed out waits for the others to answer its ping.

@@ -22,7 +22,7 @@ import pycuda.driver as drv
 
 from gdnflow import step_state
 from gdnflow.backends import cuda
-from gdnflow.distributed.world import DistributedError
+from gdnflow.distributed.errors import DistributedError
 
 _DTYPES = {"float32": nccl_api.DataType.Float32, "float64": nccl_api.DataType.Float64}
 _OPS = {"sum": nccl_api.RedOp.Sum, "mean": nccl_api.RedOp.Avg}

@@ -21,7 +21,7 @@ import struct
 import time
 
 from gdnflow.distributed.transport import Done, Transport
-from gdnflow.distributed.world import DistributedError
+from gdnflow.distributed.errors import DistributedError
 
 #: Extra seconds a rank other than 0 waits for rank 0's answer.
 RELAY_GRACE = 5.0

@@ -23,7 +23,7 @@ import traceback
 from typing import NamedTuple
 
 from gdnflow.config import settings
-from gdnflow.errors import GdnflowError
+from gdnflow.distributed.errors import DistributedError
 
 #: Seconds a collective may wait for its peers before it fails.
 DEFAULT_TIMEOUT = 300.0
@@ -31,20 +31,6 @@ DEFAULT_TIMEOUT = 300.0
 MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 #: The variables of a launcher that is not MPI (torchrun's names).
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-class DistributedError(GdnflowError, RuntimeError):
-    """A collective failed: ranks disagree, a peer raised, died or did not answer in time.
-
-    ``failed_rank`` is the rank the error is about (None when unknown);
-    ``from_peer`` is true when this process learnt of the failure from
-    another rank (it then does not report it further).
-    """
-
-    def __init__(self, message, failed_rank=None, from_peer=False):
-        super().__init__(message)
-        self.failed_rank = failed_rank
-        self.from_peer = from_peer
 
 
 class World(NamedTuple):
