@@ -6,6 +6,7 @@ memory pool (see :mod:`gdnflow.backends.cuda.runtime`).
 """
 import contextlib
 import functools
+import sys
 
 import numpy as np
 
@@ -104,6 +105,12 @@ def declare_variants(file, *variants):
     A first compile in a process then compiles those modules ahead, in parallel.
     """
     kernel_builds.declare_variants(file, *variants)
+
+
+def runtime_started():
+    """True once this process's CUDA runtime (context, stream, pool) exists."""
+    runtime = sys.modules.get(f"{__name__}.runtime")
+    return runtime is not None and runtime.started()
 
 
 def get_runtime():
