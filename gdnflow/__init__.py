@@ -26,7 +26,7 @@ from gdnflow import config, nn, ops, optim, registry
 
 #: The parts of gdnflow that ``import gdnflow`` leaves unloaded until used:
 #: ``gdnflow.<name>`` imports them on first access.
-OPTIONAL_PARTS = ("classify", "codec", "data", "inference", "io", "models", "plugins",
+OPTIONAL_PARTS = ("classify", "codec", "data", "distributed", "inference", "io", "models", "plugins",
                   "sparse", "step", "testing", "train")
 
 

@@ -13,11 +13,18 @@ networks), calls each node's ``backward`` once, in reverse topological order,
 adds gradients with ``+`` where a value feeds several operations, and frees
 each node's saved arrays as soon as it has been used.
 
+Gradient hooks: :func:`on_gradient_ready` asks for a call when a leaf's
+``.grad`` is complete during a backward (every node that consumes the leaf has
+added its share), :func:`on_backward_end` for a call when a backward returns.
+Data-parallel training starts each bucket's all-reduce this way, while the
+rest of the backward runs. Without hooks, backward does no extra work.
+
 :func:`trace` reports every outermost operator application to a callback
 (inference plans record a model's forward this way).
 """
 import contextlib
 import types
+import weakref
 
 import numpy as np
 
@@ -27,6 +34,56 @@ from gdnflow.tensor import Tensor
 
 _grad_enabled = True
 _active_trace = None        # the innermost trace() block's _Trace, or None
+_gradient_hooks = {}        # id(leaf tensor) -> [(weak reference to the leaf, fn)]
+_backward_end_hooks = {}    # handle key -> fn
+
+
+class HookHandle:
+    """What registering a hook returns: :meth:`remove` unregisters it."""
+
+    __slots__ = ("_remove",)
+
+    def __init__(self, remove):
+        self._remove = remove
+
+    def remove(self):
+        """Unregister the hook (again: nothing)."""
+        remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
+
+
+def on_gradient_ready(tensor, fn):
+    """Call ``fn(tensor)`` during each backward once ``tensor.grad`` is complete.
+
+    ``tensor`` is a leaf (a parameter). Complete means every operation of the
+    graph that consumed it has added its contribution, so a parameter used
+    twice fires once, after the second contribution; ``fn`` may read and
+    replace ``tensor.grad``. A leaf the backward does not reach gets no call.
+    The hook lives as long as ``tensor`` or until the returned
+    :class:`HookHandle`'s ``remove()``.
+    """
+    key = id(tensor)
+    entry = (weakref.ref(tensor, lambda _: _gradient_hooks.pop(key, None)), fn)
+    _gradient_hooks.setdefault(key, []).append(entry)
+
+    def remove():
+        hooks = _gradient_hooks.get(key, [])
+        if entry in hooks:
+            hooks.remove(entry)
+        if not hooks:
+            _gradient_hooks.pop(key, None)
+    return HookHandle(remove)
+
+
+def on_backward_end(fn):
+    """Call ``fn()`` when each :func:`backward` has finished (after the gradient-ready hooks).
+
+    Returns a :class:`HookHandle`; ``remove()`` it when done.
+    """
+    key = object()
+    _backward_end_hooks[key] = fn
+    return HookHandle(lambda: _backward_end_hooks.pop(key, None))
 
 
 class _Trace:
@@ -203,10 +260,13 @@ def backward(root, grad, retain_graph=False):
     """Accumulate d(root)/d(leaf) * grad into the ``.grad`` of every leaf that requires it."""
     order = _topological_order(root.creator)
     grads = {id(root.creator): grad}
+    pending = _hooked_leaf_uses(order) if _gradient_hooks else None
     with no_grad():
         for node in reversed(order):
             grad_output = grads.pop(id(node), None)
             if grad_output is None:
+                if pending:
+                    _leaf_uses_done(node, pending)
                 continue        # no gradient reaches this node
             if node.saved is None:
                 raise GraphFreedError(
@@ -234,6 +294,33 @@ def backward(root, grad, retain_graph=False):
                 else:
                     key = id(parent)
                     grads[key] = g if key not in grads else grads[key] + g
+            if pending:
+                _leaf_uses_done(node, pending)
+    for fn in list(_backward_end_hooks.values()):
+        fn()
+
+
+def _hooked_leaf_uses(order):
+    """{id(leaf): how many inputs of the nodes in ``order`` it is}, for the leaves with hooks."""
+    pending = {}
+    for node in order:
+        for parent in node.parents:
+            if isinstance(parent, Tensor) and id(parent) in _gradient_hooks:
+                pending[id(parent)] = pending.get(id(parent), 0) + 1
+    return pending
+
+
+def _leaf_uses_done(node, pending):
+    """Count ``node``'s uses of hooked leaves as done; call the hooks of the leaves now complete."""
+    for parent in node.parents:
+        key = id(parent)
+        if key in pending:
+            pending[key] -= 1
+            if not pending[key]:
+                del pending[key]
+                for reference, fn in list(_gradient_hooks.get(key, ())):
+                    if reference() is parent:
+                        fn(parent)
 
 
 def _topological_order(start):

@@ -69,6 +69,12 @@ class Config:
     #: matmul, GDN's unfused products; gdnflow's own kernels stay float32.
     matmul_precision: str = "fp32"
 
+    # --- CUDA runtime (gdnflow.backends.cuda.runtime) -------------------------
+    #: The GPU (CUDA device index) the process's runtime opens on first use;
+    #: ``gdnflow.distributed.init()`` sets it to the process's local rank.
+    #: Changing it once the runtime exists has no effect.
+    cuda_device: int = 0
+
     # --- images (gdnflow.data.images) -----------------------------------------
     #: The most pixels (height x width, read from the file's header before decoding)
     #: an image file may have: larger ones are refused as possible decompression

@@ -28,7 +28,7 @@ LAYERS = (
     ("testing",),
     ("ops",),
     ("nn",),
-    ("models", "optim", "inference", "step"),
+    ("models", "optim", "inference", "step", "distributed"),
     ("io", "data", "plots", "commandline"),
     ("plugins", "sparse"),
     ("codec", "train", "classify", "benchmarking", "inference_bench"),
@@ -37,7 +37,8 @@ LAYERS = (
 #: What ``import gdnflow`` must leave unloaded until it is used.
 OPTIONAL = ("gdnflow.sparse", "gdnflow.io.onnx", "gdnflow.io.keras", "gdnflow.codec",
             "gdnflow.train", "gdnflow.classify", "gdnflow.inference", "gdnflow.plugins", "gdnflow.step",
-            "gdnflow.data", "gdnflow.backends.cuda.runtime", "gdnflow.backends.cuda.kernels")
+            "gdnflow.data", "gdnflow.distributed", "gdnflow.backends.cuda.runtime",
+            "gdnflow.backends.cuda.kernels")
 MAX_LINES = 600
 LOCAL_IMPORT_REASON = "# local import:"
 

@@ -6,6 +6,7 @@ memory pool (see :mod:`gdnflow.backends.cuda.runtime`).
 """
 import contextlib
 import functools
+import sys
 
 import numpy as np
 
@@ -95,6 +96,12 @@ def _loaded():
 def kernel(file, name, arg_types, defines=()):
     """The compiled, prepared kernel ``name`` from ``file`` (see ``kernels.kernel``)."""
     return (_device or _loaded()).kernel(file, name, arg_types, defines)
+
+
+def runtime_started():
+    """True once this process's CUDA runtime (context, stream, pool) exists."""
+    runtime = sys.modules.get(f"{__name__}.runtime")
+    return runtime is not None and runtime.started()
 
 
 def get_runtime():

@@ -19,6 +19,7 @@ import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool, clear_context_caches
 
 from gdnflow import step_state
+from gdnflow.config import settings
 from gdnflow.errors import GdnflowError
 from gdnflow.backends.cuda.limits import MAX_ELEMENTS, check_elements, out_of_memory
 from gdnflow.backends.numpy_backend import contiguous
@@ -30,12 +31,18 @@ def get_runtime():
     """The process's :class:`Runtime`, created on first use."""
     global _runtime
     if _runtime is None:
-        _runtime = Runtime()
+        _runtime = Runtime(settings.cuda_device)
     return _runtime
 
 
+def started():
+    """True once :func:`get_runtime` has created the runtime."""
+    return _runtime is not None
+
+
 class Runtime:
-    """The CUDA context, stream and memory pool of this process (device 0)."""
+    """The CUDA context, stream and memory pool of this process (on GPU ``device_index``:
+    ``settings.cuda_device``, which :func:`gdnflow.distributed.init` sets to the local rank)."""
 
     def __init__(self, device_index=0):
         drv.init()

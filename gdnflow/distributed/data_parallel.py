@@ -1,0 +1,259 @@
+"""DataParallel: one model per rank, gradients averaged in buckets while backward runs.
+
+The trainable parameters are cut, in reverse registration order (about the
+order in which backward completes their gradients), into buckets of about
+``bucket_bytes``. Each bucket owns one flat buffer. During a backward, the
+gradient-ready hook of :mod:`gdnflow.autograd` counts each bucket's complete
+gradients; when a bucket is complete, it is started (every bucket before it
+first, so all ranks start the same buckets in the same order, as MPI and
+NCCL require):
+
+- on CUDA: an event on gdnflow's stream, which a separate communication
+  stream waits for; on that stream the gradients are copied into the flat
+  buffer, all-reduced by NCCL (average), and copied back into the gradient
+  arrays; an event marks the end. The rest of the backward runs meanwhile on
+  gdnflow's stream;
+- on NumPy: the gradients are copied into the buffer and MPI's non-blocking
+  all-reduce (sum) is started.
+
+When the backward ends (the backward-end hook), :meth:`DataParallel.finish`
+starts what is left (buckets holding a parameter that got no gradient: a zero
+gradient stands in for it) and completes every bucket: on CUDA gdnflow's
+stream waits for the communication stream's events (no host wait); on NumPy
+the sums are waited for and scaled by 1 / world size. So ``loss.backward()``
+returns with averaged gradients and the optimiser needs no change.
+Gradients are reduced in float32 (the parameters' dtype).
+"""
+import contextlib
+import weakref
+
+import numpy as np
+
+from gdnflow import autograd
+from gdnflow.backends import get_backend
+from gdnflow.distributed import world as _world
+from gdnflow.distributed.collectives import broadcast, check_same
+from gdnflow.tensor import Tensor
+
+#: Default bytes of gradients per bucket.
+BUCKET_BYTES = 4 << 20
+
+
+class DataParallel:
+    """Wrap ``module`` for data-parallel training over the world's ranks.
+
+    At construction: checks that every rank has the same parameter names and
+    shapes (a DistributedError naming the ranks otherwise), then broadcasts
+    parameters and buffers from rank 0. ``ddp(x)`` is ``module(x)``; every
+    backward through the module averages its gradients over the ranks (see
+    the module docstring); :meth:`finish` is called by the backward's end and
+    may be called again (it then does nothing). ``ddp.module`` is the model;
+    other attributes (``parameters()``, ``state_dict()``, ``train()``...) are
+    the module's. Inside ``with ddp.no_sync():`` backwards only accumulate
+    local gradients (gradient accumulation: the next backward outside
+    reduces the sum).
+    """
+
+    def __init__(self, module, bucket_bytes=BUCKET_BYTES):
+        if int(bucket_bytes) < 1:
+            raise ValueError(f"DataParallel: bucket_bytes must be >= 1, got {bucket_bytes!r}")
+        self.module = module
+        self.bucket_bytes = int(bucket_bytes)
+        self.world = _world.current()
+        self._sync = True
+        self._buckets = []
+        self._handles = []
+        self._params = ()
+        named = list(module.named_parameters())
+        check_same("model parameters (names and shapes)",
+                   [(name, tuple(p.shape), str(p.dtype), p.device) for name, p in named])
+        for _, p in named:
+            broadcast(p)
+        for _, b in module.named_buffers():
+            broadcast(b)
+        self._build()
+        reference = weakref.ref(self)
+        self._handles.append(autograd.on_backward_end(lambda: _call(reference, "_backward_ended")))
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "module":            # not yet set: __init__ failed early
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+    def __repr__(self):
+        return (f"DataParallel({type(self.module).__name__}, {len(self._buckets)} buckets of "
+                f"<= {self.bucket_bytes} bytes, rank {self.world.rank} of {self.world.size})")
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Within the block, backwards do not reduce (local gradient accumulation)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    @property
+    def buckets(self):
+        """The buckets, in the order they are reduced (each: its parameters and flat buffer)."""
+        return list(self._buckets)
+
+    def finish(self):
+        """Start the buckets not started yet, then complete every bucket's reduction."""
+        if not any(bucket.state for bucket in self._buckets):
+            return
+        for bucket in self._buckets:
+            if bucket.state in (None, "waiting"):
+                bucket.fill_missing_gradients()
+        self._start_ready(force=True)
+        try:
+            for bucket in self._buckets:
+                bucket.complete()
+        finally:
+            for bucket in self._buckets:
+                bucket.reset()
+
+    def close(self):
+        """Remove the hooks; the module trains alone afterwards."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # -------------------------------------------------------------- internals --
+    def _build(self):
+        """Cut the trainable parameters into buckets and hook their gradients."""
+        for handle in self._handles[1:]:
+            handle.remove()
+        self._handles = self._handles[:1]
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self._params = tuple(id(p) for p in self.module.parameters())
+        groups, current, size = [], [], 0
+        for p in reversed(params):
+            nbytes = p.size * p.dtype.itemsize
+            if current and (size + nbytes > self.bucket_bytes or p.dtype != current[0].dtype
+                            or p.device != current[0].device):
+                groups.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            groups.append(current)
+        self._buckets = [_bucket_class(group[0].device)(group, index, self.world)
+                         for index, group in enumerate(groups)]
+        reference = weakref.ref(self)
+        for bucket in self._buckets:
+            for p in bucket.params:
+                self._handles.append(autograd.on_gradient_ready(
+                    p, lambda p, bucket=bucket: _call(reference, "_gradient_ready", bucket)))
+
+    def _gradient_ready(self, bucket):
+        if not self._sync:
+            return
+        bucket.ready += 1
+        bucket.state = "waiting"
+        if bucket.ready == len(bucket.params):
+            bucket.state = "ready"
+            self._start_ready(force=False)
+
+    def _start_ready(self, force):
+        """Start buckets in order while they are ready (``force``: all of them)."""
+        for bucket in self._buckets:
+            if bucket.state == "started":
+                continue
+            if bucket.state != "ready" and not force:
+                return
+            bucket.start()
+            bucket.state = "started"
+
+    def _backward_ended(self):
+        if not self._sync:
+            return
+        if tuple(id(p) for p in self.module.parameters()) != self._params:
+            # Parameters were replaced (load_state_dict): hook the new ones and
+            # reduce every bucket of this backward's gradients now.
+            self._build()
+            if any(p.grad is not None for bucket in self._buckets for p in bucket.params):
+                for bucket in self._buckets:
+                    bucket.state = "waiting"
+        self.finish()
+
+
+def _call(reference, method, *args):
+    """Call ``method`` of the DataParallel behind the weak ``reference``, if it still exists."""
+    ddp = reference()
+    if ddp is not None:
+        getattr(ddp, method)(*args)
+
+
+class Bucket:
+    """Parameters whose gradients are reduced together, and the flat buffer that carries them.
+
+    ``state``: None (nothing this backward), "waiting" (some gradients
+    complete), "ready" (all complete), "started" (reduction under way).
+    """
+
+    def __init__(self, params, index, world):
+        self.params = params
+        self.index = index
+        self.world = world
+        self.offsets = np.cumsum([0] + [p.size for p in params])
+        self.flat = get_backend(params[0].device).full((int(self.offsets[-1]),), 0.0,
+                                                       params[0].dtype)
+        self.reset()
+
+    @property
+    def nbytes(self):
+        """Bytes of the flat buffer."""
+        return int(self.offsets[-1]) * self.flat.dtype.itemsize
+
+    def reset(self):
+        """Forget this backward's progress."""
+        self.ready = 0
+        self.state = None
+
+    def fill_missing_gradients(self):
+        """A zero gradient for each parameter the backward gave none (it still takes part)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = Tensor.wrap(get_backend(p.device).full(p.shape, 0.0, p.dtype), p.device)
+
+    def start(self):
+        """Begin the reduction of the complete gradients."""
+        raise NotImplementedError
+
+    def complete(self):
+        """Finish the reduction: the averaged gradients are in place (or queued, on CUDA)."""
+        raise NotImplementedError
+
+
+class HostBucket(Bucket):
+    """A bucket of NumPy gradients: copied into the buffer, summed by the transport (MPI)."""
+
+    request = None
+
+    def start(self):
+        for p, begin, end in zip(self.params, self.offsets, self.offsets[1:]):
+            self.flat[begin:end] = p.grad.data.reshape(-1)
+        self.request = _world.transport().start_all_reduce(self.flat)
+
+    def complete(self):
+        if self.request is None:
+            return
+        request, self.request = self.request, None
+        request.wait()
+        self.flat *= self.flat.dtype.type(1.0 / self.world.size)
+        for p, begin, end in zip(self.params, self.offsets, self.offsets[1:]):
+            # A new array: a gradient array may be shared (an operator's backward
+            # can hand one array to two inputs), so it is not written in place.
+            p.grad = Tensor.wrap(self.flat[begin:end].reshape(p.shape).copy(), p.device)
+
+
+def _bucket_class(device):
+    """The bucket class for ``device``; the CUDA one's module imports PyCUDA, so only then."""
+    if device != "cuda":
+        return HostBucket
+    from gdnflow.distributed import cuda_bucket  # local import: PyCUDA and NCCL on first use
+    return cuda_bucket.CudaBucket
