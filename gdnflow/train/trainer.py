@@ -567,7 +567,7 @@ class Trainer:
 
     def _stop_saved(self, stop):
         """Save the last finished step (unless saved already) and raise RunStopped."""
-        name = signal_name(stop.received)
+        name = signal_name(stop.signal)
         saved_step, path = self._saved
         if self.step != saved_step:
             with stop.protect():
@@ -576,9 +576,9 @@ class Trainer:
         elif path is not None:
             saved = f"checkpoint {path} is up to date"
         else:
-            raise RunStopped(stop.received, f"stopped by {name} before the first step: "
+            raise RunStopped(stop.signal, f"stopped by {name} before the first step: "
                              "nothing to save")
-        raise RunStopped(stop.received, f"stopped by {name} at step {self.step} of "
+        raise RunStopped(stop.signal, f"stopped by {name} at step {self.step} of "
                          f"{self.config.steps}: {saved}; --resume continues the run")
 
     def draw(self):
