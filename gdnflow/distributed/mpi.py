@@ -75,12 +75,13 @@ class MpiTransport(Transport):
         self._sends += [self.control.Isend([payload, MPI.BYTE], dest=peer, tag=FAILURE)
                         for peer in range(self.size) if peer != self.rank]
 
-    def abort(self, code, grace):
-        if grace:
-            deadline = time.monotonic() + ABORT_GRACE
-            while time.monotonic() < deadline and not MPI.Request.Testall(self._sends):
-                time.sleep(0.01)
-            time.sleep(max(0.0, deadline - time.monotonic()))
+    def abort(self, code):
+        # The grace lets the notices leave and the other ranks print their
+        # error before MPI_Abort ends every process of the job.
+        deadline = time.monotonic() + ABORT_GRACE
+        while time.monotonic() < deadline and not MPI.Request.Testall(self._sends):
+            time.sleep(0.01)
+        time.sleep(max(0.0, deadline - time.monotonic()))
         self.comm.Abort(code)
 
     # ------------------------------------------------------------- waiting --

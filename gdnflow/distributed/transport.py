@@ -41,8 +41,8 @@ class Transport:
     def report_failure(self, message):
         """Tell the other ranks that this one failed with ``message``."""
 
-    def abort(self, code, grace):
-        """End the whole job after a failure (``grace``: leave the peers a moment to report it)."""
+    def abort(self, code):
+        """After an uncaught exception: end this rank's part (under MPI: the whole job)."""
 
 
 class Done:

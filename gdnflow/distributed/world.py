@@ -208,5 +208,5 @@ def _install_failure_report():
             report_failure(exc)
         finally:
             if _state.transport is not None:
-                _state.transport.abort(1, grace=not getattr(exc, "from_peer", False))
+                _state.transport.abort(1)
     sys.excepthook = report_and_abort

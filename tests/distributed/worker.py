@@ -49,7 +49,7 @@ def train(global_batch, steps, out=None, fail=None):
     """Train; ``fail``: (rank, step, what) makes that rank raise or hang at that step."""
     world = dist.init()
     model = dist.DataParallel(autoencoder(), bucket_bytes=1024)     # several buckets
-    optimizer = gf.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = gf.optim.Adam(model.parameters(), lr=1e-3)
     losses = []
     for step, batch in enumerate(batches(global_batch, steps)):
         if fail and fail[0] == world.rank and fail[1] == step:
