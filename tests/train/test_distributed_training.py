@@ -149,3 +149,24 @@ def test_sigterm_stops_every_rank_and_rank_0_saves(shared_image_folder, tmp_path
     saved = history(out)[-1]["step"]
     assert 0 < saved < 10_000 and f"at step {saved} of 10000" in stderr
     assert not (out / "run.lock").exists()
+
+
+def test_the_gpus_launcher_s_own_spawner_starts_the_same_run(shared_image_folder, one_process,
+                                                            tmp_path, monkeypatch):
+    # What --gpus 2 does without mpiexec (RANK, WORLD_SIZE, ... and the TCP store), on NumPy.
+    from gdnflow.train.spawn import spawn
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out = tmp_path / "run"
+    assert spawn(train_args(shared_image_folder, out), 2, mpiexec=None, log=print) == 0
+    assert_same_run(out, one_process)
+
+
+def test_gpus_are_counted_before_anything_starts(tmp_path):
+    from gdnflow.train.spawn import check_gpus
+    with pytest.raises(ValueError, match="--gpus 4: this host has 2 usable GPUs"):
+        check_gpus(4, 2)
+    check_gpus(2, 2)
+    done = gdnflow(["train", "--gpus", "2", "--device", "numpy", "--out", str(tmp_path / "run")])
+    assert done.returncode == 1
+    assert "on NumPy" in done.stderr and "mpirun -np 2 gdnflow train" in done.stderr
+    assert not (tmp_path / "run").exists()
