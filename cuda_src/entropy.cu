@@ -65,15 +65,17 @@ __device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned i
 
 // y[i] = x[i] + u_i, u_i = (word >> 8) * 2^-24 - 1/2 in [-1/2, 1/2): 24 random
 // bits, every value exact in float32, so NumPy reproduces it bit for bit.
-// Counter (i, 0, stream_lo, stream_hi), key (key_lo, key_hi).
+// Counter (offset + i, 0, stream_lo, stream_hi), key (key_lo, key_hi): offset is
+// where x starts in the whole batch (a data-parallel process's slice of it).
 __device__ __forceinline__ void add_uniform_noise(const float* __restrict__ x,
                                                   float* __restrict__ y, int n,
+                                                  unsigned int offset,
                                                   unsigned int key_lo, unsigned int key_hi,
                                                   unsigned int stream_lo,
                                                   unsigned int stream_hi) {
     GRID_STRIDE_LOOP(i, n) {
-        const unsigned int word = philox_word0((unsigned int)i, 0u, stream_lo, stream_hi,
-                                               key_lo, key_hi);
+        const unsigned int word = philox_word0(offset + (unsigned int)i, 0u, stream_lo,
+                                               stream_hi, key_lo, key_hi);
         const float u = (float)(word >> 8) * 5.9604644775390625e-8f - 0.5f;   // 2^-24
         y[i] = x[i] + u;
     }
@@ -81,10 +83,11 @@ __device__ __forceinline__ void add_uniform_noise(const float* __restrict__ x,
 
 extern "C" __global__ void uniform_noise_forward(const float* __restrict__ x,
                                                  float* __restrict__ y, int n,
+                                                 unsigned int offset,
                                                  unsigned int key_lo, unsigned int key_hi,
                                                  unsigned int stream_lo,
                                                  unsigned int stream_hi) {
-    add_uniform_noise(x, y, n, key_lo, key_hi, stream_lo, stream_hi);
+    add_uniform_noise(x, y, n, offset, key_lo, key_hi, stream_lo, stream_hi);
 }
 
 // The same noise with the stream read from device memory (two words, low
@@ -93,10 +96,11 @@ extern "C" __global__ void uniform_noise_forward(const float* __restrict__ x,
 // (gdnflow/step_context.py, StepCounter).
 extern "C" __global__ void uniform_noise_forward_counted(const float* __restrict__ x,
                                                          float* __restrict__ y, int n,
+                                                         unsigned int offset,
                                                          unsigned int key_lo,
                                                          unsigned int key_hi,
                                                          const unsigned int* __restrict__ stream) {
-    add_uniform_noise(x, y, n, key_lo, key_hi, stream[0], stream[1]);
+    add_uniform_noise(x, y, n, offset, key_lo, key_hi, stream[0], stream[1]);
 }
 
 // ------------------------------------------------- sigmoid difference ----

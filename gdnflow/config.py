@@ -13,8 +13,10 @@ A name that is not a knob is refused (no typo passes silently).
 
 The defaults are what gdnflow ships: results do not depend on them (every
 setting computes the same values, up to float32 summation order), only speed
-and memory do, with one exception: ``matmul_precision`` (set it with
-:func:`set_matmul_precision`) trades float32 exactness for tensor-core speed.
+and memory do, with two exceptions: ``matmul_precision`` (set it with
+:func:`set_matmul_precision`) trades float32 exactness for tensor-core speed,
+and ``noise_sample_offset`` says which slice of a data-parallel batch this
+process's training noise is for.
 Tests and benchmarks switch them only through :func:`override`.
 """
 import contextlib
@@ -79,6 +81,13 @@ class Config:
     #: bombs. Default: Pillow's own error limit, 2 x PIL.Image.MAX_IMAGE_PIXELS.
     #: ``--max-pixels N`` of compress, eval and train sets it for that command.
     max_image_pixels: int = 2 * 89_478_485
+
+    # --- training noise (gdnflow.ops.entropy) ---------------------------------
+    #: Where this process's batch starts in the whole batch, in samples: a
+    #: data-parallel rank holding samples s, s + 1, ... of each step's batch
+    #: draws their quantisation noise (gdnflow.train.distributed_run sets it),
+    #: so that all ranks together draw the one-process batch's noise. 0 alone.
+    noise_sample_offset: int = 0
 
     def override(self, **changes):
         """Context manager: the given knobs take the given values within the block."""

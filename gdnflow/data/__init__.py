@@ -9,9 +9,10 @@ For example::
 """
 from gdnflow.data.images import (IMAGE_EXTENSIONS, ImageFolder, ImageReadError,
                                  ImageTooLargeError, NoImagesError, image_size, list_images,
-                                 load_image, open_image, pad_to_multiple, read_rgb8, sample_photos)
+                                 load_image, open_image, pad_to_multiple, read_rgb8, sample_photos,
+                                 shard_slice)
 from gdnflow.data.loader import BackgroundLoader
 
 __all__ = ["ImageFolder", "BackgroundLoader", "NoImagesError", "ImageReadError",
            "ImageTooLargeError", "IMAGE_EXTENSIONS", "load_image", "read_rgb8", "open_image",
-           "image_size", "list_images", "pad_to_multiple", "sample_photos"]
+           "image_size", "list_images", "pad_to_multiple", "sample_photos", "shard_slice"]

@@ -14,6 +14,12 @@ of the run is image ``perm_e[j mod n]`` of the epoch e = j // n, with
 horizontal flip are drawn from (seed, step). A batch can therefore be built
 by any thread, in any order, and a resumed run needs only its step to see
 exactly the batches of the uninterrupted one.
+
+Data-parallel training shards each batch, not the folder: every process
+draws the whole batch's plan (indices, crops, flips: no pixels) and reads
+only its contiguous slice (:func:`shard_slice`), so the processes' slices
+are disjoint and together are exactly the one-process batch of that seed
+and step, whatever the number of processes (a resume may change it).
 """
 import collections
 import contextlib
@@ -213,6 +219,23 @@ def _pad(image, ph, pw, mode):
     return np.pad(image, pads, mode=mode)
 
 
+def shard_slice(batch_size, shard):
+    """The samples ``slice`` of ``shard`` = (index, count) in a batch of ``batch_size``.
+
+    Shard i of n takes samples [i B/n, (i + 1) B/n) of the batch; raises
+    ValueError if ``batch_size`` is not a multiple of n (the global batch
+    must split evenly for the processes' mean gradient to be the batch's).
+    """
+    index, count = (int(v) for v in shard)
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index} of {count}: expected 0 <= index < count")
+    if batch_size % count:
+        raise ValueError(f"the batch of {batch_size} crops does not split evenly over {count} "
+                         f"processes: use a batch size that is a multiple of {count}")
+    size = batch_size // count
+    return slice(index * size, (index + 1) * size)
+
+
 class ImageFolder:
     """The images of a folder (or a list of paths), as training crops and evaluation images.
 
@@ -335,22 +358,24 @@ class ImageFolder:
         patch = image[:, top:top + self.crop, left:left + self.crop]
         return patch[:, :, ::-1] if flip else patch
 
-    def batch(self, seed, step, batch_size, pool=None):
+    def batch(self, seed, step, batch_size, pool=None, shard=(0, 1)):
         """The training batch at ``step``: float32 (batch_size, 3, crop, crop), a new array.
 
         ``pool`` (a ``concurrent.futures`` executor) decodes the images of
-        the batch in parallel; the result does not depend on it.
+        the batch in parallel; the result does not depend on it. ``shard``
+        = (index, count): only that shard's slice of the batch of
+        ``batch_size`` (see :func:`shard_slice`), batch_size / count crops.
         """
-        plan = self.batch_plan(seed, step, batch_size)
-        out = np.empty((batch_size, 3, self.crop, self.crop), np.float32)
+        plan = self.batch_plan(seed, step, batch_size)[shard_slice(batch_size, shard)]
+        out = np.empty((len(plan), 3, self.crop, self.crop), np.float32)
 
         def fill(b):
             out[b] = self.crop_sample(*plan[b])
 
         if pool is None:
-            for b in range(batch_size):
+            for b in range(len(plan)):
                 fill(b)
         else:
-            for future in [pool.submit(fill, b) for b in range(batch_size)]:
+            for future in [pool.submit(fill, b) for b in range(len(plan))]:
                 future.result()
         return out

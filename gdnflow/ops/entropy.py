@@ -13,7 +13,11 @@ CUDA kernels: ``cuda_src/entropy.cu``.
     noise is a pure function of (key, stream, i), drawn on the device (no
     host-to-device copy) and reproduced bit for bit by the NumPy backend;
     a trainer passing ``stream = step`` gets, after a resume, exactly the
-    noise of the uninterrupted run. The gradient is the identity.
+    noise of the uninterrupted run. A data-parallel process holding samples
+    s, s + 1, ... of the whole batch sets ``settings.noise_sample_offset =
+    s``: its elements count from s x (elements per sample), so the processes
+    together draw exactly the one-process batch's noise. The gradient is the
+    identity.
 ``sigmoid_difference``
     y = |sigmoid(s u) - sigmoid(s l)|, s = -1 where l + u > 0 else +1: the
     probability mass of a logistic-CDF density between logits l and u,
@@ -24,6 +28,7 @@ import numpy as np
 
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
+from gdnflow.config import settings
 from gdnflow.errors import ShapeError
 from gdnflow.ops.elementwise import UnaryOp
 from gdnflow.registry import register
@@ -145,12 +150,29 @@ def philox4x32_word0(counter0, key, stream):
     return philox4x32((counter0, 0, s_lo, s_hi), _split64(key, "key"))[0]
 
 
-def uniform_noise_values(shape, key, stream, dtype=np.float32):
-    """The noise ``uniform_noise`` adds to a tensor of ``shape``: values in [-1/2, 1/2)."""
+def noise_offset(shape):
+    """The first noise counter of a tensor of ``shape``: ``settings.noise_sample_offset``
+    samples (the leading axis) of its size; ValueError past the counter's 2^32."""
     n = int(np.prod(shape, dtype=np.int64))
     if n >= 2 ** 31:
         raise ValueError(f"uniform_noise: {n} elements exceed the 2^31 - 1 the kernel indexes")
-    words = philox4x32_word0(np.arange(n, dtype=np.uint64), key, stream)
+    offset = int(settings.noise_sample_offset) * (n // shape[0]) if n else 0
+    if offset + n > 2 ** 32:
+        raise ValueError(f"uniform_noise: a batch slice starting at sample "
+                         f"{settings.noise_sample_offset} of {n // shape[0]} elements each "
+                         "passes the noise counter's 2^32 elements")
+    return offset
+
+
+def uniform_noise_values(shape, key, stream, dtype=np.float32):
+    """The noise ``uniform_noise`` adds to a tensor of ``shape``: values in [-1/2, 1/2).
+
+    Its elements count from :func:`noise_offset` (0 unless a data-parallel
+    process set ``settings.noise_sample_offset``).
+    """
+    n = int(np.prod(shape, dtype=np.int64))
+    offset = noise_offset(shape)
+    words = philox4x32_word0(np.arange(offset, offset + n, dtype=np.uint64), key, stream)
     # 24 random bits: every value is exact in float32, so both backends agree bit for bit.
     u = (words >> np.uint32(8)).astype(np.float64) * 2.0 ** -24 - 0.5
     return u.astype(dtype).reshape(shape)
@@ -193,15 +215,14 @@ class UniformNoiseOp(Operator):
     def forward_cuda(self, x):
         y = cuda.empty(x.shape, x.dtype)
         if x.size:
-            if x.size >= 2 ** 31:
-                raise ValueError(f"uniform_noise: {x.size} elements exceed 2^31 - 1")
+            offset = noise_offset(x.shape)
             if self.counter is not None:
-                cuda.kernel(SOURCE, "uniform_noise_forward_counted", "PPiIIP").launch(
-                    x.size, x.ptr, y.ptr, x.size, *self.key_words,
+                cuda.kernel(SOURCE, "uniform_noise_forward_counted", "PPiIIIP").launch(
+                    x.size, x.ptr, y.ptr, x.size, offset, *self.key_words,
                     self.counter.device_words().ptr)
             else:
-                cuda.kernel(SOURCE, "uniform_noise_forward", "PPiIIII").launch(
-                    x.size, x.ptr, y.ptr, x.size, *self.key_words, *self.stream_words)
+                cuda.kernel(SOURCE, "uniform_noise_forward", "PPiIIIII").launch(
+                    x.size, x.ptr, y.ptr, x.size, offset, *self.key_words, *self.stream_words)
         return y
 
     def backward(self, grad_output):

@@ -4,6 +4,8 @@ command line.
     gdnflow train --data photos/ --out runs/q3 --quality 3 --steps 200000
     gdnflow train --out runs/q3 --resume          # continue the same run
     gdnflow train --out runs/q3 --force           # a new run; the old one moves aside
+    gdnflow train --gpus 4 --batch-size 64 ...    # data parallel on 4 GPUs of this host
+    mpirun -np 8 gdnflow train ...                # or on the ranks of any MPI launch
 
 :func:`add_train_parser` adds the subcommand to the ``gdnflow`` parser;
 ``examples/train_gdn_autoencoder.py`` uses the same options on its own.
@@ -11,7 +13,9 @@ command line.
 import dataclasses
 import sys
 
-from gdnflow.commandline import (USAGE_ERROR, add_max_pixels_option, nonnegative_int,
+from gdnflow import distributed as dist
+from gdnflow.backends import default_device
+from gdnflow.commandline import (REPORTED, USAGE_ERROR, describe_error, add_max_pixels_option, nonnegative_int,
                                  positive_float, positive_int, positive_multiple_of)
 from gdnflow.config import MATMUL_PRECISIONS
 from gdnflow.models import CODEC_MODELS
@@ -19,6 +23,7 @@ from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
 from gdnflow.train.launch import train
+from gdnflow.train.spawn import check_gpus, find_mpiexec, gpu_count, spawn
 from gdnflow.train.trainer import TrainConfig
 
 
@@ -102,6 +107,12 @@ def add_arguments(parser):
     run.add_argument("--device", choices=["numpy", "cuda"],
                      help="default: GDNFLOW_DEVICE, else cuda when usable, else numpy")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--gpus", type=positive_int, metavar="N",
+                     help="data parallel on N GPUs of this host: starts N processes (through "
+                     "mpiexec if installed), each training on --batch-size / N crops of every "
+                     "batch on GPU LOCAL_RANK, gradients averaged over NCCL; the run equals the "
+                     "one-GPU run. Across hosts, or on NumPy: mpirun -np N gdnflow train ... "
+                     "(see docs/distributed_training.md)")
     return parser
 
 
@@ -125,12 +136,36 @@ def cmd_train(args):
         print("gdnflow train: --resume continues the run in --out and --force moves it aside: "
               "pass one of them", file=sys.stderr)
         return USAGE_ERROR
+    config = config_from_args(args)
+    world = dist.init()
+    if args.gpus and args.gpus > 1 and world.size == 1:
+        return start_gpus(config, args.gpus)
+    if args.gpus and world.size not in (1, args.gpus):
+        raise ValueError(f"--gpus {args.gpus} in a world of {world.size} ranks started by a "
+                         "launcher (mpirun): leave --gpus out")
     try:
-        train(config_from_args(args), resume=args.resume, force=args.force)
+        train(config, resume=args.resume, force=args.force)
     except RunStopped as stop:
-        print(f"gdnflow train: {stop}", file=sys.stderr)
+        if world.rank == 0:
+            print(f"gdnflow train: {stop}", file=sys.stderr)
         return stop.exit_status
+    except REPORTED as exc:
+        if world.size == 1 or getattr(exc, "from_peer", False):
+            raise
+        dist.report_failure(exc)        # the other ranks stop, naming this one
+        raise dist.DistributedError(f"rank {world.rank} of {world.size}: {describe_error(exc)}",
+                                    failed_rank=world.rank) from exc
     return 0
+
+
+def start_gpus(config, gpus):
+    """``--gpus N`` outside a launch: check the host's GPUs, start N ranks of this command."""
+    if (config.device or default_device()) != "cuda":
+        raise ValueError(f"--gpus {gpus} trains on GPUs, and this run is on NumPy (--device "
+                         f"numpy, or no usable GPU): start {gpus} processes with "
+                         f"mpirun -np {gpus} gdnflow train ... instead")
+    check_gpus(gpus, gpu_count())
+    return spawn(sys.argv[1:], gpus, find_mpiexec())
 
 
 def add_train_parser(subparsers):

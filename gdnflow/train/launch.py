@@ -1,6 +1,10 @@
-"""``train``: one training run in a run folder that it owns from start to end."""
+"""``train``: one training run in a run folder that it owns from start to end, in one process
+or in each rank of a data-parallel run (:mod:`gdnflow.train.distributed_run`)."""
+import contextlib
 from pathlib import Path
 
+from gdnflow import distributed as dist
+from gdnflow.train.distributed_run import DistributedTrainer, quiet_unless
 from gdnflow.train.run_folder import RunExistsError, RunFolder
 from gdnflow.train.stopping import StopSignals
 from gdnflow.train.trainer import Trainer
@@ -32,21 +36,26 @@ def train(config, resume=None, force=False, log=print):
     stops the run as :meth:`Trainer.run` says, or at once before training
     starts (RunStopped either way); the lock is released in every case.
     ``log`` prints the notices. Returns the Trainer.
+
+    Launched as several ranks (:func:`gdnflow.distributed.init`), each runs
+    a :class:`DistributedTrainer`; only rank 0 owns the folder and speaks.
     """
     if resume and force:
         raise ValueError("--resume continues the run in the folder and --force moves it aside: "
                          "pass one of them")
     config.check()
-    with StopSignals(defer=False), \
-            RunFolder(config.out_dir).owned("resume" if resume else "force" if force else "new") \
-            as folder:
-        trainer = Trainer(config)
+    world = dist.init()         # before any CUDA tensor: it picks this rank's GPU
+    lead = world.rank == 0
+    mode = "resume" if resume else "force" if force else "new"
+    with StopSignals(defer=False), quiet_unless(lead), \
+            (RunFolder(config.out_dir).owned(mode) if lead else contextlib.nullcontext()) as folder:
+        trainer = DistributedTrainer(config, world) if world.size > 1 else Trainer(config)
         hint = cpu_hint(config, trainer.device)
         if hint:
             log(hint)
         elsewhere = resume not in (None, True) and \
             Path(resume).resolve() != trainer.checkpoint_path().resolve()
-        if elsewhere and folder.run_files():
+        if elsewhere and lead and folder.run_files():
             # Resuming rewrites the folder's histories and checkpoint: never another run's.
             raise RunExistsError(
                 f"--out {folder.path} holds a run ({', '.join(folder.run_files())}) and "

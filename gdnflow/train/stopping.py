@@ -58,9 +58,14 @@ class StopSignals:
         self._previous = {}
 
     @property
+    def signal(self):
+        """The signal the run stops for (None: no stop): here the first one received."""
+        return self.received
+
+    @property
     def requested(self):
-        """True once a stop signal arrived."""
-        return self.received is not None
+        """True once the run is to stop (a stop signal arrived)."""
+        return self.signal is not None
 
     def _handle(self, signum, frame):
         if self.received is None:

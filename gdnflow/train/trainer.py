@@ -38,6 +38,7 @@ replaced atomically. :func:`train` owns the folder for the run
 (:mod:`gdnflow.train.run_folder`: ``run.lock``, runs refused or moved
 aside); SIGINT and SIGTERM stop between steps (:mod:`gdnflow.train.stopping`).
 """
+import contextlib
 import dataclasses
 import json
 import math
@@ -47,10 +48,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gdnflow.autograd import no_grad
 from gdnflow.backends import check_device, default_device
 from gdnflow.config import check_matmul_precision, override
-from gdnflow.data.images import ImageFolder, pad_to_multiple
+from gdnflow.data.images import ImageFolder
 from gdnflow.data.loader import BackgroundLoader
 from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
                                    optimizer_state_to_json, read_checkpoint_info, save_checkpoint)
@@ -58,8 +58,8 @@ from gdnflow.io.files import write_bytes_atomic
 from gdnflow.models import CODEC_MODELS
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
 from gdnflow.tensor import Tensor
-from gdnflow.train.losses import (RateDistortionLoss, bits_per_pixel, describe_evaluation,
-                                  ms_ssim, mse_to_psnr, psnr)
+from gdnflow.train.evaluation import evaluate_images, mean_of_rows
+from gdnflow.train.losses import RateDistortionLoss, describe_evaluation, mse_to_psnr
 from gdnflow.train.numerics import NonFiniteError, locate_non_finite
 from gdnflow.train.queued import STEP_SCALARS, SYNC_EVERY, QueuedSteps
 from gdnflow.train.plots import plot_curves, plot_reconstructions
@@ -156,6 +156,13 @@ class Trainer:
     ``eval_history`` one per evaluation.
     """
 
+    #: This process's part of each batch, (index, count): a data-parallel rank's
+    #: (:mod:`gdnflow.train.distributed_run`), which also writes no files unless rank 0
+    #: and agrees on stopping with the other ranks (its ``stop_signals``).
+    shard = (0, 1)
+    writes_files = True
+    stop_signals = StopSignals
+
     def __init__(self, config=None, model=None, train_data=None, eval_data=None):
         self.config = config = config or TrainConfig()
         config.check()
@@ -243,8 +250,14 @@ class Trainer:
         self.aux_optimizer.zero_grad()
         terms["loss"].backward()
         aux = self.model.aux_loss()
-        aux.backward()
+        with self.local_gradients():
+            aux.backward()
         return terms, aux
+
+    def local_gradients(self):
+        """The block of the auxiliary backward: its loss depends on the parameters alone, the
+        same in every data-parallel process, so its gradients need no averaging."""
+        return contextlib.nullcontext()
 
     def _finish_step(self, record):
         if self.schedule is not None:
@@ -331,7 +344,7 @@ class Trainer:
         record = {**dict.fromkeys(STEP_SCALARS, float("nan")), **(values or {})}
         try:
             if batch is None:
-                batch = self.train_data.batch(self.config.seed, self.step, self.config.batch_size)
+                batch = self.make_batch(self.step)
             x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
             with override(matmul_precision=self.config.precision):
                 self._forward_backward(x, self.step)
@@ -374,35 +387,11 @@ class Trainer:
 
     def _evaluate(self, limit, keep):
         limit = self.config.eval_images if limit is None else limit
-        rows, kept = [], []
-        self.model.eval()
-        try:
-            with no_grad():
-                for name, image in self.eval_data.evaluation_images(limit or None):
-                    h, w = image.shape[-2:]
-                    x = pad_to_multiple(image, self.model.downsampling)[None]
-                    x = Tensor(x, device=self.device)
-                    out = self.model(x)
-                    bpp = bits_per_pixel(out["likelihoods"], h * w).item()
-                    x_hat = np.clip(out["x_hat"].numpy()[0, :, :h, :w], 0, 1)
-                    mse = float(np.mean((x_hat.astype(np.float64) - image) ** 2))
-                    try:
-                        quality = ms_ssim(image, x_hat)
-                    except ValueError:          # smaller side <= 160: no five scales
-                        quality = float("nan")
-                    rows.append({"bpp": bpp, "mse": mse, "psnr": psnr(image, x_hat),
-                                 "ms_ssim": quality,
-                                 "loss": self.config.lmbda * 255 ** 2 * mse + bpp})
-                    if len(kept) < keep:
-                        kept.append((name, image, x_hat, bpp, rows[-1]["psnr"]))
-        finally:
-            self.model.train()
+        rows, kept = evaluate_images(self.model, self.eval_data.evaluation_images(limit or None),
+                                     self.config.lmbda, self.device, keep)
         if not rows:
             return {}
-        result = {"step": self.step, "images": len(rows)}
-        for key in ("loss", "bpp", "mse", "psnr", "ms_ssim"):
-            values = [r[key] for r in rows if math.isfinite(r[key])]
-            result[key] = float(np.mean(values)) if values else float("nan")
+        result = {"step": self.step, "images": len(rows), **mean_of_rows(rows)}
         self.eval_history.append(result)
         if keep:
             self.last_reconstructions = kept
@@ -421,8 +410,11 @@ class Trainer:
         checkpoint whose records are missing.
         """
         path = Path(path) if path is not None else self.checkpoint_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.flush()
+        self._saved = (self.step, path)
+        if not self.writes_files:
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
         self._append_logs()
         extra = {
             "step": self.step,
@@ -434,7 +426,6 @@ class Trainer:
             "images": len(self._train_data) if self._train_data is not None else None,
         }
         save_checkpoint(path, self.model, self.optimizer, extra)
-        self._saved = (self.step, path)
         return path
 
     def resume(self, path=None):
@@ -470,7 +461,8 @@ class Trainer:
         # the files too, each rewritten atomically.
         for kind, records in (("history", self.history), ("eval", self.eval_history)):
             text = "".join(json.dumps(r) + "\n" for r in records)
-            write_bytes_atomic(self.out_dir / f"{kind}.jsonl", text.encode(), overwrite=True)
+            if self.writes_files:
+                write_bytes_atomic(self.out_dir / f"{kind}.jsonl", text.encode(), overwrite=True)
             self._logged[kind] = len(records)
         self._saved = (self.step, path)
         return self.step
@@ -500,13 +492,15 @@ class Trainer:
     # ------------------------------------------------------------- run --
     def batches(self):
         """A BackgroundLoader of the training batches from the current step to ``config.steps``."""
-        config, data = self.config, self.train_data
-
-        def make_batch(step, pool=None):
-            return data.batch(config.seed, step, config.batch_size, pool)
-
-        return BackgroundLoader(make_batch, start=self.step, stop=config.steps,
+        config = self.config
+        self.train_data         # built here, not in the loader's thread
+        return BackgroundLoader(self.make_batch, start=self.step, stop=config.steps,
                                 prefetch=config.prefetch, workers=config.workers)
+
+    def make_batch(self, step, pool=None):
+        """The training batch of ``step`` (this process's ``shard`` of it); ``pool`` decodes."""
+        config = self.config
+        return self.train_data.batch(config.seed, step, config.batch_size, pool, self.shard)
 
     def run(self):
         """Train from the current step to ``config.steps``; returns the last evaluation.
@@ -524,7 +518,7 @@ class Trainer:
         bar = tqdm(total=config.steps, initial=self.step, disable=config.quiet,
                    desc=f"{self.model.name} on {self.device}", dynamic_ncols=True)
         started, first = time.perf_counter(), self.step
-        with StopSignals(defer=True) as stop:
+        with self.stop_signals(defer=True) as stop:
             try:
                 with self.batches() as batches:
                     for batch in batches:
@@ -573,7 +567,7 @@ class Trainer:
 
     def _stop_saved(self, stop):
         """Save the last finished step (unless saved already) and raise RunStopped."""
-        name = signal_name(stop.received)
+        name = signal_name(stop.signal)
         saved_step, path = self._saved
         if self.step != saved_step:
             with stop.protect():
@@ -582,13 +576,15 @@ class Trainer:
         elif path is not None:
             saved = f"checkpoint {path} is up to date"
         else:
-            raise RunStopped(stop.received, f"stopped by {name} before the first step: "
+            raise RunStopped(stop.signal, f"stopped by {name} before the first step: "
                              "nothing to save")
-        raise RunStopped(stop.received, f"stopped by {name} at step {self.step} of "
+        raise RunStopped(stop.signal, f"stopped by {name} at step {self.step} of "
                          f"{self.config.steps}: {saved}; --resume continues the run")
 
     def draw(self):
         """Write ``curves.png`` and (after an evaluation) ``reconstructions.png``; returns the paths."""
+        if not self.writes_files:
+            return []
         self.out_dir.mkdir(parents=True, exist_ok=True)
         paths = [plot_curves(self.history, self.eval_history, self.out_dir / "curves.png")]
         if self.last_reconstructions:

@@ -157,6 +157,23 @@ def test_batches_are_a_function_of_seed_and_step(folder):
     assert not np.array_equal(a, data.batch(2, 5, 4))
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_shards_of_a_batch_are_disjoint_and_make_the_whole_batch(folder, ranks):
+    data = ImageFolder(folder, crop=32)
+    whole = data.batch(seed=1, step=5, batch_size=4)
+    shards = [ImageFolder(folder, crop=32).batch(1, 5, 4, shard=(r, ranks)) for r in range(ranks)]
+    assert all(len(s) == 4 // ranks for s in shards)
+    np.testing.assert_array_equal(np.concatenate(shards), whole)
+    plan = [index for index, *_ in data.batch_plan(1, 5, 4)]
+    assert len(set(plan)) == 4          # within an epoch: each shard's images are its own
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused(folder):
+    with pytest.raises(ValueError, match="batch of 6 crops does not split evenly over 4 "
+                       "processes: use a batch size that is a multiple of 4"):
+        ImageFolder(folder, crop=32).batch(1, 0, 6, shard=(1, 4))
+
+
 def test_each_epoch_visits_every_image_once(folder):
     data = ImageFolder(folder, crop=32)
     plans = [data.batch_plan(3, step, 2) for step in range(6)]     # 12 samples: two epochs of 6

@@ -84,6 +84,17 @@ def test_uniform_noise_is_a_function_of_key_and_stream(rng):
     np.testing.assert_array_equal(noise32.astype(np.float64), noise64)
 
 
+def test_a_batch_slice_draws_that_slice_of_the_whole_batch_noise(rng):
+    # A data-parallel process holding samples 2 and 3 of a batch of 4.
+    x = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    whole = eops.uniform_noise(gf.tensor(x), key=7, stream=3).numpy()
+    with gf.config.override(noise_sample_offset=2):
+        part = eops.uniform_noise(gf.tensor(x[2:]), key=7, stream=3).numpy()
+    np.testing.assert_array_equal(part, whole[2:])
+    with gf.config.override(noise_sample_offset=2 ** 31), pytest.raises(ValueError, match="2.32"):
+        eops.uniform_noise(gf.tensor(x[2:]), key=7, stream=3)
+
+
 def test_uniform_noise_statistics():
     u = eops.uniform_noise_values((200_000,), key=12345, stream=0, dtype=np.float64)
     assert abs(u.mean()) < 0.003
@@ -156,6 +167,8 @@ def test_uniform_noise_cuda_is_bit_identical(rng):
         on_cpu = eops.uniform_noise(gf.tensor(x, device="numpy"), key, stream).numpy()
         np.testing.assert_array_equal(on_gpu, on_cpu)
     assert_backends_match(lambda t: eops.uniform_noise(t, 5, 6), [x])
+    with gf.config.override(noise_sample_offset=1):     # a data-parallel process's slice
+        assert_backends_match(lambda t: eops.uniform_noise(t, 5, 6), [x[1:]])
 
 
 @pytest.mark.gpu
@@ -189,7 +202,10 @@ int main(int argc, char** argv) {
         if (fread(v->data(), 4, n, in) != (size_t)n) return 1;
     fclose(in);
     FILE* out = fopen("out.bin", "wb");
-    uniform_noise_forward(x.data(), y.data(), n, 0x89abcdefu, 0x01234567u, 77u, 3u);
+    uniform_noise_forward(x.data(), y.data(), n, 0u, 0x89abcdefu, 0x01234567u, 77u, 3u);
+    fwrite(y.data(), 4, n, out);
+    // The second half of the same noise, as a process holding it draws it.
+    uniform_noise_forward(x.data(), y.data(), n / 2, n / 2, 0x89abcdefu, 0x01234567u, 77u, 3u);
     fwrite(y.data(), 4, n, out);
     softplus_forward(x.data(), y.data(), n);  fwrite(y.data(), 4, n, out);
     softplus_backward(x.data(), y.data(), gy.data(), a.data(), n);  fwrite(a.data(), 4, n, out);
@@ -232,6 +248,7 @@ def test_cuda_kernels_compiled_for_the_host_match_numpy(tmp_path, rng):
 
     noise = eops.uniform_noise_values((n,), (0x01234567 << 32) | 0x89ABCDEF, (3 << 32) | 77)
     np.testing.assert_array_equal(next(out), x + noise)
+    np.testing.assert_array_equal(next(out)[:n // 2], x[:n // 2] + noise[n // 2:])
 
     def reference(fn, *inputs):
         tensors = [t64(v, grad=True) for v in inputs]

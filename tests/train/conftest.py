@@ -3,16 +3,26 @@ import numpy as np
 import pytest
 
 
-@pytest.fixture
-def image_folder(tmp_path_factory):
-    """Six small smooth RGB images (one smaller than the 32x32 crop)."""
+def write_images(folder):
+    """Six small smooth RGB images (one smaller than the 32x32 crop) in ``folder``."""
     from PIL import Image
-    folder = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(11)
     for i, (h, w) in enumerate([(40, 52), (48, 40), (64, 64), (37, 45), (50, 33), (24, 30)]):
         coarse = rng.integers(0, 256, (h // 8 + 2, w // 8 + 2, 3), dtype=np.uint8)
         Image.fromarray(coarse).resize((w, h), Image.BILINEAR).save(folder / f"im{i}.png")
     return folder
+
+
+@pytest.fixture
+def image_folder(tmp_path_factory):
+    """Six small smooth RGB images (one smaller than the 32x32 crop)."""
+    return write_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="module")
+def shared_image_folder(tmp_path_factory):
+    """The six images of ``image_folder``, made once for a test module (not to be changed)."""
+    return write_images(tmp_path_factory.mktemp("shared-images"))
 
 
 @pytest.fixture
