@@ -14,6 +14,8 @@ error, or a collective pending past the timeout, it aborts the communicator
 (``ncclCommAbort`` ends its kernels, so the GPU stream moves on) and the next
 collective or DataParallel ``finish()`` raises a DistributedError.
 """
+import atexit
+import contextlib
 import threading
 import time
 
@@ -46,9 +48,23 @@ class Communicator:
         self.error = None
         self._pending = []      # (time queued, event recorded after a collective, what)
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="gdnflow-nccl-watchdog",
                                           daemon=True)
         self._watchdog.start()
+        # Before the runtime's own exit handler (registered earlier, so run later): the
+        # watchdog must pop the context it pushed, or PyCUDA aborts the process at exit.
+        atexit.register(self.close)
+
+    def close(self):
+        """Stop the watchdog and free the communicator (at exit; the runtime closes after)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._watchdog.join(timeout=5 * WATCH_INTERVAL + 1)
+        if self.error is None:
+            with contextlib.suppress(nccl_api.NCCLError):
+                nccl_api.comm_destroy(self.comm)
 
     def all_reduce(self, array, op, stream):
         """Reduce ``array`` (a CudaArray) in place over the ranks on ``stream`` (None: gdnflow's)."""
@@ -82,10 +98,10 @@ class Communicator:
         """The watchdog thread; see the module docstring."""
         self.runtime.context.push()
         try:
-            while self.error is None:
-                time.sleep(WATCH_INTERVAL)
+            while self.error is None and not self._stop.wait(WATCH_INTERVAL):
                 self.error = self._look()
-            nccl_api.comm_abort(self.comm)
+            if self.error is not None:
+                nccl_api.comm_abort(self.comm)
         finally:
             drv.Context.pop()
 
