@@ -87,13 +87,14 @@ WORKLOADS = {"mobilenet_v2": classifier(mobilenet_v2), "vgg16": classifier(vgg16
 
 def recorded_variants():
     """The variants of gdnflow's own sources this process loaded that the prefetch does not
-    already compile without a journal, sorted."""
+    already compile without a journal, in the order first loaded (the first miss queues them
+    in this order: MobileNetV2 at batch 1, the commonest first run, comes first)."""
     from gdnflow.backends.cuda import kernels    # local import: PyCUDA, on the GPU only
     plain = set(prefetch_list())
-    found = {(name, defines) for file, defines in kernels.builds().loaded
+    found = [(name, defines) for file, defines in kernels.builds().loaded
              for name in [variant_journal.own_source_name(file)]
-             if name is not None and (name, defines) not in plain}
-    return sorted(found, key=lambda v: (v[0], [(k, str(value)) for k, value in v[1]]))
+             if name is not None and (name, defines) not in plain]
+    return list(dict.fromkeys(found))
 
 
 def updated_journal(path, arch, sm_count, variants, names):
@@ -114,7 +115,7 @@ def updated_journal(path, arch, sm_count, variants, names):
 
 def journal_text(journal):
     """The journal as JSON text, indented, with one variant per line (a refresh's diff reads
-    as the variants added and removed)."""
+    as the variants added, removed or moved)."""
     journal = json.loads(json.dumps(journal))       # a copy: its variants become placeholders
     compact = {}
     for block in journal["recorded"].values():
