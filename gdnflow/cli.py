@@ -31,6 +31,7 @@ from gdnflow.backends import cuda, default_device
 from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache
 from gdnflow.backends.cuda.sources import resolve, source_dir
+from gdnflow.backends.cuda.variant_journal import journaled_variants
 from gdnflow.codec.cli import add_codec_parsers
 from gdnflow.commandline import command_parser, nonnegative_int, positive_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
@@ -157,10 +158,12 @@ def add_arch_option(parser):
 
 def cmd_build_kernels(args):
     """Compile CUDA modules into the kernel cache for each --arch; 1 if one fails to compile."""
+    sm_count = args.sm_count
     if args.arch:
         arches = args.arch
     elif cuda.is_available():
-        arches = [cuda.get_runtime().arch]
+        runtime = cuda.get_runtime()
+        arches, sm_count = [runtime.arch], sm_count or runtime.sm_count
     else:
         raise BackendUnavailableError(
             f"no CUDA device here ({cuda.unavailable_reason()}): name the GPU architecture "
@@ -176,7 +179,9 @@ def cmd_build_kernels(args):
     for arch in arches:
         started, counts = time.perf_counter(), {"cached": 0, "compiled": 0, "failed": 0}
         builds = Builds(cache, arch, workers=args.workers, prefetch=[])
-        for file, built_with, outcome, error in builds.build(variants):
+        journaled = [] if args.files else journaled_variants(cache.folder, arch, sm_count)
+        for file, built_with, outcome, error in builds.build(
+                list(dict.fromkeys(variants + journaled))):
             counts[outcome] += 1
             with_defines = f" {dict(built_with)}" if built_with else ""
             print(f"  {arch} {outcome:8} {file}{with_defines}", flush=True)
@@ -218,7 +223,8 @@ def add_build_kernels_parser(sub):
                            "given")
     build.add_argument("files", nargs="*", metavar="FILE",
                        help="CUDA sources to compile (default: gdnflow's own modules, those "
-                       "the first run of a process compiles)")
+                       "the first run of a process compiles, with the journaled per-shape "
+                       "variants)")
     build.add_argument("--arch", type=gpu_arches,
                        help="GPU architectures to compile for, comma-separated, e.g. sm_90 or "
                        "sm_80,sm_90 (default: this machine's GPU)")
@@ -226,6 +232,11 @@ def add_build_kernels_parser(sub):
                        metavar="NAME=VALUE", help="a -D define for the FILEs (repeat for more)")
     build.add_argument("--plugins", action="store_true",
                        help="also compile the installed plugins' CUDA sources")
+    build.add_argument("--sm-count", type=positive_int, metavar="N",
+                       help="the SM count whose journaled per-shape variants (the kernel "
+                       "cache's journal and gdnflow's shipped list) are compiled too (default: "
+                       "this machine's GPU's without --arch, else every SM count journaled for "
+                       "the architecture)")
     build.add_argument("--cache", metavar="DIR",
                        help=f"the cache folder (default: ${CACHE_VARIABLE}, else "
                        "$XDG_CACHE_HOME/gdnflow/kernels or ~/.cache/gdnflow/kernels)")

@@ -1,4 +1,6 @@
 """The on-disk cubin cache and the nvcc pool (CPU: nvcc only; one GPU test loads a cubin)."""
+import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -10,7 +12,8 @@ import numpy as np
 import pytest
 
 import gdnflow as gf
-from gdnflow.backends.cuda.kernel_builds import Builds
+from gdnflow.backends.cuda import variant_journal
+from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
 from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.errors import KernelCompileError
@@ -216,3 +219,144 @@ def test_relu_from_a_cached_module_matches_numpy(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         fresh_loader()
+
+
+# ------------------------------------------------------------- the variant journal --
+VARIANT = ("elementwise.cu", (("GDNFLOW_JOURNAL_TEST", 1),))     # harmless: nothing reads it
+
+
+def journaling_builds(folder, calls, sm_count=132, shipped=None, prefetch=()):
+    """Builds for sm_90 at ``sm_count`` SMs on ``folder`` whose nvcc writes a fake cubin."""
+    cache = KernelCache(folder, nvcc="nvcc", run=writing_nvcc(b"CUBIN", calls))
+    return Builds(cache, "sm_90", announce=lambda _: None, prefetch=list(prefetch),
+                  sm_count=sm_count, shipped=shipped or folder / "no-shipped.json")
+
+
+def test_a_demanded_miss_is_journaled_once_and_a_warm_start_writes_nothing(tmp_path):
+    calls = []
+    listed = ("elementwise.cu", (("GDNFLOW_JOURNAL_TEST", 2),))
+    plugin = tmp_path / "plugin.cu"
+    plugin.write_text(OTHER.text)
+    builds = journaling_builds(tmp_path, calls, prefetch=[listed])
+    journal = tmp_path / "sm_90" / "variants-132.jsonl"
+    for file, defines in (VARIANT, listed, (SMALL, ()), (str(plugin), ()), VARIANT):
+        assert builds.cubin(file, defines) == b"CUBIN"
+    builds.close()
+    # Only the own source's variant the prefetch did not list; plugins and inline sources not.
+    assert journal.read_text() == ('{"file":"elementwise.cu","defines":'
+                                   '[["GDNFLOW_JOURNAL_TEST",1]]}\n')
+    stamp = journal.stat().st_mtime_ns
+    warm = journaling_builds(tmp_path, calls)
+    assert warm.cubin(*VARIANT) == b"CUBIN" and warm.cubin(*listed) == b"CUBIN"
+    assert journal.stat().st_mtime_ns == stamp and len(calls) == 4
+    assert list(warm.loaded) == [VARIANT, listed]
+    # Without an SM count (build-kernels) nothing is journaled.
+    journaling_builds(tmp_path / "other", calls, sm_count=None).cubin(*VARIANT)
+    assert not list((tmp_path / "other").rglob("*.jsonl"))
+
+
+def test_a_journal_skips_corrupt_lines_and_unknown_files(tmp_path):
+    journal = tmp_path / "variants-132.jsonl"
+    assert variant_journal.read(journal) == []          # none yet
+    assert variant_journal.append(journal, *VARIANT)
+    journal.write_text(journal.read_text() + "\n".join([
+        "{not json",
+        '{"file": "no_such_file.cu", "defines": []}',
+        '{"file": "../elementwise.cu", "defines": []}',
+        '{"file": "elementwise.cu", "defines": [["TILE"]]}',
+        '{"file": "elementwise.cu", "defines": [["TILE", null]]}',
+        '["elementwise.cu", []]',
+        '{"file": "elementwise.cu", "defines": [["B", "x"], ["A", 2]]}',
+        '{"file": "elementwise.cu", "defines": [["A", 2], ["B", "x"]]}',
+        '{"file": "pointwise.cu", "def']) + "\n")      # a crash mid-write
+    expected = [VARIANT, ("elementwise.cu", (("A", 2), ("B", "x")))]
+    assert variant_journal.read(journal) == [VARIANT] + [expected[1]] * 2
+    assert variant_journal.journaled_variants(tmp_path, "sm_90", 132,
+                                              tmp_path / "none.json") == []
+    (tmp_path / "sm_90").mkdir()
+    journal.rename(tmp_path / "sm_90" / journal.name)
+    assert variant_journal.journaled_variants(tmp_path, "sm_90", 132,
+                                              tmp_path / "none.json") == expected
+
+
+def _append_many(path, tag, count):
+    for i in range(count):
+        variant_journal.append(path, "pointwise.cu",
+                               tuple((f"D{tag}_{j}", i) for j in range(40)))
+
+
+def test_concurrent_appends_from_two_processes_keep_whole_lines(tmp_path):
+    journal = tmp_path / "sm_90" / "variants-132.jsonl"
+    fork = multiprocessing.get_context("fork")
+    writers = [fork.Process(target=_append_many, args=(journal, tag, 300)) for tag in "ab"]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert [w.exitcode for w in writers] == [0, 0]
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 600 and len(variant_journal.read(journal)) == 600
+
+
+def test_the_first_miss_queues_the_variants_journaled_for_this_arch_and_sm_count(tmp_path):
+    def journaled(tag):
+        return ("elementwise.cu", (("GDNFLOW_JOURNAL_TEST", tag),))
+    for arch, sm_count, tag in (("sm_90", 132, 1), ("sm_90", 108, 2), ("sm_80", 132, 3)):
+        variant_journal.append(variant_journal.journal_path(tmp_path, arch, sm_count),
+                               *journaled(tag))
+    shipped = tmp_path / "shipped.json"
+    recorded = {"sm_90/132": [4, 1], "sm_90/108": [5], "sm_80/132": [6]}   # 1: the user's too
+    shipped.write_text(json.dumps({"format": 1, "recorded": {
+        key: {"variants": [variant_journal.entry(*journaled(tag)) for tag in tags]}
+        for key, tags in recorded.items()}}))
+    calls = []
+    builds = journaling_builds(tmp_path, calls, shipped=shipped)
+    assert builds.prefetch_variants() == [journaled(1), journaled(4)]
+    assert journaling_builds(tmp_path, calls, sm_count=None).prefetch_variants() == []
+    assert variant_journal.journaled_variants(tmp_path, "sm_90", None, shipped) == [
+        journaled(2), journaled(1), journaled(5), journaled(4)]     # the user's, then shipped
+    demanded = journaled(7)
+    builds.cubin(*demanded)
+    for *_, error in builds.build(builds.prefetch_variants()):      # waits for the queue
+        assert error is None
+    builds.close()
+    compiled = sorted(argv[argv.index("-O3") + 2] for argv in calls)
+    assert compiled == [f"-DGDNFLOW_JOURNAL_TEST={tag}" for tag in (1, 4, 7)]
+    # The journal gained the demanded one only.
+    assert variant_journal.read(builds.journal()) == [journaled(1), demanded]
+
+
+@needs_nvcc
+def test_build_kernels_compiles_the_journaled_variants_of_the_sm_count(tmp_path):
+    cache = KernelCache(tmp_path)
+    for file, defines in prefetch_list():   # the plain modules as if built: no nvcc for them
+        cache.store(cache.key(file, defines, "sm_90"), "sm_90", b"CUBIN")
+    variant_journal.append(variant_journal.journal_path(tmp_path, "sm_90", 132), *VARIANT)
+    env = dict(os.environ, **{CACHE_VARIABLE: str(tmp_path)})
+
+    def build_kernels(*options):
+        result = subprocess.run([sys.executable, "-m", "gdnflow.cli", "build-kernels", "--arch",
+                                 "sm_90", *options], capture_output=True, text=True, env=env,
+                                timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+    other = build_kernels("--sm-count", "108", "--workers", "1")
+    assert "GDNFLOW_JOURNAL_TEST" not in other and "sm_90: 0 compiled" in other
+    built = build_kernels("--sm-count", "132")
+    assert "sm_90 compiled elementwise.cu {'GDNFLOW_JOURNAL_TEST': 1}" in built, built
+    assert f"sm_90: 1 compiled, {len(prefetch_list())} already cached" in built
+    assert cache.lookup(cache.key(*VARIANT, "sm_90"), "sm_90")[:4] == b"\x7fELF"
+
+
+@pytest.mark.gpu
+def test_a_module_loaded_on_the_gpu_is_journaled_for_its_arch_and_sm_count(tmp_path):
+    code = ("from gdnflow.backends import cuda\n"
+            f"cuda.kernel('elementwise.cu', 'relu_forward', 'PPiff', {VARIANT[1]!r})\n"
+            "runtime = cuda.get_runtime()\n"
+            "print(runtime.arch, runtime.sm_count)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, **{CACHE_VARIABLE: str(tmp_path)}), timeout=600)
+    assert result.returncode == 0, result.stderr
+    arch, sm_count = result.stdout.split()
+    journal = variant_journal.journal_path(tmp_path, arch, int(sm_count))
+    assert variant_journal.read(journal) == [VARIANT]

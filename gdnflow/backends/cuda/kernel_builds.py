@@ -11,7 +11,10 @@ for itself, and one still queued is compiled at once by the thread asking.
 
 Operators whose file is always loaded with some ``-D`` defines say which with
 :func:`declare_variants`, so the prefetch compiles those instead of the plain
-module.
+module. Variants built for a layer's shape are known only once it runs: a
+:class:`Builds` that knows its GPU's SM count journals each one it had to
+compile on demand, and its prefetch queues the journaled ones too
+(:mod:`~gdnflow.backends.cuda.variant_journal`).
 """
 import atexit
 import os
@@ -19,6 +22,7 @@ import queue
 import sys
 import threading
 
+from gdnflow.backends.cuda import variant_journal
 from gdnflow.backends.cuda.sources import source_files
 
 _declared = {}      # file name -> the define tuples it is loaded with (declare_variants)
@@ -83,22 +87,32 @@ class Builds:
 
     ``announce(text)`` is called once, at the first miss (default: a line on
     stderr); ``prefetch`` is the list queued then (default :func:`prefetch_list`;
-    empty: compile only what is asked for).
+    empty: compile only what is asked for). With ``sm_count`` (the GPU's SMs)
+    the variants journaled for (``arch``, ``sm_count``) are queued too, from
+    the cache's journal and from ``shipped`` (default
+    :data:`~gdnflow.backends.cuda.variant_journal.SHIPPED`), and each module
+    of gdnflow's own sources compiled on demand that none of those listed is
+    appended to the cache's journal. :attr:`loaded` holds every (file,
+    defines) handed out, in order (``benchmarks/record_variants.py`` reads it).
     """
 
-    def __init__(self, cache, arch, workers=None, announce=None, prefetch=None):
-        self.cache, self.arch = cache, arch
+    def __init__(self, cache, arch, workers=None, announce=None, prefetch=None, sm_count=None,
+                 shipped=variant_journal.SHIPPED):
+        self.cache, self.arch, self.sm_count, self.shipped = cache, arch, sm_count, shipped
         self.workers = workers or default_workers()
         self.announce = announce if announce is not None else _print_to_stderr
         self.prefetch = prefetch
+        self.loaded = {}
         self._jobs = {}
         self._queue = queue.SimpleQueue()
         self._threads = []
         self._missed = False
+        self._known = set()         # keys the prefetch listed or this process journaled
         self._lock = threading.Lock()
 
     def cubin(self, file, defines=()):
         """The cubin of ``file`` with ``defines``: from disk, else compiled (and kept)."""
+        self.loaded[file, defines] = None
         key = self.cache.key(file, defines, self.arch)
         cubin = self.cache.lookup(key, self.arch)
         if cubin is not None:
@@ -107,7 +121,25 @@ class Builds:
         job = self.submit(file, defines, key)
         if job.claim():
             job.run(self.cache, self.arch)
-        return job.result()
+        cubin = job.result()
+        self._journal(file, defines, key)
+        return cubin
+
+    def journal(self):
+        """The path of the cache's journal this instance reads and appends to (None without
+        ``sm_count``)."""
+        if self.sm_count is None:
+            return None
+        return variant_journal.journal_path(self.cache.folder, self.arch, self.sm_count)
+
+    def prefetch_variants(self):
+        """(file, defines) of every module the first miss queues (where not on disk yet):
+        ``prefetch``, then the variants journaled for this architecture and SM count."""
+        variants = prefetch_list() if self.prefetch is None else list(self.prefetch)
+        if self.sm_count is not None:
+            variants += variant_journal.journaled_variants(self.cache.folder, self.arch,
+                                                           self.sm_count, self.shipped)
+        return variants
 
     def submit(self, file, defines=(), key=None):
         """Queue ``file`` with ``defines`` for the pool (once per module); its :class:`Job`."""
@@ -154,9 +186,10 @@ class Builds:
             first, self._missed = not self._missed, True
         if not first:
             return
-        variants = prefetch_list() if self.prefetch is None else self.prefetch
-        missing = [(f, d, key) for f, d in variants
-                   for key in [self.cache.key(f, d, self.arch)]
+        keyed = {self.cache.key(f, d, self.arch): (f, d) for f, d in self.prefetch_variants()}
+        with self._lock:
+            self._known.update(keyed)
+        missing = [(f, d, key) for key, (f, d) in keyed.items()
                    if not self.cache.path(key, self.arch).is_file()]
         count = len(missing) + ((str(file), tuple(defines)) not in
                                 {(str(f), tuple(d)) for f, d, _ in missing})
@@ -165,6 +198,19 @@ class Builds:
                       f"{self.cache.folder}) ...")
         for f, d, key in missing:
             self.submit(f, d, key)
+
+    def _journal(self, file, defines, key):
+        """Append a module compiled on demand to the journal, unless the prefetch listed it,
+        it was journaled already, or it is not one of gdnflow's own sources."""
+        path = self.journal()
+        if path is None:
+            return
+        with self._lock:
+            known = key in self._known
+            self._known.add(key)
+        name = variant_journal.own_source_name(file)
+        if not known and name is not None:
+            variant_journal.append(path, name, defines)
 
     def _start_workers(self):
         # Called with self._lock held, after queueing a job.

@@ -30,8 +30,10 @@ DEFAULT_BLOCKS_PER_SM = 16
 
 @functools.lru_cache(maxsize=None)
 def builds():
-    """The process's :class:`~gdnflow.backends.cuda.kernel_builds.Builds` for its GPU."""
-    return Builds(KernelCache(), get_runtime().arch)
+    """The process's :class:`~gdnflow.backends.cuda.kernel_builds.Builds` for its GPU (its
+    architecture and SM count: the variants journaled for them are compiled ahead)."""
+    runtime = get_runtime()
+    return Builds(KernelCache(), runtime.arch, sm_count=runtime.sm_count)
 
 
 @functools.lru_cache(maxsize=None)
