@@ -62,15 +62,19 @@ class DataParallel:
         self._handles = []
         self._params = ()
         named = list(module.named_parameters())
+        # requires_grad too: it decides the buckets, which every rank must cut alike.
         check_same("model parameters (names and shapes)",
-                   [(name, tuple(p.shape), str(p.dtype), p.device) for name, p in named])
+                   [(name, tuple(p.shape), str(p.dtype), p.device, p.requires_grad)
+                    for name, p in named])
         for _, p in named:
             broadcast(p)
         for _, b in module.named_buffers():
             broadcast(b)
-        self._build()
         reference = weakref.ref(self)
         self._handles.append(autograd.on_backward_end(lambda: _call(reference, "_backward_ended")))
+        self._build()
+        # Dropped without close(): the hooks (which hold the buckets' flat buffers) go too.
+        weakref.finalize(self, _remove_hooks, self._handles)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -102,9 +106,6 @@ class DataParallel:
         """Start the buckets not started yet, then complete every bucket's reduction."""
         if not any(bucket.state for bucket in self._buckets):
             return
-        for bucket in self._buckets:
-            if bucket.state in (None, "waiting"):
-                bucket.fill_missing_gradients()
         self._start_ready(force=True)
         try:
             for bucket in self._buckets:
@@ -115,16 +116,12 @@ class DataParallel:
 
     def close(self):
         """Remove the hooks; the module trains alone afterwards."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        _remove_hooks(self._handles)
 
     # -------------------------------------------------------------- internals --
     def _build(self):
         """Cut the trainable parameters into buckets and hook their gradients."""
-        for handle in self._handles[1:]:
-            handle.remove()
-        self._handles = self._handles[:1]
+        _remove_hooks(self._handles, keep=1)       # the backward-end hook stays
         params = [p for p in self.module.parameters() if p.requires_grad]
         self._params = tuple(id(p) for p in self.module.parameters())
         groups, current, size = [], [], 0
@@ -162,6 +159,9 @@ class DataParallel:
                 continue
             if bucket.state != "ready" and not force:
                 return
+            # A parameter the backward gave no gradient (not reached, or reached only
+            # through an operator that returns None for it) still takes part.
+            bucket.fill_missing_gradients()
             bucket.start()
             bucket.state = "started"
 
@@ -183,6 +183,13 @@ def _call(reference, method, *args):
     ddp = reference()
     if ddp is not None:
         getattr(ddp, method)(*args)
+
+
+def _remove_hooks(handles, keep=0):
+    """Remove the hooks of ``handles`` after the first ``keep``, in place (the list stays)."""
+    for handle in handles[keep:]:
+        handle.remove()
+    del handles[keep:]
 
 
 def _bucket_class(device):

@@ -1,11 +1,14 @@
 """A world of one process: no launcher, no MPI import, DataParallel trains like the bare model."""
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
+from gdnflow import autograd
 from gdnflow import distributed as dist
 from gdnflow.distributed.world import DistributedError, detect_launcher
 
@@ -48,3 +51,48 @@ def test_data_parallel_of_one_trains_like_the_model(tmp_path):
             trained.close()
     for name in results[0]:
         np.testing.assert_array_equal(results[1][name], results[0][name], err_msg=name)
+
+
+class _NoGradient(gf.autograd.Operator):
+    """y = x, with no gradient for x (as an operator with a non-differentiable input)."""
+
+    def forward_numpy(self, x):
+        return x.copy()
+
+    def backward(self, grad_output):
+        return (None,)
+
+
+def test_a_parameter_reached_without_a_gradient_gets_zeros():
+    model = autoencoder()
+    ddp = dist.DataParallel(model, bucket_bytes=1)      # a bucket per parameter
+    weight = model[0].weight
+    # The weight's hook fires (its one use is done) though no gradient reached it: its
+    # bucket is complete, and is reduced with a zero gradient like the parameters unused.
+    _NoGradient()(weight).sum().backward()
+    np.testing.assert_array_equal(weight.grad.numpy(), np.zeros(weight.shape, np.float32))
+    assert all(p.grad is not None for p in model.parameters())
+    ddp.close()
+
+
+def test_replaced_parameters_are_hooked_and_still_reduced():
+    model = autoencoder()
+    ddp = dist.DataParallel(model, bucket_bytes=512)
+    x = gf.tensor(np.ones((1, 3, 16, 16), np.float32))
+    model[0].bias = gf.nn.Parameter(model[0].bias.numpy())     # as a dtype cast would
+    for _ in range(2):
+        ((ddp(x) - x) ** 2).mean().backward()
+        # Every bucket was reduced and finished: none is left waiting or started.
+        assert [bucket.state for bucket in ddp.buckets] == [None] * len(ddp.buckets)
+    assert any(p is model[0].bias for bucket in ddp.buckets for p in bucket.params)
+    ddp.close()
+
+
+def test_a_dropped_data_parallel_removes_its_hooks():
+    model = autoencoder()
+    ddp = dist.DataParallel(model, bucket_bytes=512)
+    buckets = weakref.ref(ddp.buckets[0])
+    del ddp
+    gc.collect()
+    assert buckets() is None                # the hooks held the buckets' buffers
+    assert not any(id(p) in autograd._gradient_hooks for p in model.parameters())
