@@ -1,14 +1,19 @@
-"""The CUDA side of a DataParallel bucket: copy in, NCCL average, copy out, on a side stream.
+"""The CUDA side of a DataParallel bucket: copy in and NCCL average on a side stream.
 
 All buckets of a process share one communication stream. A bucket's start
 records an event on gdnflow's stream (its gradients are written), makes the
 communication stream wait for it, and queues there the copies into the flat
-buffer, the NCCL all-reduce (``ncclAvg``, float32) and the copies back into
-the gradient arrays, in place; a last event marks the end, which
-:meth:`CudaBucket.complete` makes gdnflow's stream wait for. Nothing waits on
-the host, so a compiled step (CUDA graph) captures the whole exchange: the
-side stream joins the capture through the first event and leaves it through
-the last (NCCL >= 2.9 supports capture).
+buffer and the NCCL all-reduce (``ncclAvg``, float32); an event marks the
+end. :meth:`CudaBucket.complete` makes gdnflow's stream wait for everything
+queued on the communication stream, then copies the averages back into the
+gradient arrays, in place, on gdnflow's stream. The copies back wait until
+then because a gradient array may be shared: an operator's backward can
+hand one array to a parameter and to the input it still back-propagates
+(``p + x``, a reshape), which the rest of the backward reads on gdnflow's
+stream, or to two parameters of different buckets. Nothing waits on the
+host, so a compiled step (CUDA graph) captures the whole exchange: the side
+stream joins the capture through the first event and leaves it through the
+last (NCCL >= 2.9 supports capture).
 
 ``started``/``done`` (timing events on the communication stream) let a
 benchmark place each bucket's reduction against the backward.
@@ -38,6 +43,7 @@ class CudaBucket(Bucket):
         self.runtime = cuda.get_runtime()
         self.stream = comm_stream()
         self.grads_written, self.started, self.done = drv.Event(), drv.Event(), drv.Event()
+        self.side_done = drv.Event()
         self.pending = False
 
     def start(self):
@@ -50,9 +56,6 @@ class CudaBucket(Bucket):
             drv.memcpy_dtod_async(self.flat.ptr + int(begin) * item, p.grad.data.ptr,
                                   p.grad.data.nbytes, side)
         _world.nccl_communicator().all_reduce(self.flat, "mean", stream=side)
-        for p, begin in zip(self.params, self.offsets):
-            drv.memcpy_dtod_async(p.grad.data.ptr, self.flat.ptr + int(begin) * item,
-                                  p.grad.data.nbytes, side)
         self.done.record(side)
         self.pending = True
 
@@ -60,5 +63,13 @@ class CudaBucket(Bucket):
         if not self.pending:
             return
         self.pending = False
-        self.runtime.stream.wait_for_event(self.done)
+        main = self.runtime.stream
+        # Every bucket has started (DataParallel.finish): this waits for all their copies
+        # in, so that writing a shared gradient array cannot change another bucket's input.
+        self.side_done.record(self.stream)
+        main.wait_for_event(self.side_done)
+        item = self.flat.dtype.itemsize
+        for p, begin in zip(self.params, self.offsets):
+            drv.memcpy_dtod_async(p.grad.data.ptr, self.flat.ptr + int(begin) * item,
+                                  p.grad.data.nbytes, main)
         _world.nccl_communicator().check()

@@ -10,16 +10,17 @@ NCCL require):
 
 - on CUDA: an event on gdnflow's stream, which a separate communication
   stream waits for; on that stream the gradients are copied into the flat
-  buffer, all-reduced by NCCL (average), and copied back into the gradient
-  arrays; an event marks the end. The rest of the backward runs meanwhile on
-  gdnflow's stream;
+  buffer and all-reduced by NCCL (average); an event marks the end. The rest
+  of the backward runs meanwhile on gdnflow's stream;
 - on NumPy: the gradients are copied into the buffer and MPI's non-blocking
   all-reduce (sum) is started.
 
 When the backward ends (the backward-end hook), :meth:`DataParallel.finish`
 starts what is left (buckets holding a parameter that got no gradient: a zero
 gradient stands in for it) and completes every bucket: on CUDA gdnflow's
-stream waits for the communication stream's events (no host wait); on NumPy
+stream waits for the communication stream, then copies the averages back
+into the gradient arrays (no host wait; see :mod:`.cuda_bucket` for why not
+earlier); on NumPy
 the sums are waited for and scaled by 1 / world size. So ``loss.backward()``
 returns with averaged gradients and the optimiser needs no change.
 Gradients are reduced in float32 (the parameters' dtype).
