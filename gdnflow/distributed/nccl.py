@@ -57,14 +57,22 @@ class Communicator:
         atexit.register(self.close)
 
     def close(self):
-        """Stop the watchdog and free the communicator (at exit; the runtime closes after)."""
+        """Stop the watchdog and free the communicator (at exit; the runtime closes after).
+
+        ``ncclCommDestroy`` waits for the collectives in flight, which never end
+        when this rank leaves on a peer's failure: then the communicator is
+        aborted instead, so that the process exits.
+        """
         if self._stop.is_set():
             return
         self._stop.set()
         self._watchdog.join(timeout=5 * WATCH_INTERVAL + 1)
         if self.error is None:
+            with self._lock:
+                in_flight = any(not done.query() for _, done, _ in self._pending)
+            in_flight = in_flight or not self.runtime.stream.is_done()   # replayed graphs too
             with contextlib.suppress(nccl_api.NCCLError):
-                nccl_api.comm_destroy(self.comm)
+                (nccl_api.comm_abort if in_flight else nccl_api.comm_destroy)(self.comm)
 
     def all_reduce(self, array, op, stream):
         """Reduce ``array`` (a CudaArray) in place over the ranks on ``stream`` (None: gdnflow's)."""
