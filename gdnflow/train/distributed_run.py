@@ -108,12 +108,26 @@ class DistributedTrainer(Trainer):
         # This process draws the noise of its samples of every batch, whichever step it is.
         settings.noise_sample_offset = samples.start
         self.ddp = dist.DataParallel(self.model, bucket_bytes=bucket_bytes)
+        self._alone = False     # True: steps take part in no collective
 
     def _forward_backward(self, x, noise_stream):
         terms, aux = super()._forward_backward(x, noise_stream)
-        for key in ("loss", "bpp", "mse"):      # this rank's means -> the whole batch's
-            terms[key] = dist.all_reduce(terms[key].reshape(1), op="mean")
+        if not self._alone:
+            for key in ("loss", "bpp", "mse"):      # this rank's means -> the whole batch's
+                terms[key] = dist.all_reduce(terms[key].reshape(1), op="mean")
         return terms, aux
+
+    def _stop_compiled_non_finite(self, bad, values):
+        # Each rank reads the compiled steps' flag when its GPU has finished them
+        # (flush(wait=False)), so ranks find a NaN at different steps of the loop: the
+        # rerun that locates it must not wait in a collective that the others, still
+        # training, never join. It runs on this rank's samples alone, then raises.
+        self._alone = True
+        try:
+            with self.ddp.no_sync():
+                super()._stop_compiled_non_finite(bad, values)
+        finally:
+            self._alone = False
 
     def local_gradients(self):
         return self.ddp.no_sync()
