@@ -137,11 +137,12 @@ def test_ranks_started_with_different_options_are_refused(shared_image_folder, t
 
 def test_sigterm_stops_every_rank_and_rank_0_saves(shared_image_folder, tmp_path):
     out = tmp_path / "run"
-    running = gdnflow(train_args(shared_image_folder, out, 10_000), 2, wait=False)
-    deadline = time.monotonic() + 60
-    while not (out / "run.lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(2)                       # a few steps
+    running = gdnflow(train_args(shared_image_folder, out, 10_000, "--checkpoint-every", "2"),
+                      2, wait=False)
+    deadline = time.monotonic() + 120
+    # A checkpoint, not a fixed sleep: the ranks have trained (however loaded the machine).
+    while not (out / "checkpoint.h5").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     running.send_signal(signal.SIGTERM)     # mpiexec passes it to every rank
     stdout, stderr = running.communicate(timeout=60)
     assert running.returncode == 128 + signal.SIGTERM, stderr
