@@ -81,7 +81,9 @@ def one_process(tmp_path_factory):
     return np.load(out)
 
 
-@pytest.mark.parametrize("launcher, ranks", [(MPI, 2), (MPI, 4), ("store", 2)])
+# 8 ranks of batch 2: the scaling issue's 8-GPU run simulated on the CPU (correctness only;
+# the store transport trains in tests/train/test_distributed_training.py's --gpus run).
+@pytest.mark.parametrize("launcher, ranks", [(MPI, 2), (MPI, 4), (MPI, 8)])
 def test_ranks_train_like_one_process_with_their_global_batch(launcher, ranks, one_process,
                                                               tmp_path):
     out = tmp_path / f"{ranks}.npz"
