@@ -42,7 +42,7 @@ import numpy as np
 
 from gdnflow import ops, registry
 from gdnflow.backends import default_device
-from gdnflow.io import onnx_ops
+from gdnflow.io import onnx_ops, onnx_ops_math
 from gdnflow.io.onnx_support import ONNX_TYPES, unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, host, ints, is_host, scalar
 from gdnflow.nn.module import Module, Parameter
@@ -175,7 +175,7 @@ class _Node:
     # Ops that may run on host arrays at import time when all inputs are known.
     HOST_OPS = {"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
                 "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
-                "Transpose", "Flatten"} | onnx_ops.HOST_OPS
+                "Transpose", "Flatten"} | onnx_ops.HOST_OPS | onnx_ops_math.HOST_OPS
 
     def __init__(self, node, opset):
         from onnx import helper     # local import: onnx is optional, loaded on first use
@@ -447,16 +447,6 @@ def _pad(node, inputs, device):
     return ops.pad(x, pairs, value)
 
 
-def _softmax(node, inputs, device):
-    x = inputs[0]
-    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % x.ndim
-    if node.opset < 13 and axis != x.ndim - 1:
-        # Before opset 13, Softmax flattens to 2-D at axis and normalises rows.
-        flat = ops.reshape(x, (int(np.prod(x.shape[:axis])), -1))
-        return ops.reshape(ops.softmax(flat, axis=1), x.shape)
-    return ops.softmax(x, axis=axis)
-
-
 def _dropout(node, inputs, device):
     if len(inputs) > 2 and inputs[2] is not None and bool(host(inputs[2]).reshape(())):
         node.fail("Dropout in training mode")
@@ -537,12 +527,6 @@ def _constant_of_shape(node, inputs, device):
     return np.full(ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)
 
 
-def _unary(function):
-    def handler(node, inputs, device):
-        return function(as_tensor(inputs[0], device))
-    return handler
-
-
 HANDLERS = {
     "Conv": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm, "MatMul": _matmul,
     "Add": _binary(ops.add, np.add), "Sub": _binary(ops.sub, np.subtract),
@@ -550,12 +534,12 @@ HANDLERS = {
     "Div": _binary(ops.div, lambda a, b: (np.trunc(np.true_divide(a, b))   # integers truncate
                                           if a.dtype.kind in "iu" and b.dtype.kind in "iu"
                                           else np.divide(a, b)).astype(np.result_type(a, b))),
-    "Relu": _unary(ops.relu), "Sigmoid": _unary(ops.sigmoid), "Clip": _clip,
+    "Relu": onnx_ops.unary(ops.relu), "Sigmoid": onnx_ops.unary(ops.sigmoid), "Clip": _clip,
     "BatchNormalization": _batch_norm, "MaxPool": _max_pool, "AveragePool": _average_pool,
     "GlobalAveragePool": lambda node, inputs, device: ops.global_avg_pool2d(inputs[0]),
     "Flatten": _flatten, "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad, "Softmax": _softmax,
+    "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad, "Softmax": onnx_ops_math.softmax_handler(lambda x, axis: ops.softmax(x, axis=axis)),
     "Dropout": _dropout, "Identity": lambda node, inputs, device: inputs[0],
     "Shape": _shape, "Gather": _gather, "Slice": _slice, "Cast": _cast, "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS,
+    "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS, **onnx_ops_math.HANDLERS,
 }

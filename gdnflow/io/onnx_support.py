@@ -84,8 +84,7 @@ ATTRIBUTES = {
     "LRN": {"size": _ANY, "alpha": _ANY, "beta": _ANY, "bias": _ANY},
     "LayerNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
     "InstanceNormalization": {"epsilon": _ANY},
-    "Gelu": {"approximate": lambda value: None if value == "tanh" else
-             "only tanh: the exact form needs erf, which gdnflow lacks"},
+    "Gelu": {"approximate": _ANY},
     "Selu": {"alpha": _ANY, "gamma": _ANY}, "Celu": {"alpha": _ANY},
     # Nearest only, and only the coordinate modes under which integer upscaling
     # replicates each pixel (see _nearest_rounding); other attributes only
@@ -96,10 +95,15 @@ ATTRIBUTES = {
                "antialias": _one_of(0), "cubic_coeff_a": _ANY, "exclude_outside": _one_of(0),
                "extrapolation_value": _ANY, "keep_aspect_ratio_policy": _one_of("stretch")},
     "Upsample": {"mode": _one_of("nearest"), "scales": _ANY},
+    # gdnflow.io.onnx_ops_math
+    "IsInf": {"detect_positive": _ANY, "detect_negative": _ANY}, "BitShift": {"direction": _ANY},
+    "Mod": {"fmod": _ANY}, "ThresholdedRelu": {"alpha": _ANY},
+    "Shrink": {"lambd": _ANY, "bias": _ANY}, "Swish": {"alpha": _ANY},
+    "LogSoftmax": {"axis": _ANY}, "Hardmax": {"axis": _ANY},
 }
 
 #: Defaults that the rules must see when an attribute is left out.
-DEFAULTS = {"Gelu": {"approximate": "none"}}
+DEFAULTS = {}
 
 #: Op types whose handlers compute every output (Dropout's mask: all true in inference;
 #: LayerNormalization's Mean and InvStdDev).
