@@ -333,7 +333,7 @@ def _lrn(node, inputs, device):
     return x * ops.pow(scale, -beta)
 
 
-def _normalized(x, axes, epsilon):
+def normalized(x, axes, epsilon):
     """(x - mean) / sqrt(var + epsilon) over ``axes``, with the mean and
     1 / sqrt(var + epsilon) (reduced axes kept)."""
     mean = ops.mean(x, axes, True)
@@ -345,7 +345,7 @@ def _normalized(x, axes, epsilon):
 def _layer_norm(node, inputs, device):
     x, scale, bias = (list(inputs) + [None, None])[:3]
     axis = node.attr("axis", -1) % x.ndim
-    y, mean, inv_std = _normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
+    y, mean, inv_std = normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
     y = y * operand(scale, device)
     return [y if bias is None else y + operand(bias, device), mean, inv_std]
 
@@ -353,7 +353,7 @@ def _layer_norm(node, inputs, device):
 def _instance_norm(node, inputs, device):
     x, scale, bias = inputs
     per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
-    y, _, _ = _normalized(x, tuple(range(2, x.ndim)), node.attr("epsilon", 1e-5))
+    y, _, _ = normalized(x, tuple(range(2, x.ndim)), node.attr("epsilon", 1e-5))
     return (y * ops.reshape(as_tensor(scale, device), per_channel)
             + ops.reshape(as_tensor(bias, device), per_channel))
 

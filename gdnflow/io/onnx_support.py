@@ -100,6 +100,12 @@ ATTRIBUTES = {
     "Mod": {"fmod": _ANY}, "ThresholdedRelu": {"alpha": _ANY},
     "Shrink": {"lambd": _ANY, "bias": _ANY}, "Swish": {"alpha": _ANY},
     "LogSoftmax": {"axis": _ANY}, "Hardmax": {"axis": _ANY},
+    # gdnflow.io.onnx_ops_reduce
+    "ReduceMax": _REDUCE, "ReduceMin": _REDUCE, "ReduceProd": _REDUCE, "ReduceLogSumExp": _REDUCE,
+    "CumSum": {"exclusive": _ANY, "reverse": _ANY}, "LpNormalization": {"axis": _ANY, "p": _ANY},
+    "GlobalLpPool": {"p": _ANY}, "MeanVarianceNormalization": {"axes": _ANY},
+    "GroupNormalization": {"num_groups": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
+    "RMSNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
 }
 
 #: Defaults that the rules must see when an attribute is left out.
