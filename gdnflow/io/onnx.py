@@ -42,7 +42,7 @@ import numpy as np
 
 from gdnflow import ops, registry
 from gdnflow.backends import default_device
-from gdnflow.io import onnx_ops, onnx_ops_math, onnx_ops_reduce
+from gdnflow.io import onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce
 from gdnflow.io.onnx_support import ONNX_TYPES, unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, host, ints, is_host, scalar
 from gdnflow.nn.module import Module, Parameter
@@ -176,7 +176,7 @@ class _Node:
     HOST_OPS = ({"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
                  "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
                  "Transpose", "Flatten"} | onnx_ops.HOST_OPS | onnx_ops_math.HOST_OPS
-                | onnx_ops_reduce.HOST_OPS)
+                | onnx_ops_reduce.HOST_OPS | onnx_ops_index.HOST_OPS)
 
     def __init__(self, node, opset):
         from onnx import helper     # local import: onnx is optional, loaded on first use
@@ -543,5 +543,5 @@ HANDLERS = {
     "Dropout": _dropout, "Identity": lambda node, inputs, device: inputs[0],
     "Shape": _shape, "Gather": _gather, "Slice": _slice, "Cast": _cast, "Constant": _constant,
     "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS, **onnx_ops_math.HANDLERS,
-    **onnx_ops_reduce.HANDLERS,
+    **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS,
 }

@@ -106,14 +106,22 @@ ATTRIBUTES = {
     "GlobalLpPool": {"p": _ANY}, "MeanVarianceNormalization": {"axes": _ANY},
     "GroupNormalization": {"num_groups": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
     "RMSNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
+    # gdnflow.io.onnx_ops_index
+    "GatherElements": {"axis": _ANY}, "TopK": {"axis": _ANY, "largest": _ANY, "sorted": _ANY},
+    "ArgMax": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
+    "ArgMin": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
+    "ScatterElements": {"axis": _ANY, "reduction": _ANY}, "Scatter": {"axis": _ANY},
+    "GatherND": {"batch_dims": _ANY}, "DepthToSpace": {"blocksize": _ANY, "mode": _ANY},
+    "SpaceToDepth": {"blocksize": _ANY, "mode": _ANY}, "Trilu": {"upper": _ANY}, "Einsum": {"equation": _ANY},
+    "EyeLike": {"dtype": _ANY, "k": _ANY}, "OneHot": {"axis": _ANY},
 }
 
 #: Defaults that the rules must see when an attribute is left out.
 DEFAULTS = {}
 
 #: Op types whose handlers compute every output (Dropout's mask: all true in inference;
-#: LayerNormalization's Mean and InvStdDev).
-EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization"}
+#: LayerNormalization's Mean and InvStdDev; TopK's indices).
+EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK"}
 
 
 def unsupported_features(op_type, attributes, outputs):
