@@ -6,7 +6,8 @@
 :func:`load` reads the file, checks every node against the supported
 operators and reports all unsupported ones at once, by name, before anything
 runs. The result is an :class:`OnnxModule`: float initializers become its
-parameters (so ``state_dict``, ``to`` and checkpoints work), and ``forward``
+parameters (so ``state_dict``, ``to`` and checkpoints work), as do float
+weights written as ``Constant`` nodes, and ``forward``
 runs the nodes in the graph's (topological) order with gdnflow operators.
 
 Values flow in two kinds: device tensors (activations and weights) and host
@@ -96,23 +97,36 @@ class OnnxModule(Module):
         self._parameter_of = {}     # ONNX value name -> attribute name of its Parameter
         constants = {}
         for name, array in initializers.items():
-            if array.dtype.kind == "f" and array.ndim > 0 and array.size > 1:
-                attribute = f"param{len(self._parameter_of)}"
-                setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
-                self._parameter_of[name] = attribute
+            if _is_weight(array):
+                self._add_parameter(name, array)
             else:
                 constants[name] = array
         self._nodes = []
+        constant_nodes = set()
         for node in graph.node:
             step = _Node(node, self.opset)
             if all(name in constants or name == "" for name in step.inputs) and step.foldable:
                 for out, value in zip(step.outputs, step.run([constants.get(n) for n in step.inputs],
                                                              self.device)):
                     constants[out] = value
+                if step.op_type == "Constant":
+                    constant_nodes.add(step.outputs[0])
             else:
                 self._nodes.append(step)
+        # Weights written as Constant nodes rather than initializers (some exporters
+        # do): those that nodes run at forward time read are parameters as well.
+        read_at_forward = {name for step in self._nodes for name in step.inputs}
+        for name in sorted(constant_nodes & read_at_forward, key=list(constants).index):
+            if _is_weight(constants[name]):
+                self._add_parameter(name, constants.pop(name))
         self._constants = constants
         self.eval()     # an imported graph is for inference, as a Keras model's is
+
+    def _add_parameter(self, name, array):
+        """ONNX value ``name`` as a (frozen) Parameter of this module."""
+        attribute = f"param{len(self._parameter_of)}"
+        setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
+        self._parameter_of[name] = attribute
 
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
@@ -248,6 +262,12 @@ def custom_operator(domain, op_type):
 
 
 # --------------------------------------------------------------- helpers --
+def _is_weight(array):
+    """Whether a constant is a weight (a float tensor of several elements) rather
+    than a number or a shape, which stay host constants."""
+    return array.dtype.kind == "f" and array.ndim > 0 and array.size > 1
+
+
 def _node_name(node):
     return node.name or f"{node.op_type}->{node.output[0]}"
 

@@ -32,7 +32,7 @@ from gdnflow.io.onnx_ops_math import on_host
 from gdnflow.io.onnx_values import as_tensor, host, ints, is_host, scalar
 
 
-def gather_elements(x, indices, axis, device):
+def gather_elements(x, indices, axis):
     """x's elements at ``indices`` (a host array of x's rank) along ``axis``."""
     if is_host(x):
         return np.take_along_axis(x, indices, axis)
@@ -43,14 +43,13 @@ def gather_elements(x, indices, axis, device):
                             for i, k in enumerate(indices.shape)))
     one_hot = (np.expand_dims(indices, axis + 1) == np.arange(size).reshape(
         (size,) + (1,) * (x.ndim - axis - 1))).astype(np.float32)
-    return ops.sum(ops.reshape(x, x.shape[:axis] + (1,) + x.shape[axis:]) * as_tensor(
-        one_hot, device), (axis + 1,))
+    return ops.sum(ops.reshape(x, x.shape[:axis] + (1,) + x.shape[axis:]) * one_hot, (axis + 1,))
 
 
 def _gather_elements(node, inputs, device):
     x, indices = inputs
     axis = node.attr("axis", 0) % x.ndim
-    return gather_elements(x, host(indices).astype(np.int64), axis, device)
+    return gather_elements(x, host(indices).astype(np.int64), axis)
 
 
 def _top_k(node, inputs, device):
@@ -62,7 +61,7 @@ def _top_k(node, inputs, device):
     # A stable sort keeps equal values in index order, as ONNX asks.
     order = np.argsort(values, axis=axis, kind="stable")
     indices = np.take(order, range(k), axis=axis).astype(np.int64)
-    return [gather_elements(x, indices, axis, device), indices]
+    return [gather_elements(x, indices, axis), indices]
 
 
 def _arg_extremum(function):

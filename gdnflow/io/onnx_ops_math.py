@@ -47,9 +47,10 @@ def _elementwise(function):
     return on_host(lambda node, *arrays: function(*arrays))
 
 
-def _mask(x, device, predicate):
-    """``predicate`` of x's host copy, as a 0/1 constant tensor like x."""
-    return Tensor(predicate(host(x)).astype(np.float32), device=device)
+def _mask(x, predicate):
+    """``predicate`` of x's host copy as 0/1 floats: a constant, which arithmetic
+    with x turns into a tensor of x's type on x's device."""
+    return predicate(host(x)).astype(np.float32)
 
 
 def _is_inf(node, x):
@@ -69,14 +70,14 @@ def _mod(node, a, b):
 def _thresholded_relu(node, inputs, device):
     x = inputs[0]
     alpha = node.attr("alpha", 1.0)
-    return x * _mask(x, device, lambda v: v > alpha)
+    return x * _mask(x, lambda v: v > alpha)
 
 
 def _shrink(node, inputs, device):
     x = inputs[0]
     lambd, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
-    return (_mask(x, device, lambda v: v > lambd) * (x - bias)
-            + _mask(x, device, lambda v: v < -lambd) * (x + bias))
+    return (_mask(x, lambda v: v > lambd) * (x - bias)
+            + _mask(x, lambda v: v < -lambd) * (x + bias))
 
 
 def _swish(node, inputs, device):

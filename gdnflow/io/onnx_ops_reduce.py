@@ -30,6 +30,7 @@ import numpy as np
 from gdnflow import ops
 from gdnflow.io.onnx_ops import normalized, operand, reduce_handler
 from gdnflow.io.onnx_values import as_tensor, is_host, ints
+from gdnflow.tensor import Tensor
 
 
 def _reduced_shape(shape, axes, keep):
@@ -118,7 +119,7 @@ def _cumsum(node, inputs, device):
     triangle = (before & (source != target) if exclusive else before).astype(np.float32)
     order = [i for i in range(x.ndim) if i != axis] + [axis]
     moved = ops.transpose(x, order) if axis != x.ndim - 1 else x
-    summed = ops.matmul(moved, as_tensor(triangle, device))
+    summed = ops.matmul(moved, Tensor(triangle, device=device, dtype=x.dtype))
     return ops.transpose(summed, list(np.argsort(order))) if axis != x.ndim - 1 else summed
 
 
