@@ -22,13 +22,14 @@ Supported (opset 7 and later, float32 tensors): Conv, ConvTranspose, Gemm,
 MatMul, Add, Sub, Mul, Div, Relu, Clip, Sigmoid, BatchNormalization,
 MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
 Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
-Slice, Cast, Constant, ConstantOfShape; composed from those operators by
-:mod:`gdnflow.io.onnx_ops` (so forward and backward run on both backends):
-HardSigmoid, HardSwish, PRelu, LeakyRelu, Elu, Softsign, Tanh, Abs, Sqrt,
-Neg, Exp, Log, Softplus, Reciprocal, Pow, Sum, Mean, Max, Min, ReduceSum,
-ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, Split, LRN,
-LayerNormalization, InstanceNormalization, Gelu (tanh form), Selu, Celu,
-Mish, Expand, Tile, Where, Resize and Upsample (nearest, integer factors);
+Slice, Cast, Constant, ConstantOfShape; composed from gdnflow's operators
+(forward and backward on both backends, or NumPy on the host for the
+piecewise-constant and integer ones) by :mod:`gdnflow.io.onnx_ops`,
+:mod:`gdnflow.io.onnx_ops_math`, :mod:`gdnflow.io.onnx_ops_reduce`,
+:mod:`gdnflow.io.onnx_ops_index` and :mod:`gdnflow.io.onnx_resize`: the
+activations, arithmetic, erf and trigonometry, comparisons and logic,
+reductions, normalisations, indexing, Einsum, Resize (every mode but
+tf_crop_and_resize and antialias); ``HANDLERS`` lists them all;
 and nodes of custom domains whose op type a registered (plugin) operator
 declares (see :func:`custom_operator`). Dropout's mask output is all true.
 Attributes, values and outputs outside gdnflow's operators (ceil_mode

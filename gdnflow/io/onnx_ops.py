@@ -42,9 +42,10 @@ Where(c, a, b)            c a + (1 - c) b with c as 0/1: both branches are
                           computed, so an inf or NaN in the one not taken
                           gives NaN where ONNX gives the other branch's value
 Resize, Upsample          nearest by integer factors s: x as [..., d, 1, ...],
-(mode="nearest")          broadcast_to [..., d, s, ...], reshaped: each pixel
-                          replicated, which is nearest sampling under the
-                          coordinate modes onnx_support admits
+                          broadcast_to [..., d, s, ...], reshaped: each pixel
+                          replicated, where that is nearest sampling; other
+                          factors, roundings and modes (linear, cubic) by
+                          one interpolation matrix per axis (onnx_resize)
 ========================  ===================================================
 
 Tanh, Abs, Sqrt, Neg, Exp, Log and Softplus map to the gdnflow operator of
@@ -60,6 +61,7 @@ import math
 import numpy as np
 
 from gdnflow import ops
+from gdnflow.io import onnx_resize
 from gdnflow.io.onnx_values import as_tensor, host, ints, is_host
 from gdnflow.tensor import Tensor
 
@@ -293,11 +295,10 @@ def _present(inputs, index):
     return value if value is not None and value.size else None
 
 
-def _resize_nearest(node, inputs, device):
-    """Resize and Upsample in nearest mode by integer factors: each pixel
-    replicated. onnx_support admits only coordinate modes under which that is
-    what nearest sampling gives (asymmetric with floor, half_pixel with
-    round_prefer_floor/ceil)."""
+def _resize(node, inputs, device):
+    """Resize and Upsample: integer nearest upscaling where it replicates each
+    pixel (asymmetric coordinates with floor, half_pixel with round_prefer_*),
+    every other case by :func:`gdnflow.io.onnx_resize.resample`."""
     x = inputs[0]
     if node.op_type == "Upsample":
         scales, sizes = (node.attr("scales") if node.opset < 9 else _present(inputs, 1)), None
@@ -305,15 +306,29 @@ def _resize_nearest(node, inputs, device):
         scales = _present(inputs, 1 if node.opset < 11 else 2)
         sizes = _present(inputs, 3) if node.opset >= 11 else None
     axes = [a % x.ndim for a in node.attr("axes", range(x.ndim))]
-    factors = [1.0] * x.ndim
+    factors, out_sizes = [1.0] * x.ndim, list(x.shape) if sizes is not None else None
     given = [int(v) for v in sizes.reshape(-1)] if sizes is not None else [
         float(v) for v in np.asarray(scales).reshape(-1)]
     for axis, value in zip(axes, given):
         factors[axis] = value / x.shape[axis] if sizes is not None else value
-    if any(f != int(f) or f < 1 for f in factors):
-        node.fail(f"{'sizes' if sizes is not None else 'scales'} {given} for an input of shape "
-                  f"{tuple(x.shape)} (nearest: integer upscaling factors only)")
-    return _repeat(x, [int(f) for f in factors], each=True)
+        if sizes is not None:
+            out_sizes[axis] = value
+    mode = node.attr("mode", "nearest")
+    # Before opset 11 (and in Upsample) sampling is asymmetric, nearest rounding down.
+    coordinates = (node.attr("coordinate_transformation_mode", "half_pixel") if node.opset >= 11
+                   and node.op_type == "Resize" else "asymmetric")
+    rounding = node.attr("nearest_mode", "round_prefer_floor") if node.opset >= 11 else "floor"
+    # Output o of an s-times upscaling samples input o // s under asymmetric (o / s)
+    # with floor, and under half_pixel ((o + 1/2) / s - 1/2, never half-way) with
+    # either round_prefer_*; not under other combinations.
+    replicates = (mode == "nearest" and all(f == int(f) and f >= 1 for f in factors) and (
+        (coordinates, rounding) == ("asymmetric", "floor") or (
+            coordinates in ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric")
+            and rounding.startswith("round_prefer"))))
+    if replicates:
+        return _repeat(x, [int(f) for f in factors], each=True)
+    return onnx_resize.resample(node, x, mode, coordinates,
+                                onnx_resize.output_shape(x.shape, factors, out_sizes), factors)
 
 
 # -------------------------------------------------------- normalisation --
@@ -370,7 +385,7 @@ HANDLERS = {
     "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "Gelu": _gelu, "Selu": _selu, "Celu": _celu, "Mish": _mish,
     "Expand": _expand, "Tile": _tile, "Where": _where,
-    "Resize": _resize_nearest, "Upsample": _resize_nearest,
+    "Resize": _resize, "Upsample": _resize,
 }
 
 #: Those of :data:`HANDLERS` that also compute on host arrays (shape arithmetic).

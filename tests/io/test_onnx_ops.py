@@ -126,6 +126,13 @@ GRADIENT_CASES = {
          node("SpaceToDepth", "d", blocksize=2)], {"x": (1, 8, 2, 3)}, {}, 13, False),
     "Trilu, lower, k=-1": ([node("Trilu", ["x", "k"], upper=0)], {"x": (2, 4, 3)},
                            {"k": np.array(-1, np.int64)}, 14, False),
+    "Resize linear, downscaling by 0.6": (
+        [node("Resize", ["x", "", "scales"], mode="linear")], {"x": (1, 2, 5, 4)},
+        {"scales": np.array([1, 1, 0.6, 1.5], np.float32)}, 19, False),
+    "Resize cubic, align_corners": (
+        [node("Resize", ["x", "", "scales"], mode="cubic",
+              coordinate_transformation_mode="align_corners")], {"x": (1, 1, 4, 3)},
+        {"scales": np.array([1, 1, 2, 1.5], np.float32)}, 19, False),
     "Einsum, batched, broadcasting, summed subscript": (
         [node("Einsum", ["a", "b"], equation="bij,jkl->bik")], {"a": (2, 3, 4), "b": (4, 5, 2)},
         {}, 12, False),
@@ -288,13 +295,8 @@ def test_norms_activations_tile_expand_where_resize_match_onnxruntime(opset, rng
 
 
 REFUSED = {
-    "asymmetric nearest with rounding": (
-        [node("Resize", ["x", "", "scales"], name="r1",
-              coordinate_transformation_mode="asymmetric")],
-        19, r"node r1 \(Resize\): nearest_mode=round_prefer_floor with "
-            r"coordinate_transformation_mode=asymmetric"),
-    "linear Resize": ([node("Resize", ["x", "", "scales"], name="r1", mode="linear")], 19,
-                      r"node r1 \(Resize\): mode=linear \(only nearest\)"),
+    "antialiased Resize": ([node("Resize", ["x", "", "scales"], name="r1", mode="linear",
+                                 antialias=1)], 19, r"node r1 \(Resize\): antialias=1 \(only 0\)"),
     "layer norm in double precision stash": (
         [node("LayerNormalization", ["x", "scales"], name="ln", stash_type=11)], 17,
         r"node ln \(LayerNormalization\): stash_type=11 \(only 1\)"),
@@ -309,13 +311,45 @@ def test_what_a_composed_operator_cannot_run_is_refused_at_load(nodes, opset, me
         OnnxModule(model, device="numpy", source="m")
 
 
-def test_resize_by_a_fractional_factor_is_refused_naming_node_and_scales():
-    model = graph_model([node("Resize", ["x", "", "scales"], name="r1")], {"x": (1, 1, 2, 2)},
-                        {"y": None}, {"scales": np.array([1, 1, 1.5, 2], np.float32)}, 19)
-    with pytest.raises(OnnxImportError, match=r"^node r1 \(Resize\): scales \[1.0, 1.0, 1.5, 2.0\] "
-                       r"for an input of shape \(1, 1, 2, 2\) \(nearest: integer upscaling "
-                       r"factors only\) is not supported$"):
-        OnnxModule(model, device="numpy")(np.ones((1, 1, 2, 2), np.float32))
+RESAMPLING = {
+    "linear, half_pixel, fractional": (dict(mode="linear"), [1, 1, 1.7, 0.6]),
+    "linear, align_corners, downscaling": (dict(mode="linear",
+                                                coordinate_transformation_mode="align_corners"),
+                                           [1, 1, 0.5, 0.8]),
+    "linear, asymmetric x2": (dict(mode="linear", coordinate_transformation_mode="asymmetric"),
+                              [1, 1, 2, 2]),
+    "cubic, pytorch_half_pixel": (dict(mode="cubic", cubic_coeff_a=-0.5,
+                                       coordinate_transformation_mode="pytorch_half_pixel"),
+                                  [1, 1, 2.5, 1.5]),
+    "cubic, exclude_outside": (dict(mode="cubic", exclude_outside=1), [1, 1, 0.75, 3]),
+    "nearest, fractional, round_prefer_ceil": (dict(nearest_mode="round_prefer_ceil"),
+                                               [1, 1, 1.5, 0.5]),
+}
+
+
+@pytest.mark.parametrize("attributes, scales", RESAMPLING.values(), ids=RESAMPLING.keys())
+def test_resize_by_interpolation_matrices_matches_onnxruntime(attributes, scales, rng):
+    ort = pytest.importorskip("onnxruntime")
+    model = graph_model([node("Resize", ["x", "", "scales"], **attributes)], {"x": (2, 3, 6, 5)},
+                        {"y": None}, {"scales": np.array(scales, np.float32)}, 19)
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool_matches_onnxruntime(p, rng):
+    """onnx has no node case of GlobalLpPool."""
+    ort = pytest.importorskip("onnxruntime")
+    model = graph_model([node("GlobalLpPool", "x", p=p)], {"x": (2, 3, 4, 5)}, {"y": None},
+                        opset=13)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5)
 
 
 def test_where_computes_both_branches_so_an_inf_not_taken_still_gives_nan():
