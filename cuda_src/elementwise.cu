@@ -34,6 +34,20 @@ UNARY_OPERATOR(relu6,   fminf(fmaxf(x, 0.0f), 6.0f), (x > 0.0f && x < 6.0f) ? gy
 UNARY_OPERATOR(sigmoid, 1.0f / (1.0f + expf(-x)),    gy * y * (1.0f - y))
 UNARY_OPERATOR(clamp,   fminf(fmaxf(x, p0), p1),     (x >= p0 && x <= p1) ? gy : 0.0f)
 UNARY_OPERATOR(affine,  p0 * x + p1,                 p0 * gy)
+// The error function and the trigonometric and hyperbolic maps (Python side:
+// gdnflow/ops/special.py); 1.1283791671f is 2/sqrt(pi).
+UNARY_OPERATOR(erf,     erff(x),                     gy * 1.1283791671f * expf(-x * x))
+UNARY_OPERATOR(sin,     sinf(x),                     gy * cosf(x))
+UNARY_OPERATOR(cos,     cosf(x),                     -gy * sinf(x))
+UNARY_OPERATOR(tan,     tanf(x),                     gy * (1.0f + y * y))
+UNARY_OPERATOR(asin,    asinf(x),                    gy * rsqrtf(1.0f - x * x))
+UNARY_OPERATOR(acos,    acosf(x),                    -gy * rsqrtf(1.0f - x * x))
+UNARY_OPERATOR(atan,    atanf(x),                    gy / (1.0f + x * x))
+UNARY_OPERATOR(sinh,    sinhf(x),                    gy * coshf(x))
+UNARY_OPERATOR(cosh,    coshf(x),                    gy * sinhf(x))
+UNARY_OPERATOR(asinh,   asinhf(x),                   gy * rsqrtf(x * x + 1.0f))
+UNARY_OPERATOR(acosh,   acoshf(x),                   gy * rsqrtf((x - 1.0f) * (x + 1.0f)))
+UNARY_OPERATOR(atanh,   atanhf(x),                   gy / (1.0f - x * x))
 
 // --------------------------------------------------------------- binary ----
 // out = a OP b. NAME_same: a, b and out have one shape. NAME_broadcast: out

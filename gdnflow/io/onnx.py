@@ -6,7 +6,8 @@
 :func:`load` reads the file, checks every node against the supported
 operators and reports all unsupported ones at once, by name, before anything
 runs. The result is an :class:`OnnxModule`: float initializers become its
-parameters (so ``state_dict``, ``to`` and checkpoints work), and ``forward``
+parameters (so ``state_dict``, ``to`` and checkpoints work), as do float
+weights written as ``Constant`` nodes, and ``forward``
 runs the nodes in the graph's (topological) order with gdnflow operators.
 
 Values flow in two kinds: device tensors (activations and weights) and host
@@ -21,13 +22,14 @@ Supported (opset 7 and later, float32 tensors): Conv, ConvTranspose, Gemm,
 MatMul, Add, Sub, Mul, Div, Relu, Clip, Sigmoid, BatchNormalization,
 MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
 Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
-Slice, Cast, Constant, ConstantOfShape; composed from those operators by
-:mod:`gdnflow.io.onnx_ops` (so forward and backward run on both backends):
-HardSigmoid, HardSwish, PRelu, LeakyRelu, Elu, Softsign, Tanh, Abs, Sqrt,
-Neg, Exp, Log, Softplus, Reciprocal, Pow, Sum, Mean, Max, Min, ReduceSum,
-ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, Split, LRN,
-LayerNormalization, InstanceNormalization, Gelu (tanh form), Selu, Celu,
-Mish, Expand, Tile, Where, Resize and Upsample (nearest, integer factors);
+Slice, Cast, Constant, ConstantOfShape; composed from gdnflow's operators
+(forward and backward on both backends, or NumPy on the host for the
+piecewise-constant and integer ones) by :mod:`gdnflow.io.onnx_ops`,
+:mod:`gdnflow.io.onnx_ops_math`, :mod:`gdnflow.io.onnx_ops_reduce`,
+:mod:`gdnflow.io.onnx_ops_index` and :mod:`gdnflow.io.onnx_resize`: the
+activations, arithmetic, erf and trigonometry, comparisons and logic,
+reductions, normalisations, indexing, Einsum, Resize (every mode but
+tf_crop_and_resize and antialias); ``HANDLERS`` lists them all;
 and nodes of custom domains whose op type a registered (plugin) operator
 declares (see :func:`custom_operator`). Dropout's mask output is all true.
 Attributes, values and outputs outside gdnflow's operators (ceil_mode
@@ -42,7 +44,7 @@ import numpy as np
 
 from gdnflow import ops, registry
 from gdnflow.backends import default_device
-from gdnflow.io import onnx_ops
+from gdnflow.io import onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce
 from gdnflow.io.onnx_support import ONNX_TYPES, unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, host, ints, is_host, scalar
 from gdnflow.nn.module import Module, Parameter
@@ -96,23 +98,36 @@ class OnnxModule(Module):
         self._parameter_of = {}     # ONNX value name -> attribute name of its Parameter
         constants = {}
         for name, array in initializers.items():
-            if array.dtype.kind == "f" and array.ndim > 0 and array.size > 1:
-                attribute = f"param{len(self._parameter_of)}"
-                setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
-                self._parameter_of[name] = attribute
+            if _is_weight(array):
+                self._add_parameter(name, array)
             else:
                 constants[name] = array
         self._nodes = []
+        constant_nodes = set()
         for node in graph.node:
             step = _Node(node, self.opset)
             if all(name in constants or name == "" for name in step.inputs) and step.foldable:
                 for out, value in zip(step.outputs, step.run([constants.get(n) for n in step.inputs],
                                                              self.device)):
                     constants[out] = value
+                if step.op_type == "Constant":
+                    constant_nodes.add(step.outputs[0])
             else:
                 self._nodes.append(step)
+        # Weights written as Constant nodes rather than initializers (some exporters
+        # do): those that nodes run at forward time read are parameters as well.
+        read_at_forward = {name for step in self._nodes for name in step.inputs}
+        for name in sorted(constant_nodes & read_at_forward, key=list(constants).index):
+            if _is_weight(constants[name]):
+                self._add_parameter(name, constants.pop(name))
         self._constants = constants
         self.eval()     # an imported graph is for inference, as a Keras model's is
+
+    def _add_parameter(self, name, array):
+        """ONNX value ``name`` as a (frozen) Parameter of this module."""
+        attribute = f"param{len(self._parameter_of)}"
+        setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
+        self._parameter_of[name] = attribute
 
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
@@ -173,9 +188,10 @@ class _Node:
     """One ONNX node: its attributes decoded once, run by its handler."""
 
     # Ops that may run on host arrays at import time when all inputs are known.
-    HOST_OPS = {"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
-                "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
-                "Transpose", "Flatten"} | onnx_ops.HOST_OPS
+    HOST_OPS = ({"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
+                 "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
+                 "Transpose", "Flatten"} | onnx_ops.HOST_OPS | onnx_ops_math.HOST_OPS
+                | onnx_ops_reduce.HOST_OPS | onnx_ops_index.HOST_OPS)
 
     def __init__(self, node, opset):
         from onnx import helper     # local import: onnx is optional, loaded on first use
@@ -247,6 +263,12 @@ def custom_operator(domain, op_type):
 
 
 # --------------------------------------------------------------- helpers --
+def _is_weight(array):
+    """Whether a constant is a weight (a float tensor of several elements) rather
+    than a number or a shape, which stay host constants."""
+    return array.dtype.kind == "f" and array.ndim > 0 and array.size > 1
+
+
 def _node_name(node):
     return node.name or f"{node.op_type}->{node.output[0]}"
 
@@ -447,16 +469,6 @@ def _pad(node, inputs, device):
     return ops.pad(x, pairs, value)
 
 
-def _softmax(node, inputs, device):
-    x = inputs[0]
-    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % x.ndim
-    if node.opset < 13 and axis != x.ndim - 1:
-        # Before opset 13, Softmax flattens to 2-D at axis and normalises rows.
-        flat = ops.reshape(x, (int(np.prod(x.shape[:axis])), -1))
-        return ops.reshape(ops.softmax(flat, axis=1), x.shape)
-    return ops.softmax(x, axis=axis)
-
-
 def _dropout(node, inputs, device):
     if len(inputs) > 2 and inputs[2] is not None and bool(host(inputs[2]).reshape(())):
         node.fail("Dropout in training mode")
@@ -537,12 +549,6 @@ def _constant_of_shape(node, inputs, device):
     return np.full(ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)
 
 
-def _unary(function):
-    def handler(node, inputs, device):
-        return function(as_tensor(inputs[0], device))
-    return handler
-
-
 HANDLERS = {
     "Conv": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm, "MatMul": _matmul,
     "Add": _binary(ops.add, np.add), "Sub": _binary(ops.sub, np.subtract),
@@ -550,12 +556,13 @@ HANDLERS = {
     "Div": _binary(ops.div, lambda a, b: (np.trunc(np.true_divide(a, b))   # integers truncate
                                           if a.dtype.kind in "iu" and b.dtype.kind in "iu"
                                           else np.divide(a, b)).astype(np.result_type(a, b))),
-    "Relu": _unary(ops.relu), "Sigmoid": _unary(ops.sigmoid), "Clip": _clip,
+    "Relu": onnx_ops.unary(ops.relu), "Sigmoid": onnx_ops.unary(ops.sigmoid), "Clip": _clip,
     "BatchNormalization": _batch_norm, "MaxPool": _max_pool, "AveragePool": _average_pool,
     "GlobalAveragePool": lambda node, inputs, device: ops.global_avg_pool2d(inputs[0]),
     "Flatten": _flatten, "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad, "Softmax": _softmax,
+    "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad, "Softmax": onnx_ops_math.softmax_handler(lambda x, axis: ops.softmax(x, axis=axis)),
     "Dropout": _dropout, "Identity": lambda node, inputs, device: inputs[0],
     "Shape": _shape, "Gather": _gather, "Slice": _slice, "Cast": _cast, "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS,
+    "ConstantOfShape": _constant_of_shape, **onnx_ops.HANDLERS, **onnx_ops_math.HANDLERS,
+    **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS,
 }

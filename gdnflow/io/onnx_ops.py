@@ -30,8 +30,8 @@ epsilon)                  the mean and variance over the axes from ``axis``
                           InvStdDev outputs are m and (v + epsilon)^-1/2
 InstanceNormalization     the same over the spatial axes, scale and bias per
                           channel
-Gelu(approximate="tanh")  x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); the
-                          exact (erf) form is refused: gdnflow has no erf
+Gelu                      x/2 (1 + erf(x / sqrt(2))); approximate="tanh":
+                          x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 Selu(alpha, gamma)        gamma (relu(x) + alpha (exp(-relu(-x)) - 1))
 Celu(alpha)               relu(x) + alpha (exp(-relu(-x) / alpha) - 1)
 Mish                      x * tanh(softplus(x))
@@ -42,13 +42,17 @@ Where(c, a, b)            c a + (1 - c) b with c as 0/1: both branches are
                           computed, so an inf or NaN in the one not taken
                           gives NaN where ONNX gives the other branch's value
 Resize, Upsample          nearest by integer factors s: x as [..., d, 1, ...],
-(mode="nearest")          broadcast_to [..., d, s, ...], reshaped: each pixel
-                          replicated, which is nearest sampling under the
-                          coordinate modes onnx_support admits
+                          broadcast_to [..., d, s, ...], reshaped: each pixel
+                          replicated, where that is nearest sampling; other
+                          factors, roundings and modes (linear, cubic) by
+                          one interpolation matrix per axis (onnx_resize)
 ========================  ===================================================
 
 Tanh, Abs, Sqrt, Neg, Exp, Log and Softplus map to the gdnflow operator of
-the same name. Max, Min, Sum, Split, Expand, Tile and Where also compute on
+the same name. More families: :mod:`gdnflow.io.onnx_ops_math` (erf,
+trigonometry, comparisons, rounding), :mod:`gdnflow.io.onnx_ops_reduce`
+(reductions, arg-extrema, normalisations) and :mod:`gdnflow.io.onnx_ops_index`
+(indexing, rearrangement, Einsum, Resize beyond nearest). Max, Min, Sum, Split, Expand, Tile and Where also compute on
 host arrays (shape arithmetic), with NumPy.
 """
 import functools
@@ -57,18 +61,20 @@ import math
 import numpy as np
 
 from gdnflow import ops
+from gdnflow.io import onnx_resize
 from gdnflow.io.onnx_values import as_tensor, host, ints, is_host
 from gdnflow.tensor import Tensor
 
 
-def _operand(value, device):
+def operand(value, device):
     """A one-element host constant as a Python float, anything else as a tensor."""
     if is_host(value) and value.size == 1:
         return float(value.reshape(()))
     return as_tensor(value, device)
 
 
-def _unary(function):
+def unary(function):
+    """A handler applying a one-tensor ``function`` to the node's first input."""
     def handler(node, inputs, device):
         return function(as_tensor(inputs[0], device))
     return handler
@@ -90,7 +96,7 @@ def _negative_part(x):
 
 
 def _prelu(node, inputs, device):
-    x, slope = inputs[0], _operand(inputs[1], device)
+    x, slope = inputs[0], operand(inputs[1], device)
     if not isinstance(slope, float):
         # ONNX broadcasts the slope to x only (unidirectionally).
         if np.broadcast_shapes(slope.shape, x.shape) != x.shape:
@@ -133,11 +139,11 @@ def _mish(node, inputs, device):
 
 
 def _gelu(node, inputs, device):
-    # Only approximate="tanh" reaches here: onnx_support refuses the exact
-    # (erf) form at load, gdnflow having no erf operator.
     x = inputs[0]
-    inner = (x + 0.044715 * ops.pow(x, 3.0)) * math.sqrt(2 / math.pi)
-    return (x * 0.5) * (ops.tanh(inner) + 1.0)
+    if node.attr("approximate", "none") == "tanh":
+        inner = (x + 0.044715 * ops.pow(x, 3.0)) * math.sqrt(2 / math.pi)
+        return (x * 0.5) * (ops.tanh(inner) + 1.0)
+    return (x * 0.5) * (ops.erf(x * math.sqrt(0.5)) + 1.0)
 
 
 # ------------------------------------------------------------ arithmetic --
@@ -159,7 +165,7 @@ def _fold(function, host_function):
             return functools.reduce(host_function, present)
         # A tensor leads, so that arithmetic with numbers stays on tensors.
         first = next(i for i, v in enumerate(present) if not is_host(v))
-        values = [present[first]] + [_operand(v, device) for i, v in enumerate(present) if i != first]
+        values = [present[first]] + [operand(v, device) for i, v in enumerate(present) if i != first]
         return functools.reduce(function, values)
     return handler
 
@@ -186,7 +192,7 @@ def _mean(node, inputs, device):
 
 
 # ------------------------------------------------------------ reductions --
-def _reduce(function, axes_input_from=18):
+def reduce_handler(function, axes_input_from=18):
     """A Reduce* handler: ``function(x, axes, keepdims)``; axes an attribute
     before opset ``axes_input_from``, the optional second input from it on."""
     def handler(node, inputs, device):
@@ -205,12 +211,12 @@ def _reduce(function, axes_input_from=18):
 
 
 REDUCTIONS = {
-    "ReduceSum": _reduce(ops.sum, axes_input_from=13),
-    "ReduceMean": _reduce(ops.mean),
-    "ReduceSumSquare": _reduce(lambda x, axes, keep: ops.sum(x * x, axes, keep)),
-    "ReduceL1": _reduce(lambda x, axes, keep: ops.sum(ops.abs(x), axes, keep)),
-    "ReduceL2": _reduce(lambda x, axes, keep: ops.sqrt(ops.sum(x * x, axes, keep))),
-    "ReduceLogSum": _reduce(lambda x, axes, keep: ops.log(ops.sum(x, axes, keep))),
+    "ReduceSum": reduce_handler(ops.sum, axes_input_from=13),
+    "ReduceMean": reduce_handler(ops.mean),
+    "ReduceSumSquare": reduce_handler(lambda x, axes, keep: ops.sum(x * x, axes, keep)),
+    "ReduceL1": reduce_handler(lambda x, axes, keep: ops.sum(ops.abs(x), axes, keep)),
+    "ReduceL2": reduce_handler(lambda x, axes, keep: ops.sqrt(ops.sum(x * x, axes, keep))),
+    "ReduceLogSum": reduce_handler(lambda x, axes, keep: ops.log(ops.sum(x, axes, keep))),
 }
 
 
@@ -279,7 +285,7 @@ def _where(node, inputs, device):
     like = a if not is_host(a) else b
     c = (condition if not is_host(condition) else as_tensor(condition, device) if is_host(like)
          else Tensor(condition, device=device, dtype=like.dtype))
-    return c * _operand(a, device) + (1.0 - c) * _operand(b, device)
+    return c * operand(a, device) + (1.0 - c) * operand(b, device)
 
 
 def _present(inputs, index):
@@ -289,11 +295,10 @@ def _present(inputs, index):
     return value if value is not None and value.size else None
 
 
-def _resize_nearest(node, inputs, device):
-    """Resize and Upsample in nearest mode by integer factors: each pixel
-    replicated. onnx_support admits only coordinate modes under which that is
-    what nearest sampling gives (asymmetric with floor, half_pixel with
-    round_prefer_floor/ceil)."""
+def _resize(node, inputs, device):
+    """Resize and Upsample: integer nearest upscaling where it replicates each
+    pixel (asymmetric coordinates with floor, half_pixel with round_prefer_*),
+    every other case by :func:`gdnflow.io.onnx_resize.resample`."""
     x = inputs[0]
     if node.op_type == "Upsample":
         scales, sizes = (node.attr("scales") if node.opset < 9 else _present(inputs, 1)), None
@@ -301,15 +306,29 @@ def _resize_nearest(node, inputs, device):
         scales = _present(inputs, 1 if node.opset < 11 else 2)
         sizes = _present(inputs, 3) if node.opset >= 11 else None
     axes = [a % x.ndim for a in node.attr("axes", range(x.ndim))]
-    factors = [1.0] * x.ndim
+    factors, out_sizes = [1.0] * x.ndim, list(x.shape) if sizes is not None else None
     given = [int(v) for v in sizes.reshape(-1)] if sizes is not None else [
         float(v) for v in np.asarray(scales).reshape(-1)]
     for axis, value in zip(axes, given):
         factors[axis] = value / x.shape[axis] if sizes is not None else value
-    if any(f != int(f) or f < 1 for f in factors):
-        node.fail(f"{'sizes' if sizes is not None else 'scales'} {given} for an input of shape "
-                  f"{tuple(x.shape)} (nearest: integer upscaling factors only)")
-    return _repeat(x, [int(f) for f in factors], each=True)
+        if sizes is not None:
+            out_sizes[axis] = value
+    mode = node.attr("mode", "nearest")
+    # Before opset 11 (and in Upsample) sampling is asymmetric, nearest rounding down.
+    coordinates = (node.attr("coordinate_transformation_mode", "half_pixel") if node.opset >= 11
+                   and node.op_type == "Resize" else "asymmetric")
+    rounding = node.attr("nearest_mode", "round_prefer_floor") if node.opset >= 11 else "floor"
+    # Output o of an s-times upscaling samples input o // s under asymmetric (o / s)
+    # with floor, and under half_pixel ((o + 1/2) / s - 1/2, never half-way) with
+    # either round_prefer_*; not under other combinations.
+    replicates = (mode == "nearest" and all(f == int(f) and f >= 1 for f in factors) and (
+        (coordinates, rounding) == ("asymmetric", "floor") or (
+            coordinates in ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric")
+            and rounding.startswith("round_prefer"))))
+    if replicates:
+        return _repeat(x, [int(f) for f in factors], each=True)
+    return onnx_resize.resample(node, x, mode, coordinates,
+                                onnx_resize.output_shape(x.shape, factors, out_sizes), factors)
 
 
 # -------------------------------------------------------- normalisation --
@@ -329,7 +348,7 @@ def _lrn(node, inputs, device):
     return x * ops.pow(scale, -beta)
 
 
-def _normalized(x, axes, epsilon):
+def normalized(x, axes, epsilon):
     """(x - mean) / sqrt(var + epsilon) over ``axes``, with the mean and
     1 / sqrt(var + epsilon) (reduced axes kept)."""
     mean = ops.mean(x, axes, True)
@@ -341,23 +360,23 @@ def _normalized(x, axes, epsilon):
 def _layer_norm(node, inputs, device):
     x, scale, bias = (list(inputs) + [None, None])[:3]
     axis = node.attr("axis", -1) % x.ndim
-    y, mean, inv_std = _normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
-    y = y * _operand(scale, device)
-    return [y if bias is None else y + _operand(bias, device), mean, inv_std]
+    y, mean, inv_std = normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
+    y = y * operand(scale, device)
+    return [y if bias is None else y + operand(bias, device), mean, inv_std]
 
 
 def _instance_norm(node, inputs, device):
     x, scale, bias = inputs
     per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
-    y, _, _ = _normalized(x, tuple(range(2, x.ndim)), node.attr("epsilon", 1e-5))
+    y, _, _ = normalized(x, tuple(range(2, x.ndim)), node.attr("epsilon", 1e-5))
     return (y * ops.reshape(as_tensor(scale, device), per_channel)
             + ops.reshape(as_tensor(bias, device), per_channel))
 
 
 HANDLERS = {
-    "Tanh": _unary(ops.tanh), "Abs": _unary(ops.abs), "Sqrt": _unary(ops.sqrt),
-    "Neg": _unary(ops.neg), "Exp": _unary(ops.exp), "Log": _unary(ops.log),
-    "Softplus": _unary(ops.softplus), "Reciprocal": _unary(lambda x: ops.pow(x, -1.0)),
+    "Tanh": unary(ops.tanh), "Abs": unary(ops.abs), "Sqrt": unary(ops.sqrt),
+    "Neg": unary(ops.neg), "Exp": unary(ops.exp), "Log": unary(ops.log),
+    "Softplus": unary(ops.softplus), "Reciprocal": unary(lambda x: ops.pow(x, -1.0)),
     "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "PRelu": _prelu,
     "LeakyRelu": _leaky_relu, "Elu": _elu, "Softsign": _softsign, "Pow": _pow,
     "Sum": _sum, "Mean": _mean,
@@ -366,7 +385,7 @@ HANDLERS = {
     "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "Gelu": _gelu, "Selu": _selu, "Celu": _celu, "Mish": _mish,
     "Expand": _expand, "Tile": _tile, "Where": _where,
-    "Resize": _resize_nearest, "Upsample": _resize_nearest,
+    "Resize": _resize, "Upsample": _resize,
 }
 
 #: Those of :data:`HANDLERS` that also compute on host arrays (shape arithmetic).

@@ -47,8 +47,8 @@ _AUTO_PAD = _one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _CONV = {"auto_pad": _AUTO_PAD, "dilations": _pair, "group": _ANY, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
 _REDUCE = {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY}
-_NEAREST_COORDINATES = ("half_pixel", "pytorch_half_pixel", "asymmetric")
-_NEAREST_ROUNDING = ("round_prefer_floor", "round_prefer_ceil", "floor")
+_COORDINATES = ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric", "align_corners",
+                "asymmetric")
 _POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0), "dilations": _ones, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
 
@@ -84,26 +84,41 @@ ATTRIBUTES = {
     "LRN": {"size": _ANY, "alpha": _ANY, "beta": _ANY, "bias": _ANY},
     "LayerNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
     "InstanceNormalization": {"epsilon": _ANY},
-    "Gelu": {"approximate": lambda value: None if value == "tanh" else
-             "only tanh: the exact form needs erf, which gdnflow lacks"},
+    "Gelu": {"approximate": _ANY},
     "Selu": {"alpha": _ANY, "gamma": _ANY}, "Celu": {"alpha": _ANY},
-    # Nearest only, and only the coordinate modes under which integer upscaling
-    # replicates each pixel (see _nearest_rounding); other attributes only
-    # matter to the other modes.
-    "Resize": {"mode": _one_of("nearest"),
-               "coordinate_transformation_mode": _one_of(*_NEAREST_COORDINATES),
-               "nearest_mode": _one_of(*_NEAREST_ROUNDING), "axes": _ANY,
-               "antialias": _one_of(0), "cubic_coeff_a": _ANY, "exclude_outside": _one_of(0),
-               "extrapolation_value": _ANY, "keep_aspect_ratio_policy": _one_of("stretch")},
-    "Upsample": {"mode": _one_of("nearest"), "scales": _ANY},
+    # Every mode and coordinate transformation but tf_crop_and_resize (gdnflow.io.onnx_resize).
+    "Resize": {"mode": _ANY, "coordinate_transformation_mode": _one_of(*_COORDINATES),
+               "nearest_mode": _ANY, "axes": _ANY, "antialias": _one_of(0),
+               "cubic_coeff_a": _ANY, "exclude_outside": _ANY, "extrapolation_value": _ANY,
+               "keep_aspect_ratio_policy": _one_of("stretch")},
+    "Upsample": {"mode": _one_of("nearest", "linear"), "scales": _ANY},
+    # gdnflow.io.onnx_ops_math
+    "IsInf": {"detect_positive": _ANY, "detect_negative": _ANY}, "BitShift": {"direction": _ANY},
+    "Mod": {"fmod": _ANY}, "ThresholdedRelu": {"alpha": _ANY},
+    "Shrink": {"lambd": _ANY, "bias": _ANY}, "Swish": {"alpha": _ANY},
+    "LogSoftmax": {"axis": _ANY}, "Hardmax": {"axis": _ANY},
+    # gdnflow.io.onnx_ops_reduce
+    "ReduceMax": _REDUCE, "ReduceMin": _REDUCE, "ReduceProd": _REDUCE, "ReduceLogSumExp": _REDUCE,
+    "CumSum": {"exclusive": _ANY, "reverse": _ANY}, "LpNormalization": {"axis": _ANY, "p": _ANY},
+    "GlobalLpPool": {"p": _ANY}, "MeanVarianceNormalization": {"axes": _ANY},
+    "GroupNormalization": {"num_groups": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
+    "RMSNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
+    # gdnflow.io.onnx_ops_index
+    "GatherElements": {"axis": _ANY}, "TopK": {"axis": _ANY, "largest": _ANY, "sorted": _ANY},
+    "ArgMax": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
+    "ArgMin": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
+    "ScatterElements": {"axis": _ANY, "reduction": _ANY}, "Scatter": {"axis": _ANY},
+    "GatherND": {"batch_dims": _ANY}, "DepthToSpace": {"blocksize": _ANY, "mode": _ANY},
+    "SpaceToDepth": {"blocksize": _ANY, "mode": _ANY}, "Trilu": {"upper": _ANY}, "Einsum": {"equation": _ANY},
+    "EyeLike": {"dtype": _ANY, "k": _ANY}, "OneHot": {"axis": _ANY},
 }
 
 #: Defaults that the rules must see when an attribute is left out.
-DEFAULTS = {"Gelu": {"approximate": "none"}}
+DEFAULTS = {}
 
 #: Op types whose handlers compute every output (Dropout's mask: all true in inference;
-#: LayerNormalization's Mean and InvStdDev).
-EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization"}
+#: LayerNormalization's Mean and InvStdDev; TopK's indices).
+EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK"}
 
 
 def unsupported_features(op_type, attributes, outputs):
@@ -128,28 +143,11 @@ def unsupported_features(op_type, attributes, outputs):
         if len(pads) == 4 and len(kernel) == 2 and any(
                 p >= k for p, k in zip(pads, list(kernel) * 2)):
             found.append(f"pads={_show(pads)} (each smaller than kernel_shape {_show(kernel)})")
-    if op_type == "Resize":
-        found += _nearest_rounding(attributes)
     # Other handlers compute the first output only.
     extra = [] if op_type in EVERY_OUTPUT else [name for name in outputs[1:] if name]
     if extra:
         found.append(f"output {', '.join(extra)} (only the first output is computed)")
     return found
-
-
-def _nearest_rounding(attributes):
-    """Output pixel o of an s-times upscaling samples input o // s (replication) under
-    asymmetric (o / s) with floor, and under half_pixel ((o + 1/2) / s - 1/2, never
-    half-way) with either rounding; asymmetric with rounding is not replication
-    for s >= 3, half_pixel with floor not for s >= 2."""
-    mode = attributes.get("coordinate_transformation_mode", "half_pixel")
-    rounding = attributes.get("nearest_mode", "round_prefer_floor")
-    if mode not in _NEAREST_COORDINATES or rounding not in _NEAREST_ROUNDING:
-        return []
-    if (mode == "asymmetric") == (rounding == "floor"):
-        return []
-    return [f"nearest_mode={rounding} with coordinate_transformation_mode={mode} (only "
-            "asymmetric with floor, or half_pixel with round_prefer_floor/ceil)"]
 
 
 def _show(value):

@@ -11,6 +11,8 @@ from gdnflow.ops.elementwise import (affine, clamp, exp, log, neg, pow, relu, re
                                      sigmoid, sqrt)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
 from gdnflow.ops.gaussian import gaussian_likelihood
+from gdnflow.ops.special import (acos, acosh, asin, asinh, atan, atanh, cos, cosh, erf, sin,
+                                 sinh, tan)
 from gdnflow.ops.gdn import gdn
 from gdnflow.ops.bound import lower_bound
 from gdnflow.ops.linear import linear, matmul
@@ -28,3 +30,5 @@ __all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_differ
             "gaussian_likelihood"]
 __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",
             "fold_batch_norm", "softmax", "log_softmax", "dropout"]
+__all__ += ["erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+            "atanh"]

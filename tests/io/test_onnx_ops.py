@@ -86,6 +86,56 @@ GRADIENT_CASES = {
                           {"shape": np.array([2, 1, 4], np.int64)}, 13, False),
     "Where, constant condition": ([node("Where", ["c", "a", "b"])], {"a": (2, 3), "b": (3,)},
                                   {"c": np.array([[1, 0, 1], [0, 0, 1]], bool)}, 16, False),
+    "Erf": ([node("Erf", "x")], {"x": (3, 4)}, {}, 13, False),
+    "Gelu, exact": ([node("Gelu", "x")], {"x": (3, 4)}, {}, 20, False),
+    "Sin, then Atan": ([node("Sin", "x", ["s"]), node("Atan", "s")], {"x": (3, 4)}, {}, 13, False),
+    "Asinh": ([node("Asinh", "x")], {"x": (3, 4)}, {}, 13, False),
+    "ThresholdedRelu": ([node("ThresholdedRelu", "x", alpha=0.3)], {"x": (3, 4)}, {}, 13, False),
+    "Shrink": ([node("Shrink", "x", lambd=0.4, bias=0.2)], {"x": (3, 4)}, {}, 13, False),
+    "LogSoftmax, opset 11 flattening": ([node("LogSoftmax", "x", axis=1)], {"x": (2, 3, 4)}, {},
+                                        11, False),
+    "ReduceMax over two axes": ([node("ReduceMax", "x", axes=[0, 2], keepdims=0)],
+                                {"x": (2, 3, 4)}, {}, 13, False),
+    "ReduceMin": ([node("ReduceMin", ["x", "axes"])], {"x": (2, 3, 4)},
+                  {"axes": np.array([1], np.int64)}, 18, False),
+    "ReduceProd, odd extent": ([node("ReduceProd", "x", axes=[1], keepdims=0)], {"x": (2, 7)}, {},
+                               13, False),
+    "ReduceLogSumExp": ([node("ReduceLogSumExp", "x", axes=[-1])], {"x": (3, 5)}, {}, 13, False),
+    "GlobalMaxPool": ([node("GlobalMaxPool", "x")], {"x": (2, 3, 2, 3)}, {}, 13, False),
+    "CumSum, exclusive, reversed, axis 0": (
+        [node("CumSum", ["x", "axis"], exclusive=1, reverse=1)], {"x": (4, 3)},
+        {"axis": np.array(0, np.int64)}, 14, False),
+    "LpNormalization p=1 and p=2": ([node("LpNormalization", "x", ["n"], p=1, axis=0),
+                                     node("LpNormalization", "n", p=2)], {"x": (3, 4)}, {}, 13,
+                                    False),
+    "GlobalLpPool p=3": ([node("GlobalLpPool", "x", p=3)], {"x": (2, 3, 2, 2)}, {}, 13, True),
+    "MeanVarianceNormalization": ([node("MeanVarianceNormalization", "x")], {"x": (2, 3, 2, 2)},
+                                  {}, 13, False),
+    "GroupNormalization, scale per group (opset 18)": (
+        [node("GroupNormalization", ["x", "s", "b"], num_groups=2)],
+        {"x": (2, 4, 3), "s": (2,), "b": (2,)}, {}, 18, False),
+    "RMSNormalization": ([node("RMSNormalization", ["x", "s"], axis=1)],
+                         {"x": (2, 3, 4), "s": (3, 4)}, {}, 23, False),
+    "GatherElements, shorter other axis": (
+        [node("GatherElements", ["x", "i"], axis=1)], {"x": (3, 4)},
+        {"i": np.array([[0, 3, -1], [2, 2, 1]], np.int64)}, 13, False),
+    "TopK values": ([node("TopK", ["x", "k"], ["y", "indices"], axis=1)], {"x": (2, 5, 3)},
+                    {"k": np.array([2], np.int64)}, 13, False),
+    "DepthToSpace CRD, then SpaceToDepth": (
+        [node("DepthToSpace", "x", ["d"], blocksize=2, mode="CRD"),
+         node("SpaceToDepth", "d", blocksize=2)], {"x": (1, 8, 2, 3)}, {}, 13, False),
+    "Trilu, lower, k=-1": ([node("Trilu", ["x", "k"], upper=0)], {"x": (2, 4, 3)},
+                           {"k": np.array(-1, np.int64)}, 14, False),
+    "Resize linear, downscaling by 0.6": (
+        [node("Resize", ["x", "", "scales"], mode="linear")], {"x": (1, 2, 5, 4)},
+        {"scales": np.array([1, 1, 0.6, 1.5], np.float32)}, 19, False),
+    "Resize cubic, align_corners": (
+        [node("Resize", ["x", "", "scales"], mode="cubic",
+              coordinate_transformation_mode="align_corners")], {"x": (1, 1, 4, 3)},
+        {"scales": np.array([1, 1, 2, 1.5], np.float32)}, 19, False),
+    "Einsum, batched, broadcasting, summed subscript": (
+        [node("Einsum", ["a", "b"], equation="bij,jkl->bik")], {"a": (2, 3, 4), "b": (4, 5, 2)},
+        {}, 12, False),
 }
 
 
@@ -97,6 +147,50 @@ def test_gradients_through_the_imported_module(nodes, inputs, constants, opset, 
     if positive:
         arrays[0] = np.abs(arrays[0]) + 0.5
     gradcheck(module, arrays)
+
+
+EINSUM_EQUATIONS = {
+    "ij,jk->ik": ((3, 4), (4, 5)), "ij,kj": ((3, 4), (5, 4)), "i,i->": ((4,), (4,)),
+    "bij,bjk->bik": ((2, 3, 4), (2, 4, 5)), "...ij,...jk->...ik": ((2, 1, 3, 4), (3, 4, 2)),
+    "ij,ij->ji": ((3, 4), (3, 4)), "i,j->ij": ((3,), (4,)), "bhqd,bhkd->bhqk": (
+        (2, 3, 4, 5), (2, 3, 6, 5)), "abc->cb": ((2, 3, 4),), "ij->": ((3, 4),),
+}
+
+
+@pytest.mark.parametrize("equation", EINSUM_EQUATIONS)
+def test_einsum_on_tensors_matches_numpy(equation, rng):
+    shapes = EINSUM_EQUATIONS[equation]
+    names = "ab"[:len(shapes)]
+    model = graph_model([node("Einsum", names, equation=equation)], dict(zip(names, shapes)),
+                        {"y": None}, opset=12)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    got = OnnxModule(model, device="numpy")(*arrays).numpy()
+    np.testing.assert_allclose(got, np.einsum(equation, *arrays), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_with_a_diagonal_is_refused():
+    model = graph_model([node("Einsum", ["a"], name="e1", equation="ii->i")], {"a": (3, 3)},
+                        {"y": None}, opset=12)
+    with pytest.raises(OnnxImportError, match=r"node e1 \(Einsum\): equation 'ii->i' \(only one "
+                                              r"or two operands, no repeated subscript"):
+        OnnxModule(model, device="numpy")(np.eye(3, dtype=np.float32))
+
+
+def test_constant_node_weights_are_parameters():
+    from onnx import numpy_helper
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    shape = np.array([2, -1], np.int64)
+    nodes = [node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
+             node("Constant", [], ["shape"], value=numpy_helper.from_array(shape)),
+             node("Conv", ["x", "w"], ["c"]), node("Reshape", ["c", "shape"])]
+    model = OnnxModule(graph_model(nodes, {"x": (2, 2, 5, 5)}, {"y": None}), device="numpy")
+    (name, parameter), = model.state_dict().items()
+    np.testing.assert_array_equal(parameter.numpy() if hasattr(parameter, "numpy") else parameter,
+                                  w)
+    x = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    reference = gf.ops.conv2d(gf.tensor(x, device="numpy"), gf.tensor(w, device="numpy"))
+    np.testing.assert_allclose(model(x).numpy(), reference.numpy().reshape(2, -1), rtol=1e-6)
 
 
 # -------------------------------- a small network against onnxruntime --
@@ -201,15 +295,8 @@ def test_norms_activations_tile_expand_where_resize_match_onnxruntime(opset, rng
 
 
 REFUSED = {
-    "exact Gelu": ([node("Gelu", "x", name="g1")], 20,
-                   r"node g1 \(Gelu\): approximate=none \(only tanh: the exact form needs erf"),
-    "asymmetric nearest with rounding": (
-        [node("Resize", ["x", "", "scales"], name="r1",
-              coordinate_transformation_mode="asymmetric")],
-        19, r"node r1 \(Resize\): nearest_mode=round_prefer_floor with "
-            r"coordinate_transformation_mode=asymmetric"),
-    "linear Resize": ([node("Resize", ["x", "", "scales"], name="r1", mode="linear")], 19,
-                      r"node r1 \(Resize\): mode=linear \(only nearest\)"),
+    "antialiased Resize": ([node("Resize", ["x", "", "scales"], name="r1", mode="linear",
+                                 antialias=1)], 19, r"node r1 \(Resize\): antialias=1 \(only 0\)"),
     "layer norm in double precision stash": (
         [node("LayerNormalization", ["x", "scales"], name="ln", stash_type=11)], 17,
         r"node ln \(LayerNormalization\): stash_type=11 \(only 1\)"),
@@ -224,13 +311,45 @@ def test_what_a_composed_operator_cannot_run_is_refused_at_load(nodes, opset, me
         OnnxModule(model, device="numpy", source="m")
 
 
-def test_resize_by_a_fractional_factor_is_refused_naming_node_and_scales():
-    model = graph_model([node("Resize", ["x", "", "scales"], name="r1")], {"x": (1, 1, 2, 2)},
-                        {"y": None}, {"scales": np.array([1, 1, 1.5, 2], np.float32)}, 19)
-    with pytest.raises(OnnxImportError, match=r"^node r1 \(Resize\): scales \[1.0, 1.0, 1.5, 2.0\] "
-                       r"for an input of shape \(1, 1, 2, 2\) \(nearest: integer upscaling "
-                       r"factors only\) is not supported$"):
-        OnnxModule(model, device="numpy")(np.ones((1, 1, 2, 2), np.float32))
+RESAMPLING = {
+    "linear, half_pixel, fractional": (dict(mode="linear"), [1, 1, 1.7, 0.6]),
+    "linear, align_corners, downscaling": (dict(mode="linear",
+                                                coordinate_transformation_mode="align_corners"),
+                                           [1, 1, 0.5, 0.8]),
+    "linear, asymmetric x2": (dict(mode="linear", coordinate_transformation_mode="asymmetric"),
+                              [1, 1, 2, 2]),
+    "cubic, pytorch_half_pixel": (dict(mode="cubic", cubic_coeff_a=-0.5,
+                                       coordinate_transformation_mode="pytorch_half_pixel"),
+                                  [1, 1, 2.5, 1.5]),
+    "cubic, exclude_outside": (dict(mode="cubic", exclude_outside=1), [1, 1, 0.75, 3]),
+    "nearest, fractional, round_prefer_ceil": (dict(nearest_mode="round_prefer_ceil"),
+                                               [1, 1, 1.5, 0.5]),
+}
+
+
+@pytest.mark.parametrize("attributes, scales", RESAMPLING.values(), ids=RESAMPLING.keys())
+def test_resize_by_interpolation_matrices_matches_onnxruntime(attributes, scales, rng):
+    ort = pytest.importorskip("onnxruntime")
+    model = graph_model([node("Resize", ["x", "", "scales"], **attributes)], {"x": (2, 3, 6, 5)},
+                        {"y": None}, {"scales": np.array(scales, np.float32)}, 19)
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool_matches_onnxruntime(p, rng):
+    """onnx has no node case of GlobalLpPool."""
+    ort = pytest.importorskip("onnxruntime")
+    model = graph_model([node("GlobalLpPool", "x", p=p)], {"x": (2, 3, 4, 5)}, {"y": None},
+                        opset=13)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = OnnxModule(model, device="numpy")(gf.tensor(x, device="numpy")).numpy()
+    np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5)
 
 
 def test_where_computes_both_branches_so_an_inf_not_taken_still_gives_nan():
