@@ -174,10 +174,11 @@ def cmd_build_kernels(args):
     if args.plugins:
         variants += [(str(path), ()) for plugin in plugins.load_installed() if plugin.loaded
                      for path in plugin.sources()]
-    cache = KernelCache(args.cache)
     failed = []
     for arch in arches:
         started, counts = time.perf_counter(), {"cached": 0, "compiled": 0, "failed": 0}
+        # A cache (and its nvcc runner) per architecture: closing the builds stops the runner.
+        cache = KernelCache(args.cache)
         builds = Builds(cache, arch, workers=args.workers, prefetch=[])
         journaled = [] if args.files else journaled_variants(cache.folder, arch, sm_count)
         for file, built_with, outcome, error in builds.build(

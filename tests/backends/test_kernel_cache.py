@@ -178,15 +178,16 @@ def test_build_kernels_fills_a_cache_without_a_gpu(tmp_path):
     bad.write_text("__global__ void k() {\n  int x = ;\n}\n")
     env = dict(os.environ, **{CACHE_VARIABLE: str(tmp_path / "cache")})
 
-    def build_kernels(*files):
+    def build_kernels(*files, arch="sm_90"):
         return subprocess.run([sys.executable, "-m", "gdnflow.cli", "build-kernels",
-                               "--arch", "sm_90", *map(str, files)],
+                               "--arch", arch, *map(str, files)],
                               capture_output=True, text=True, env=env, timeout=600)
-    first = build_kernels(good)
+    first = build_kernels(good, arch="sm_80,sm_90")     # one architecture after the other
     assert first.returncode == 0, first.stderr
-    assert f"sm_90 compiled {good}" in first.stdout
-    key = KernelCache(tmp_path / "cache").key(good, (), "sm_90")
-    assert (tmp_path / "cache" / "sm_90" / f"{key}.cubin").is_file()
+    for arch in ("sm_80", "sm_90"):
+        assert f"{arch} compiled {good}" in first.stdout
+        key = KernelCache(tmp_path / "cache").key(good, (), arch)
+        assert (tmp_path / "cache" / arch / f"{key}.cubin").is_file()
     second = build_kernels(good, bad)
     assert second.returncode == 1
     assert f"sm_90 cached   {good}" in second.stdout and f"sm_90 failed   {bad}" in second.stdout
