@@ -133,6 +133,37 @@ def test_a_missing_nvcc_is_a_compile_error_naming_it(tmp_path):
         cache.cubin(SMALL, (), "sm_90")
 
 
+def _process_gone(pid):
+    """True once ``pid`` has ended (gone, or a zombie waiting for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_stopping_the_runner_ends_nvcc_and_the_processes_it_started(tmp_path):
+    # nvcc runs cicc and ptxas as child processes: killing nvcc alone left them compiling.
+    child = tmp_path / "child.pid"
+    runner = NvccRunner()
+    results = []
+    nvcc = threading.Thread(target=lambda: results.append(runner(
+        ["sh", "-c", f"sleep 60 & echo $! > {child}; wait"])))
+    nvcc.start()
+    deadline = time.monotonic() + 10
+    while not (child.is_file() and child.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.stop()
+    nvcc.join(10)
+    assert results and results[0][0] != 0
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while not _process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _process_gone(pid), f"nvcc's child process {pid} still runs"
+    assert runner(["true"]) == (1, "not started: gdnflow is exiting")
+
+
 @needs_nvcc
 def test_a_compile_error_names_the_file_line_and_defines(tmp_path):
     bad = tmp_path / "bad.cu"
