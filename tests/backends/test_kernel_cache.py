@@ -108,6 +108,19 @@ def test_a_damaged_entry_reads_as_missing_and_is_compiled_again(tmp_path, damage
     assert entry.read_bytes() == data          # rewritten whole
 
 
+def test_build_compiles_a_damaged_entry_again_instead_of_reporting_it_cached(tmp_path):
+    compiled = []
+    cache = KernelCache(tmp_path, nvcc="nvcc", run=writing_nvcc(b"CUBIN", compiled))
+    cache.path(cache.key(SMALL, (), "sm_90"), "sm_90").parent.mkdir(parents=True)
+    cache.path(cache.key(SMALL, (), "sm_90"), "sm_90").write_bytes(b"truncated")
+    builds = Builds(cache, "sm_90", prefetch=[])
+    try:
+        assert [outcome for *_, outcome, _ in builds.build([(SMALL, ())])] == ["compiled"]
+    finally:
+        builds.close()
+    assert cache.lookup(cache.key(SMALL, (), "sm_90"), "sm_90") == b"CUBIN"
+
+
 @pytest.mark.parametrize("unwritable", ["read-only", "a file"])
 def test_an_unwritable_folder_warns_once_and_still_compiles(tmp_path, unwritable):
     if unwritable == "read-only":
