@@ -33,7 +33,7 @@ from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache
 from gdnflow.backends.cuda.sources import resolve, source_dir
 from gdnflow.backends.cuda.variant_journal import journaled_variants
 from gdnflow.codec.cli import add_codec_parsers
-from gdnflow.commandline import command_parser, nonnegative_int, positive_int, run
+from gdnflow.commandline import CommandParser, command_parser, nonnegative_int, positive_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.inference_bench import add_bench_parser
 from gdnflow.sparse import describe as describe_sparse
@@ -168,6 +168,10 @@ def cmd_build_kernels(args):
         raise BackendUnavailableError(
             f"no CUDA device here ({cuda.unavailable_reason()}): name the GPU architecture "
             "with --arch, e.g. --arch sm_90")
+    if args.define and not args.files:
+        CommandParser.fail("gdnflow build-kernels", "-D/--define applies to the FILEs "
+                           "named, and none is (gdnflow's own modules take their defines "
+                           "from their operators)")
     defines = tuple(sorted(args.define))
     variants = ([(str(resolve(f)), defines) for f in args.files] if args.files
                 else prefetch_list())

@@ -16,6 +16,7 @@ from gdnflow.backends.cuda import variant_journal
 from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
 from gdnflow.backends.cuda.sources import InlineSource
+from gdnflow.cli import main
 from gdnflow.errors import KernelCompileError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -238,6 +239,15 @@ def test_build_kernels_fills_a_cache_without_a_gpu(tmp_path):
     assert f"nvcc failed on {bad}, line 2:" in second.stderr
     assert second.stderr.strip().endswith(f"1 module did not compile (nvcc's messages above): "
                                           f"{bad} (sm_90)")
+
+
+def test_build_kernels_refuses_defines_without_files(tmp_path, capsys):
+    # They apply to the FILEs only: without any they were silently ignored.
+    with pytest.raises(SystemExit) as exited:
+        main(["build-kernels", "--arch", "sm_90", "--cache", str(tmp_path), "-D", "TILE=8"])
+    assert exited.value.code == 2
+    assert "gdnflow build-kernels: -D/--define applies to the FILEs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.gpu
