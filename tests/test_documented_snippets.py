@@ -96,18 +96,20 @@ def test_the_documents_hold_python_examples():
 
 def gdnflow_command_lines(path):
     """The ``gdnflow ...`` command lines of a markdown file's ```bash blocks, comments cut,
-    continuation lines joined."""
+    continuation lines joined, leading ``NAME=value`` environment settings dropped."""
     lines = []
     for block in re.findall(r"^```bash\n(.*?)^```", path.read_text(), re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+                words = words[1:]
             if words[:1] == ["gdnflow"]:
                 lines.append(words)
     return lines
 
 
 COMMAND_DOCUMENTS = ("README.md", "docs/codecs.md", "docs/models.md", "docs/plugins.md",
-                     "checkpoints/README.md")
+                     "docs/kernels.md", "checkpoints/README.md")
 
 
 @pytest.mark.parametrize("name", COMMAND_DOCUMENTS)
