@@ -41,6 +41,9 @@ from gdnflow.sparse.cli import add_prune_parser
 from gdnflow.train.cli import add_train_parser
 from gdnflow.version import __version__
 
+#: A GPU architecture as nvcc's -arch takes it: sm_80, sm_90, sm_90a, sm_100f.
+GPU_ARCH = r"sm_\d+[af]?"
+
 
 def cmd_info(args):
     """Print the version, the devices and the operators, plugins' too (or what FILE holds)."""
@@ -152,7 +155,8 @@ def cmd_plugin_check(args):
 
 def add_arch_option(parser):
     """``--arch``: the GPU architecture the compile check targets."""
-    parser.add_argument("--arch", metavar="SM", help="nvcc target of the compile check, e.g. "
+    parser.add_argument("--arch", metavar="SM", type=gpu_arch,
+                        help="nvcc target of the compile check, e.g. "
                         f"sm_80 (default: this machine's GPU, else {plugins.DEFAULT_ARCH})")
 
 
@@ -206,10 +210,17 @@ def cmd_build_kernels(args):
 def gpu_arches(text):
     """An argparse type: GPU architectures as nvcc names them, comma-separated (sm_90,sm_80)."""
     arches = [part.strip() for part in text.split(",")]
-    if not all(re.fullmatch(r"sm_\d+[af]?", arch) for arch in arches):
+    if not all(re.fullmatch(GPU_ARCH, arch) for arch in arches):
         raise argparse.ArgumentTypeError(
             f"expected GPU architectures such as sm_90 or sm_80,sm_90, got {text!r}")
     return arches
+
+
+def gpu_arch(text):
+    """An argparse type: one GPU architecture as nvcc names it (sm_90)."""
+    if not re.fullmatch(GPU_ARCH, text):
+        raise argparse.ArgumentTypeError(f"expected a GPU architecture such as sm_90, got {text!r}")
+    return text
 
 
 def define_pair(text):

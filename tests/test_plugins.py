@@ -236,6 +236,17 @@ def test_plugin_check_explains_an_unknown_name(capsys):
     assert "no plugin, plugin path or operator named 'tp_nothing'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["plugins", "plugin-check"])
+def test_a_malformed_arch_is_a_usage_error_naming_the_option(command, capsys):
+    # It reached nvcc, whose failure was reported as the plugin's source not compiling.
+    argv = [command] + (["relu"] if command == "plugin-check" else []) + ["--arch", "90"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert (f"gdnflow {command}: --arch: expected a GPU architecture such as sm_90, got '90'"
+            in capsys.readouterr().err)
+
+
 def test_compile_check_without_nvcc_says_so(tmp_path):
     with pytest.raises(BackendUnavailableError, match="nvcc is not on PATH"):
         plugins.compile_check(write(tmp_path / "k.cu", GOOD_CU), compiler=KernelCache(nvcc=""))
