@@ -88,7 +88,7 @@ def cmd_plugins(args):
             ok = False
         else:
             print("  loaded; operators: " + (" ".join(plugin.operators()) or "none"))
-        ok = print_kernel_check(plugin, args.arch) and ok
+        ok = print_kernel_check(plugin, args.arch) is not False and ok
     return 0 if ok else 1
 
 
@@ -96,7 +96,7 @@ def print_kernel_check(plugin, arch):
     """Compile a plugin's sources and check its kernel declarations, printing what happened.
 
     Returns False if a source does not compile or a declaration disagrees
-    with its kernel; True also when nvcc is missing (said as NOT RUN).
+    with its kernel, None when nvcc is missing (said as NOT RUN), else True.
     """
     sources = plugin.sources()
     if not sources:
@@ -107,7 +107,7 @@ def print_kernel_check(plugin, arch):
         report = plugins.check_kernel_arguments(plugin, arch=arch)
     except BackendUnavailableError as exc:
         print(f"  CUDA: NOT RUN ({exc})")
-        return True
+        return None
     except KernelCompileError as exc:
         print("  CUDA: DOES NOT COMPILE\n    " + str(exc).replace("\n", "\n    "))
         return False
@@ -135,13 +135,15 @@ def cmd_plugin_check(args):
             print(f"{op_class.op_name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed += 1
     owners = {id(p): p for p in map(plugins.plugin_of, operators) if p is not None}
-    kernels_ok = True
+    checks = []
     for plugin in owners.values():
         print(f"{plugin.label}:")
-        kernels_ok = print_kernel_check(plugin, args.arch) and kernels_ok
+        checks.append(print_kernel_check(plugin, args.arch))
+    kernels_ok = False not in checks
     gpu = plugins.cuda_available()
     summary = (f"{len(operators) - failed} of {len(operators)} operators passed"
                + ("" if kernels_ok else "; kernels FAILED")
+               + ("; kernel compile check NOT RUN (no nvcc)" if None in checks else "")
                + ("; CUDA against NumPy ran" if gpu else
                   "; CUDA against NumPy NOT RUN (no CUDA device)"))
     if failed or not kernels_ok or (args.require_gpu and not gpu):

@@ -379,6 +379,19 @@ def test_plugin_check_says_when_cuda_did_not_run(tmp_path, capsys):
     assert "--require-gpu asks for it" in capsys.readouterr().err
 
 
+def test_plugin_check_sums_up_a_kernel_check_that_did_not_run(tmp_path, monkeypatch, capsys):
+    # The plugin's line said NOT RUN, but the last line read as if its kernels were checked.
+    write(tmp_path / "k.cu", GOOD_CU)
+    path = str(cube_file(tmp_path, "tp_nonvcc"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))           # no nvcc on it
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))  # nor there
+    assert cli.main(["plugin-check", path]) == 0
+    out = capsys.readouterr().out
+    assert "  CUDA: NOT RUN (nvcc is not on PATH" in out
+    assert out.splitlines()[-1].startswith("plugin-check: 1 of 1 operators passed; kernel "
+                                           "compile check NOT RUN (no nvcc)")
+
+
 def test_info_lists_plugin_operators_with_their_plugin(tmp_path, monkeypatch, capsys):
     site = fake_distribution(tmp_path, "tp-info", {"tp_info": "tp_info"},
                              {"tp_info.py": CUBE.format(name="tp_info_cube", factor=3)})
