@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,12 +158,14 @@ def _process_gone(pid):
 
 
 def test_stopping_the_runner_ends_nvcc_and_the_processes_it_started(tmp_path):
-    # nvcc runs cicc and ptxas as child processes: killing nvcc alone left them compiling.
-    child = tmp_path / "child.pid"
+    # nvcc runs cicc and ptxas as child processes: killing nvcc alone left them compiling;
+    # and a killed nvcc leaves its tmpxft_* files in $TMPDIR.
+    child, scratch = tmp_path / "child.pid", tmp_path / "tmpdir"
     runner = NvccRunner()
     results = []
     nvcc = threading.Thread(target=lambda: results.append(runner(
-        ["sh", "-c", f"sleep 60 & echo $! > {child}; wait"])))
+        ["sh", "-c", f'touch "$TMPDIR/tmpxft_1"; echo "$TMPDIR" > {scratch}; '
+                     f"sleep 60 & echo $! > {child}; wait"])))
     nvcc.start()
     deadline = time.monotonic() + 10
     while not (child.is_file() and child.read_text().strip()) and time.monotonic() < deadline:
@@ -175,6 +178,8 @@ def test_stopping_the_runner_ends_nvcc_and_the_processes_it_started(tmp_path):
     while not _process_gone(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _process_gone(pid), f"nvcc's child process {pid} still runs"
+    nvcc_tmpdir = Path(scratch.read_text().strip())
+    assert nvcc_tmpdir.name.startswith("gdnflow-nvcc-") and not nvcc_tmpdir.exists()
     assert runner(["true"]) == (1, "not started: gdnflow is exiting")
 
 
