@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the codec checkpoints and evaluate them against JPEG.
 #
-#   source .gpu/env.sh && bash checkpoints/train_codec_checkpoints.sh [DEST]
+#   bash checkpoints/train_codec_checkpoints.sh [DEST]     (pip install '.[cuda,data]' first)
 #
 # Trains the default FactorizedPrior(N=128, M=192) with `gdnflow train` on
 # random 256x256 crops of eleven of scikit-image's sample images, one model
@@ -19,13 +19,14 @@
 #   results/eval_train.md            the training images (seen in training)
 #
 # Settings (environment): IMAGES (folder holding the photos, default
-# .gpu/images), TRAIN_IMAGES, HELDOUT, STEPS, BATCH, CROP, N, M, LR, WARMUP,
+# scikit-image's data folder), TRAIN_IMAGES, HELDOUT, STEPS, BATCH, CROP, N, M, LR, WARMUP,
 # LAMBDAS ("q1:0.0018 q2:0.0035 q3:0.0067"), TRAIN_SECONDS, DEVICE (cuda),
 # PYTHON (python3), SCRATCH.
 set -uo pipefail
 
 DEST=${1:-checkpoints}
-IMAGES=${IMAGES:-.gpu/images}
+PYTHON=${PYTHON:-python3}
+IMAGES=${IMAGES:-$("$PYTHON" -c 'import os, skimage; print(os.path.join(os.path.dirname(skimage.__file__), "data"))')}
 # Gray ones (brick, camera, grass, gravel) are read as RGB with equal channels.
 TRAIN_IMAGES=${TRAIN_IMAGES:-"astronaut.png rocket.jpg motorcycle_left.png motorcycle_right.png
   hubble_deep_field.jpg retina.jpg ihc.png brick.png camera.png grass.png gravel.png"}
@@ -40,7 +41,6 @@ WARMUP=${WARMUP:-500}
 LAMBDAS=${LAMBDAS:-"q1:0.0018 q2:0.0035 q3:0.0067"}
 TRAIN_SECONDS=${TRAIN_SECONDS:-350}
 DEVICE=${DEVICE:-cuda}
-PYTHON=${PYTHON:-python3}
 SCRATCH=${SCRATCH:-/tmp/gdnflow_codec_run}
 export PYTHONUNBUFFERED=1
 
@@ -57,10 +57,10 @@ say "gdnflow codec checkpoints: N=$N M=$M, $STEPS steps of $BATCH x ${CROP}x${CR
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 
 # Warm-up: two steps (and the final evaluation) of the same configuration, so
-# that PyCUDA compiles every kernel once into its disk cache before the
-# runs start; side by side they would all compile and write the same cache
-# files at once (PyCUDA writes them in place). It also stops the script early
-# if the GPU or the data are not usable.
+# that every kernel module is compiled once into gdnflow's kernel cache
+# before the runs start; side by side each run would compile them all again
+# (docs/kernels.md). It also stops the script early if the GPU or the data
+# are not usable.
 say "== warm-up (compiles the kernels)"
 "$PYTHON" -m gdnflow.cli train --data "$SCRATCH/train" --eval-data "$SCRATCH/heldout" \
   --eval-images 1 --N "$N" --M "$M" --steps 2 --batch-size "$BATCH" --crop "$CROP" \

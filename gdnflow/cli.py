@@ -33,13 +33,16 @@ from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache
 from gdnflow.backends.cuda.sources import resolve, source_dir
 from gdnflow.backends.cuda.variant_journal import journaled_variants
 from gdnflow.codec.cli import add_codec_parsers
-from gdnflow.commandline import command_parser, nonnegative_int, positive_int, run
+from gdnflow.commandline import CommandParser, command_parser, nonnegative_int, positive_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.inference_bench import add_bench_parser
 from gdnflow.sparse import describe as describe_sparse
 from gdnflow.sparse.cli import add_prune_parser
 from gdnflow.train.cli import add_train_parser
 from gdnflow.version import __version__
+
+#: A GPU architecture as nvcc's -arch takes it: sm_80, sm_90, sm_90a, sm_100f.
+GPU_ARCH = r"sm_\d+[af]?"
 
 
 def cmd_info(args):
@@ -85,7 +88,7 @@ def cmd_plugins(args):
             ok = False
         else:
             print("  loaded; operators: " + (" ".join(plugin.operators()) or "none"))
-        ok = print_kernel_check(plugin, args.arch) and ok
+        ok = print_kernel_check(plugin, args.arch) is not False and ok
     return 0 if ok else 1
 
 
@@ -93,7 +96,7 @@ def print_kernel_check(plugin, arch):
     """Compile a plugin's sources and check its kernel declarations, printing what happened.
 
     Returns False if a source does not compile or a declaration disagrees
-    with its kernel; True also when nvcc is missing (said as NOT RUN).
+    with its kernel, None when nvcc is missing (said as NOT RUN), else True.
     """
     sources = plugin.sources()
     if not sources:
@@ -104,7 +107,7 @@ def print_kernel_check(plugin, arch):
         report = plugins.check_kernel_arguments(plugin, arch=arch)
     except BackendUnavailableError as exc:
         print(f"  CUDA: NOT RUN ({exc})")
-        return True
+        return None
     except KernelCompileError as exc:
         print("  CUDA: DOES NOT COMPILE\n    " + str(exc).replace("\n", "\n    "))
         return False
@@ -132,13 +135,15 @@ def cmd_plugin_check(args):
             print(f"{op_class.op_name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed += 1
     owners = {id(p): p for p in map(plugins.plugin_of, operators) if p is not None}
-    kernels_ok = True
+    checks = []
     for plugin in owners.values():
         print(f"{plugin.label}:")
-        kernels_ok = print_kernel_check(plugin, args.arch) and kernels_ok
+        checks.append(print_kernel_check(plugin, args.arch))
+    kernels_ok = False not in checks
     gpu = plugins.cuda_available()
     summary = (f"{len(operators) - failed} of {len(operators)} operators passed"
                + ("" if kernels_ok else "; kernels FAILED")
+               + ("; kernel compile check NOT RUN (no nvcc)" if None in checks else "")
                + ("; CUDA against NumPy ran" if gpu else
                   "; CUDA against NumPy NOT RUN (no CUDA device)"))
     if failed or not kernels_ok or (args.require_gpu and not gpu):
@@ -152,7 +157,8 @@ def cmd_plugin_check(args):
 
 def add_arch_option(parser):
     """``--arch``: the GPU architecture the compile check targets."""
-    parser.add_argument("--arch", metavar="SM", help="nvcc target of the compile check, e.g. "
+    parser.add_argument("--arch", metavar="SM", type=gpu_arch,
+                        help="nvcc target of the compile check, e.g. "
                         f"sm_80 (default: this machine's GPU, else {plugins.DEFAULT_ARCH})")
 
 
@@ -168,16 +174,21 @@ def cmd_build_kernels(args):
         raise BackendUnavailableError(
             f"no CUDA device here ({cuda.unavailable_reason()}): name the GPU architecture "
             "with --arch, e.g. --arch sm_90")
+    if args.define and not args.files:
+        CommandParser.fail("gdnflow build-kernels", "-D/--define applies to the FILEs "
+                           "named, and none is (gdnflow's own modules take their defines "
+                           "from their operators)")
     defines = tuple(sorted(args.define))
     variants = ([(str(resolve(f)), defines) for f in args.files] if args.files
                 else prefetch_list())
     if args.plugins:
         variants += [(str(path), ()) for plugin in plugins.load_installed() if plugin.loaded
                      for path in plugin.sources()]
-    cache = KernelCache(args.cache)
     failed = []
     for arch in arches:
         started, counts = time.perf_counter(), {"cached": 0, "compiled": 0, "failed": 0}
+        # A cache (and its nvcc runner) per architecture: closing the builds stops the runner.
+        cache = KernelCache(args.cache)
         builds = Builds(cache, arch, workers=args.workers, prefetch=[])
         journaled = [] if args.files else journaled_variants(cache.folder, arch, sm_count)
         for file, built_with, outcome, error in builds.build(
@@ -201,10 +212,17 @@ def cmd_build_kernels(args):
 def gpu_arches(text):
     """An argparse type: GPU architectures as nvcc names them, comma-separated (sm_90,sm_80)."""
     arches = [part.strip() for part in text.split(",")]
-    if not all(re.fullmatch(r"sm_\d+[af]?", arch) for arch in arches):
+    if not all(re.fullmatch(GPU_ARCH, arch) for arch in arches):
         raise argparse.ArgumentTypeError(
             f"expected GPU architectures such as sm_90 or sm_80,sm_90, got {text!r}")
     return arches
+
+
+def gpu_arch(text):
+    """An argparse type: one GPU architecture as nvcc names it (sm_90)."""
+    if not re.fullmatch(GPU_ARCH, text):
+        raise argparse.ArgumentTypeError(f"expected a GPU architecture such as sm_90, got {text!r}")
+    return text
 
 
 def define_pair(text):

@@ -236,6 +236,17 @@ def test_plugin_check_explains_an_unknown_name(capsys):
     assert "no plugin, plugin path or operator named 'tp_nothing'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["plugins", "plugin-check"])
+def test_a_malformed_arch_is_a_usage_error_naming_the_option(command, capsys):
+    # It reached nvcc, whose failure was reported as the plugin's source not compiling.
+    argv = [command] + (["relu"] if command == "plugin-check" else []) + ["--arch", "90"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert (f"gdnflow {command}: --arch: expected a GPU architecture such as sm_90, got '90'"
+            in capsys.readouterr().err)
+
+
 def test_compile_check_without_nvcc_says_so(tmp_path):
     with pytest.raises(BackendUnavailableError, match="nvcc is not on PATH"):
         plugins.compile_check(write(tmp_path / "k.cu", GOOD_CU), compiler=KernelCache(nvcc=""))
@@ -353,7 +364,7 @@ def test_gradient_failures_name_the_declared_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "tp_scale on inputs x (2, 3), scale (2, 3): gradcheck (numpy, float64) failed: " \
         "gradient of input 'scale' (shape (2, 3))" in err
-    assert "1 of 1 operators failed" not in err and "0 of 1 operators passed" in err
+    assert "gdnflow plugin-check: 0 of 1 operators passed" in err
 
 
 @pytest.mark.skipif(gdnflow.cuda_available(), reason="tests the machine without a GPU")
@@ -366,6 +377,19 @@ def test_plugin_check_says_when_cuda_did_not_run(tmp_path, capsys):
                         "CUDA against NumPy NOT RUN (no CUDA device)\n")
     assert cli.main(["plugin-check", path, "--require-gpu"]) == 1
     assert "--require-gpu asks for it" in capsys.readouterr().err
+
+
+def test_plugin_check_sums_up_a_kernel_check_that_did_not_run(tmp_path, monkeypatch, capsys):
+    # The plugin's line said NOT RUN, but the last line read as if its kernels were checked.
+    write(tmp_path / "k.cu", GOOD_CU)
+    path = str(cube_file(tmp_path, "tp_nonvcc"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))           # no nvcc on it
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))  # nor there
+    assert cli.main(["plugin-check", path]) == 0
+    out = capsys.readouterr().out
+    assert "  CUDA: NOT RUN (nvcc is not on PATH" in out
+    assert out.splitlines()[-1].startswith("plugin-check: 1 of 1 operators passed; kernel "
+                                           "compile check NOT RUN (no nvcc)")
 
 
 def test_info_lists_plugin_operators_with_their_plugin(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from gdnflow.backends.cuda import variant_journal
 from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
 from gdnflow.backends.cuda.sources import InlineSource
+from gdnflow.cli import main
 from gdnflow.errors import KernelCompileError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -108,6 +110,19 @@ def test_a_damaged_entry_reads_as_missing_and_is_compiled_again(tmp_path, damage
     assert entry.read_bytes() == data          # rewritten whole
 
 
+def test_build_compiles_a_damaged_entry_again_instead_of_reporting_it_cached(tmp_path):
+    compiled = []
+    cache = KernelCache(tmp_path, nvcc="nvcc", run=writing_nvcc(b"CUBIN", compiled))
+    cache.path(cache.key(SMALL, (), "sm_90"), "sm_90").parent.mkdir(parents=True)
+    cache.path(cache.key(SMALL, (), "sm_90"), "sm_90").write_bytes(b"truncated")
+    builds = Builds(cache, "sm_90", prefetch=[])
+    try:
+        assert [outcome for *_, outcome, _ in builds.build([(SMALL, ())])] == ["compiled"]
+    finally:
+        builds.close()
+    assert cache.lookup(cache.key(SMALL, (), "sm_90"), "sm_90") == b"CUBIN"
+
+
 @pytest.mark.parametrize("unwritable", ["read-only", "a file"])
 def test_an_unwritable_folder_warns_once_and_still_compiles(tmp_path, unwritable):
     if unwritable == "read-only":
@@ -131,6 +146,41 @@ def test_a_missing_nvcc_is_a_compile_error_naming_it(tmp_path):
     cache = KernelCache(tmp_path, nvcc=str(tmp_path / "no-nvcc"))
     with pytest.raises(KernelCompileError, match=r"nvcc failed on small\.cu:\ncannot run .*no-nvcc"):
         cache.cubin(SMALL, (), "sm_90")
+
+
+def _process_gone(pid):
+    """True once ``pid`` has ended (gone, or a zombie waiting for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_stopping_the_runner_ends_nvcc_and_the_processes_it_started(tmp_path):
+    # nvcc runs cicc and ptxas as child processes: killing nvcc alone left them compiling;
+    # and a killed nvcc leaves its tmpxft_* files in $TMPDIR.
+    child, scratch = tmp_path / "child.pid", tmp_path / "tmpdir"
+    runner = NvccRunner()
+    results = []
+    nvcc = threading.Thread(target=lambda: results.append(runner(
+        ["sh", "-c", f'touch "$TMPDIR/tmpxft_1"; echo "$TMPDIR" > {scratch}; '
+                     f"sleep 60 & echo $! > {child}; wait"])))
+    nvcc.start()
+    deadline = time.monotonic() + 10
+    while not (child.is_file() and child.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.stop()
+    nvcc.join(10)
+    assert results and results[0][0] != 0
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while not _process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _process_gone(pid), f"nvcc's child process {pid} still runs"
+    nvcc_tmpdir = Path(scratch.read_text().strip())
+    assert nvcc_tmpdir.name.startswith("gdnflow-nvcc-") and not nvcc_tmpdir.exists()
+    assert runner(["true"]) == (1, "not started: gdnflow is exiting")
 
 
 @needs_nvcc
@@ -178,21 +228,31 @@ def test_build_kernels_fills_a_cache_without_a_gpu(tmp_path):
     bad.write_text("__global__ void k() {\n  int x = ;\n}\n")
     env = dict(os.environ, **{CACHE_VARIABLE: str(tmp_path / "cache")})
 
-    def build_kernels(*files):
+    def build_kernels(*files, arch="sm_90"):
         return subprocess.run([sys.executable, "-m", "gdnflow.cli", "build-kernels",
-                               "--arch", "sm_90", *map(str, files)],
+                               "--arch", arch, *map(str, files)],
                               capture_output=True, text=True, env=env, timeout=600)
-    first = build_kernels(good)
+    first = build_kernels(good, arch="sm_80,sm_90")     # one architecture after the other
     assert first.returncode == 0, first.stderr
-    assert f"sm_90 compiled {good}" in first.stdout
-    key = KernelCache(tmp_path / "cache").key(good, (), "sm_90")
-    assert (tmp_path / "cache" / "sm_90" / f"{key}.cubin").is_file()
+    for arch in ("sm_80", "sm_90"):
+        assert f"{arch} compiled {good}" in first.stdout
+        key = KernelCache(tmp_path / "cache").key(good, (), arch)
+        assert (tmp_path / "cache" / arch / f"{key}.cubin").is_file()
     second = build_kernels(good, bad)
     assert second.returncode == 1
     assert f"sm_90 cached   {good}" in second.stdout and f"sm_90 failed   {bad}" in second.stdout
     assert f"nvcc failed on {bad}, line 2:" in second.stderr
     assert second.stderr.strip().endswith(f"1 module did not compile (nvcc's messages above): "
                                           f"{bad} (sm_90)")
+
+
+def test_build_kernels_refuses_defines_without_files(tmp_path, capsys):
+    # They apply to the FILEs only: without any they were silently ignored.
+    with pytest.raises(SystemExit) as exited:
+        main(["build-kernels", "--arch", "sm_90", "--cache", str(tmp_path), "-D", "TILE=8"])
+    assert exited.value.code == 2
+    assert "gdnflow build-kernels: -D/--define applies to the FILEs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.gpu
@@ -331,7 +391,9 @@ def test_build_kernels_compiles_the_journaled_variants_of_the_sm_count(tmp_path)
     cache = KernelCache(tmp_path)
     for file, defines in prefetch_list():   # the plain modules as if built: no nvcc for them
         cache.store(cache.key(file, defines, "sm_90"), "sm_90", b"CUBIN")
-    variant_journal.append(variant_journal.journal_path(tmp_path, "sm_90", 132), *VARIANT)
+    # SM counts no shipped journal lists (known_variants.json has sm_90 at 132 SMs), so
+    # that only the user's journal adds variants here.
+    variant_journal.append(variant_journal.journal_path(tmp_path, "sm_90", 7), *VARIANT)
     env = dict(os.environ, **{CACHE_VARIABLE: str(tmp_path)})
 
     def build_kernels(*options):
@@ -340,9 +402,9 @@ def test_build_kernels_compiles_the_journaled_variants_of_the_sm_count(tmp_path)
                                 timeout=600)
         assert result.returncode == 0, result.stderr
         return result.stdout
-    other = build_kernels("--sm-count", "108", "--workers", "1")
+    other = build_kernels("--sm-count", "5", "--workers", "1")
     assert "GDNFLOW_JOURNAL_TEST" not in other and "sm_90: 0 compiled" in other
-    built = build_kernels("--sm-count", "132")
+    built = build_kernels("--sm-count", "7")
     assert "sm_90 compiled elementwise.cu {'GDNFLOW_JOURNAL_TEST': 1}" in built, built
     assert f"sm_90: 1 compiled, {len(prefetch_list())} already cached" in built
     assert cache.lookup(cache.key(*VARIANT, "sm_90"), "sm_90")[:4] == b"\x7fELF"

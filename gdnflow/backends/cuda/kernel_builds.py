@@ -155,10 +155,11 @@ class Builds:
     def build(self, variants):
         """Yield (file, defines, "cached" or "compiled", error or None) for each of ``variants``.
 
-        All missing modules are queued at once and reported in the order given.
+        All missing modules (a damaged entry counts as missing) are queued at once and
+        reported in the order given.
         """
         keys = [self.cache.key(file, defines, self.arch) for file, defines in variants]
-        cached = [self.cache.path(key, self.arch).is_file() for key in keys]
+        cached = [self.cache.lookup(key, self.arch) is not None for key in keys]
         jobs = [None if hit else self.submit(file, defines, key)
                 for (file, defines), key, hit in zip(variants, keys, cached)]
         for (file, defines), job in zip(variants, jobs):

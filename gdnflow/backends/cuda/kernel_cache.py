@@ -20,6 +20,7 @@ once (a warning) and modules are compiled without being kept.
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -103,28 +104,47 @@ class NvccRunner:
         self._lock = threading.Lock()
 
     def __call__(self, argv):
-        with self._lock:
-            if self._stopped:
-                return 1, "not started: gdnflow is exiting"
-            try:
-                process = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True)
-            except OSError as exc:
-                return 127, f"cannot run {argv[0]}: {exc.strerror}"
-            self._running.add(process)
-        try:
-            output, _ = process.communicate()
-        finally:
+        # nvcc's own temporary files go to a folder removed after the run: a killed nvcc
+        # leaves its tmpxft_* files behind.
+        with tempfile.TemporaryDirectory(prefix="gdnflow-nvcc-") as scratch:
             with self._lock:
-                self._running.discard(process)
+                if self._stopped:
+                    return 1, "not started: gdnflow is exiting"
+                try:
+                    # A process group of its own, so that stop() reaches the cicc and
+                    # ptxas nvcc starts (they would compile on, holding the pipe open).
+                    process = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True,
+                                               start_new_session=True,
+                                               env=dict(os.environ, TMPDIR=scratch))
+                except OSError as exc:
+                    return 127, f"cannot run {argv[0]}: {exc.strerror}"
+                self._running.add(process)
+            try:
+                output, _ = process.communicate()
+            except BaseException:   # Ctrl-C: nvcc, in a session of its own, did not get it
+                _kill_group(process)
+                raise
+            finally:
+                with self._lock:
+                    self._running.discard(process)
         return process.returncode, output
 
     def stop(self):
-        """Kill the nvcc runs under way and refuse new ones."""
+        """Kill the nvcc runs under way (with the processes they started) and refuse new ones."""
         with self._lock:
             self._stopped = True
             for process in self._running:
-                process.kill()
+                _kill_group(process)
+
+
+def _kill_group(process):
+    """Kill ``process`` and the processes it started (its process group)."""
+    if process.poll() is None:      # not reaped: the group id is still its own
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class KernelCache:
