@@ -38,7 +38,7 @@ from gdnflow.io.files import (TEMPORARY_SUFFIX, OutputError, OutputExistsError, 
                               write_bytes_atomic)
 from gdnflow.io.checkpoint import read_checkpoint_info
 from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
-from gdnflow.train.losses import ms_ssim, psnr
+from gdnflow.train.losses import LAMBDAS, ms_ssim, psnr
 
 #: The folder of the .gdn files in the output folder.
 FILES = "files"
@@ -132,13 +132,16 @@ def checkpoint_name(path):
 
 
 def checkpoint_label(path, name=None):
-    """``name`` (default: :func:`checkpoint_name`) with the model's kind and its lambda, as
-    far as the checkpoint records them: "q3 (hyperprior, lambda 0.0067)"."""
+    """``name`` (default: :func:`checkpoint_name`) with the model's architecture, its
+    CompressAI quality (when its lambda is one of theirs) and lambda, as far as the
+    checkpoint records them: "q3 (hyperprior, quality 3, lambda 0.0067)"."""
     label = name or checkpoint_name(path)
     try:
         info = read_checkpoint_info(path)
         details = [info["model_name"]]
         lmbda = info["extra"].get("train_config", {}).get("lmbda")
+        if lmbda in LAMBDAS:
+            details.append(f"quality {LAMBDAS.index(lmbda) + 1}")
         if lmbda is not None:
             details.append(f"lambda {lmbda:g}")
     except Exception:       # noqa: BLE001 (the label is cosmetic; loading reports real errors)

@@ -204,7 +204,7 @@ def test_eval_names_a_runs_checkpoint_by_its_folder(model, small_image, tmp_path
     data.mkdir()
     Image.fromarray(small_image).save(data / "tiny.png")
     results = evaluate([run], data, tmp_path / "out", device="numpy", log=lambda line: None)
-    assert results["means"][0]["model"] == "q3 (factorized_prior, lambda 0.0067)"
+    assert results["means"][0]["model"] == "q3 (factorized_prior, quality 3, lambda 0.0067)"
     assert (tmp_path / "out" / "files" / "q3" / "tiny.png.gdn").is_file()
     # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
     assert results["rows"][0]["jpeg"] is None and "out of JPEG's range" in (
