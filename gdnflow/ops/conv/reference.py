@@ -6,7 +6,7 @@ im2col by stride tricks, except for a 1x1 layer, whose input already is
 the matrix of the product.
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from gdnflow.ops.conv.epilogue import epilogue_numpy
 
@@ -25,7 +25,7 @@ class NumpyConv:
     """The reference: im2col by stride tricks, then matrix products through BLAS.
 
     ``columns`` views the padded input under every tap without copying
-    (``sliding_window_view``); reshaping it to [N, groups, C_in/groups*kh*kw,
+    (``as_strided``); reshaping it to [N, groups, C_in/groups*kh*kw,
     OH*OW] is the one copy, which the forward of a 1x1 layer skips.
     """
 
@@ -36,10 +36,12 @@ class NumpyConv:
     def columns(g, x):
         """x [N, C_in, H, W] -> [N, groups, C_in/groups*kh*kw, OH*OW]: the input under each tap."""
         (sh, sw), (dh, dw) = g.stride, g.dilation
-        windows = sliding_window_view(padded_input(g, x),
-                                      (dh * (g.kh - 1) + 1, dw * (g.kw - 1) + 1), axis=(2, 3))
-        taps = windows[:, :, ::sh, ::sw, ::dh, ::dw]         # N, C, OH, OW, kh, kw
-        taps = taps.transpose(0, 1, 4, 5, 2, 3)               # N, C, kh, kw, OH, OW
+        padded = padded_input(g, x)
+        batch, channel, row, column = padded.strides
+        # taps[n, c, i, j, p, q] = padded[n, c, p*sh + i*dh, q*sw + j*dw]
+        taps = as_strided(padded, (g.n, g.c_in, g.kh, g.kw, g.oh, g.ow),
+                          (batch, channel, dh * row, dw * column, sh * row, sw * column),
+                          writeable=False)
         return taps.reshape(g.n, g.groups, -1, g.oh * g.ow)
 
     @staticmethod
