@@ -9,7 +9,8 @@ weights): onnxruntime with its CPUExecutionProvider, ``--threads`` intra-op
 threads (default: every core), and gdnflow through
 ``gdnflow.io.onnx.load(path, device="numpy")`` under ``no_grad``. NumPy's BLAS
 uses its own thread pool (OpenBLAS: every core unless ``OPENBLAS_NUM_THREADS``
-says otherwise). The codec is the shipped factorized prior q2 on a
+says otherwise; on a shared machine its waiting threads dominate small products, and
+``OPENBLAS_NUM_THREADS=1 ... --threads 1`` compares the code on one core). The codec is the shipped factorized prior q2 on a
 photo-like 768x512 image (smooth colour fields plus noise, as
 bench_cold_start.py's), timed in seconds per megapixel. Every figure is
 the median of ``--repeats`` timed calls after warm-up calls.
@@ -147,7 +148,8 @@ def main():
         ["workload", "gdnflow NumPy", "onnxruntime", "gdnflow / onnxruntime",
          "max |difference| / max |onnxruntime|"], rows,
         [f"{os.cpu_count()} cores; onnxruntime CPUExecutionProvider with {args.threads} "
-         f"intra-op threads; NumPy {np.__version__} with its own BLAS threads",
+         f"intra-op threads; NumPy {np.__version__}, OPENBLAS_NUM_THREADS="
+         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset (every core)')}",
          f"median wall time of {args.repeats} calls (the small network {args.repeats * 10}, "
          f"the codec {max(args.repeats // 4, 3)}) after warm-up, gdnflow under no_grad; other "
          "jobs may share the machine",
