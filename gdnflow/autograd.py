@@ -26,8 +26,6 @@ import contextlib
 import types
 import weakref
 
-import numpy as np
-
 from gdnflow.errors import (DeviceLimitError, DeviceMismatchError, DTypeError, GraphFreedError,
                             ShapeError)
 from gdnflow.tensor import Tensor
@@ -168,6 +166,7 @@ class Operator:
 
     op_name = None      # set by gdnflow.registry.register
     saved = ()
+    recording = False   # until __call__ says otherwise (a forward run directly keeps nothing)
 
     def __call__(self, *inputs):
         # This runs once per operation, so it is written for speed: one pass

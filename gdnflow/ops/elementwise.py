@@ -42,8 +42,10 @@ class UnaryOp(Operator):
         raise NotImplementedError
 
     def _save(self, x, y):
-        """Keep x and y as ``self.saved.x`` / ``.y``, each None unless ``saves`` names it."""
-        self.save(x=x if "x" in self.saves else None, y=y if "y" in self.saves else None)
+        """Keep x and y as ``self.saved.x`` / ``.y``, each None unless ``saves`` names it;
+        nothing unless a backward may follow."""
+        if self.recording:
+            self.save(x=x if "x" in self.saves else None, y=y if "y" in self.saves else None)
 
     def forward_numpy(self, x):
         y = np.asarray(self.f(x), dtype=x.dtype)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gdnflow as gf
-from gdnflow import ops
+from gdnflow import ops, registry
 from gdnflow.testing import assert_backends_match, gradcheck
 
 
@@ -51,6 +51,18 @@ def test_unary_forward_matches_formula(name, rng):
 def test_unary_gradient(name, rng):
     fn, _, sample = UNARY[name]
     gradcheck(fn, [sample(rng, (3, 5))])
+
+
+def test_unary_keeps_nothing_without_a_graph(rng):
+    x = gf.tensor(rng.standard_normal((3, 4)), device="numpy", requires_grad=True)
+    exp = registry.get("exp")
+    op = exp()
+    with gf.no_grad():
+        op(x)
+    assert op.saved == ()
+    op = exp()
+    op(x)
+    assert op.saved.y is not None and op.saved.x is None    # exp's backward reads its output
 
 
 def test_clamp_rejects_reversed_bounds():

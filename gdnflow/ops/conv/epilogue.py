@@ -13,16 +13,20 @@ from gdnflow.ops.reduction import sum_cuda
 SOURCE = "conv2d.cu"
 
 
-def epilogue_numpy(y, bias, residual, activation):
-    """act(y + bias[c] + residual); None skips a term, activation 0 is the identity."""
+def epilogue_numpy(y, bias, residual, activation, in_place=False):
+    """act(y + bias[c] + residual); None skips a term, activation 0 is the identity.
+
+    ``in_place``: overwrite y (which the caller owns) instead of allocating the result.
+    """
+    out = y if in_place else None
     if bias is not None:
-        y = y + bias.reshape(1, -1, 1, 1)
+        y = np.add(y, bias.reshape(1, -1, 1, 1), out=out)
     if residual is not None:
-        y = y + residual
+        y = np.add(y, residual, out=out)
     if activation == 1:
-        y = np.maximum(y, 0)
+        y = np.maximum(y, 0, out=out)
     elif activation == 2:
-        y = np.clip(y, 0, 6)
+        y = np.clip(y, 0, 6, out=out)
     return y
 
 

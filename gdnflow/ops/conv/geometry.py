@@ -65,9 +65,12 @@ def conv_parameters(op, stride, padding, dilation, groups):
     Cached: a network calls its convolutions with the same few settings, and
     normalising them afresh is a visible part of a call's host time.
     """
+    # Lists (as ONNX attributes come) are looked up as tuples.
+    stride, padding, dilation = (tuple(v) if isinstance(v, list) else v
+                                 for v in (stride, padding, dilation))
     try:
         return _conv_parameters_cached(op, stride, padding, dilation, groups)
-    except TypeError:           # unhashable (lists): normalise without the cache
+    except TypeError:           # unhashable otherwise: normalise without the cache
         return _conv_parameters(op, stride, padding, dilation, groups)
 
 

@@ -78,7 +78,8 @@ class Conv2dOp(Operator):
     forward_numpy = forward_cuda = _forward
 
     def epilogue_numpy(self, y, bias, residual, activation):
-        return epilogue_numpy(y, bias, residual, activation)
+        # y is the forward's own new array: overwritten, as on the GPU.
+        return epilogue_numpy(y, bias, residual, activation, in_place=True)
 
     def epilogue_cuda(self, y, bias, residual, activation):
         return epilogue_cuda(y, bias, residual, activation)

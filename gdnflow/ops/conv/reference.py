@@ -1,21 +1,32 @@
 """The NumPy convolution: the reference every GPU algorithm is checked against.
 
 The three linear maps of a :class:`~gdnflow.ops.conv.geometry.ConvGeometry`
-(see :mod:`gdnflow.ops.conv`), by im2col through stride tricks and batched
-matrix products.
+(see :mod:`gdnflow.ops.conv`), as matrix products through NumPy's BLAS:
+im2col by stride tricks, except for a 1x1 layer, whose input already is
+the matrix of the product.
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from gdnflow.ops.conv.epilogue import epilogue_numpy
 
 
+def padded_input(g, x):
+    """x [N, C_in, H, W] with ``g.padding`` zeros around H and W (x itself if there are none)."""
+    top, bottom, left, right = g.padding
+    if not (top or bottom or left or right):
+        return x
+    padded = np.zeros((g.n, g.c_in, g.h + top + bottom, g.w + left + right), x.dtype)
+    padded[:, :, top:top + g.h, left:left + g.w] = x
+    return padded
+
+
 class NumpyConv:
-    """The reference: im2col by stride tricks, then batched matrix products.
+    """The reference: im2col by stride tricks, then matrix products through BLAS.
 
     ``columns`` views the padded input under every tap without copying
-    (``sliding_window_view``); reshaping it to [N, groups, C_in/groups*kh*kw,
-    OH*OW] is the one copy, and the products run through BLAS.
+    (``as_strided``); reshaping it to [N, groups, C_in/groups*kh*kw,
+    OH*OW] is the one copy, which the forward of a 1x1 layer skips.
     """
 
     name = "numpy"
@@ -24,36 +35,57 @@ class NumpyConv:
     @staticmethod
     def columns(g, x):
         """x [N, C_in, H, W] -> [N, groups, C_in/groups*kh*kw, OH*OW]: the input under each tap."""
-        top, bottom, left, right = g.padding
         (sh, sw), (dh, dw) = g.stride, g.dilation
-        padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-        windows = sliding_window_view(padded, (dh * (g.kh - 1) + 1, dw * (g.kw - 1) + 1),
-                                      axis=(2, 3))
-        taps = windows[:, :, ::sh, ::sw, ::dh, ::dw]         # N, C, OH, OW, kh, kw
-        taps = taps.transpose(0, 1, 4, 5, 2, 3)               # N, C, kh, kw, OH, OW
+        padded = padded_input(g, x)
+        batch, channel, row, column = padded.strides
+        # taps[n, c, i, j, p, q] = padded[n, c, p*sh + i*dh, q*sw + j*dw]
+        taps = as_strided(padded, (g.n, g.c_in, g.kh, g.kw, g.oh, g.ow),
+                          (batch, channel, dh * row, dw * column, sh * row, sw * column),
+                          writeable=False)
         return taps.reshape(g.n, g.groups, -1, g.oh * g.ow)
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
         """y[n, g] = W[g] @ columns[n, g], then bias and activation (codes of ACTIVATIONS)."""
-        weights = w.reshape(g.groups, g.c_out // g.groups, -1)
-        y = np.matmul(weights, NumpyConv.columns(g, x)).reshape(g.y_shape)
-        return epilogue_numpy(y, bias, None, activation)
+        if g.is_pointwise and g.groups == 1:
+            # 1x1: the input [C_in, H*W] of each image is already the column matrix.
+            y = np.matmul(w.reshape(g.c_out, g.c_in), x.reshape(g.n, g.c_in, g.h * g.w))
+        else:
+            weights = w.reshape(g.groups, g.c_out // g.groups, -1)
+            y = np.matmul(weights, NumpyConv.columns(g, x))
+        return epilogue_numpy(y.reshape(g.y_shape), bias, None, activation, in_place=True)
 
     @staticmethod
     def backward_data(g, gy, w):
-        """gx: columns' gradient W[g]^T @ gy[n, g], scattered back tap by tap (col2im)."""
+        """gx: columns' gradient W[g]^T @ gy[n, g], added back tap by tap (col2im).
+
+        Tap (i, j) read the padded input's rows ``i*dh + sh*p`` (columns
+        likewise): rows of one residue modulo the stride. Each residue class
+        (a phase of the padded input) is accumulated as a contiguous array
+        and interleaved into gx once at the end: the same sums as adding
+        every tap into strided views of gx, with contiguous additions.
+        """
+        (sh, sw), (dh, dw) = g.stride, g.dilation
+        top, bottom, left, right = g.padding
+        height, width = g.h + top + bottom, g.w + left + right
         weights = w.reshape(g.groups, g.c_out // g.groups, -1)
         gy = gy.reshape(g.n, g.groups, -1, g.oh * g.ow)
         gcols = np.matmul(weights.transpose(0, 2, 1), gy).reshape(
             g.n, g.c_in, g.kh, g.kw, g.oh, g.ow)
-        top, bottom, left, right = g.padding
-        (sh, sw), (dh, dw) = g.stride, g.dilation
-        gx = np.zeros((g.n, g.c_in, g.h + top + bottom, g.w + left + right), gcols.dtype)
+        phases = {}     # (row residue, column residue) -> that phase of the padded gx
         for i in range(g.kh):
+            row, first_row = (i * dh) % sh, (i * dh) // sh
             for j in range(g.kw):
-                gx[:, :, i * dh:i * dh + sh * (g.oh - 1) + 1:sh,
-                   j * dw:j * dw + sw * (g.ow - 1) + 1:sw] += gcols[:, :, i, j]
+                column, first_column = (j * dw) % sw, (j * dw) // sw
+                if (row, column) not in phases:
+                    phases[row, column] = np.zeros(
+                        (g.n, g.c_in, -(-(height - row) // sh), -(-(width - column) // sw)),
+                        gcols.dtype)
+                phases[row, column][:, :, first_row:first_row + g.oh,
+                                    first_column:first_column + g.ow] += gcols[:, :, i, j]
+        gx = np.zeros((g.n, g.c_in, height, width), gcols.dtype)
+        for (row, column), phase in phases.items():
+            gx[:, :, row::sh, column::sw] = phase
         return np.ascontiguousarray(gx[:, :, top:top + g.h, left:left + g.w])
 
     @staticmethod

@@ -79,7 +79,8 @@ class ConvTranspose2dOp(Operator):
     forward_numpy = forward_cuda = _forward
 
     def epilogue_numpy(self, y, bias):
-        return epilogue_numpy(y, bias, None, 0)
+        # y is the forward's own new array: overwritten, as on the GPU.
+        return epilogue_numpy(y, bias, None, 0, in_place=True)
 
     def epilogue_cuda(self, y, bias):
         return epilogue_cuda(y, bias, None, 0)

@@ -84,6 +84,20 @@ VARIANTS = {
 }
 
 
+def power_in_place(norm, exponent):
+    """norm <- norm^exponent for the exponents of :data:`VARIANTS` (+-1/2, +-1); returns norm.
+
+    By square root and reciprocal: the same values to float rounding as
+    np.power, several times faster (np.power with a float exponent runs
+    exp and log per element).
+    """
+    if abs(exponent) == 0.5:
+        np.sqrt(norm, out=norm)
+    if exponent < 0:
+        np.reciprocal(norm, out=norm)
+    return norm
+
+
 @register("gdn")
 class GDNOp(Operator):
     """y = x * n^a with n = beta + gamma s(x) per pixel (see the module docstring).
@@ -168,11 +182,13 @@ class GDNOp(Operator):
             gamma = nonnegative_value(gamma, gamma_bound, pedestal)
         batch, channels, height, width = x.shape
         s = self.statistic(x).reshape(batch, channels, height * width)
-        norm = (gamma @ s).reshape(x.shape) + beta[:, None, None]
-        d = np.power(norm, x.dtype.type(self.exponent))
+        norm = np.matmul(gamma, s).reshape(x.shape)
+        norm += beta[:, None, None]
+        d = power_in_place(norm, self.exponent)
         if self.recording:
             self.save(x=x, gamma=gamma, d=d, stored=stored)
-        return x * d
+            return x * d
+        return np.multiply(x, d, out=d)
 
     def backward(self, grad_output):
         return tuple(None if g is None else self.wrap(g)

@@ -164,6 +164,19 @@ def test_nothing_is_kept_when_no_backward_can_follow(rng):
     assert op.saved == ()
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_forward_without_a_graph_equals_the_recorded_one(variant, rng):
+    """Under no_grad the NumPy forward writes y over its own D: the same float32 values."""
+    x, beta, gamma = sample(rng, (2, 5, 3, 4))
+    inputs = tensors(x, beta, gamma, dtype=np.float32, requires_grad=True)
+    recorded = GDNOp(*variant)(*inputs).numpy()
+    with gf.no_grad():
+        plain = GDNOp(*variant)(*inputs).numpy()
+    np.testing.assert_array_equal(plain, recorded)
+    want = naive_gdn(*(a.astype(np.float32).astype(np.float64) for a in (x, beta, gamma)), *variant)
+    np.testing.assert_allclose(plain, want, rtol=1e-5)
+
+
 # ------------------------------------------------------ stored parameters --
 # (beta_bound, gamma_bound, pedestal): gamma >= 0 as in the GDN layer, and
 # beta >= 0.2 rather than its 1e-6, so that a beta held at its bound keeps
