@@ -45,7 +45,7 @@ import numpy as np
 from gdnflow import registry
 from gdnflow.backends import default_device
 from gdnflow.io import (onnx_ops, onnx_ops_core, onnx_ops_index, onnx_ops_math,
-                        onnx_ops_reduce)
+                        onnx_ops_reduce, onnx_ops_rnn)
 from gdnflow.io.onnx_support import unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, is_host
 from gdnflow.nn.module import Module, Parameter
@@ -273,10 +273,12 @@ def _node_name(node):
 
 
 def _decoded(value):
-    """An attribute value with bytes (ONNX strings) as str."""
+    """An attribute value with bytes (ONNX strings, alone or in a list) as str."""
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
     return value.decode() if isinstance(value, bytes) else value
 
 
 #: Every ONNX operator the importer runs: op type -> handler(node, inputs, device).
 HANDLERS = {**onnx_ops_core.HANDLERS, **onnx_ops.HANDLERS, **onnx_ops_math.HANDLERS,
-            **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS}
+            **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS, **onnx_ops_rnn.HANDLERS}

@@ -9,7 +9,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 import gdnflow as gf  # noqa: E402
-from gdnflow.io import onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce  # noqa: E402
+from gdnflow.io import (onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce,  # noqa: E402
+                        onnx_ops_rnn)
 from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402
 from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa: E402
 
@@ -44,7 +45,7 @@ OUTCOMES = collections.defaultdict(collections.Counter)
 #: Operators whose every node case must pass unless listed in REFUSED_NODE_CASES.
 ALL_CASES_PASS = (set(onnx_ops.HANDLERS) | set(onnx_ops_math.HANDLERS)
                   | set(onnx_ops_reduce.HANDLERS) | set(onnx_ops_index.HANDLERS)
-                  | {"Dropout", "Softmax"})
+                  | set(onnx_ops_rnn.HANDLERS) | {"Dropout", "Softmax"})
 _INTEGER_POW = "integer data: gdnflow computes Pow in float32 (integers only in shape arithmetic)"
 _TRAINING_DROPOUT = "Dropout in training mode: imported graphs run for inference"
 _HALF_FLOATS = "float16/bfloat16 data: gdnflow computes in float32"
