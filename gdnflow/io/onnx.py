@@ -18,34 +18,33 @@ all known at import time are folded then, once; a Shape of an activation
 (known only at run time when the input has a symbolic dimension) is read off
 the tensor, with no kernel launched for any of it.
 
-Supported (opset 7 and later, float32 tensors): Conv, ConvTranspose, Gemm,
-MatMul, Add, Sub, Mul, Div, Relu, Clip, Sigmoid, BatchNormalization,
-MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape, Transpose,
-Squeeze, Unsqueeze, Concat, Pad, Softmax, Dropout, Identity, Shape, Gather,
-Slice, Cast, Constant, ConstantOfShape; composed from gdnflow's operators
-(forward and backward on both backends, or NumPy on the host for the
-piecewise-constant and integer ones) by :mod:`gdnflow.io.onnx_ops`,
-:mod:`gdnflow.io.onnx_ops_math`, :mod:`gdnflow.io.onnx_ops_reduce`,
-:mod:`gdnflow.io.onnx_ops_index` and :mod:`gdnflow.io.onnx_resize`: the
-activations, arithmetic, erf and trigonometry, comparisons and logic,
-reductions, normalisations, indexing, Einsum, Resize (every mode but
-tf_crop_and_resize and antialias); ``HANDLERS`` lists them all;
-and nodes of custom domains whose op type a registered (plugin) operator
-declares (see :func:`custom_operator`). Dropout's mask output is all true.
-Attributes, values and outputs outside gdnflow's operators (ceil_mode
-pooling, non-constant padding modes, SAME padding of a transposed convolution,
-attributes of opsets before 7...: :mod:`gdnflow.io.onnx_support` lists what
-runs) are refused at load together with unsupported operators, in one
-:class:`OnnxImportError` naming each node; what depends on the input (1-D and
-3-D activations) is refused when the node runs. The module comes back in eval
-mode, as from ``gdnflow.io.keras.load``.
+Supported (opset 7 and later, float32 tensors): ``HANDLERS`` lists every
+operator, composed from gdnflow's operators (forward and backward on both
+backends, or NumPy on the host for the piecewise-constant and integer ones)
+by family: :mod:`gdnflow.io.onnx_ops_core` (convolution, Gemm, arithmetic,
+pooling, the shape arithmetic), :mod:`gdnflow.io.onnx_ops` (activations,
+normalisations, Resize), :mod:`gdnflow.io.onnx_ops_math`,
+:mod:`gdnflow.io.onnx_ops_reduce`, :mod:`gdnflow.io.onnx_ops_index`,
+:mod:`gdnflow.io.onnx_ops_rnn` (RNN, GRU, LSTM), :mod:`gdnflow.io.onnx_control`
+(If, Loop) and :mod:`gdnflow.io.onnx_ops_quant` (DequantizeLinear of weights;
+quantised graphs are refused in one line); and nodes of custom domains whose
+op type a registered (plugin) operator declares (see :func:`custom_operator`).
+Dropout's mask output is all true. Attributes, values and outputs outside
+gdnflow's operators (ceil_mode pooling, non-constant padding modes, SAME
+padding of a transposed convolution, attributes of opsets before 7...:
+:mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
+with unsupported operators, those inside subgraphs (If, Loop, Scan) included,
+in one :class:`OnnxImportError` naming each node; so is an If or Loop steered
+by float data. What depends on the input (1-D and 3-D activations) is
+refused when the node runs. The module comes back in eval mode, as from
+``gdnflow.io.keras.load``.
 """
 import numpy as np
 
 from gdnflow import registry
 from gdnflow.backends import default_device
-from gdnflow.io import (onnx_ops, onnx_ops_core, onnx_ops_index, onnx_ops_math,
-                        onnx_ops_reduce, onnx_ops_rnn)
+from gdnflow.io import (onnx_control, onnx_ops, onnx_ops_core, onnx_ops_index, onnx_ops_math,
+                        onnx_ops_quant, onnx_ops_reduce, onnx_ops_rnn)
 from gdnflow.io.onnx_support import unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, is_host
 from gdnflow.nn.module import Module, Parameter
@@ -97,28 +96,31 @@ class OnnxModule(Module):
         self.input_names = [i.name for i in graph.input if i.name not in initializers]
         self.output_names = [o.name for o in graph.output]
         self._parameter_of = {}     # ONNX value name -> attribute name of its Parameter
-        constants = {}
-        for name, array in initializers.items():
-            if _is_weight(array):
-                self._add_parameter(name, array)
-            else:
-                constants[name] = array
+        constants = dict(initializers)
         self._nodes = []
-        constant_nodes = set()
         for node in graph.node:
             step = _Node(node, self.opset)
+            branch = onnx_control.known_branch(step, constants)
+            if branch:      # the other branch's values are not needed: only this one's
+                step.keep_only(branch)
             if all(name in constants or name == "" for name in step.inputs) and step.foldable:
                 for out, value in zip(step.outputs, step.run([constants.get(n) for n in step.inputs],
                                                              self.device)):
                     constants[out] = value
-                if step.op_type == "Constant":
-                    constant_nodes.add(step.outputs[0])
             else:
                 self._nodes.append(step)
-        # Weights written as Constant nodes rather than initializers (some exporters
-        # do): those that nodes run at forward time read are parameters as well.
+        # The float weights that nodes run at forward time read (or the graph
+        # outputs) are parameters: initializers, and weights computed at load
+        # (Constant nodes, ConstantOfShape fills, dequantised integer weights, a
+        # branch of an If on shapes). What only folding read stays behind.
+        float_inputs = {i.name for i in graph.input if i.name in self.input_names
+                        and i.type.tensor_type.elem_type in _FLOAT_TYPES}
+        steered = onnx_control.on_data(self._nodes, float_inputs | {
+            name for name, value in constants.items() if _is_weight(value)})
+        if steered:
+            raise OnnxImportError(f"{source}: {'; '.join(steered)}")
         read_at_forward = {name for step in self._nodes for name in step.inputs}
-        for name in sorted(constant_nodes & read_at_forward, key=list(constants).index):
+        for name in [n for n in constants if n in read_at_forward or n in self.output_names]:
             if _is_weight(constants[name]):
                 self._add_parameter(name, constants.pop(name))
         self._constants = constants
@@ -144,45 +146,107 @@ class OnnxModule(Module):
                 # other float types that only shape arithmetic may consume) stay host arrays.
                 value = Tensor(value, device=self.device) if value.dtype == np.float32 else value
             values[name] = value
-        for step in self._nodes:
-            try:
-                results = step.run([values.get(n) if n else None for n in step.inputs], self.device)
-            except OnnxImportError:
-                raise
-            except Exception as exc:
-                raise type(exc)(f"{self.source}: node {step.name} ({step.op_type}): {exc}") from exc
-            for out, value in zip(step.outputs, results):
-                values[out] = value
+        run_steps(self._nodes, values, self.device, f"{self.source}: ")
         outputs = [values[n] for n in self.output_names]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def run_steps(steps, values, device, where=""):
+    """Run ``steps`` (:class:`_Node`) in order, reading and adding to ``values``
+    (ONNX value name -> tensor or host array); errors name the node, after ``where``."""
+    for step in steps:
+        try:
+            results = step.run([values.get(n) if n else None for n in step.inputs], device)
+        except OnnxImportError:
+            raise
+        except Exception as exc:
+            raise type(exc)(f"{where}node {step.name} ({step.op_type}): {exc}") from exc
+        for out, value in zip(step.outputs, results):
+            values[out] = value
 
 
 def unsupported(graph):
     """What of ``graph`` (an ONNX GraphProto) gdnflow cannot run, as one line; "" if nothing.
 
-    Every unsupported operator, and every node's attribute, value or extra
-    output that :mod:`gdnflow.io.onnx_support` does not list as runnable.
+    Every unsupported operator, those inside subgraphs (If branches, Loop and
+    Scan bodies) included and named by their subgraph; the quantisation
+    operators of a quantised graph, in a line of their own; and every node's
+    attribute, value or extra output that :mod:`gdnflow.io.onnx_support` does
+    not list as runnable.
     """
     from onnx import helper     # local import: onnx is optional, loaded on first use
-    missing, features = {}, []
-    for node in graph.node:
+    missing, quantised, features = {}, {}, []
+    for node, where in _every_node(graph):
+        label = where + (node.name or "(unnamed)")
         if node.domain not in ("", "ai.onnx"):
             if custom_operator(node.domain, node.op_type) is None:
-                missing.setdefault(f"{node.domain}.{node.op_type}", []).append(
-                    node.name or "(unnamed)")
+                missing.setdefault(f"{node.domain}.{node.op_type}", []).append(label)
+        elif node.op_type in onnx_ops_quant.QUANTISED:
+            quantised.setdefault(node.op_type, []).append(label)
         elif node.op_type not in HANDLERS:
-            missing.setdefault(node.op_type, []).append(node.name or "(unnamed)")
+            missing.setdefault(node.op_type, []).append(label)
         else:
             attributes = {a.name: _decoded(helper.get_attribute_value(a)) for a in node.attribute}
             found = unsupported_features(node.op_type, attributes, list(node.output))
             if found:
-                features.append(f"node {_node_name(node)} ({node.op_type}): "
+                features.append(f"node {where}{_node_name(node)} ({node.op_type}): "
                                 f"{', '.join(found)} is not supported")
+    listed = lambda found: "; ".join(  # noqa: E731
+        f"{op} (nodes {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        for op, names in sorted(found.items()))
     if missing:
-        features.insert(0, "unsupported ONNX operators: " + "; ".join(
-            f"{op} (nodes {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-            for op, names in sorted(missing.items())))
+        features.insert(0, "unsupported ONNX operators: " + listed(missing))
+    if quantised:
+        features.insert(0, f"quantised graph: {listed(quantised)} is not supported; gdnflow runs "
+                           "float32 models (DequantizeLinear of constant weights is dequantised "
+                           "at load)")
     return "; ".join(features)
+
+
+def _subgraphs(node):
+    """(attribute name, GraphProto) of each subgraph of ``node`` (If branches, Loop bodies)."""
+    return [(a.name, g) for a in node.attribute
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _every_node(graph, where=""):
+    """(node, where) for each node of ``graph`` and of its subgraphs, ``where``
+    naming the subgraph ("loop1/body: ") or empty at the top level."""
+    for node in graph.node:
+        yield node, where
+        for attribute, subgraph in _subgraphs(node):
+            yield from _every_node(subgraph, f"{where}{_node_name(node)}/{attribute}: ")
+
+
+def _outer_names(graph):
+    """The values a subgraph reads from the scopes around it, in first-use order."""
+    produced = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    outer = []
+    for node in graph.node:
+        for name in list(node.input) + [n for _, g in _subgraphs(node) for n in _outer_names(g)]:
+            if name and name not in produced and name not in outer:
+                outer.append(name)
+        produced.update(node.output)
+    outer += [v.name for v in graph.output if v.name not in produced and v.name not in outer]
+    return outer
+
+
+class _Subgraph:
+    """A subgraph (an If branch, a Loop body): its nodes, constants, inputs and outputs."""
+
+    def __init__(self, graph, opset):
+        from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
+        self.constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.input_names = [v.name for v in graph.input]
+        self.output_names = [v.name for v in graph.output]
+        self.outer_names = _outer_names(graph)
+        self.steps = [_Node(node, opset) for node in graph.node]
+
+    def run(self, values, device):
+        """The subgraph's outputs, ``values`` holding its inputs and the outer values it reads."""
+        values = {**values, **self.constants}
+        run_steps(self.steps, values, device)
+        return [values[name] for name in self.output_names]
 
 
 class _Node:
@@ -190,17 +254,32 @@ class _Node:
 
     # Ops that may run on host arrays at import time when all inputs are known.
     HOST_OPS = (onnx_ops_core.HOST_OPS | onnx_ops.HOST_OPS | onnx_ops_math.HOST_OPS
-                | onnx_ops_reduce.HOST_OPS | onnx_ops_index.HOST_OPS)
+                | onnx_ops_reduce.HOST_OPS | onnx_ops_index.HOST_OPS | onnx_ops_quant.HOST_OPS
+                | onnx_control.HOST_OPS)
 
     def __init__(self, node, opset):
         from onnx import helper     # local import: onnx is optional, loaded on first use
         self.op_type = node.op_type
         self.domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         self.name = _node_name(node)
-        self.inputs = list(node.input)
         self.outputs = list(node.output)
         self.opset = opset
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                      if not (a.HasField("g") or a.graphs)}
+        self.subgraphs = {name: _Subgraph(graph, opset) for name, graph in _subgraphs(node)}
+        # The outer values its subgraphs read are inputs too, after the declared
+        # ones: so the node runs after them, and folds at load when they are constants.
+        self.declared = len(node.input)
+        self.inputs = list(node.input)
+        self.keep_only(*self.subgraphs)
+
+    def keep_only(self, *names):
+        """Keep the subgraphs ``names`` only (an If's taken branch), and as inputs
+        after the declared ones the outer values they read."""
+        self.subgraphs = {name: self.subgraphs[name] for name in names}
+        self.captured = list(dict.fromkeys(
+            name for subgraph in self.subgraphs.values() for name in subgraph.outer_names))
+        self.inputs = self.inputs[:self.declared] + self.captured
         self.foldable = not self.domain and self.op_type in self.HOST_OPS
 
     def attr(self, name, default=None):
@@ -228,7 +307,9 @@ class _Node:
                           "in shape arithmetic)")
             inputs = [Tensor(data, device=device)] + list(inputs[1:])
         result = HANDLERS[self.op_type](self, inputs, device)
-        return result if isinstance(result, (list, tuple)) else [result]
+        # NumPy arithmetic on 0-d arrays gives scalars: host values stay arrays.
+        return [np.asarray(v) if isinstance(v, np.generic) else v
+                for v in (result if isinstance(result, (list, tuple)) else [result])]
 
 
 # ------------------------------------------------- plugin operators --
@@ -262,6 +343,10 @@ def custom_operator(domain, op_type):
 
 
 # --------------------------------------------------------------- helpers --
+#: ONNX TensorProto types of float data (float, float16, double, bfloat16).
+_FLOAT_TYPES = {1, 10, 11, 16}
+
+
 def _is_weight(array):
     """Whether a constant is a weight (a float tensor of several elements) rather
     than a number or a shape, which stay host constants."""
@@ -281,4 +366,5 @@ def _decoded(value):
 
 #: Every ONNX operator the importer runs: op type -> handler(node, inputs, device).
 HANDLERS = {**onnx_ops_core.HANDLERS, **onnx_ops.HANDLERS, **onnx_ops_math.HANDLERS,
-            **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS, **onnx_ops_rnn.HANDLERS}
+            **onnx_ops_reduce.HANDLERS, **onnx_ops_index.HANDLERS, **onnx_ops_rnn.HANDLERS,
+            **onnx_ops_quant.HANDLERS, **onnx_control.HANDLERS}

@@ -124,15 +124,22 @@ _RECURRENT = {
     "activation_alpha": _refused("parameterised activations run with ONNX's defaults"),
     "activation_beta": _refused("parameterised activations run with ONNX's defaults"),
 }
-ATTRIBUTES.update({"RNN": _RECURRENT, "GRU": dict(_RECURRENT, linear_before_reset=_ANY),
+ATTRIBUTES.update({
+    # gdnflow.io.onnx_control and onnx_ops_quant
+    "If": {"then_branch": _ANY, "else_branch": _ANY}, "Loop": {"body": _ANY},
+    "DequantizeLinear": {"axis": _ANY, "block_size": _ANY,
+                         "output_dtype": _one_of(0, 1)},     # 0: the scale's type, 1: float32
+    "RNN": _RECURRENT, "GRU": dict(_RECURRENT, linear_before_reset=_ANY),
                    "LSTM": dict(_RECURRENT, input_forget=_ANY)})
 
 #: Defaults that the rules must see when an attribute is left out.
 DEFAULTS = {}
 
 #: Op types whose handlers compute every output (Dropout's mask: all true in inference;
-#: LayerNormalization's Mean and InvStdDev; TopK's indices; the recurrent ones' states).
-EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK", "RNN", "GRU", "LSTM"}
+#: LayerNormalization's Mean and InvStdDev; TopK's indices; the recurrent ones' states;
+#: the subgraphs' outputs).
+EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK", "RNN", "GRU", "LSTM", "If",
+                "Loop"}
 
 
 def unsupported_features(op_type, attributes, outputs):

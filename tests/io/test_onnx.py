@@ -9,8 +9,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 import gdnflow as gf  # noqa: E402
-from gdnflow.io import (onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce,  # noqa: E402
-                        onnx_ops_rnn)
+from gdnflow.io import (onnx_control, onnx_ops, onnx_ops_index, onnx_ops_math,  # noqa: E402
+                        onnx_ops_quant, onnx_ops_reduce, onnx_ops_rnn)
 from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402
 from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa: E402
 
@@ -20,6 +20,16 @@ from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa:
 def mobilenet_file(tmp_path_factory):
     """A MobileNetV2 with random weights, as torch.onnx exports torchvision's (onnx_mobilenet)."""
     return mobilenet_v2_onnx(tmp_path_factory.mktemp("onnx") / "mobilenet_v2_random.onnx")
+
+
+def every_node(graph):
+    """The nodes of ``graph`` and of its subgraphs (If branches, Loop and Scan bodies)."""
+    for n in graph.node:
+        yield n
+        for attribute in n.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(
+                    attribute.graphs):
+                yield from every_node(subgraph)
 
 
 def node_test_cases():
@@ -32,9 +42,9 @@ def node_test_cases():
     for case in cases:
         if case.model is None or "expanded" in case.name:
             continue
-        ops_used = {n.op_type for n in case.model.graph.node}
-        domains = {n.domain for n in case.model.graph.node}
-        if ops_used <= set(HANDLERS) and domains <= {"", "ai.onnx"}:
+        nodes = list(every_node(case.model.graph))
+        ops_used = {n.op_type for n in nodes}
+        if ops_used <= set(HANDLERS) and {n.domain for n in nodes} <= {"", "ai.onnx"}:
             chosen.append(case)
     return chosen
 
@@ -45,13 +55,17 @@ OUTCOMES = collections.defaultdict(collections.Counter)
 #: Operators whose every node case must pass unless listed in REFUSED_NODE_CASES.
 ALL_CASES_PASS = (set(onnx_ops.HANDLERS) | set(onnx_ops_math.HANDLERS)
                   | set(onnx_ops_reduce.HANDLERS) | set(onnx_ops_index.HANDLERS)
-                  | set(onnx_ops_rnn.HANDLERS) | {"Dropout", "Softmax"})
+                  | set(onnx_ops_rnn.HANDLERS) | set(onnx_ops_quant.HANDLERS)
+                  | set(onnx_control.HANDLERS) | {"Dropout", "Softmax"})
 _INTEGER_POW = "integer data: gdnflow computes Pow in float32 (integers only in shape arithmetic)"
 _TRAINING_DROPOUT = "Dropout in training mode: imported graphs run for inference"
 _HALF_FLOATS = "float16/bfloat16 data: gdnflow computes in float32"
 _RESIZE_CROP = "Resize with tf_crop_and_resize (a region of interest): not composed"
 _RESIZE_ANTIALIAS = "Resize with antialias=1 (a widened filter when downscaling): not composed"
 _RESIZE_ASPECT = "keep_aspect_ratio_policy other than stretch"
+_NARROW_QUANTISED = "float8/4-bit/2-bit quantised data: DequantizeLinear runs 8- to 32-bit integers"
+_FLOAT_TO_INT = ("a float input cast to integers (a Loop's count from float data): float32 "
+                 "inputs are device tensors, integers live only in shape arithmetic")
 #: Node cases of those operators that gdnflow refuses on purpose, and why.
 REFUSED_NODE_CASES = {
     "test_celu_float16": _HALF_FLOATS, "test_celu_bfloat16": _HALF_FLOATS,
@@ -66,6 +80,12 @@ REFUSED_NODE_CASES = {
     **{f"test_resize_{name}": _RESIZE_ASPECT for name in (
         "upsample_sizes_nearest_not_larger", "upsample_sizes_nearest_not_smaller",
         "downsample_sizes_nearest_not_larger", "downsample_sizes_nearest_not_smaller")},
+    **{f"test_dequantizelinear_{name}": _NARROW_QUANTISED for name in (
+        "e4m3fn", "e4m3fn_float16", "e4m3fn_zero_point", "e5m2", "uint4", "int4", "uint2", "int2",
+        "float4e2m1")},
+    **{f"test_range_{name}_expanded": _FLOAT_TO_INT for name in (
+        "float_type_positive_delta", "float16_type_positive_delta",
+        "bfloat16_type_positive_delta", "int32_type_negative_delta")},
     "test_pow_types_int64_float32": _INTEGER_POW, "test_pow_types_int32_float32": _INTEGER_POW,
     "test_pow_types_int64_int64": _INTEGER_POW, "test_pow_types_int32_int32": _INTEGER_POW,
     **{f"test_training_dropout{suffix}": _TRAINING_DROPOUT
