@@ -119,3 +119,31 @@ def test_constant_of_shape_fills_are_parameters():
                                     {"shape": np.array([3, 4], np.int64)}), device="numpy")
     (parameter,) = module.state_dict().values()
     np.testing.assert_array_equal(np.asarray(parameter), np.full((3, 4), 0.25, np.float32))
+
+
+def test_info_says_up_front_what_does_not_run_subgraphs_and_data_steered_if_included(tmp_path):
+    from gdnflow.classify.description import describe
+    model = if_on([node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True)))])
+    then_branch_of(model).node[0].op_type = "Frobnicate"
+    onnx.save(model, str(tmp_path / "sub.onnx"))
+    lines = describe(tmp_path / "sub.onnx")
+    assert lines[1] == ("runs in gdnflow: no: unsupported ONNX operators: Frobnicate (nodes "
+                        "if1/then_branch: (unnamed))")
+    assert lines[4] == "operators (2 nodes, 3 more in subgraphs): Constant 1, If 1"
+    steered = if_on([node("ReduceSum", ["x"], ["total"], keepdims=0),
+                     node("Constant", [], ["zero"], value=numpy_helper.from_array(np.float32(0))),
+                     node("Greater", ["total", "zero"], ["c"])])
+    onnx.save(steered, str(tmp_path / "steered.onnx"))
+    assert describe(tmp_path / "steered.onnx")[1].startswith(
+        "runs in gdnflow: no: node if1 (If): an If condition computed from float data")
+
+
+def test_info_counts_weights_computed_at_load(tmp_path):
+    from gdnflow.classify.description import describe
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [node("ConstantOfShape", ["shape"], ["w"], value=fill), node("MatMul", ["x", "w"])]
+    onnx.save(graph_model(nodes, {"x": (2, 3)}, {"y": None}, {"shape": np.array([3, 4], np.int64)}),
+              str(tmp_path / "fill.onnx"))
+    lines = describe(tmp_path / "fill.onnx")
+    assert lines[1] == "runs in gdnflow: yes"
+    assert lines[-1] == "parameters: 12 in 1 tensors (as gdnflow loads them)"
