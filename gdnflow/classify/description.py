@@ -5,7 +5,7 @@ from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.loading import detect_format
 from gdnflow.io import keras as keras_io
 from gdnflow.io.checkpoint import read_checkpoint_info
-from gdnflow.io.onnx import OnnxImportError, unsupported
+from gdnflow.io.onnx import OnnxImportError, OnnxModule, unsupported
 
 
 def describe(path):
@@ -66,24 +66,53 @@ def _describe_onnx(path):
         raise OnnxImportError(f"{path} is not a valid ONNX model: it has no IR version "
                               "(not an ONNX file, or truncated)")
     graph = model.graph
+    verdict, module = _runs_in_gdnflow(model, path)
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     initializers = {t.name for t in graph.initializer}
     counts = {}
     for node in graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    inside = _nodes_in_subgraphs(graph)
 
     def shape(value):
         dims = value.type.tensor_type.shape.dim
         return "x".join(str(d.dim_value or d.dim_param or "?") for d in dims)
-    parameters = sum(int(np.prod(t.dims)) for t in graph.initializer)
+    if module is not None:
+        # Weights written as Constant nodes, ConstantOfShape fills or dequantised
+        # integers count too: what the module holds as parameters.
+        weights = [np.asarray(v) for v in module.state_dict().values()]
+        parameters = (f"parameters: {sum(w.size for w in weights):,} in {len(weights)} "
+                      "tensors (as gdnflow loads them)")
+    else:
+        parameters = (f"parameters: {sum(int(np.prod(t.dims)) for t in graph.initializer):,} in "
+                      f"{len(graph.initializer)} initializers")
     return [f"{path}: ONNX model, IR version {model.ir_version}, opset {opsets}"
             + (f", from {model.producer_name} {model.producer_version}".rstrip()
                if model.producer_name else ""),
+            f"runs in gdnflow: {verdict}",
             "inputs: " + ", ".join(f"{i.name} [{shape(i)}]" for i in graph.input
                                    if i.name not in initializers),
             "outputs: " + ", ".join(f"{o.name} [{shape(o)}]" for o in graph.output),
-            f"operators ({len(graph.node)} nodes): "
+            f"operators ({len(graph.node)} nodes"
+            + (f", {inside} more in subgraphs" if inside else "") + "): "
             + ", ".join(f"{op} {n}" for op, n in sorted(counts.items())),
-            f"parameters: {parameters:,} in {len(graph.initializer)} initializers",
-            "runs in gdnflow: " + (f"no: {unsupported(graph)}" if unsupported(graph) else "yes")]
+            parameters]
 
+
+def _runs_in_gdnflow(model, path):
+    """("yes", the module loaded on NumPy) or ("no: why", None): every unsupported
+    operator (inside subgraphs too), attribute and graph feature, as the importer
+    reports them."""
+    problems = unsupported(model.graph)
+    if problems:
+        return f"no: {problems}", None
+    try:
+        return "yes", OnnxModule(model, device="numpy", source=str(path))
+    except OnnxImportError as exc:
+        return f"no: {str(exc).removeprefix(f'{path}: ')}", None
+
+
+def _nodes_in_subgraphs(graph):
+    """How many nodes the subgraphs of ``graph`` (If branches, Loop and Scan bodies) hold."""
+    return sum(len(g.node) + _nodes_in_subgraphs(g) for node in graph.node
+               for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))

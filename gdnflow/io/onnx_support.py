@@ -13,6 +13,8 @@ checked when the node runs.
 """
 import numpy as np
 
+from gdnflow.io.onnx_ops_rnn import ACTIVATIONS as _RNN_ACTIVATIONS
+
 #: ONNX TensorProto data types the Cast handler converts to, as NumPy types.
 ONNX_TYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64,
               9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
@@ -113,12 +115,31 @@ ATTRIBUTES = {
     "EyeLike": {"dtype": _ANY, "k": _ANY}, "OneHot": {"axis": _ANY},
 }
 
+# gdnflow.io.onnx_ops_rnn
+_RECURRENT = {
+    "hidden_size": _ANY, "layout": _ANY, "clip": _ANY,
+    "direction": _one_of("forward", "reverse", "bidirectional"),
+    "activations": lambda names: None if set(names) <= set(_RNN_ACTIVATIONS) else (
+        f"only {', '.join(sorted(_RNN_ACTIVATIONS))}"),
+    "activation_alpha": _refused("parameterised activations run with ONNX's defaults"),
+    "activation_beta": _refused("parameterised activations run with ONNX's defaults"),
+}
+ATTRIBUTES.update({
+    # gdnflow.io.onnx_control and onnx_ops_quant
+    "If": {"then_branch": _ANY, "else_branch": _ANY}, "Loop": {"body": _ANY},
+    "DequantizeLinear": {"axis": _ANY, "block_size": _ANY,
+                         "output_dtype": _one_of(0, 1)},     # 0: the scale's type, 1: float32
+    "RNN": _RECURRENT, "GRU": dict(_RECURRENT, linear_before_reset=_ANY),
+                   "LSTM": dict(_RECURRENT, input_forget=_ANY)})
+
 #: Defaults that the rules must see when an attribute is left out.
 DEFAULTS = {}
 
 #: Op types whose handlers compute every output (Dropout's mask: all true in inference;
-#: LayerNormalization's Mean and InvStdDev; TopK's indices).
-EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK"}
+#: LayerNormalization's Mean and InvStdDev; TopK's indices; the recurrent ones' states;
+#: the subgraphs' outputs).
+EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK", "RNN", "GRU", "LSTM", "If",
+                "Loop"}
 
 
 def unsupported_features(op_type, attributes, outputs):

@@ -225,7 +225,7 @@ def test_info_on_each_kind_of_file(checkpoint, tmp_path, rng, capsys):
     assert main(["info", model]) == 0
     out = capsys.readouterr().out
     assert "opset ai.onnx 13" in out and "Conv 1, Flatten 1, Gemm 1" in out
-    assert "x [Nx3x48x48]" in out and "parameters: 136 in 3 initializers" in out
+    assert "x [Nx3x48x48]" in out and "parameters: 136 in 3 tensors (as gdnflow loads them)" in out
     assert main(["info"]) == 0          # without FILE: what gdnflow sees, as before
     assert "default device" in capsys.readouterr().out
 

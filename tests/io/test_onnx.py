@@ -1,7 +1,6 @@
 """ONNX import: the onnx package's own node tests, a MobileNetV2 laid out as
 torchvision's export against onnxruntime, and the errors for files gdnflow cannot run."""
 import collections
-import warnings
 
 import numpy as np
 import pytest
@@ -9,10 +8,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 import gdnflow as gf  # noqa: E402
-from gdnflow.io import onnx_ops, onnx_ops_index, onnx_ops_math, onnx_ops_reduce  # noqa: E402
 from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402
+from onnx_node_cases import (ALL_CASES_PASS, REFUSED_NODE_CASES, node_test_cases,  # noqa: E402
+                             run_case)
 from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule, load  # noqa: E402
-
 
 
 @pytest.fixture(scope="module")
@@ -21,82 +20,8 @@ def mobilenet_file(tmp_path_factory):
     return mobilenet_v2_onnx(tmp_path_factory.mktemp("onnx") / "mobilenet_v2_random.onnx")
 
 
-def node_test_cases():
-    """The onnx package's backend node tests whose nodes all have supported op types."""
-    from onnx.backend.test.case.node import collect_testcases
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases(None)
-    chosen = []
-    for case in cases:
-        if case.model is None or "expanded" in case.name:
-            continue
-        ops_used = {n.op_type for n in case.model.graph.node}
-        domains = {n.domain for n in case.model.graph.node}
-        if ops_used <= set(HANDLERS) and domains <= {"", "ai.onnx"}:
-            chosen.append(case)
-    return chosen
-
-
 CASES = node_test_cases()
 OUTCOMES = collections.defaultdict(collections.Counter)
-
-#: Operators whose every node case must pass unless listed in REFUSED_NODE_CASES.
-ALL_CASES_PASS = (set(onnx_ops.HANDLERS) | set(onnx_ops_math.HANDLERS)
-                  | set(onnx_ops_reduce.HANDLERS) | set(onnx_ops_index.HANDLERS)
-                  | {"Dropout", "Softmax"})
-_INTEGER_POW = "integer data: gdnflow computes Pow in float32 (integers only in shape arithmetic)"
-_TRAINING_DROPOUT = "Dropout in training mode: imported graphs run for inference"
-_HALF_FLOATS = "float16/bfloat16 data: gdnflow computes in float32"
-_RESIZE_CROP = "Resize with tf_crop_and_resize (a region of interest): not composed"
-_RESIZE_ANTIALIAS = "Resize with antialias=1 (a widened filter when downscaling): not composed"
-_RESIZE_ASPECT = "keep_aspect_ratio_policy other than stretch"
-#: Node cases of those operators that gdnflow refuses on purpose, and why.
-REFUSED_NODE_CASES = {
-    "test_celu_float16": _HALF_FLOATS, "test_celu_bfloat16": _HALF_FLOATS,
-    **{f"test_einsum_{name}_bfloat16": _HALF_FLOATS for name in ("batch_matmul", "sum",
-                                                                 "transpose")},
-    **{f"test_resize_{name}": _RESIZE_CROP for name in (
-        "tf_crop_and_resize", "tf_crop_and_resize_extrapolation_value",
-        "tf_crop_and_resize_axes_2_3", "tf_crop_and_resize_axes_3_2")},
-    **{f"test_resize_{name}": _RESIZE_ANTIALIAS for name in (
-        "downsample_scales_linear_antialias", "downsample_sizes_linear_antialias",
-        "downsample_scales_cubic_antialias", "downsample_sizes_cubic_antialias")},
-    **{f"test_resize_{name}": _RESIZE_ASPECT for name in (
-        "upsample_sizes_nearest_not_larger", "upsample_sizes_nearest_not_smaller",
-        "downsample_sizes_nearest_not_larger", "downsample_sizes_nearest_not_smaller")},
-    "test_pow_types_int64_float32": _INTEGER_POW, "test_pow_types_int32_float32": _INTEGER_POW,
-    "test_pow_types_int64_int64": _INTEGER_POW, "test_pow_types_int32_int32": _INTEGER_POW,
-    **{f"test_training_dropout{suffix}": _TRAINING_DROPOUT
-       for suffix in ("", "_default", "_default_mask", "_mask", "_zero_ratio",
-                      "_zero_ratio_mask")},
-}
-
-
-def as_array(value):
-    """Test data comes as arrays, or as TensorProtos for types NumPy lacks."""
-    from onnx import numpy_helper
-    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
-
-
-def run_case(case, device):
-    """'passed', or 'refused: reason' when gdnflow refuses with OnnxImportError."""
-    try:
-        module = OnnxModule(case.model, device=device, source=case.name)
-        for inputs, expected in case.data_sets:
-            inputs, expected = [as_array(v) for v in inputs], [as_array(v) for v in expected]
-            got = module(*inputs)
-            got = got if isinstance(got, tuple) else (got,)
-            assert len(got) == len(expected)
-            for g, e in zip(got, expected):
-                g = g.numpy() if isinstance(g, gf.Tensor) else np.asarray(g)
-                assert g.shape == e.shape, f"{case.name}: shape {g.shape} != {e.shape}"
-                scale = max(float(np.nanmax(np.abs(e))), 1e-6) if e.size else 1.0
-                np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64),
-                                           rtol=1e-4, atol=1e-5 * scale, err_msg=case.name)
-    except OnnxImportError as exc:
-        return f"refused: {exc}"
-    return "passed"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -12,25 +12,9 @@ onnx = pytest.importorskip("onnx")
 import gdnflow as gf  # noqa: E402
 from gdnflow.io.onnx import OnnxImportError, OnnxModule  # noqa: E402
 from gdnflow.testing import gradcheck  # noqa: E402
+from onnx_graphs import graph_model, node  # noqa: E402
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
-
-
-def graph_model(nodes, inputs, outputs, initializers=(), opset=17):
-    """A model of ``nodes``; ``inputs`` and ``outputs`` map float tensor names to shapes."""
-    from onnx import TensorProto, helper, numpy_helper
-    value = lambda name, shape: helper.make_tensor_value_info(  # noqa: E731
-        name, TensorProto.FLOAT, shape)
-    graph = helper.make_graph(
-        nodes, "g", [value(n, s) for n, s in inputs.items()],
-        [value(n, s) for n, s in outputs.items()],
-        initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in dict(initializers).items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node(op_type, inputs, outputs=("y",), **attributes):
-    from onnx import helper
-    return helper.make_node(op_type, list(inputs), list(outputs), **attributes)
 
 
 # ------------------------------------ gradients through the imported module --

@@ -1,0 +1,313 @@
+"""The ONNX operators at the core of the importer: convolution, Gemm and
+MatMul, arithmetic, pooling, batch normalisation, and the shape arithmetic
+exporters emit (Shape, Gather, Slice, Cast, Constant, ConstantOfShape,
+Concat, Reshape, ...), which computes on host NumPy arrays.
+
+Each handler takes ``(node, inputs, device)``: the node (its attributes via
+``node.attr``, ``node.fail`` to refuse), its input values (device tensors or
+host arrays, None for omitted ones) and the device; it returns the output or
+a list of outputs. :data:`gdnflow.io.onnx.HANDLERS` gathers this module's
+with the other families'.
+"""
+import numpy as np
+
+from gdnflow import ops
+from gdnflow.io.onnx_ops import unary
+from gdnflow.io.onnx_ops_math import softmax_handler
+from gdnflow.io.onnx_support import ONNX_TYPES
+from gdnflow.io.onnx_values import as_tensor, host, ints, is_host, scalar
+
+
+def _spatial_2d(node, x):
+    if x.ndim != 4:
+        node.fail(f"a {x.ndim - 2}-D {node.op_type} (only 2-D, NCHW)")
+
+
+def _pads_2d(node, x_shape, kernel, strides, dilations=(1, 1)):
+    """(top, bottom, left, right) from ONNX pads or auto_pad."""
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if auto_pad in ("NOTSET", "VALID"):
+        pads = node.attr("pads", [0, 0, 0, 0]) if auto_pad == "NOTSET" else [0, 0, 0, 0]
+        return (pads[0], pads[2], pads[1], pads[3])
+    out = []
+    for size, k, s, d in zip(x_shape[2:], kernel, strides, dilations):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, large = total // 2, total - total // 2
+        out.append((small, large) if auto_pad == "SAME_UPPER" else (large, small))
+    return (out[0][0], out[0][1], out[1][0], out[1][1])
+
+
+def _binary(function, host_function):
+    def handler(node, inputs, device):
+        a, b = inputs
+        if is_host(a) and is_host(b):
+            return host_function(a, b)
+        if is_host(b) and b.size == 1:
+            return function(a, float(b.reshape(())))
+        if is_host(a) and a.size == 1:
+            return function(float(a.reshape(())), b)
+        return function(as_tensor(a, device), as_tensor(b, device))
+    return handler
+
+
+# -------------------------------------------------------------- handlers --
+def _conv(node, inputs, device):
+    x, w, b = (inputs + [None])[:3]
+    _spatial_2d(node, x)
+    strides = node.attr("strides", [1, 1])
+    dilations = node.attr("dilations", [1, 1])
+    kernel = node.attr("kernel_shape", list(w.shape[2:]))
+    padding = _pads_2d(node, x.shape, kernel, strides, dilations)
+    return ops.conv2d(x, as_tensor(w, device), None if b is None else as_tensor(b, device),
+                      stride=strides, padding=padding, dilation=dilations,
+                      groups=node.attr("group", 1))
+
+
+def _conv_transpose(node, inputs, device):
+    x, w, b = (inputs + [None])[:3]
+    _spatial_2d(node, x)
+    pads = node.attr("pads", [0, 0, 0, 0])
+    return ops.conv_transpose2d(x, as_tensor(w, device),
+                                None if b is None else as_tensor(b, device),
+                                stride=node.attr("strides", [1, 1]),
+                                padding=(pads[0], pads[2], pads[1], pads[3]),
+                                output_padding=node.attr("output_padding", [0, 0]),
+                                dilation=node.attr("dilations", [1, 1]),
+                                groups=node.attr("group", 1))
+
+
+def _gemm(node, inputs, device):
+    a, b, c = (inputs + [None])[:3]
+    a, b = as_tensor(a, device), as_tensor(b, device)
+    if node.attr("transA", 0):
+        a = ops.transpose(a, (1, 0))
+    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    w = b if node.attr("transB", 0) else ops.transpose(b, (1, 0))   # linear takes [out, in]
+    y = ops.linear(a, w)
+    if alpha != 1.0:
+        y = y * alpha
+    if c is not None:
+        c = as_tensor(c, device)
+        y = y + (c * beta if beta != 1.0 else c)
+    return y
+
+
+def _matmul(node, inputs, device):
+    return ops.matmul(as_tensor(inputs[0], device), as_tensor(inputs[1], device))
+
+
+def _clip(node, inputs, device):
+    x = inputs[0]
+    if node.opset < 11:
+        low, high = node.attr("min", -np.inf), node.attr("max", np.inf)
+    else:
+        low = scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else -np.inf
+        high = scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else np.inf
+    if low > high:
+        low = high      # ONNX: with min > max every output is max
+    if low == 0 and high == 6:
+        return ops.relu6(x)
+    if low == 0 and high == np.inf:
+        return ops.relu(x)
+    return ops.clamp(x, max(low, -3.4e38), min(high, 3.4e38))
+
+
+def _batch_norm(node, inputs, device):
+    x, scale, bias, mean, var = inputs[:5]
+    t = lambda v: as_tensor(v, device)  # noqa: E731
+    return ops.batch_norm(x, t(scale), t(bias), t(mean), t(var), training=False,
+                          eps=node.attr("epsilon", 1e-5))
+
+
+def _pool_geometry(node, x):
+    _spatial_2d(node, x)
+    kernel = node.attr("kernel_shape")
+    strides = node.attr("strides", [1, 1])
+    return kernel, strides, _pads_2d(node, x.shape, kernel, strides)
+
+
+def _max_pool(node, inputs, device):
+    kernel, strides, padding = _pool_geometry(node, inputs[0])
+    return ops.max_pool2d(inputs[0], kernel, strides, padding)
+
+
+def _average_pool(node, inputs, device):
+    kernel, strides, padding = _pool_geometry(node, inputs[0])
+    return ops.avg_pool2d(inputs[0], kernel, strides, padding,
+                          count_include_pad=bool(node.attr("count_include_pad", 0)))
+
+
+def _flatten(node, inputs, device):
+    x = inputs[0]
+    axis = node.attr("axis", 1) % max(len(x.shape), 1) if x.shape else 0
+    shape = (int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
+
+
+def _reshape(node, inputs, device):
+    x, shape = inputs
+    shape = ints(shape)
+    if not node.attr("allowzero", 0):
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
+
+
+def _transpose(node, inputs, device):
+    x = inputs[0]
+    perm = node.attr("perm", list(range(len(x.shape)))[::-1])
+    return np.transpose(x, perm).copy() if is_host(x) else ops.transpose(x, perm)
+
+
+def _axes(node, inputs, ndim):
+    axes = node.attr("axes") if node.opset < 13 else (
+        ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None)
+    return None if axes is None else sorted(a % ndim for a in axes)
+
+
+def _squeeze(node, inputs, device):
+    x = inputs[0]
+    axes = _axes(node, inputs, len(x.shape))
+    if axes is None:
+        axes = [i for i, s in enumerate(x.shape) if s == 1]
+    if any(x.shape[a] != 1 for a in axes):
+        node.fail(f"squeezing a dimension larger than 1 (shape {tuple(x.shape)}, axes {axes})")
+    shape = [s for i, s in enumerate(x.shape) if i not in axes]
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
+
+
+def _unsqueeze(node, inputs, device):
+    x = inputs[0]
+    raw = node.attr("axes") if node.opset < 13 else ints(inputs[1])
+    ndim = len(x.shape) + len(raw)
+    shape = list(x.shape)
+    for axis in sorted(a % ndim for a in raw):
+        shape.insert(axis, 1)
+    return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
+
+
+def _concat(node, inputs, device):
+    axis = node.attr("axis")
+    present = [v for v in inputs if v is not None and np.prod(v.shape) > 0] or inputs[:1]
+    if all(is_host(v) for v in present):
+        return np.concatenate(present, axis=axis)
+    return ops.concat([as_tensor(v, device) for v in present], axis=axis)
+
+
+def _pad(node, inputs, device):
+    x = inputs[0]
+    if node.opset < 11:
+        pads, value = node.attr("pads"), node.attr("value", 0.0)
+    else:
+        pads = ints(inputs[1])
+        value = scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.0
+        if len(inputs) > 3 and inputs[3] is not None:
+            node.fail("the axes input")
+    half = len(pads) // 2
+    pairs = list(zip(pads[:half], pads[half:]))
+    if any(b < 0 or a < 0 for b, a in pairs):
+        node.fail("negative pads (cropping)")
+    return ops.pad(x, pairs, value)
+
+
+def _dropout(node, inputs, device):
+    if len(inputs) > 2 and inputs[2] is not None and bool(host(inputs[2]).reshape(())):
+        node.fail("Dropout in training mode")
+    if len(node.outputs) > 1 and node.outputs[1]:
+        # Inference keeps every element: the mask is all true.
+        return [inputs[0], np.ones(inputs[0].shape, dtype=np.bool_)]
+    return inputs[0]
+
+
+def _shape(node, inputs, device):
+    shape = np.array(inputs[0].shape, dtype=np.int64)
+    start, end = node.attr("start", 0), node.attr("end", None)
+    return shape[start:end]
+
+
+def _gather(node, inputs, device):
+    data, indices = inputs
+    axis = node.attr("axis", 0) % len(data.shape)
+    indices = host(indices).astype(np.int64)
+    if is_host(data):
+        return np.take(data, indices, axis=axis)
+    # On a device tensor: one slice per index, joined (Gather there is rare:
+    # exporters use it on shapes; this path is for correctness, not speed).
+    size = data.shape[axis]
+    flat = [int(i) % size for i in indices.reshape(-1)]
+    lead = [slice(None)] * axis
+    pieces = [ops.slice_(data, tuple(lead + [slice(i, i + 1)])) for i in flat]
+    joined = ops.concat(pieces, axis=axis) if len(pieces) != 1 else pieces[0]
+    return ops.reshape(joined, data.shape[:axis] + indices.shape + data.shape[axis + 1:])
+
+
+def _slice(node, inputs, device):
+    x = inputs[0]
+    if node.opset < 10:
+        starts, ends = node.attr("starts"), node.attr("ends")
+        axes, steps = node.attr("axes"), None
+    else:
+        starts, ends = ints(inputs[1]), ints(inputs[2])
+        axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+        steps = ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
+    ndim = len(x.shape)
+    axes = list(range(len(starts))) if axes is None else [a % ndim for a in axes]
+    steps = steps or [1] * len(starts)
+    index = [slice(None)] * ndim
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        # ONNX clamps out-of-range ends (e.g. INT64_MAX), as Python slices do.
+        index[axis] = slice(start, None if (step < 0 and end < -x.shape[axis]) else end, step)
+    if is_host(x):
+        return x[tuple(index)].copy()
+    return ops.slice_(x, tuple(index))
+
+
+def _cast(node, inputs, device):
+    x = inputs[0]
+    to = ONNX_TYPES[node.attr("to")]
+    if is_host(x):
+        return x.astype(to)
+    if np.dtype(to) != np.float32:
+        node.fail(f"casting a device tensor to {np.dtype(to)} (device tensors are float32)")
+    return x
+
+
+def _constant(node, inputs, device):
+    from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
+    if "value" in node.attrs:
+        return numpy_helper.to_array(node.attrs["value"])
+    for key, dtype in (("value_float", np.float32), ("value_int", np.int64),
+                       ("value_floats", np.float32), ("value_ints", np.int64)):
+        if key in node.attrs:
+            return np.array(node.attrs[key], dtype=dtype)
+    node.fail("this kind of Constant value")
+
+
+def _constant_of_shape(node, inputs, device):
+    from onnx import numpy_helper   # local import: onnx is optional, loaded on first use
+    value = node.attrs.get("value")
+    fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
+    return np.full(ints(inputs[0]), fill.reshape(-1)[0], dtype=fill.dtype)
+
+
+HANDLERS = {
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm, "MatMul": _matmul,
+    "Add": _binary(ops.add, np.add), "Sub": _binary(ops.sub, np.subtract),
+    "Mul": _binary(ops.mul, np.multiply),
+    "Div": _binary(ops.div, lambda a, b: (np.trunc(np.true_divide(a, b))   # integers truncate
+                                          if a.dtype.kind in "iu" and b.dtype.kind in "iu"
+                                          else np.divide(a, b)).astype(np.result_type(a, b))),
+    "Relu": unary(ops.relu), "Sigmoid": unary(ops.sigmoid), "Clip": _clip,
+    "BatchNormalization": _batch_norm, "MaxPool": _max_pool, "AveragePool": _average_pool,
+    "GlobalAveragePool": lambda node, inputs, device: ops.global_avg_pool2d(inputs[0]),
+    "Flatten": _flatten, "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze, "Concat": _concat, "Pad": _pad,
+    "Softmax": softmax_handler(lambda x, axis: ops.softmax(x, axis=axis)),
+    "Dropout": _dropout, "Identity": lambda node, inputs, device: inputs[0],
+    "Shape": _shape, "Gather": _gather, "Slice": _slice, "Cast": _cast, "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+}
+
+#: Those of :data:`HANDLERS` that also compute on host arrays (shape arithmetic).
+HOST_OPS = {"Shape", "Gather", "Slice", "Cast", "Constant", "ConstantOfShape", "Concat",
+            "Unsqueeze", "Squeeze", "Reshape", "Identity", "Add", "Sub", "Mul", "Div",
+            "Transpose", "Flatten"}
