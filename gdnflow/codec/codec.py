@@ -38,8 +38,8 @@ from gdnflow.autograd import no_grad
 from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL,
                                   MODEL_ID_BYTES, SINGLE_STREAM_VERSIONS, TABLES_DIGEST_BYTES,
                                   WHOLE, CodecError, Header, check_model, pack, unpack)
-from gdnflow.codec.substreams import (check_latents, decode_factorized, encode_factorized,
-                                      factorized_split)
+from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
+                                      encode_factorized, factorized_split)
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
@@ -122,14 +122,17 @@ class Codec:
     version is read. ``executor``: a :class:`concurrent.futures.Executor` whose
     ``map`` codes the substreams (None: one after another; constriction holds
     the GIL, so threads gain nothing: :mod:`gdnflow.codec.substreams`).
+    ``substream_bits``: the estimated payload bits per substream the encoder
+    aims for (smaller: more substreams to code in parallel, about 5 bytes each).
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
-    ``device``, ``tile``, ``version``.
+    ``device``, ``tile``, ``version``, ``substream_bits``.
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
     versions = (2, FORMAT_VERSION)
 
-    def __init__(self, model, tile=TILE, version=None, executor=None):
+    def __init__(self, model, tile=TILE, version=None, executor=None,
+                 substream_bits=SUBSTREAM_BITS):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
             raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
@@ -150,6 +153,7 @@ class Codec:
                              f"{self.versions}, got {version!r}")
         #: Runs the substreams' coding: the builtin map, or the executor's.
         self.map = map if executor is None else executor.map
+        self.substream_bits = substream_bits
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -206,7 +210,7 @@ class Codec:
         """The file bytes for integer latents ``q`` (M, h, w) of an image of height x width."""
         q = check_latents(q, self.tables.channels)
         single = self.version in SINGLE_STREAM_VERSIONS
-        split = WHOLE if single else factorized_split(q, self.tables)
+        split = WHOLE if single else factorized_split(q, self.tables, self.substream_bits)
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
                         self._digest, self.version, splits=() if single else (split,))
         return pack(header, encode_factorized(q, self.tables, split, self.map))

@@ -202,11 +202,11 @@ class HyperpriorCodec(Codec):
                              f"latents of {sides[0]}x{sides[1]} and side information of "
                              f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
         if self.version == HYPERPRIOR_VERSION:
-            splits = (factorized_split(q_z, tables.z),)
+            splits = (factorized_split(q_z, tables.z, self.substream_bits),)
             indexes = tables.indexes(q_z)
             gaussian = tables.gaussian
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
-                                    q.shape),)
+                                    q.shape, self.substream_bits),)
             substreams = encode_factorized(q_z, tables.z, splits[0], self.map) + encode_blocks(
                 encode_by_table, [(q[channels, rows], indexes[channels, rows])
                                   for channels, rows in splits[1].blocks(q.shape)], self.map)

@@ -1,0 +1,142 @@
+"""The substream split of the .gdn file: what it costs in rate, what it gains in time.
+
+    python benchmarks/bench_entropy_coding.py --out benchmarks/results/entropy_coding.md
+    python benchmarks/bench_entropy_coding.py --repeats 3 --size 768x512   # photos resized
+
+For each shipped factorized-prior quality (1-3) and each photo (scikit-image's
+coffee, chelsea and astronaut, at their own size unless ``--size``), the
+latents are computed once on NumPy; then:
+
+- rate: the file in one stream (format version 2) and in substreams (version 7,
+  the split the encoder chooses), and the increase in percent;
+- time: the entropy coding alone (``Codec.encode_latents`` and
+  ``Codec.decode_latents``: the file bytes from the latents and back), per
+  megapixel of image, the median of ``--repeats`` runs, with the substreams
+  coded one after another (version 2: one stream; version 7: serial map), in a
+  thread pool of 1 and 2 threads, and in a pool of 2 processes.
+
+Both files decode to the same latents (checked). The timings are medians on
+whatever machine runs this: say how loaded it was.
+"""
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+
+from gdnflow.codec import pretrained
+from gdnflow.codec.codec import Codec
+from gdnflow.codec.format import unpack
+
+PHOTOS = ("coffee", "chelsea", "astronaut")
+
+
+def photos(size):
+    """{name: uint8 (H, W, 3)}: scikit-image's photos, resized to ``size`` (w, h) if given."""
+    # local import: scikit-image is a benchmark dependency only
+    import skimage.data
+    from PIL import Image
+    out = {}
+    for name in PHOTOS:
+        image = getattr(skimage.data, name)()
+        if size:
+            image = np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
+        out[name] = image
+    return out
+
+
+def median_seconds(function, repeats):
+    """The median wall time of ``repeats`` calls of ``function`` (after one warm-up call)."""
+    function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(codecs, q, shape, repeats):
+    """{coder name: (encode s, decode s)} of latents ``q`` of an image of ``shape``."""
+    timings = {}
+    for name, codec in codecs.items():
+        data = codec.encode_latents(q, *shape)
+        timings[name] = (median_seconds(lambda: codec.encode_latents(q, *shape), repeats),
+                         median_seconds(lambda: codec.decode_latents(data), repeats))
+    return timings
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the markdown table here too")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--size", help="resize the photos to WIDTHxHEIGHT")
+    parser.add_argument("--qualities", default="1,2,3")
+    args = parser.parse_args()
+    size = tuple(int(v) for v in args.size.split("x")) if args.size else None
+    images = photos(size)
+    threads = {n: ThreadPoolExecutor(n) for n in (1, 2)}
+    processes = ProcessPoolExecutor(2)
+    rate_rows, time_rows = [], []
+    for quality in (int(v) for v in args.qualities.split(",")):
+        codec = pretrained("factorized_prior", quality=quality, device="numpy")
+        codecs = {"v2 one stream": Codec(codec.model, version=2),
+                  "v7 serial": codec,
+                  "v7 1 thread": Codec(codec.model, executor=threads[1]),
+                  "v7 2 threads": Codec(codec.model, executor=threads[2]),
+                  "v7 2 processes": Codec(codec.model, executor=processes)}
+        for name, image in images.items():
+            shape = image.shape[:2]
+            q = codec.quantize(codec.analyse(image))
+            single = codecs["v2 one stream"].encode_latents(q, *shape)
+            split = codec.encode_latents(q, *shape)
+            same = np.array_equal(codec.decode_latents(single)[1], codec.decode_latents(split)[1])
+            assert same, f"{name} q{quality}: the two files decode to different latents"
+            header = unpack(split)[0]
+            groups, bands = header.splits[0]
+            rate_rows.append(f"| {quality} | {name} {shape[1]}x{shape[0]} | {len(single)} | "
+                             f"{len(split)} | {groups}x{bands} | "
+                             f"{100 * (len(split) / len(single) - 1):.3f}% |")
+            megapixels = shape[0] * shape[1] / 1e6
+            for coder, (encode, decode) in measure(codecs, q, shape, args.repeats).items():
+                time_rows.append(f"| {quality} | {name} | {coder} | {1e3 * encode / megapixels:.1f} "
+                                 f"| {1e3 * decode / megapixels:.1f} |")
+            print(rate_rows[-1], flush=True)
+    processes.shutdown()
+    for pool in threads.values():
+        pool.shutdown()
+    lines = [
+        "# Entropy coding in substreams: rate cost and time",
+        "",
+        f"`python benchmarks/bench_entropy_coding.py --repeats {args.repeats}"
+        + (f" --size {args.size}" if args.size else "") + "`, "
+        f"{datetime.date.today()}, host `{platform.node()}`, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end. Shipped "
+        "factorized-prior checkpoints on NumPy; scikit-image's photos.",
+        "",
+        "## Rate: the file in one stream (v2) and in substreams (v7)",
+        "",
+        "| quality | photo | v2 bytes | v7 bytes | split (groups x bands) | increase |",
+        "|---|---|---|---|---|---|",
+        *rate_rows,
+        "",
+        "## Time of the entropy coding alone, ms per megapixel (median of "
+        f"{args.repeats})",
+        "",
+        "| quality | photo | coder | encode | decode |",
+        "|---|---|---|---|---|",
+        *time_rows,
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
