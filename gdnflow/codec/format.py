@@ -1,10 +1,11 @@
-"""The ``.gdn`` bitstream: a small header, the range-coded latents, the escape bits, a checksum.
+"""The ``.gdn`` bitstream: a small header, the range-coded latents in substreams, a checksum.
 
-Layout of format version 2 (integers marked varint are unsigned LEB128: 7
-bits a byte, low bits first, high bit set on every byte but the last)::
+Layout of format version 7, the factorized prior's (integers marked varint are
+unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but
+the last)::
 
     magic          4 bytes   b"GDNF"
-    version        1 byte    2
+    version        1 byte    7
     model id      16 bytes   the first 16 bytes of SHA-256 of the model's
                              parameters and buffers (tables.model_id)
     tables         4 bytes   the first 4 bytes of the coding tables' digest
@@ -13,19 +14,43 @@ bits a byte, low bits first, high bit set on every byte but the last)::
                              height * width <= MAX_PIXELS
     channels       varint    latent channels M
     latent h, w    varint    latent rows and columns: ceil(height / 16), ceil(width / 16)
-    payload size   varint    bytes of the range-coded payload (a multiple of 4)
-    payload                  constriction's RangeEncoder words, little-endian uint32
-    escape bits              Elias-gamma codes of the values outside the
+    split          2 varints channel groups G (1..M) and row bands B (1..latent h)
+    index          2 varints per substream, G x B of them in substream order: its
+                             payload's length in 32-bit words, its escape bits' length
+                             in bytes
+    substreams               each substream's payload (constriction RangeEncoder
+                             words, little-endian uint32) then its escape bits
+                             (Elias-gamma codes of the values outside the
                              supports, most significant bit first, zero-padded
-                             to a whole byte
+                             to a whole byte), one substream after the other
     checksum       4 bytes   zlib.crc32 (CRC-32, ISO-HDLC polynomial) of every
                              byte before it, little-endian
 
-The payload codes the integer latents q[c, i, j] channel by channel, each
-channel in raster order, every symbol with its channel's categorical model
-(:class:`~gdnflow.codec.tables.CodingTables`; values outside the support as
-the escape symbol, their distance past it in the escape bits, in the same
-order). A header is 30 to 40 bytes; bpp counts the whole file.
+The split (:class:`Split`) cuts the integer latents q (M, h, w) into G x B
+blocks: group g holds channels [g M // G, (g + 1) M // G), band b rows
+[b h // B, (b + 1) h // B); substream g B + b codes block (g, b) with a range
+coder and an escape-bit writer of its own, starting from the coder's initial
+state: any substream decodes without the others. Within a block, channel
+by channel, each channel's rows of the block in raster order, every symbol
+with its channel's categorical model (:class:`~gdnflow.codec.tables.CodingTables`;
+values outside the support as the escape symbol, their distance past it in
+the block's escape bits, in the same order). How the encoder chooses G and B
+(about one substream per 2 KiB of payload, each costing about 5 bytes) is
+:mod:`gdnflow.codec.substreams`'s business: readers take any split that fits.
+A header is 30 to 45 bytes plus 2 to 4 a substream; bpp counts the whole file.
+
+A decoder with many lanes (a GPU's threads) maps onto this layout as follows:
+read the index, take the prefix sums of the substreams' sizes (each
+substream's payload and escape offsets in the file), give each substream
+a lane, and let each lane decode its block into q at the block's offset; no
+lane waits for another. The blocks are given by G, B and the latent shape
+alone, and each lane needs only its channels' tables (factorized) or the
+Gaussian tables and its block of table indexes (hyperprior, after z). How
+many lanes a file offers is the encoder's choice, bounded by the rate: each
+substream costs about 5 bytes (the range coder's termination and its index
+entry), so under 0.5% of the file means at most one substream per ~1 KB.
+Finer parallelism (an interleaved rANS with 32 lanes per substream) would
+be a new version with the same header and index.
 
 Readers check the magic and the version, then the checksum BEFORE anything
 else: a file changed anywhere after its version byte (any single flipped
@@ -33,22 +58,36 @@ bit, any burst of up to 32 bits) is refused as corrupted, never decoded
 to another image nor blamed on another model. Then the image size against
 :data:`MAX_PIXELS` (before anything is allocated), the model and tables
 (:func:`check_model`), that the sizes agree with each other and are
-plausible, and that the file ends exactly where the escape bits end.
+plausible, that the split fits the latents, that each substream's sizes
+are plausible for its block, that the substreams end exactly where the file
+does, and that each substream's escape bits end where its index says.
 
-Version 1 (gdnflow before the checksum): the same layout without the
-checksum. It is still read, with every check but the checksum (a flipped bit
-in its payload may decode to a different image); factorized-prior writers
-write version 2.
+Version 8 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
+version 7's layout with one more varint after the latent width, the side
+information's channels N (z is N x latent h/4 x latent w/4), latent sides
+of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images to
+multiples of 64), and two splits: z's (its groups of N channels and bands
+of h/4 rows), then y's. The index lists z's substreams, then y's. z's
+substreams code z as version 7 codes y; y's code their block grouped by
+coding table (every element of table 0 in raster order of (channel, row,
+column) within the block, then table 1's, ...; see that module), the
+tables chosen by the scales that the whole of z gives: a decoder decodes
+z's substreams (in parallel), computes the scales, then y's (in parallel).
 
-Version 4 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
-version 2's layout with one more varint after the latent width, the side
-information's channels N (z is N x latent h/4 x latent w/4), and latent
-sides of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images
-to multiples of 64). Its payload codes z first, channel by channel as
-above, then y grouped by coding table (see that module); the escape bits
-follow the same order. (Not 3: 3 is one flipped bit from 1, which has no
-checksum; 4 is two bits from both 1 and 2, so a single flipped bit of the
-version byte never turns one readable version into another.)
+The single-stream versions, still read (:data:`SINGLE_STREAM_VERSIONS`):
+version 2 has, instead of the split and the index, one varint (the
+payload's size in bytes, a multiple of 4), then the payload, then the
+escape bits: one substream of the whole of q. Version 1 (gdnflow before
+the checksum) is version 2 without the checksum (every check but the
+checksum: a flipped bit in its payload may decode to a different image).
+Version 4 is the hyperprior's: version 2's layout with the side
+information's channels after the latent width, and one stream coding z
+channel by channel, then all of y grouped by table.
+
+The version numbers: 1, 2, 4, 7 and 8 are each at least two bits from any
+other, so a single flipped bit of the version byte never turns one
+readable version into another (none escapes the checksum by reading as
+version 1, which has none).
 """
 import dataclasses
 import typing
@@ -82,7 +121,7 @@ MAX_CHANNELS = 1 << 12
 #: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
 #: header before anything is allocated; decoding one at the limit with M = 192 latent
 #: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
-#: image): 2.7 GB. A scale-hyperprior file (version 4) holds up to about 20 bytes a pixel
+#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8) holds up to about 20 bytes a pixel
 #: (5 GB at the limit; measured 19 at 2048x2048 with every latent in one table's group:
 #: the group's positions as int64 dominate). Encoders refuse larger images, so every
 #: file written is readable.

@@ -1,4 +1,4 @@
-"""Scale-hyperprior ``.gdn`` files (format version 4): side information z, then y.
+"""Scale-hyperprior ``.gdn`` files (format version 8; 4 read): side information z, then y.
 
     codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
     data = codec.compress(image)
@@ -12,13 +12,16 @@ The encoder then computes the scales from q_z exactly as the decoder will
 (:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`: integer
 arithmetic, identical on every device), takes each element's table index
 (:func:`~gdnflow.codec.gaussian_tables.scale_indexes`), and codes
-q_y = round(y) (half to even, the model's evaluation rounding) grouped by
-table: first every element of table 0 in raster order of (channel, row,
-column), then table 1's, and so on: one constriction call per table.
+q_y = round(y) (half to even, the model's evaluation rounding) block by
+block (the substreams of :mod:`gdnflow.codec.format`), each block grouped
+by table: first every element of the block with table 0 in raster order of
+(channel, row, column), then table 1's, and so on: one constriction call
+per table present.
 
-Decompression decodes q_z, recomputes the indexes, decodes each table's
-group of y and scatters it back, and runs g_s on y_hat = q_y as float32 (bit
-for bit the evaluation path's y_hat, on any device).
+Decompression decodes q_z's substreams, recomputes the indexes, decodes
+each of y's substreams table by table and scatters them back, and runs g_s
+on y_hat = q_y as float32 (bit for bit the evaluation path's y_hat, on any
+device). Version 4 files (one stream: z, then all of y by table) are read too.
 
 What differs from the model's own evaluation forward: the scales (the
 exact transform rounds weights and activations, see its module) and the
