@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
+from PIL import Image
 
 from gdnflow.codec import pretrained
 from gdnflow.codec.codec import Codec
@@ -38,9 +39,7 @@ PHOTOS = ("coffee", "chelsea", "astronaut")
 
 def photos(size):
     """{name: uint8 (H, W, 3)}: scikit-image's photos, resized to ``size`` (w, h) if given."""
-    # local import: scikit-image is a benchmark dependency only
-    import skimage.data
-    from PIL import Image
+    import skimage.data     # local import: scikit-image is needed by this benchmark only
     out = {}
     for name in PHOTOS:
         image = getattr(skimage.data, name)()
