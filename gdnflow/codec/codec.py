@@ -35,9 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from gdnflow.autograd import no_grad
-from gdnflow.codec.format import (DOWNSAMPLING, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL, MODEL_ID_BYTES,
-                                  TABLES_DIGEST_BYTES, CodecError, Header, check_model,
-                                  decode_symbols, encode_symbols, pack, unpack)
+from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL,
+                                  MODEL_ID_BYTES, SINGLE_STREAM_VERSIONS, TABLES_DIGEST_BYTES,
+                                  WHOLE, CodecError, Header, check_model, pack, unpack)
+from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
+                                      encode_factorized, factorized_split)
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
@@ -114,11 +116,23 @@ class Codec:
     64; None: the whole image at once) with the halo their receptive field needs
     (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
-    the untiled one to float32 rounding. Attributes: ``model``, ``tables``
-    (:class:`~gdnflow.codec.tables.CodingTables`), ``device``, ``tile``.
+    the untiled one to float32 rounding. ``version``: the format version
+    written, one of :attr:`versions` (the last, substreams, by default; the
+    first, one stream, is what gdnflow before substreams reads); every readable
+    version is read. ``executor``: a :class:`concurrent.futures.Executor` whose
+    ``map`` codes the substreams (None: one after another; constriction holds
+    the GIL, so threads gain nothing: :mod:`gdnflow.codec.substreams`).
+    ``substream_bits``: the estimated payload bits per substream the encoder
+    aims for (smaller: more substreams to code in parallel, about 5 bytes each).
+    Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
+    ``device``, ``tile``, ``version``, ``substream_bits``.
     """
 
-    def __init__(self, model, tile=TILE):
+    #: The format versions this class writes (:mod:`gdnflow.codec.format`).
+    versions = (2, FORMAT_VERSION)
+
+    def __init__(self, model, tile=TILE, version=None, executor=None,
+                 substream_bits=SUBSTREAM_BITS):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
             raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
@@ -133,6 +147,13 @@ class Codec:
         self.device = model_device(model)
         self.tables = self.build_tables(model)
         self.tile = tile
+        self.version = self.versions[-1] if version is None else version
+        if self.version not in self.versions:
+            raise ValueError(f"{type(self).__name__}: writes format versions "
+                             f"{self.versions}, got {version!r}")
+        #: Runs the substreams' coding: the builtin map, or the executor's.
+        self.map = map if executor is None else executor.map
+        self.substream_bits = substream_bits
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -187,10 +208,12 @@ class Codec:
 
     def encode_latents(self, q, height, width):
         """The file bytes for integer latents ``q`` (M, h, w) of an image of height x width."""
-        payload, escapes = encode_symbols(q, self.tables)
+        q = check_latents(q, self.tables.channels)
+        single = self.version in SINGLE_STREAM_VERSIONS
+        split = WHOLE if single else factorized_split(q, self.tables, self.substream_bits)
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
-                        self._digest)
-        return pack(header, payload, escapes)
+                        self._digest, self.version, splits=() if single else (split,))
+        return pack(header, encode_factorized(q, self.tables, split, self.map))
 
     def compress(self, image):
         """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
@@ -201,9 +224,11 @@ class Codec:
     # --------------------------------------------------------- decode --
     def decode_latents(self, data, source="<bytes>"):
         """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
-        header, payload, escapes = unpack(data, source)
+        header, substreams = unpack(data, source)
         check_model(header, self.tables, source)
-        q = decode_symbols(payload, escapes, self.tables, header.latent_shape, source)
+        split = header.splits[0] if header.splits else WHOLE
+        q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
+                              self.map)
         y_hat = np.empty(q.shape, np.float32)
         for c, median in enumerate(self.tables.medians):
             y_hat[c] = q[c].astype(np.float32) + median

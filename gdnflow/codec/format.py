@@ -1,10 +1,11 @@
-"""The ``.gdn`` bitstream: a small header, the range-coded latents, the escape bits, a checksum.
+"""The ``.gdn`` bitstream: a small header, the range-coded latents in substreams, a checksum.
 
-Layout of format version 2 (integers marked varint are unsigned LEB128: 7
-bits a byte, low bits first, high bit set on every byte but the last)::
+Layout of format version 7, the factorized prior's (integers marked varint are
+unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but
+the last)::
 
     magic          4 bytes   b"GDNF"
-    version        1 byte    2
+    version        1 byte    7
     model id      16 bytes   the first 16 bytes of SHA-256 of the model's
                              parameters and buffers (tables.model_id)
     tables         4 bytes   the first 4 bytes of the coding tables' digest
@@ -13,19 +14,43 @@ bits a byte, low bits first, high bit set on every byte but the last)::
                              height * width <= MAX_PIXELS
     channels       varint    latent channels M
     latent h, w    varint    latent rows and columns: ceil(height / 16), ceil(width / 16)
-    payload size   varint    bytes of the range-coded payload (a multiple of 4)
-    payload                  constriction's RangeEncoder words, little-endian uint32
-    escape bits              Elias-gamma codes of the values outside the
+    split          2 varints channel groups G (1..M) and row bands B (1..latent h)
+    index          2 varints per substream, G x B of them in substream order: its
+                             payload's length in 32-bit words, its escape bits' length
+                             in bytes
+    substreams               each substream's payload (constriction RangeEncoder
+                             words, little-endian uint32) then its escape bits
+                             (Elias-gamma codes of the values outside the
                              supports, most significant bit first, zero-padded
-                             to a whole byte
+                             to a whole byte), one substream after the other
     checksum       4 bytes   zlib.crc32 (CRC-32, ISO-HDLC polynomial) of every
                              byte before it, little-endian
 
-The payload codes the integer latents q[c, i, j] channel by channel, each
-channel in raster order, every symbol with its channel's categorical model
-(:class:`~gdnflow.codec.tables.CodingTables`; values outside the support as
-the escape symbol, their distance past it in the escape bits, in the same
-order). A header is 30 to 40 bytes; bpp counts the whole file.
+The split (:class:`Split`) cuts the integer latents q (M, h, w) into G x B
+blocks: group g holds channels [g M // G, (g + 1) M // G), band b rows
+[b h // B, (b + 1) h // B); substream g B + b codes block (g, b) with a range
+coder and an escape-bit writer of its own, starting from the coder's initial
+state: any substream decodes without the others. Within a block, channel
+by channel, each channel's rows of the block in raster order, every symbol
+with its channel's categorical model (:class:`~gdnflow.codec.tables.CodingTables`;
+values outside the support as the escape symbol, their distance past it in
+the block's escape bits, in the same order). How the encoder chooses G and B
+(about one substream per 2 KiB of payload, each costing about 5 bytes) is
+:mod:`gdnflow.codec.substreams`'s business: readers take any split that fits.
+A header is 30 to 45 bytes plus 2 to 4 a substream; bpp counts the whole file.
+
+A decoder with many lanes (a GPU's threads) maps onto this layout as follows:
+read the index, take the prefix sums of the substreams' sizes (each
+substream's payload and escape offsets in the file), give each substream
+a lane, and let each lane decode its block into q at the block's offset; no
+lane waits for another. The blocks are given by G, B and the latent shape
+alone, and each lane needs only its channels' tables (factorized) or the
+Gaussian tables and its block of table indexes (hyperprior, after z). How
+many lanes a file offers is the encoder's choice, bounded by the rate: each
+substream costs about 5 bytes (the range coder's termination and its index
+entry), so under 0.5% of the file means at most one substream per ~1 KB.
+Finer parallelism (an interleaved rANS with 32 lanes per substream) would
+be a new version with the same header and index.
 
 Readers check the magic and the version, then the checksum BEFORE anything
 else: a file changed anywhere after its version byte (any single flipped
@@ -33,35 +58,55 @@ bit, any burst of up to 32 bits) is refused as corrupted, never decoded
 to another image nor blamed on another model. Then the image size against
 :data:`MAX_PIXELS` (before anything is allocated), the model and tables
 (:func:`check_model`), that the sizes agree with each other and are
-plausible, and that the file ends exactly where the escape bits end.
+plausible, that the split fits the latents, that each substream's sizes
+are plausible for its block, that the substreams end exactly where the file
+does, and that each substream's escape bits end where its index says.
 
-Version 1 (gdnflow before the checksum): the same layout without the
-checksum. It is still read, with every check but the checksum (a flipped bit
-in its payload may decode to a different image); factorized-prior writers
-write version 2.
+Version 8 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
+version 7's layout with one more varint after the latent width, the side
+information's channels N (z is N x latent h/4 x latent w/4), latent sides
+of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images to
+multiples of 64), and two splits: z's (its groups of N channels and bands
+of h/4 rows), then y's. The index lists z's substreams, then y's. z's
+substreams code z as version 7 codes y; y's code their block grouped by
+coding table (every element of table 0 in raster order of (channel, row,
+column) within the block, then table 1's, ...; see that module), the
+tables chosen by the scales that the whole of z gives: a decoder decodes
+z's substreams (in parallel), computes the scales, then y's (in parallel).
 
-Version 4 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
-version 2's layout with one more varint after the latent width, the side
-information's channels N (z is N x latent h/4 x latent w/4), and latent
-sides of 4 ceil(height / 64) and 4 ceil(width / 64) (the model pads images
-to multiples of 64). Its payload codes z first, channel by channel as
-above, then y grouped by coding table (see that module); the escape bits
-follow the same order. (Not 3: 3 is one flipped bit from 1, which has no
-checksum; 4 is two bits from both 1 and 2, so a single flipped bit of the
-version byte never turns one readable version into another.)
+The single-stream versions, still read (:data:`SINGLE_STREAM_VERSIONS`):
+version 2 has, instead of the split and the index, one varint (the
+payload's size in bytes, a multiple of 4), then the payload, then the
+escape bits: one substream of the whole of q. Version 1 (gdnflow before
+the checksum) is version 2 without the checksum (every check but the
+checksum: a flipped bit in its payload may decode to a different image).
+Version 4 is the hyperprior's: version 2's layout with the side
+information's channels after the latent width, and one stream coding z
+channel by channel, then all of y grouped by table.
+
+The version numbers: 1, 2, 4, 7 and 8 are each at least two bits from any
+other, so a single flipped bit of the version byte never turns one
+readable version into another (none escapes the checksum by reading as
+version 1, which has none).
 """
 import dataclasses
+import typing
 import zlib
 
 import numpy as np
 from gdnflow.errors import GdnflowError
 
 MAGIC = b"GDNF"
-FORMAT_VERSION = 2
-#: The scale hyperprior's files (see the module docstring).
-HYPERPRIOR_VERSION = 4
-#: The versions readers accept (1: no checksum, see the module docstring).
-READABLE_VERSIONS = (1, 2, 4)
+#: The factorized prior's files, in substreams (see the module docstring).
+FORMAT_VERSION = 7
+#: The scale hyperprior's files, in substreams.
+HYPERPRIOR_VERSION = 8
+#: The versions of one range-coded stream (1: no checksum; 2 and 4 before substreams).
+SINGLE_STREAM_VERSIONS = (1, 2, 4)
+#: The scale hyperprior's versions (the header has the side information's channels).
+HYPERPRIOR_VERSIONS = (4, 8)
+#: The versions readers accept; writers write any of them (Codec's ``version``).
+READABLE_VERSIONS = (1, 2, 4, 7, 8)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
@@ -76,7 +121,7 @@ MAX_CHANNELS = 1 << 12
 #: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
 #: header before anything is allocated; decoding one at the limit with M = 192 latent
 #: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
-#: image): 2.7 GB. A scale-hyperprior file (version 4) holds up to about 20 bytes a pixel
+#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8) holds up to about 20 bytes a pixel
 #: (5 GB at the limit; measured 19 at 2048x2048 with every latent in one table's group:
 #: the group's positions as int64 dominate). Encoders refuse larger images, so every
 #: file written is readable.
@@ -89,6 +134,8 @@ _MAX_GAMMA_ZEROS = (2 * MAX_SYMBOL).bit_length()
 # A symbol's probability is at least 2^-16 (tables.PRECISION): at most 16 bits of
 # payload each, plus the range coder's rounding and its two words of termination.
 _MAX_PAYLOAD_BITS_PER_SYMBOL = 17
+# An escape's Elias-gamma code is at most 2 * _MAX_GAMMA_ZEROS + 1 bits: whole bytes, rounded up.
+_MAX_ESCAPE_BYTES_PER_SYMBOL = -(-(2 * _MAX_GAMMA_ZEROS + 1) // 8)
 
 
 class CodecError(GdnflowError, ValueError):
@@ -103,6 +150,34 @@ class ModelMismatchError(CodecError):
     """A file coded by another model (or with other tables) than the one given."""
 
 
+class Split(typing.NamedTuple):
+    """How a latent tensor (C, h, w) is cut into independent substreams: ``groups`` runs
+    of consecutive channels times ``bands`` runs of consecutive rows.
+
+    Group g holds channels [g C // groups, (g + 1) C // groups), band b rows
+    [b h // bands, (b + 1) h // bands); 1 <= groups <= C and 1 <= bands <= h,
+    so no block is empty.
+    """
+
+    groups: int
+    bands: int
+
+    def blocks(self, shape):
+        """[(channel slice, row slice)] of the substreams of a ``shape`` tensor, group-major."""
+        channels, rows = shape[0], shape[1]
+        return [(slice(g * channels // self.groups, (g + 1) * channels // self.groups),
+                 slice(b * rows // self.bands, (b + 1) * rows // self.bands))
+                for g in range(self.groups) for b in range(self.bands)]
+
+    def fits(self, shape):
+        """Whether every block of a ``shape`` tensor is non-empty."""
+        return 1 <= self.groups <= shape[0] and 1 <= self.bands <= shape[1]
+
+
+#: The split of a single-stream file's tensors.
+WHOLE = Split(1, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Header:
     """The header of a ``.gdn`` file (see the module docstring).
@@ -110,8 +185,9 @@ class Header:
     ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
     ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
     (channels, latent_height, latent_width). ``hyper_channels`` is the
-    side information's channel count in a hyperprior file (version 4), 0
-    otherwise.
+    side information's channel count in a hyperprior file (versions 4 and 8), 0
+    otherwise. ``splits``: one :class:`Split` per coded tensor (:meth:`coded_shapes`)
+    in versions 7 and 8, () in the single-stream versions.
     """
 
     height: int
@@ -123,6 +199,7 @@ class Header:
     tables_digest: bytes
     version: int = FORMAT_VERSION
     hyper_channels: int = 0
+    splits: tuple = ()
 
     @property
     def latent_shape(self):
@@ -139,6 +216,19 @@ class Header:
     def symbols(self):
         """How many latent values the payload codes (y's, and z's in a hyperprior file)."""
         return int(np.prod(self.latent_shape)) + int(np.prod(self.hyper_shape))
+
+    def coded_shapes(self):
+        """The shapes of the tensors coded, in file order: z's (hyperprior), then y's."""
+        hyper = self.version in HYPERPRIOR_VERSIONS
+        return [self.hyper_shape, self.latent_shape] if hyper else [self.latent_shape]
+
+    def substream_symbols(self):
+        """How many values each substream codes, in file order (one entry if single-stream)."""
+        if self.version in SINGLE_STREAM_VERSIONS:
+            return [self.symbols]
+        return [len(range(*channels.indices(shape[0]))) * len(range(*rows.indices(shape[1])))
+                * shape[2] for split, shape in zip(self.splits, self.coded_shapes())
+                for channels, rows in split.blocks(shape)]
 
 
 # ------------------------------------------------------------ varints --
@@ -177,10 +267,12 @@ def checksum(data):
     return zlib.crc32(data).to_bytes(CHECKSUM_BYTES, "little")
 
 
-def pack(header, payload, escapes):
-    """The bytes of a file: ``header`` (a :class:`Header`), ``payload`` and ``escapes`` (bytes).
+def pack(header, substreams):
+    """The bytes of a file: ``header`` (a :class:`Header`) and ``substreams``, a list of
+    (payload bytes, escape bytes), one per block of ``header.splits`` in file order
+    (exactly one in the single-stream versions).
 
-    Versions 2 and 4 get the checksum; version 1 (for tests of old files) not.
+    Versions 2 and up get the checksum; version 1 (for tests of old files) not.
     """
     if len(header.model_id) != MODEL_ID_BYTES or len(header.tables_digest) != TABLES_DIGEST_BYTES:
         raise ValueError(f"pack: model id and tables digest must be {MODEL_ID_BYTES} and "
@@ -188,15 +280,27 @@ def pack(header, payload, escapes):
     if header.version not in READABLE_VERSIONS:
         raise ValueError(f"pack: format version {header.version} is not one of "
                          f"{READABLE_VERSIONS}")
-    if (header.version == HYPERPRIOR_VERSION) != (header.hyper_channels > 0):
+    if (header.version in HYPERPRIOR_VERSIONS) != (header.hyper_channels > 0):
         raise ValueError(f"pack: hyper_channels {header.hyper_channels} with format version "
-                         f"{header.version} (only version {HYPERPRIOR_VERSION} has them)")
+                         f"{header.version} (only versions {HYPERPRIOR_VERSIONS} have them)")
+    single = header.version in SINGLE_STREAM_VERSIONS
+    expected = 1 if single else sum(s.groups * s.bands for s in header.splits)
+    if single == bool(header.splits) or len(substreams) != expected or not single and \
+            len(header.splits) != len(header.coded_shapes()):
+        raise ValueError(f"pack: version {header.version} with splits {header.splits} and "
+                         f"{len(substreams)} substreams (expected {expected})")
     sizes = [header.height, header.width, header.channels, header.latent_height,
              header.latent_width]
-    if header.version == HYPERPRIOR_VERSION:
+    if header.version in HYPERPRIOR_VERSIONS:
         sizes.append(header.hyper_channels)
+    if single:
+        index = [len(substreams[0][0])]
+    else:
+        index = [n for split in header.splits for n in split]
+        index += [n for payload, escapes in substreams for n in (len(payload) // 4, len(escapes))]
     body = b"".join([MAGIC, bytes([header.version]), header.model_id, header.tables_digest,
-                     *(write_varint(v) for v in (*sizes, len(payload))), payload, escapes])
+                     *(write_varint(v) for v in (*sizes, *index)),
+                     *(part for substream in substreams for part in substream)])
     return body + checksum(body) if header.version >= 2 else body
 
 
@@ -228,11 +332,13 @@ def _verified_body(data, source):
 
 
 def unpack(data, source="<bytes>"):
-    """(Header, payload bytes, escape bytes) of a file's bytes; FormatError naming ``source``.
+    """(Header, substreams) of a file's bytes: substreams is a list of (payload bytes,
+    escape bytes) in file order; FormatError naming ``source``.
 
     Checks the magic, the version and the checksum first, then that the image
     is at most :data:`MAX_PIXELS`, that the latent shape fits the image size,
-    and that the payload is complete and of a plausible size. Whether the
+    that the splits fit the latents, and that every substream is of a
+    plausible size and they end exactly where the file does. Whether the
     model fits is the caller's check (:func:`check_model`).
     """
     data = _verified_body(bytes(data), source)
@@ -243,45 +349,84 @@ def unpack(data, source="<bytes>"):
     pos += MODEL_ID_BYTES
     digest = data[pos:pos + TABLES_DIGEST_BYTES]
     pos += TABLES_DIGEST_BYTES
-    fields = ["height", "width", "channels", "latent height", "latent width", "payload size"]
-    if version == HYPERPRIOR_VERSION:
-        fields.insert(5, "side information channels")
+    hyper = version in HYPERPRIOR_VERSIONS
     values = []
-    for what in fields:
+    for what in ["height", "width", "channels", "latent height", "latent width",
+                 *(["side information channels"] if hyper else [])]:
         value, pos = read_varint(data, pos, source, what)
         values.append(value)
     height, width, channels, latent_h, latent_w = values[:5]
-    hyper_channels, size = (values[5], values[6]) if version == HYPERPRIOR_VERSION \
-        else (0, values[5])
+    hyper_channels = values[5] if hyper else 0
     if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and 0 < channels <= MAX_CHANNELS
-            and (version != HYPERPRIOR_VERSION or 0 < hyper_channels <= MAX_CHANNELS)):
+            and (not hyper or 0 < hyper_channels <= MAX_CHANNELS)):
         raise FormatError(f"{source}: corrupt header: image {height}x{width} with "
                           f"{channels} latent channels"
-                          + (f" and {hyper_channels} side-information channels"
-                             if version == HYPERPRIOR_VERSION else ""))
+                          + (f" and {hyper_channels} side-information channels" if hyper else ""))
     if height * width > MAX_PIXELS:
         raise FormatError(f"{source}: the header claims a {height}x{width} image "
                           f"({height * width} pixels), more than the format's limit of "
                           f"{MAX_PIXELS} pixels: corrupt or not written by gdnflow")
     expected = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
-    if version == HYPERPRIOR_VERSION:
+    if hyper:
         m = SIDE_DOWNSAMPLING
         expected = (m * -(-height // (m * DOWNSAMPLING)), m * -(-width // (m * DOWNSAMPLING)))
     if (latent_h, latent_w) != expected:
         raise FormatError(f"{source}: corrupt header: a {latent_h}x{latent_w} latent for a "
                           f"{height}x{width} image (expected {expected[0]}x{expected[1]})")
-    if size % 4:
-        raise FormatError(f"{source}: corrupt header: payload size {size} is not a multiple of 4")
     header = Header(height, width, channels, latent_h, latent_w, model, digest, version,
                     hyper_channels)
-    most = max_payload_bytes(header.symbols)
+    if version in SINGLE_STREAM_VERSIONS:
+        size, pos = read_varint(data, pos, source, "payload size")
+        if size % 4:
+            raise FormatError(f"{source}: corrupt header: payload size {size} is not a "
+                              "multiple of 4")
+        check_payload_size(size, header.symbols, source)
+        if pos + size > len(data):
+            raise FormatError(f"{source}: truncated: the payload needs {size} bytes, the file "
+                              f"has {len(data) - pos} after its header ({len(data)} bytes in all)")
+        return header, [(data[pos:pos + size], data[pos + size:])]
+    splits = []
+    for shape in header.coded_shapes():
+        groups, pos = read_varint(data, pos, source, "channel groups")
+        bands, pos = read_varint(data, pos, source, "row bands")
+        splits.append(Split(groups, bands))
+        if not splits[-1].fits(shape):
+            raise FormatError(f"{source}: corrupt header: {groups} channel groups x {bands} row "
+                              f"bands of a {shape[0]}x{shape[1]}x{shape[2]} latent")
+    header = dataclasses.replace(header, splits=tuple(splits))
+    symbols = header.substream_symbols()
+    if 2 * len(symbols) > len(data) - pos:      # two varints of index at least, per substream
+        raise FormatError(f"{source}: corrupt header: {len(symbols)} substreams in a file of "
+                          f"{len(data)} bytes")
+    sizes = []
+    for k, count in enumerate(symbols):
+        words, pos = read_varint(data, pos, source, f"substream {k}'s payload size")
+        escapes, pos = read_varint(data, pos, source, f"substream {k}'s escape size")
+        check_payload_size(4 * words, count, source, f"substream {k}: ")
+        if escapes > count * _MAX_ESCAPE_BYTES_PER_SYMBOL:
+            raise FormatError(f"{source}: corrupt substream index: substream {k} has {escapes} "
+                              f"escape bytes for {count} latents")
+        sizes.append((4 * words, escapes))
+    total = sum(a + b for a, b in sizes)
+    if total > len(data) - pos:
+        raise FormatError(f"{source}: truncated: the substreams need {total} bytes, the file "
+                          f"has {len(data) - pos} after its header ({len(data)} bytes in all)")
+    if total < len(data) - pos:
+        raise FormatError(f"{source}: {len(data) - pos - total} unexpected byte(s) after the "
+                          "coded data (another file appended, or a corrupt substream index?)")
+    substreams = []
+    for payload, escapes in sizes:
+        substreams.append((data[pos:pos + payload], data[pos + payload:pos + payload + escapes]))
+        pos += payload + escapes
+    return header, substreams
+
+
+def check_payload_size(size, symbols, source, what=""):
+    """FormatError unless ``size`` payload bytes are plausible for ``symbols`` latents."""
+    most = max_payload_bytes(symbols)
     if size > most:
-        raise FormatError(f"{source}: corrupt header: a payload of {size} bytes for "
-                          f"{header.symbols} latents (at most {most})")
-    if pos + size > len(data):
-        raise FormatError(f"{source}: truncated: the payload needs {size} bytes, the file has "
-                          f"{len(data) - pos} after its header ({len(data)} bytes in all)")
-    return header, data[pos:pos + size], data[pos + size:]
+        raise FormatError(f"{source}: corrupt header: {what}a payload of {size} bytes for "
+                          f"{symbols} latents (at most {most})")
 
 
 def max_payload_bytes(symbols):
@@ -379,126 +524,3 @@ class BitReader:
         if left >= 8 or (left and self.read(left)):
             raise FormatError(f"{self.source}: {left // 8} unexpected byte(s) after the "
                               "coded data (another file appended, or a corrupt payload?)")
-
-
-# ---------------------------------------------------- entropy coding --
-def categorical_model(probabilities):
-    """A constriction categorical model that codes with exactly ``probabilities``.
-
-    ``perfect=True`` makes constriction choose the KL-optimal 24-bit
-    quantisation of the probabilities; gdnflow's are multiples of 2^-16 (each
-    >= 2^-16), which 24 bits represent exactly, so that optimum is the table
-    itself: the coder codes with exactly the tables' frequencies, whatever
-    constriction's heuristics (its "fast" quantiser shifts them slightly).
-    """
-    return _constriction().stream.model.Categorical(probabilities, perfect=True)
-
-
-def _models(tables):
-    """One constriction categorical model per channel of factorized ``tables``."""
-    return [categorical_model(tables.probabilities(c)) for c in range(tables.channels)]
-
-
-def _constriction():
-    try:
-        # local import: on first use; a missing one is a CodecError that says so
-        import constriction
-    except ImportError:
-        raise CodecError("the codec needs the constriction package (pip install "
-                         "constriction)") from None
-    return constriction
-
-
-def range_encoder():
-    """A new constriction range encoder (the payload's coder)."""
-    return _constriction().stream.queue.RangeEncoder()
-
-
-def range_decoder(payload, source):
-    """A constriction range decoder over a payload's bytes; FormatError naming ``source``."""
-    words = np.frombuffer(payload, "<u4").astype(np.uint32)
-    try:
-        return _constriction().stream.queue.RangeDecoder(words)
-    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
-        raise FormatError(f"{source}: corrupt payload ({exc})") from None
-
-
-def encode_values(encoder, escapes, values, low, high, model):
-    """Code integer ``values`` (1-D) with one categorical ``model`` over [low, high] + escape.
-
-    Symbol k < L = high - low + 1 is the value low + k; symbol L, the
-    escape, stands for a value outside [low, high], whose distance past the
-    support goes to ``escapes`` (a :class:`BitWriter`) as an Elias-gamma code
-    of its zigzag number (see :mod:`gdnflow.codec.tables`).
-    """
-    symbols = values.astype(np.int64) - low
-    escape = high - low + 1
-    outside = (symbols < 0) | (symbols > escape - 1)
-    symbols[outside] = escape
-    encoder.encode(symbols.astype(np.int32), model)
-    for v in values[outside]:
-        d = int(v) - int(high if v > high else low)
-        escapes.write_gamma(2 * d - 1 if d > 0 else -2 * d)
-
-
-def decode_values(decoder, reader, count, low, high, model, source):
-    """The ``count`` values :func:`encode_values` coded (int32); escapes read from ``reader``."""
-    try:
-        # int32: values stay below MAX_SYMBOL; half the memory of int64 for large groups.
-        symbols = np.asarray(decoder.decode(model, count), np.int32)
-    except Exception as exc:    # noqa: BLE001 (constriction raises its own error types)
-        raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
-    values = symbols + low
-    for i in np.flatnonzero(symbols == high - low + 1):
-        n = reader.read_gamma()
-        value = high + (n + 1) // 2 if n % 2 else low - n // 2
-        if abs(value) >= MAX_SYMBOL:
-            raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
-        values[i] = value
-    return values
-
-
-def check_latents(q, channels, what="encode_symbols"):
-    """``q`` as an array; ValueError unless it is integer latents of shape (channels, h, w)."""
-    q = np.asarray(q)
-    if q.ndim != 3 or q.shape[0] != channels or q.dtype.kind not in "iu":
-        raise ValueError(f"{what}: expected integer latents of shape ({channels}, h, w), "
-                         f"got {q.dtype} {q.shape}")
-    return q
-
-
-def encode_channels(encoder, escapes, q, tables):
-    """Code latents ``q`` (C, h, w) channel by channel in raster order with factorized ``tables``."""
-    q = check_latents(q, tables.channels)
-    for c, model in enumerate(_models(tables)):
-        encode_values(encoder, escapes, q[c].ravel(), int(tables.low[c]), int(tables.high[c]),
-                      model)
-
-
-def decode_channels(decoder, reader, tables, latent_shape, source):
-    """The latents (C, h, w) int32 :func:`encode_channels` coded."""
-    channels, h, w = latent_shape
-    q = np.empty((channels, h * w), np.int32)
-    for c, model in enumerate(_models(tables)):
-        q[c] = decode_values(decoder, reader, h * w, int(tables.low[c]), int(tables.high[c]),
-                             model, source)
-    return q.reshape(channels, h, w)
-
-
-def encode_symbols(q, tables):
-    """Range-code integer latents ``q`` (C, h, w); returns (payload bytes, escape bytes)."""
-    encoder, escapes = range_encoder(), BitWriter()
-    encode_channels(encoder, escapes, q, tables)
-    return encoder.get_compressed().astype("<u4").tobytes(), escapes.getvalue()
-
-
-def decode_symbols(payload, escapes, tables, latent_shape, source="<bytes>"):
-    """The integer latents (C, h, w) int32 that :func:`encode_symbols` coded.
-
-    Raises FormatError if the escape bits run out, an escape is beyond
-    +-MAX_SYMBOL, or bytes are left over.
-    """
-    decoder, reader = range_decoder(payload, source), BitReader(escapes, source)
-    q = decode_channels(decoder, reader, tables, latent_shape, source)
-    reader.check_end()
-    return q

@@ -1,4 +1,4 @@
-"""Scale-hyperprior ``.gdn`` files (format version 4): side information z, then y.
+"""Scale-hyperprior ``.gdn`` files (format version 8; 4 read): side information z, then y.
 
     codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
     data = codec.compress(image)
@@ -12,13 +12,16 @@ The encoder then computes the scales from q_z exactly as the decoder will
 (:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`: integer
 arithmetic, identical on every device), takes each element's table index
 (:func:`~gdnflow.codec.gaussian_tables.scale_indexes`), and codes
-q_y = round(y) (half to even, the model's evaluation rounding) grouped by
-table: first every element of table 0 in raster order of (channel, row,
-column), then table 1's, and so on: one constriction call per table.
+q_y = round(y) (half to even, the model's evaluation rounding) block by
+block (the substreams of :mod:`gdnflow.codec.format`), each block grouped
+by table: first every element of the block with table 0 in raster order of
+(channel, row, column), then table 1's, and so on: one constriction call
+per table present.
 
-Decompression decodes q_z, recomputes the indexes, decodes each table's
-group of y and scatters it back, and runs g_s on y_hat = q_y as float32 (bit
-for bit the evaluation path's y_hat, on any device).
+Decompression decodes q_z's substreams, recomputes the indexes, decodes
+each of y's substreams table by table and scatters them back, and runs g_s
+on y_hat = q_y as float32 (bit for bit the evaluation path's y_hat, on any
+device). Version 4 files (one stream: z, then all of y by table) are read too.
 
 What differs from the model's own evaluation forward: the scales (the
 exact transform rounds weights and activations, see its module) and the
@@ -34,10 +37,13 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
-from gdnflow.codec.format import (HYPERPRIOR_VERSION, SIDE_DOWNSAMPLING, BitReader, BitWriter,
-                                  Header, categorical_model, check_latents, check_model,
-                                  decode_channels, decode_values, encode_channels,
-                                  encode_values, pack, range_decoder, range_encoder, unpack)
+from gdnflow.codec.format import (HYPERPRIOR_VERSION, SIDE_DOWNSAMPLING, Header, check_model,
+                                  pack, unpack)
+from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
+                                      decode_blocks, decode_channels, decode_factorized,
+                                      decode_substream, decode_values, encode_blocks,
+                                      encode_channels, encode_factorized, encode_substream,
+                                      encode_values, estimated_bits, factorized_split)
 from gdnflow.codec.gaussian_tables import gaussian_tables
 from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, BIAS_LIMIT, FRACTION_BITS,
                                            SUM_BITS, WEIGHT_BITS, ExactHyperSynthesis)
@@ -113,6 +119,40 @@ def table_groups(indexes):
     return order, np.concatenate([[0], np.cumsum(counts)])
 
 
+def encode_by_table(encoder, escapes, q, indexes):
+    """Code y's integer values ``q`` (any shape), each with the Gaussian table of its index
+    in ``indexes`` (same shape), grouped by table: table 0's values in raster order, then
+    table 1's, ...: one constriction call per table present."""
+    order, bounds = table_groups(indexes.ravel())
+    grouped, highs = q.ravel()[order], gaussian_tables().high
+    for k in np.flatnonzero(np.diff(bounds)):
+        encode_values(encoder, escapes, grouped[bounds[k]:bounds[k + 1]], -int(highs[k]),
+                      int(highs[k]), gaussian_models()[k])
+
+
+def decode_by_table(decoder, reader, indexes, source):
+    """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded."""
+    order, bounds = table_groups(indexes.ravel())
+    q, highs = np.empty(order.shape, np.int32), gaussian_tables().high
+    for k in np.flatnonzero(np.diff(bounds)):
+        q[order[bounds[k]:bounds[k + 1]]] = decode_values(
+            decoder, reader, int(bounds[k + 1] - bounds[k]), -int(highs[k]), int(highs[k]),
+            gaussian_models()[k], source)
+    return q.reshape(indexes.shape)
+
+
+def encode_single_stream(encoder, escapes, q_z, q, tables):
+    """Version 4's one stream: ``q_z`` channel by channel, then ``q`` grouped by table."""
+    encode_channels(encoder, escapes, q_z, tables.z)
+    encode_by_table(encoder, escapes, q, tables.indexes(q_z))
+
+
+def decode_single_stream(decoder, reader, tables, hyper_shape, source):
+    """(q_z, q) int32 of version 4's one stream (:func:`encode_single_stream`)."""
+    q_z = decode_channels(decoder, reader, tables.z, hyper_shape, 0, source)
+    return q_z, decode_by_table(decoder, reader, tables.indexes(q_z), source)
+
+
 class HyperpriorCodec(Codec):
     """A scale-hyperprior model with its coding tables: compress and decompress images.
 
@@ -120,6 +160,9 @@ class HyperpriorCodec(Codec):
     methods), for a :class:`~gdnflow.models.ScaleHyperprior`; ``tables`` is
     a :class:`HyperpriorTables`. See the module docstring for the file.
     """
+
+    #: Version 4 (one stream) and the newest (substreams).
+    versions = (4, HYPERPRIOR_VERSION)
 
     @staticmethod
     def build_tables(model):
@@ -161,17 +204,20 @@ class HyperpriorCodec(Codec):
             raise ValueError(f"HyperpriorCodec.encode_latents: a {height}x{width} image has "
                              f"latents of {sides[0]}x{sides[1]} and side information of "
                              f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
-        encoder, escapes = range_encoder(), BitWriter()
-        encode_channels(encoder, escapes, q_z, tables.z)
-        order, bounds = table_groups(tables.indexes(q_z).ravel())
-        grouped = q.ravel()[order]
-        for k, model in enumerate(gaussian_models()):
-            high = int(tables.gaussian.high[k])
-            encode_values(encoder, escapes, grouped[bounds[k]:bounds[k + 1]], -high, high, model)
+        if self.version == HYPERPRIOR_VERSION:
+            splits = (factorized_split(q_z, tables.z, self.substream_bits),)
+            indexes = tables.indexes(q_z)
+            gaussian = tables.gaussian
+            splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
+                                    q.shape, self.substream_bits),)
+            substreams = encode_factorized(q_z, tables.z, splits[0], self.map) + encode_blocks(
+                encode_by_table, [(q[channels, rows], indexes[channels, rows])
+                                  for channels, rows in splits[1].blocks(q.shape)], self.map)
+        else:
+            splits, substreams = (), [encode_substream(encode_single_stream, (q_z, q, tables))]
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
-                        self._digest, HYPERPRIOR_VERSION, tables.hyper_channels)
-        return pack(header, encoder.get_compressed().astype("<u4").tobytes(),
-                    escapes.getvalue())
+                        self._digest, self.version, tables.hyper_channels, splits)
+        return pack(header, substreams)
 
     def compress(self, image):
         """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
@@ -181,19 +227,23 @@ class HyperpriorCodec(Codec):
 
     def decode_latents(self, data, source="<bytes>"):
         """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
-        header, payload, escapes = unpack(data, source)
+        header, substreams = unpack(data, source)
         check_model(header, self.tables, source)
         tables = self.tables
-        decoder, reader = range_decoder(payload, source), BitReader(escapes, source)
-        q_z = decode_channels(decoder, reader, tables.z, header.hyper_shape, source)
-        order, bounds = table_groups(tables.indexes(q_z).ravel())
-        y_hat = np.empty(order.shape, np.float32)
-        for k, model in enumerate(gaussian_models()):
-            high = int(tables.gaussian.high[k])
-            y_hat[order[bounds[k]:bounds[k + 1]]] = decode_values(
-                decoder, reader, int(bounds[k + 1] - bounds[k]), -high, high, model, source)
-        reader.check_end()
-        return header, y_hat.reshape(header.latent_shape)
+        if header.version != HYPERPRIOR_VERSION:
+            q = decode_substream(decode_single_stream, substreams[0],
+                                 (tables, header.hyper_shape), source)[1]
+            return header, q.astype(np.float32)
+        split_z, split_y = header.splits
+        side = split_z.groups * split_z.bands
+        q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
+                                source, self.map)
+        indexes = tables.indexes(q_z)
+        blocks = split_y.blocks(header.latent_shape)
+        parts = decode_blocks(decode_by_table, substreams[side:],
+                              [(indexes[channels, rows],) for channels, rows in blocks],
+                              source, self.map)
+        return header, assemble(header.latent_shape, blocks, parts).astype(np.float32)
 
 
 CODECS[ScaleHyperprior.name] = HyperpriorCodec

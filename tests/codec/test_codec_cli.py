@@ -100,7 +100,7 @@ def test_errors_name_the_file(checkpoint, image_files, other_model, tmp_path, ca
     cases = {
         "truncated.gdn": (data[:len(data) // 2], "truncated"),
         "magic.gdn": (b"JUNK" + data[4:], "not a gdnflow compressed image"),
-        "version.gdn": (data[:4] + b"\x07" + data[5:], "format version 7 is not supported"),
+        "version.gdn": (data[:4] + b"\x05" + data[5:], "format version 5 is not supported"),
     }
     for name, (content, message) in cases.items():
         (tmp_path / name).write_bytes(content)

@@ -50,7 +50,7 @@ def test_round_trip_equals_the_evaluation_path(model, size, tile):
     codec = codec_for(model, tile)
     assert isinstance(codec, HyperpriorCodec)
     data = codec.compress(image)
-    assert data[4] == 4                       # format version 4: a hyperprior file
+    assert data[4] == 8                       # format version 8: a hyperprior file
     header, y_hat = codec.decode_latents(data)
     y_eval, x_eval, _ = evaluation_path(model, image)
     assert header.hyper_channels == 8 and header.latent_shape == y_eval.shape
@@ -84,7 +84,7 @@ def test_file_size_is_close_to_the_estimated_rate():
     indexes = codec.tables.indexes(codec.side_information(y))
     assert np.all(np.abs(codec.quantize(y)) <= codec.tables.gaussian.high[indexes])
     data = codec.compress(image)
-    header_bits = 8 * (len(data) - len(unpack(data)[1]) - len(unpack(data)[2]))
+    header_bits = 8 * (len(data) - sum(len(p) + len(e) for p, e in unpack(data)[1]))
     estimate = evaluation_path(model, image)[2]
     assert 0 <= 8 * len(data) - header_bits - estimate <= 0.04 * estimate
 
@@ -257,14 +257,14 @@ def test_latents_of_the_wrong_shape_are_refused(model):
 
 def test_header_side_information_mismatch_is_named(model, small_image):
     codec = codec_for(model)
-    header, payload, escapes = unpack(codec.compress(small_image))
+    header, substreams = unpack(codec.compress(small_image))
     other = dataclasses.replace(header, hyper_channels=9)
     with pytest.raises(ModelMismatchError, match="x.gdn: 9 side-information channels, the model "
                        "has 8"):
-        codec.decompress(pack(other, payload, escapes), "x.gdn")
+        codec.decompress(pack(other, substreams), "x.gdn")
     with pytest.raises(FormatError, match="corrupt header: .* and 5000 side-information"):
-        codec.decompress(pack(dataclasses.replace(header, hyper_channels=5000), payload,
-                              escapes), "x.gdn")
+        codec.decompress(pack(dataclasses.replace(header, hyper_channels=5000), substreams),
+                         "x.gdn")
 
 
 def test_mismatched_models_are_refused(model, small_image):
