@@ -120,17 +120,24 @@ class OnnxModule(Module):
         if steered:
             raise OnnxImportError(f"{source}: {'; '.join(steered)}")
         read_at_forward = {name for step in self._nodes for name in step.inputs}
+        # A weight folded through Identity (how exporters write a tied weight) is
+        # the same array under two names: one parameter. The arrays are kept
+        # alive here so that their ids stay theirs.
+        attribute_of_array = {}
         for name in [n for n in constants if n in read_at_forward or n in self.output_names]:
             if _is_weight(constants[name]):
-                self._add_parameter(name, constants.pop(name))
+                array = constants.pop(name)
+                if id(array) not in attribute_of_array:
+                    attribute_of_array[id(array)] = (array, self._add_parameter(array))
+                self._parameter_of[name] = attribute_of_array[id(array)][1]
         self._constants = constants
         self.eval()     # an imported graph is for inference, as a Keras model's is
 
-    def _add_parameter(self, name, array):
-        """ONNX value ``name`` as a (frozen) Parameter of this module."""
-        attribute = f"param{len(self._parameter_of)}"
+    def _add_parameter(self, array):
+        """``array`` as a new (frozen) Parameter of this module; its attribute name."""
+        attribute = f"param{len(set(self._parameter_of.values()))}"
         setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
-        self._parameter_of[name] = attribute
+        return attribute
 
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
