@@ -104,9 +104,7 @@ class OnnxModule(Module):
             if branch:      # the other branch's values are not needed: only this one's
                 step.keep_only(branch)
             if all(name in constants or name == "" for name in step.inputs) and step.foldable:
-                for out, value in zip(step.outputs, step.run([constants.get(n) for n in step.inputs],
-                                                             self.device)):
-                    constants[out] = value
+                run_steps([step], constants, self.device, f"{source}: ")
             else:
                 self._nodes.append(step)
         # The float weights that nodes run at forward time read (or the graph
@@ -164,10 +162,12 @@ def run_steps(steps, values, device, where=""):
     for step in steps:
         try:
             results = step.run([values.get(n) if n else None for n in step.inputs], device)
-        except OnnxImportError:
-            raise
         except Exception as exc:
-            raise type(exc)(f"{where}node {step.name} ({step.op_type}): {exc}") from exc
+            # Errors of _Node.fail name the node already; the others (as_tensor's
+            # OnnxImportError, NumPy's, the operators') do not.
+            named = f"node {step.name} ({step.op_type}): "
+            message = str(exc) if str(exc).startswith(named) else named + str(exc)
+            raise type(exc)(where + message) from exc
         for out, value in zip(step.outputs, results):
             values[out] = value
 

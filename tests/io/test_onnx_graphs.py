@@ -160,3 +160,10 @@ def test_a_weight_tied_through_identity_is_one_parameter(rng):
     x = rng.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(module(x).numpy(), 2 * x @ w, rtol=1e-5)
 
+
+def test_an_error_while_folding_at_load_names_the_file_and_node():
+    model = graph_model([node("Reshape", ["c", "s"], ["r"], name="bad_reshape"),
+                         node("Add", ["x", "r"])], {"x": (2, 3)}, {"y": None},
+                        {"c": np.ones(6, np.float32), "s": np.array([4], np.int64)}, 17)
+    with pytest.raises(ValueError, match=r"^m\.onnx: node bad_reshape \(Reshape\): cannot reshape"):
+        OnnxModule(model, device="numpy", source="m.onnx")
