@@ -104,9 +104,7 @@ class OnnxModule(Module):
             if branch:      # the other branch's values are not needed: only this one's
                 step.keep_only(branch)
             if all(name in constants or name == "" for name in step.inputs) and step.foldable:
-                for out, value in zip(step.outputs, step.run([constants.get(n) for n in step.inputs],
-                                                             self.device)):
-                    constants[out] = value
+                run_steps([step], constants, self.device, f"{source}: ")
             else:
                 self._nodes.append(step)
         # The float weights that nodes run at forward time read (or the graph
@@ -120,17 +118,24 @@ class OnnxModule(Module):
         if steered:
             raise OnnxImportError(f"{source}: {'; '.join(steered)}")
         read_at_forward = {name for step in self._nodes for name in step.inputs}
+        # A weight folded through Identity (how exporters write a tied weight) is
+        # the same array under two names: one parameter. The arrays are kept
+        # alive here so that their ids stay theirs.
+        attribute_of_array = {}
         for name in [n for n in constants if n in read_at_forward or n in self.output_names]:
             if _is_weight(constants[name]):
-                self._add_parameter(name, constants.pop(name))
+                array = constants.pop(name)
+                if id(array) not in attribute_of_array:
+                    attribute_of_array[id(array)] = (array, self._add_parameter(array))
+                self._parameter_of[name] = attribute_of_array[id(array)][1]
         self._constants = constants
         self.eval()     # an imported graph is for inference, as a Keras model's is
 
-    def _add_parameter(self, name, array):
-        """ONNX value ``name`` as a (frozen) Parameter of this module."""
-        attribute = f"param{len(self._parameter_of)}"
+    def _add_parameter(self, array):
+        """``array`` as a new (frozen) Parameter of this module; its attribute name."""
+        attribute = f"param{len(set(self._parameter_of.values()))}"
         setattr(self, attribute, Parameter(array, device=self.device, requires_grad=False))
-        self._parameter_of[name] = attribute
+        return attribute
 
     def forward(self, *inputs):
         if len(inputs) != len(self.input_names):
@@ -157,10 +162,12 @@ def run_steps(steps, values, device, where=""):
     for step in steps:
         try:
             results = step.run([values.get(n) if n else None for n in step.inputs], device)
-        except OnnxImportError:
-            raise
         except Exception as exc:
-            raise type(exc)(f"{where}node {step.name} ({step.op_type}): {exc}") from exc
+            # Errors of _Node.fail name the node already; the others (as_tensor's
+            # OnnxImportError, NumPy's, the operators') do not.
+            named = f"node {step.name} ({step.op_type}): "
+            message = str(exc) if str(exc).startswith(named) else named + str(exc)
+            raise type(exc)(where + message) from exc
         for out, value in zip(step.outputs, results):
             values[out] = value
 

@@ -8,8 +8,8 @@ GatherElements(axis)      x as [..., 1, n, ...] times the constant one-hot of
 TopK(axis, largest,       the indices by a stable sort on the host; the
 sorted)                   values gathered as GatherElements does
 ArgMax, ArgMin            NumPy on the host (integer indices, no gradient)
-ScatterElements,          NumPy on the host (no gradient)
-Scatter, GatherND
+ScatterElements,          NumPy on the host (no gradient: refused where an
+Scatter, GatherND         input requires one)
 DepthToSpace,             reshape, transpose, reshape
 SpaceToDepth
 Einsum                    NumPy's einsum on host arrays; on tensors, the
@@ -224,8 +224,9 @@ def _one_hot(node, indices, depth, values):
 HANDLERS = {
     "GatherElements": _gather_elements, "TopK": _top_k,
     "ArgMax": _arg_extremum(np.argmax), "ArgMin": _arg_extremum(np.argmin),
-    "ScatterElements": on_host(_scatter_elements), "Scatter": on_host(_scatter_elements),
-    "GatherND": on_host(_gather_nd),
+    "ScatterElements": on_host(_scatter_elements, has_gradient=True),
+    "Scatter": on_host(_scatter_elements, has_gradient=True),
+    "GatherND": on_host(_gather_nd, has_gradient=True),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth, "Trilu": _trilu,
     "Einsum": _einsum, "Range": on_host(_range), "EyeLike": on_host(_eye_like),
     "OneHot": on_host(_one_hot), "NonZero": on_host(lambda node, x: np.array(np.nonzero(x))),

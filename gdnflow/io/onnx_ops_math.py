@@ -11,8 +11,9 @@ Less(OrEqual), Greater    device tensor comes back as a constant tensor, a
 (OrEqual), Not, And, Or,  bool or integer one as a host array (a mask, which
 Xor, Bitwise*, BitShift   Where and the arithmetic take as 0/1)
 Mod(fmod)                 NumPy's mod (fmod for fmod=1) on the host, no
-                          gradient: a - b floor(a / b) would give NaN for an
-                          infinite b, where ONNX gives a
+                          gradient (refused where an input needs one): a - b
+                          floor(a / b) would give NaN for an infinite b,
+                          where ONNX gives a
 ThresholdedRelu(alpha)    x m, m = [x > alpha] (a host mask)
 Shrink(lambd, bias)       (x - bias) [x > lambd] + (x + bias) [x < -lambd]
 Swish(alpha)              x sigmoid(alpha x)
@@ -24,17 +25,24 @@ LogSoftmax, Hardmax       as Softmax (flattened to 2-D at axis before opset
 import numpy as np
 
 from gdnflow import ops
+from gdnflow.autograd import grad_enabled
 from gdnflow.io.onnx_ops import unary
 from gdnflow.io.onnx_values import host
 from gdnflow.tensor import Tensor
 
 
-def on_host(function):
+def on_host(function, has_gradient=False):
     """A handler computing ``function(node, *arrays)`` with NumPy on the inputs'
     host copies (None stays None). A float result of a device tensor becomes a
-    constant tensor on ``device`` (no gradient: the maps are piecewise constant);
-    other results stay host arrays."""
+    constant tensor on ``device`` (no gradient: right for the piecewise-constant
+    maps); other results stay host arrays. A map that ``has_gradient`` (Mod,
+    the scatters, GatherND) refuses a tensor that requires one, which the
+    constant would silently cut off."""
     def handler(node, inputs, device):
+        if has_gradient and grad_enabled() and any(
+                isinstance(v, Tensor) and v.requires_grad for v in inputs):
+            node.fail("a gradient through it (gdnflow computes it on the host, without one; "
+                      "freeze what feeds it or run under gdnflow.no_grad)")
         result = np.asarray(function(node, *[None if v is None else host(v) for v in inputs]))
         if result.dtype.kind == "f" and any(isinstance(v, Tensor) for v in inputs):
             return Tensor(result.astype(np.float32), device=device)
@@ -121,7 +129,7 @@ HANDLERS = {
     "Xor": _elementwise(np.logical_xor), "BitwiseAnd": _elementwise(np.bitwise_and),
     "BitwiseOr": _elementwise(np.bitwise_or), "BitwiseXor": _elementwise(np.bitwise_xor),
     "BitwiseNot": _elementwise(np.invert), "BitShift": on_host(_bit_shift),
-    "Mod": on_host(_mod), "ThresholdedRelu": _thresholded_relu, "Shrink": _shrink, "Swish": _swish,
+    "Mod": on_host(_mod, has_gradient=True), "ThresholdedRelu": _thresholded_relu, "Shrink": _shrink, "Swish": _swish,
     "LogSoftmax": softmax_handler(lambda x, axis: ops.log_softmax(x, axis=axis)),
     "Hardmax": softmax_handler(_hardmax),
 }

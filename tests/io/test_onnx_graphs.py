@@ -147,3 +147,23 @@ def test_info_counts_weights_computed_at_load(tmp_path):
     lines = describe(tmp_path / "fill.onnx")
     assert lines[1] == "runs in gdnflow: yes"
     assert lines[-1] == "parameters: 12 in 1 tensors (as gdnflow loads them)"
+
+
+def test_a_weight_tied_through_identity_is_one_parameter(rng):
+    """Exporters write a weight shared by two nodes as an Identity of it: one parameter."""
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    module = OnnxModule(graph_model(
+        [node("Identity", ["w"], ["w_tied"]), node("MatMul", ["x", "w"], ["a"]),
+         node("MatMul", ["x", "w_tied"], ["b"]), node("Add", ["a", "b"])],
+        {"x": (2, 4)}, {"y": None}, {"w": w}, 17), device="numpy")
+    assert len(module.state_dict()) == 1
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(module(x).numpy(), 2 * x @ w, rtol=1e-5)
+
+
+def test_an_error_while_folding_at_load_names_the_file_and_node():
+    model = graph_model([node("Reshape", ["c", "s"], ["r"], name="bad_reshape"),
+                         node("Add", ["x", "r"])], {"x": (2, 3)}, {"y": None},
+                        {"c": np.ones(6, np.float32), "s": np.array([4], np.int64)}, 17)
+    with pytest.raises(ValueError, match=r"^m\.onnx: node bad_reshape \(Reshape\): cannot reshape"):
+        OnnxModule(model, device="numpy", source="m.onnx")

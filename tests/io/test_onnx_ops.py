@@ -427,3 +427,27 @@ def test_light_model_with_random_weights_matches_onnxruntime(name, rng):
     got = OnnxModule(model, device="numpy", source=name)(x).numpy()
     assert np.ptp(expected) > 1e-3 * np.max(np.abs(expected))      # not a constant output
     assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+# name: (node, constant initializers)
+HOST_OPERATORS_OF_DATA = {
+    "Mod": (node("Mod", ["x", "d"], fmod=1), {"d": np.float32(0.7)}),
+    "GatherND": (node("GatherND", ["x", "i"]), {"i": np.array([[1], [0]], np.int64)}),
+    "ScatterElements": (node("ScatterElements", ["x", "i", "u"]),
+                        {"i": np.array([[1, 0, 1]], np.int64), "u": np.ones((1, 3), np.float32)}),
+}
+
+
+@pytest.mark.parametrize("op_node, constants", HOST_OPERATORS_OF_DATA.values(),
+                         ids=HOST_OPERATORS_OF_DATA.keys())
+def test_host_operators_with_a_gradient_refuse_data_that_needs_one(op_node, constants, rng):
+    """Their result depends on x (unlike Floor's, Sign's), so computed on the host it would
+    cut x's gradient off: refused, naming the node, where x requires one; run otherwise."""
+    model = graph_model([op_node, node("Add", ["y0", "x"])], {"x": (2, 3)}, {"y": None},
+                        constants, 16)
+    model.graph.node[0].output[0] = "y0"
+    module = OnnxModule(model, device="numpy")
+    x = rng.standard_normal((2, 3))
+    assert module(x.astype(np.float32)).shape == (2, 3)
+    with pytest.raises(OnnxImportError, match=rf"node .* \({op_node.op_type}\): a gradient"):
+        module(gf.tensor(x, device="numpy", requires_grad=True))

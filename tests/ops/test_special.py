@@ -67,3 +67,15 @@ def test_gradient(name, rng):
 def test_cuda_matches_numpy(name, shape, rng):
     fn, _, sample = SPECIAL[name]
     assert_backends_match(fn, [sample(rng, shape)], rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_numpy_at_the_edges_of_the_domains():
+    """asin, acos outside [-1, 1] and acosh below 1 give NaN, atanh +-inf at +-1, as NumPy."""
+    x = np.array([-2.0, -1.0, 0.5, 1.0, 2.0], np.float32)
+    for name in ("asin", "acos", "acosh", "atanh"):
+        fn = SPECIAL[name][0]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            expected = fn(gf.tensor(x, device="numpy")).numpy()
+        got = fn(gf.tensor(x, device="cuda")).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=name)
