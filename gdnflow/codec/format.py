@@ -393,11 +393,14 @@ def unpack(data, source="<bytes>"):
         if not splits[-1].fits(shape):
             raise FormatError(f"{source}: corrupt header: {groups} channel groups x {bands} row "
                               f"bands of a {shape[0]}x{shape[1]}x{shape[2]} latent")
+    # Two varints of index at least per substream: checked before the blocks are listed
+    # (G x B of them, up to 2^24 from a header of a few bytes).
+    count = sum(split.groups * split.bands for split in splits)
+    if 2 * count > len(data) - pos:
+        raise FormatError(f"{source}: corrupt header: {count} substreams in a file of "
+                          f"{len(data)} bytes")
     header = dataclasses.replace(header, splits=tuple(splits))
     symbols = header.substream_symbols()
-    if 2 * len(symbols) > len(data) - pos:      # two varints of index at least, per substream
-        raise FormatError(f"{source}: corrupt header: {len(symbols)} substreams in a file of "
-                          f"{len(data)} bytes")
     sizes = []
     for k, count in enumerate(symbols):
         words, pos = read_varint(data, pos, source, f"substream {k}'s payload size")
