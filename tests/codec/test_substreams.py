@@ -108,6 +108,13 @@ def test_writers_refuse_versions_of_the_other_model(model, hyperprior):
         codec_for(hyperprior).__class__(hyperprior, version=7)
 
 
+@pytest.mark.parametrize("bits", [0, -64, float("nan")])
+def test_a_substream_size_that_is_not_positive_is_refused(model, bits):
+    with pytest.raises(ValueError, match=r"^Codec: substream_bits must be a positive number of "
+                                         rf"bits, got {bits!r}"):
+        Codec(model, substream_bits=bits)
+
+
 def forged(data, index):
     """``data`` with its substream index replaced by ``index`` (a list of integers) and its
     checksum recomputed: a file whose writer lied about the substreams' sizes."""
