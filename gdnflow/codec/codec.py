@@ -153,6 +153,9 @@ class Codec:
                              f"{self.versions}, got {version!r}")
         #: Runs the substreams' coding: the builtin map, or the executor's.
         self.map = map if executor is None else executor.map
+        if not substream_bits > 0:      # also NaN
+            raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
+                             f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]

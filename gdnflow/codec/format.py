@@ -37,7 +37,8 @@ values outside the support as the escape symbol, their distance past it in
 the block's escape bits, in the same order). How the encoder chooses G and B
 (about one substream per 2 KiB of payload, each costing about 5 bytes) is
 :mod:`gdnflow.codec.substreams`'s business: readers take any split that fits.
-A header is 30 to 45 bytes plus 2 to 4 a substream; bpp counts the whole file.
+The header is 32 to 46 bytes before the index, which takes 2 to 4 a substream
+(at the encoder's substream sizes), and the checksum 4; bpp counts the whole file.
 
 A decoder with many lanes (a GPU's threads) maps onto this layout as follows:
 read the index, take the prefix sums of the substreams' sizes (each
@@ -56,11 +57,13 @@ Readers check the magic and the version, then the checksum BEFORE anything
 else: a file changed anywhere after its version byte (any single flipped
 bit, any burst of up to 32 bits) is refused as corrupted, never decoded
 to another image nor blamed on another model. Then the image size against
-:data:`MAX_PIXELS` (before anything is allocated), the model and tables
-(:func:`check_model`), that the sizes agree with each other and are
-plausible, that the split fits the latents, that each substream's sizes
-are plausible for its block, that the substreams end exactly where the file
-does, and that each substream's escape bits end where its index says.
+:data:`MAX_PIXELS` (before anything is allocated), that the sizes agree
+with each other and are plausible, that the split fits the latents, that
+the file is long enough for the substream count's index (before the blocks
+are listed), that each substream's sizes are plausible for its block, that
+the substreams end exactly where the file does; then the model and tables
+(:func:`check_model`), and while decoding, that each substream's escape
+bits end where its index says.
 
 Version 8 is the scale hyperprior's file (:mod:`gdnflow.codec.hyperprior`):
 version 7's layout with one more varint after the latent width, the side
@@ -393,11 +396,14 @@ def unpack(data, source="<bytes>"):
         if not splits[-1].fits(shape):
             raise FormatError(f"{source}: corrupt header: {groups} channel groups x {bands} row "
                               f"bands of a {shape[0]}x{shape[1]}x{shape[2]} latent")
+    # Two varints of index at least per substream: checked before the blocks are listed
+    # (G x B of them, up to 2^24 from a header of a few bytes).
+    count = sum(split.groups * split.bands for split in splits)
+    if 2 * count > len(data) - pos:
+        raise FormatError(f"{source}: corrupt header: {count} substreams in a file of "
+                          f"{len(data)} bytes")
     header = dataclasses.replace(header, splits=tuple(splits))
     symbols = header.substream_symbols()
-    if 2 * len(symbols) > len(data) - pos:      # two varints of index at least, per substream
-        raise FormatError(f"{source}: corrupt header: {len(symbols)} substreams in a file of "
-                          f"{len(data)} bytes")
     sizes = []
     for k, count in enumerate(symbols):
         words, pos = read_varint(data, pos, source, f"substream {k}'s payload size")

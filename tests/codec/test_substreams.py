@@ -1,6 +1,7 @@
 """Latents in independent substreams (format versions 7 and 8): the split recorded in
 the header, the same latents as the one-stream coder, in any executor, every size, and a
 forged substream index refused naming the file."""
+import tracemalloc
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
@@ -107,6 +108,13 @@ def test_writers_refuse_versions_of_the_other_model(model, hyperprior):
         codec_for(hyperprior).__class__(hyperprior, version=7)
 
 
+@pytest.mark.parametrize("bits", [0, -64, float("nan")])
+def test_a_substream_size_that_is_not_positive_is_refused(model, bits):
+    with pytest.raises(ValueError, match=r"^Codec: substream_bits must be a positive number of "
+                                         rf"bits, got {bits!r}"):
+        Codec(model, substream_bits=bits)
+
+
 def forged(data, index):
     """``data`` with its substream index replaced by ``index`` (a list of integers) and its
     checksum recomputed: a file whose writer lied about the substreams' sizes."""
@@ -168,3 +176,21 @@ def test_a_split_that_does_not_fit_the_latents_is_refused(model, image):
         with pytest.raises(F.FormatError, match=rf"^x\.gdn: corrupt header: {groups} channel "
                                                 rf"groups x {bands} row bands"):
             codec.decompress(with_split(data, groups, bands), "x.gdn")
+
+
+def test_a_split_bomb_is_refused_before_its_blocks_are_listed():
+    """A small file (valid checksum) whose split claims 1024 x 1024 substreams of a
+    4096-channel latent: refused from the substream count and the file's length, without
+    listing a million blocks (that took seconds and hundreds of MB)."""
+    sizes = (65536, 16, 4096, 4096, 1, 1024, 1024)
+    body = F.MAGIC + bytes([F.FORMAT_VERSION]) + bytes(F.MODEL_ID_BYTES) + \
+        bytes(F.TABLES_DIGEST_BYTES) + b"".join(F.write_varint(v) for v in sizes) + bytes(64)
+    tracemalloc.start()
+    try:
+        with pytest.raises(F.FormatError, match=r"^bomb\.gdn: corrupt header: 1048576 "
+                                                r"substreams in a file of"):
+            F.unpack(body + F.checksum(body), "bomb.gdn")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
