@@ -18,12 +18,13 @@ import atexit
 import contextlib
 import threading
 import time
+import weakref
 
 import nccl.bindings.nccl as nccl_api
 import pycuda.driver as drv
 
-from gdnflow import step_state
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.graphs import CudaGraphError, capturing_graph
 from gdnflow.distributed.errors import DistributedError
 
 _DTYPES = {"float32": nccl_api.DataType.Float32, "float64": nccl_api.DataType.Float64}
@@ -47,6 +48,7 @@ class Communicator:
                                    f"failed: {exc} (NCCL_DEBUG=INFO says more)") from exc
         self.error = None
         self._pending = []      # (time queued, event recorded after a collective, what)
+        self._graphs = weakref.WeakSet()    # CUDA graphs that captured a collective
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="gdnflow-nccl-watchdog",
@@ -61,7 +63,10 @@ class Communicator:
 
         ``ncclCommDestroy`` waits for the collectives in flight, which never end
         when this rank leaves on a peer's failure: then the communicator is
-        aborted instead, so that the process exits.
+        aborted instead, so that the process exits. Both also wait until every
+        CUDA graph that captured one of its collectives is destroyed (NCCL
+        counts them), forever if a compiled step still holds one at exit: those
+        graphs are closed first, and can no longer replay.
         """
         if self._stop.is_set():
             return
@@ -71,6 +76,9 @@ class Communicator:
             with self._lock:
                 in_flight = any(not done.query() for _, done, _ in self._pending)
             in_flight = in_flight or not self.runtime.stream.is_done()   # replayed graphs too
+            for graph in list(self._graphs):
+                with contextlib.suppress(CudaGraphError):
+                    graph.close()
             with contextlib.suppress(nccl_api.NCCLError):
                 (nccl_api.comm_abort if in_flight else nccl_api.comm_destroy)(self.comm)
 
@@ -96,7 +104,10 @@ class Communicator:
             function(*arguments, self.comm, stream.handle)
         except nccl_api.NCCLError as exc:
             raise DistributedError(f"rank {self.rank}: NCCL {what} failed: {exc}") from exc
-        if not step_state.capturing():      # a captured collective runs at each replay, unwatched
+        graph = capturing_graph()
+        if graph is not None:               # it runs at each replay, unwatched
+            self._graphs.add(graph)
+        else:
             done = drv.Event()
             done.record(stream)
             with self._lock:

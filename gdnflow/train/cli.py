@@ -23,7 +23,7 @@ from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
 from gdnflow.train.launch import train
-from gdnflow.train.spawn import check_gpus, find_mpiexec, gpu_count, spawn
+from gdnflow.train.spawn import check_gpus, find_mpiexec, gpu_count, rank_command, spawn
 from gdnflow.train.trainer import TrainConfig
 
 
@@ -165,7 +165,7 @@ def start_gpus(config, gpus):
                          f"numpy, or no usable GPU): start {gpus} processes with "
                          f"mpirun -np {gpus} gdnflow train ... instead")
     check_gpus(gpus, gpu_count())
-    return spawn(sys.argv[1:], gpus, find_mpiexec())
+    return spawn(rank_command(sys.argv[1:]), gpus, find_mpiexec())
 
 
 def add_train_parser(subparsers):

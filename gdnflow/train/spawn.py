@@ -2,7 +2,8 @@
 
 The launcher checks that the host has N GPUs, then starts the ranks:
 through ``mpiexec -n N`` when an MPI launcher is installed (next to the
-Python interpreter, as the ``mpich`` wheel puts it, or on PATH), else itself,
+Python interpreter, as the ``mpich`` wheel puts it, or on PATH) and mpi4py
+can be imported, else itself,
 setting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for
 :func:`gdnflow.distributed.init`. Each rank runs the same ``gdnflow train``
 command line (``--gpus N`` included: inside a world of N ranks it starts
@@ -51,7 +52,17 @@ def check_gpus(requested, available):
 
 
 def find_mpiexec():
-    """The path of ``mpiexec`` next to the Python interpreter or on PATH, or None."""
+    """The path of ``mpiexec`` next to the Python interpreter or on PATH, or None.
+
+    None also where mpi4py cannot be imported: ranks that mpiexec starts join
+    their world through mpi4py, so without it the launcher starts them itself
+    (an MPI installed for other programs, say an Open MPI that refuses to run
+    as root, is then left alone).
+    """
+    try:
+        import mpi4py   # noqa: F401  local import: only whether it can be imported matters
+    except ImportError:
+        return None
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
@@ -70,25 +81,29 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launches(argv, ranks, mpiexec):
-    """[(command, environment)] of the processes to start for ``ranks`` ranks of ``argv``."""
+def launches(command, ranks, mpiexec):
+    """[(command line, environment)] of the processes to start for ``ranks`` ranks of
+    ``command`` (one rank's command line, such as :func:`rank_command`'s)."""
     if mpiexec:
-        return [([mpiexec, "-n", str(ranks), *rank_command(argv)], dict(os.environ))]
+        return [([mpiexec, "-n", str(ranks), *command], dict(os.environ))]
     common = {**os.environ, "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks),
               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return [(rank_command(argv), {**common, "RANK": str(r), "LOCAL_RANK": str(r)})
+    return [(list(command), {**common, "RANK": str(r), "LOCAL_RANK": str(r)})
             for r in range(ranks)]
 
 
-def spawn(argv, ranks, mpiexec=None, log=print):
-    """Run ``ranks`` ranks of ``gdnflow argv`` on this host; return the exit status.
+def spawn(command, ranks, mpiexec=None, log=print):
+    """Run ``ranks`` ranks of ``command`` on this host; return the exit status.
 
+    ``command`` is one rank's command line: ``rank_command(argv)`` for
+    ``gdnflow argv`` (what ``gdnflow train --gpus N`` runs), or any program
+    that calls :func:`gdnflow.distributed.init` (a benchmark's ranks).
     0 when every rank succeeded; a stopped run's 128 + signal; otherwise the
     first failing rank's status (a rank killed by a signal is reported by
     ``log``, as it could not say so itself).
     """
-    processes = [subprocess.Popen(command, env=env, start_new_session=True)
-                 for command, env in launches(argv, ranks, mpiexec)]
+    processes = [subprocess.Popen(line, env=env, start_new_session=True)
+                 for line, env in launches(command, ranks, mpiexec)]
 
     def forward(signum, frame):
         for process in processes:
@@ -126,4 +141,4 @@ def _wait(processes, log):
     return next((code for code in codes if code), 0)
 
 
-__all__ = ["spawn", "gpu_count", "check_gpus", "find_mpiexec", "launches"]
+__all__ = ["spawn", "rank_command", "gpu_count", "check_gpus", "find_mpiexec", "launches"]

@@ -126,3 +126,30 @@ def test_a_silent_rank_is_named_after_the_timeout(launcher):
     assert code != 0
     assert "rank 0: " in output and "rank 1 did not answer" in output, output
     assert seconds < 20             # not the 60 s rank 1 sleeps
+
+
+def _gpus():
+    from gdnflow.train.spawn import gpu_count     # local import: PyCUDA is optional
+    return gpu_count()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs (the NCCL path across processes)")
+def test_two_gpus_train_like_one_gpu_with_their_global_batch(tmp_path):
+    # NCCL between two processes on two GPUs, started as --gpus 2 starts them (the TCP
+    # store), eager and captured; every run must also exit (a communicator is destroyed
+    # only after the graphs that captured its collectives: the compiled step holds one).
+    results = {}
+    for ranks, mode in ((1, "eager"), (2, "eager"), (2, "captured")):
+        out = tmp_path / f"{ranks}-{mode}.npz"
+        code, output, _ = run("store", ranks, "train", 16, 50, out, "cuda", mode, timeout_s=180)
+        assert code == 0, output
+        results[ranks, mode] = np.load(out)
+    one = results[1, "eager"]
+    assert one["losses"][-1] < 0.7 * one["losses"][0]      # it learns
+    for two in (results[2, "eager"], results[2, "captured"]):
+        # The GPU's convolutions sum a batch of 8 in another order than one of 16.
+        np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-5)
+        for name in one.files:
+            atol = LEARNING_RATE if name.endswith("gamma") else 1e-4
+            np.testing.assert_allclose(two[name], one[name], rtol=0, atol=atol, err_msg=name)

@@ -56,3 +56,21 @@ def test_data_parallel_over_nccl_trains_like_the_model(compiled):
     for name in plain:
         # An average over one rank is the gradient itself (ncclAvg of one value).
         np.testing.assert_allclose(wrapped[name], plain[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_closing_a_communicator_closes_the_graphs_that_captured_its_collectives_first():
+    # NCCL's destroy (and abort) wait until every graph that captured one of the
+    # communicator's collectives is destroyed: at exit, a compiled step still holds its graph.
+    from gdnflow.backends.cuda.graphs import CudaGraph
+    from gdnflow.distributed.nccl import Communicator
+    from gdnflow.distributed.transport import SingleProcess
+    communicator = Communicator(SingleProcess(), rank=0, size=1, timeout=30)
+    values = np.random.default_rng(1).standard_normal(1001).astype(np.float32)
+    t = gf.tensor(values, device="cuda")
+    graph = CudaGraph()
+    graph.capture(lambda: communicator.all_reduce(t.data, "sum", stream=None))
+    graph.replay()
+    np.testing.assert_array_equal(t.numpy(), values)     # a world of one: the sum is the value
+    assert graph.captured
+    communicator.close()
+    assert not graph.captured

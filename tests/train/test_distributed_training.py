@@ -155,10 +155,11 @@ def test_sigterm_stops_every_rank_and_rank_0_saves(shared_image_folder, tmp_path
 def test_the_gpus_launcher_s_own_spawner_starts_the_same_run(shared_image_folder, one_process,
                                                             tmp_path, monkeypatch):
     # What --gpus 2 does without mpiexec (RANK, WORLD_SIZE, ... and the TCP store), on NumPy.
-    from gdnflow.train.spawn import spawn
+    from gdnflow.train.spawn import rank_command, spawn
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     out = tmp_path / "run"
-    assert spawn(train_args(shared_image_folder, out), 2, mpiexec=None, log=print) == 0
+    command = rank_command(train_args(shared_image_folder, out))
+    assert spawn(command, 2, mpiexec=None, log=print) == 0
     assert_same_run(out, one_process)
 
 
@@ -171,3 +172,16 @@ def test_gpus_are_counted_before_anything_starts(tmp_path):
     assert done.returncode == 1
     assert "on NumPy" in done.stderr and "mpirun -np 2 gdnflow train" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_gpus_launcher_uses_mpiexec_only_where_mpi4py_imports():
+    # An mpiexec installed for other programs must not start ranks that cannot join
+    # through mpi4py (an Open MPI as root even refuses to start them).
+    probe = ("import sys\n{}from gdnflow.train.spawn import find_mpiexec\n"
+             "print(find_mpiexec())")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for block, expected in (("sys.modules['mpi4py'] = None\n", "None"), ("", MPIEXEC)):
+        done = subprocess.run([sys.executable, "-c", probe.format(block)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected

@@ -28,6 +28,7 @@ workspace during capture.
 """
 import ctypes
 import functools
+import threading
 
 from gdnflow.backends.cuda.runtime import get_runtime
 from gdnflow.errors import GdnflowError
@@ -49,6 +50,18 @@ GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1
 
 _MODES = {"global": CAPTURE_MODE_GLOBAL, "thread_local": CAPTURE_MODE_THREAD_LOCAL,
           "relaxed": CAPTURE_MODE_RELAXED}
+#: The CudaGraph whose capture runs in this thread (``.graph``; captures do not nest).
+_capture = threading.local()
+
+
+def capturing_graph():
+    """The :class:`CudaGraph` whose :meth:`~CudaGraph.capture` is running in this thread, or None.
+
+    For libraries whose captured work outlives the capture: NCCL keeps its
+    communicator until every graph that captured one of its collectives is
+    destroyed, so :mod:`gdnflow.distributed.nccl` notes those graphs here.
+    """
+    return getattr(_capture, "graph", None)
 
 
 class CudaGraphError(GdnflowError, RuntimeError):
@@ -164,6 +177,7 @@ class CudaGraph:
                                  "(captures do not nest)")
         check("cuStreamBeginCapture_v2", lib.cuStreamBeginCapture_v2(stream, _MODES[mode]))
         graph = ctypes.c_void_p()
+        _capture.graph = self
         try:
             result = fn()
         except BaseException as exc:
@@ -175,6 +189,8 @@ class CudaGraph:
                          "allocate device memory, synchronise, or copy from pageable host "
                          "memory)")
             raise
+        finally:
+            _capture.graph = None
         check("cuStreamEndCapture", lib.cuStreamEndCapture(stream, ctypes.byref(graph)))
         if not graph.value:
             raise CudaGraphError("cuStreamEndCapture returned no graph: the capture was "
