@@ -24,7 +24,9 @@ from pathlib import Path
 from PIL import Image
 
 from gdnflow.codec.codec import Codec, find_checkpoint, read_header, read_image
-from gdnflow.codec.evaluate import evaluate, image_bytes, markdown_table, quality_metrics
+from gdnflow.codec.eval_report import markdown_table
+from gdnflow.codec.evaluate import evaluate, image_bytes
+from gdnflow.codec.references import REFERENCE_CODECS, quality_metrics
 from gdnflow.codec.format import CodecError
 from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint, shipped_folders
 from gdnflow.commandline import add_max_pixels_option, command_parser, run
@@ -121,11 +123,14 @@ def cmd_decompress(args):
 
 
 def cmd_eval(args):
-    """Evaluate checkpoints against JPEG on a folder of images; print the table, write the files."""
+    """Evaluate checkpoints against the reference codecs on a folder of images; print the
+    tables, write the files."""
     for checkpoint in args.checkpoint:
         require_checkpoint(checkpoint, "gdnflow eval")
     out = args.out if args.out is not None else unused_folder(Path("runs") / "eval")
-    results = evaluate(args.checkpoint, args.data, out, args.device, args.force)
+    results = evaluate(args.checkpoint, args.data, out, args.device, args.force,
+                       log=(lambda line: None) if args.quiet else None,
+                       references=args.references, progress=not args.quiet)
     print()
     print(markdown_table(results), end="")
     print(f"\nwritten: {Path(out) / 'eval.md'}, eval.json, rd.png and files/")
@@ -192,10 +197,12 @@ def add_codec_parsers(subparsers):
     decompress.set_defaults(run=cmd_decompress)
 
     evaluation = subparsers.add_parser(
-        "eval", help="rate-distortion of codec checkpoints against JPEG on a folder of images",
+        "eval", help="rate-distortion of codec checkpoints against JPEG, WebP and JPEG 2000, "
+        "with BD-rates",
         description="Compress every image of a folder with each checkpoint; report bpp from the "
-        "real files, PSNR and MS-SSIM, and JPEG's PSNR and MS-SSIM at the same rates; write a "
-        "markdown table, a JSON file and a rate-distortion plot.")
+        "real files, PSNR and MS-SSIM, encode and decode time, and the reference codecs' PSNR "
+        "and MS-SSIM at the same rates; the BD-rate of each model architecture against each "
+        "reference codec; write markdown tables, a JSON file and a rate-distortion plot.")
     evaluation.add_argument("--checkpoint", nargs="+", required=True, metavar="CKPT",
                             help="one or more codec checkpoints to compare")
     evaluation.add_argument("--data", required=True, metavar="DIR", help="folder of images")
@@ -203,6 +210,12 @@ def add_codec_parsers(subparsers):
                             help="folder for eval.md, eval.json, rd.png, the .gdn files and their "
                             "decodings (default: runs/eval, or runs/eval-2, -3, ... if taken)")
     evaluation.add_argument("--force", action="store_true", help="overwrite earlier results")
+    evaluation.add_argument("--references", nargs="+", metavar="CODEC",
+                            default=list(REFERENCE_CODECS), choices=list(REFERENCE_CODECS),
+                            help="reference codecs to compare with (default: all of "
+                            f"{', '.join(REFERENCE_CODECS)}; quote 'JPEG 2000')")
+    evaluation.add_argument("--quiet", action="store_true",
+                            help="no progress bar and no line per image (the tables still print)")
     add_max_pixels_option(evaluation)
     _device_option(evaluation)
     evaluation.set_defaults(run=cmd_eval)

@@ -16,6 +16,7 @@ mpiexec, which does the same). When a rank it started itself ends with an
 error, the others (told by the rank's failure notice) get ``GRACE`` seconds
 to stop before they are terminated.
 """
+import importlib.util
 import os
 import shutil
 import signal
@@ -59,9 +60,7 @@ def find_mpiexec():
     (an MPI installed for other programs, say an Open MPI that refuses to run
     as root, is then left alone).
     """
-    try:
-        import mpi4py   # noqa: F401  local import: only whether it can be imported matters
-    except ImportError:
+    if importlib.util.find_spec("mpi4py") is None:
         return None
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():

@@ -11,7 +11,7 @@ from PIL import Image
 
 from gdnflow.codec import Codec, read_image
 from gdnflow.codec.cli import main
-from gdnflow.codec.evaluate import JpegReference
+from gdnflow.codec.references import JPEG, RateSweep
 
 
 def run(*argv):
@@ -124,17 +124,17 @@ def test_errors_name_the_file(checkpoint, image_files, other_model, tmp_path, ca
 
 
 def test_jpeg_bracketing_on_a_tiny_image(small_image):
-    reference = JpegReference(small_image)
-    low, high = reference.bpp[50], reference.bpp[60]
+    reference = RateSweep(small_image, JPEG)
+    low, high = reference.bpp(50), reference.bpp(60)
     target = 0.5 * (low + high)
     q_low, q_high = reference.bracket(target)
-    assert reference.bpp[q_low] < target <= reference.bpp[q_high] and q_high == q_low + 1
+    assert reference.bpp(q_low) < target <= reference.bpp(q_high) and q_high == q_low + 1
     at = reference.at_rate(target)
     a, b = reference.point(q_low), reference.point(q_high)
     assert min(a["psnr"], b["psnr"]) <= at["psnr"] <= max(a["psnr"], b["psnr"])
     assert math.isnan(at["ms_ssim"])               # 40x56 is too small for MS-SSIM
-    assert reference.at_rate(0.5 * reference.bpp[1]) is None      # below quality 1
-    assert reference.at_rate(2 * reference.bpp[100]) is None      # above quality 100
+    assert reference.at_rate(0.5 * reference.bpp(1)) is None      # below quality 1
+    assert reference.at_rate(2 * reference.bpp(100)) is None      # above quality 100
 
 
 def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, capsys):
@@ -143,6 +143,7 @@ def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, cap
                "--out", out, "--device", "numpy") == 0
     printed = capsys.readouterr().out
     assert "| odd.png | model (factorized_prior, lambda 0.01) |" in printed and "**mean of 2**" in printed
+    assert "| factorized_prior | 1 | WebP | — (the tested curve needs at least 2 points" in printed
     results = json.loads((out / "eval.json").read_text())
     for row in results["rows"]:
         path = out / "files" / "model" / (row["image"] + ".gdn")
@@ -150,7 +151,8 @@ def test_eval_writes_table_plot_and_files(checkpoint, image_files, tmp_path, cap
             read_image(image_files["png"].parent / row["image"]).shape[:2])
     assert (out / "eval.md").read_text().startswith("| image |")
     assert (out / "rd.png").read_bytes()[:4] == b"\x89PNG"
-    assert results["jpeg_curve"]
+    assert set(results["reference_curves"]) == {"JPEG", "WebP", "JPEG 2000"}
+    assert all(results["reference_curves"].values())
     # A second run refuses to overwrite the results without --force.
     assert run("eval", "--checkpoint", checkpoint, "--data", image_files["png"].parent,
                "--out", out, "--device", "numpy") == 1
@@ -207,5 +209,5 @@ def test_eval_names_a_runs_checkpoint_by_its_folder(model, small_image, tmp_path
     assert results["means"][0]["model"] == "q3 (factorized_prior, quality 3, lambda 0.0067)"
     assert (tmp_path / "out" / "files" / "q3" / "tiny.png.gdn").is_file()
     # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
-    assert results["rows"][0]["jpeg"] is None and "out of JPEG's range" in (
+    assert results["rows"][0]["references"]["JPEG"] is None and "out of JPEG's range" in (
         tmp_path / "out" / "eval.md").read_text()
