@@ -1,35 +1,28 @@
-"""The helpers gdnflow's pictures share (gdnflow.plots): ticks, labels, a panel's frame."""
-import math
+"""gdnflow.plots: figures that need no display, rendered to RGB PNG bytes."""
+import io
+import subprocess
+import sys
 
-import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from gdnflow import plots
 
 
-def test_nice_ticks_are_round_and_cover_the_range():
-    assert plots.nice_ticks(0, 10) == [0, 2, 4, 6, 8, 10]
-    assert plots.nice_ticks(0.13, 0.91) == pytest.approx([0.2, 0.4, 0.6, 0.8])
-    ticks = plots.nice_ticks(27.3, 31.9)
-    assert ticks[0] >= 27.3 and ticks[-1] <= 31.9 and 3 <= len(ticks) <= 6
-    steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
-    assert len(steps) == 1 and steps.pop() in (0.5, 1.0, 2.0)
-    assert plots.nice_ticks(3.0, 3.0) == [3.0]
-    assert plots.nice_ticks(0, math.inf) == [] and plots.nice_ticks(math.nan, 1) == []
+def test_a_figure_renders_to_an_rgb_png_of_its_size():
+    figure = plots.new_figure(4, 3, dpi=50)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.plot([0, 1, 2], [1, 0, 1], color="red", linewidth=5)
+    with Image.open(io.BytesIO(plots.png_bytes(figure))) as image:
+        assert image.format == "PNG" and image.mode == "RGB" and image.size == (200, 150)
+        colours = {colour for _, colour in image.getcolors(maxcolors=200 * 150)}
+    assert (255, 255, 255) in colours                       # the background
+    assert any(r > 200 and g < 60 and b < 60 for r, g, b in colours)    # the red line
 
 
-def test_tick_labels():
-    assert plots.tick_label(0.123456) == "0.123"
-    assert plots.tick_label(29.5) == "29.5"
-    assert plots.tick_label(123456) == "1.23e+05"
-
-
-def test_frame_draws_inside_the_panel_and_returns_the_plot_area():
-    image = Image.new("RGB", (300, 200), "white")
-    area = plots.frame(ImageDraw.Draw(image), (100, 0), (200, 200), "title", plots.default_font())
-    assert area == (100 + plots.MARGIN_L, plots.MARGIN_T, 300 - plots.MARGIN_R,
-                    200 - plots.MARGIN_B)
-    left, top, right, bottom = area
-    assert image.getpixel((left, top)) == (120, 120, 120)      # the frame's corner
-    assert image.getpixel(((left + right) // 2, (top + bottom) // 2)) == (255, 255, 255)
-    assert image.crop((0, 0, 100, 200)).getcolors() == [(100 * 200, (255, 255, 255))]
+def test_matplotlib_is_loaded_by_the_first_figure_only_and_leaves_the_backend_alone():
+    probe = ("import sys, gdnflow.plots as p, gdnflow.train.plots, gdnflow.codec.eval_report\n"
+             "assert 'matplotlib' not in sys.modules\n"
+             "p.png_bytes(p.new_figure(1, 1))\n"
+             "assert 'matplotlib.pyplot' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,13 +1,13 @@
 """What ``gdnflow eval`` writes from its results: the markdown tables and the rate-distortion plot.
 
 The results are :func:`gdnflow.codec.evaluate.evaluate`'s dict (``eval.json``).
-The plot is drawn by matplotlib (through its Agg canvas, so no display and no
-global backend is touched), imported on first use.
+The plot is drawn by matplotlib (:mod:`gdnflow.plots`: no display, no global
+backend touched, imported on first use).
 """
-import io
 import math
 
 from gdnflow.codec.bd_rate import ms_ssim_db
+from gdnflow.plots import new_figure, png_bytes
 
 
 def _number(value, digits, signed=False):
@@ -84,13 +84,10 @@ def plot_rate_distortion(results):
     architecture's checkpoints joined in order of rate (colours, labelled
     points).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # local import: plotting only
-    from matplotlib.figure import Figure                         # local import: plotting only
     panels = [("psnr", "PSNR (dB)")]
     if any(math.isfinite(m["ms_ssim"]) for m in results["means"]):
         panels.append(("ms_ssim", "MS-SSIM (dB), -10 log10(1 - MS-SSIM)"))
-    figure = Figure(figsize=(6.2 * len(panels), 4.6), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(6.2 * len(panels), 4.6, dpi=110)
     styles = [("0.15", "--", "s"), ("0.45", "-.", "^"), ("0.65", ":", "D")]
     for index, (key, label) in enumerate(panels):
         axes = figure.add_subplot(1, len(panels), index + 1)
@@ -111,9 +108,7 @@ def plot_rate_distortion(results):
         axes.legend(loc="lower right", fontsize="small")
     figure.suptitle(f"gdnflow eval: mean over {len(results['images'])} image"
                     f"{'' if len(results['images']) == 1 else 's'}")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return png_bytes(figure)
 
 
 __all__ = ["markdown_table", "plot_rate_distortion"]

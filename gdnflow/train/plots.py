@@ -1,20 +1,19 @@
-"""Pictures of a training run, drawn with Pillow's ImageDraw (no plotting library).
+"""Pictures of a training run.
 
-``plot_curves``: one panel per quantity (loss, bpp, PSNR) against the step:
+``plot_curves``: one panel per quantity (loss, bpp, PSNR) against the step,
+drawn by matplotlib (its Agg canvas: no display, no global backend):
 training values (thin, light: per step; thick: a moving average) and
 evaluations (dots). ``plot_reconstructions``: originals beside their
-reconstructions, captioned with rate and PSNR.
+reconstructions, captioned with rate and PSNR (composed with Pillow).
 """
 import math
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
-from gdnflow.io.files import atomic_output
-from gdnflow.plots import MARGIN_L, default_font, frame, nice_ticks, tick_label
+from gdnflow.io.files import atomic_output, write_bytes_atomic
+from gdnflow.plots import new_figure, png_bytes
 
-PANEL_W, PANEL_H = 560, 300
-TRAIN_LIGHT, TRAIN_DARK, EVAL = (170, 190, 225), (30, 80, 170), (210, 60, 40)
 PANELS = (("loss", "rate-distortion loss"), ("bpp", "rate (bits per pixel)"), ("psnr", "PSNR (dB)"))
 
 
@@ -32,74 +31,58 @@ def _moving_average(values, window):
     return np.convolve(padded, np.ones(window) / window, mode="valid")
 
 
-def _panel(draw, origin, title, train, evals, font):
-    """One panel: axes, ticks, the training curve and the evaluation dots."""
-    ox = origin[0]
-    left, top, right, bottom = frame(draw, origin, (PANEL_W, PANEL_H), title, font)
-    points = [(s, v) for s, v in train if math.isfinite(v)] + \
-             [(s, v) for s, v in evals if math.isfinite(v)]
-    if not points:
-        draw.text((left + 10, top + 10), "no data", fill=(120, 120, 120), font=font)
+def _panel(axes, title, train, evals):
+    """One panel: the training curve, its moving average and the evaluation dots."""
+    train = [(s, v) for s, v in train if math.isfinite(v)]
+    evals = [(s, v) for s, v in evals if math.isfinite(v)]
+    axes.set_title(title, fontsize="medium")
+    axes.set_xlabel("step")
+    axes.grid(True, color="0.9")
+    if not train and not evals:
+        axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes)
         return
-    steps = [s for s, _ in points]
-    values = np.array([v for _, v in points])
+    if train:
+        steps, values = np.array(train).T
+        axes.plot(steps, values, color="#aabee1", linewidth=0.8)
+        smooth = _moving_average(values, max(len(values) // 50, 1))
+        axes.plot(steps, smooth, color="#1e50aa", linewidth=2, label="training (moving average)")
+    if evals:
+        steps, values = np.array(evals).T
+        axes.plot(steps, values, "o", color="#d23c28", markersize=4,
+                  label="evaluation (rounded latents, full images)")
+    values = np.array([v for _, v in train + evals])
     # Robust vertical range: early steps of a run are far off; clip to the 2-98% span.
-    low, high = np.percentile(values, [2, 98]) if len(values) > 20 else (values.min(), values.max())
-    if high <= low:
-        low, high = low - 0.5, high + 0.5
-    pad = 0.05 * (high - low)
-    low, high = low - pad, high + pad
-    s_low, s_high = min(steps), max(max(steps), min(steps) + 1)
-
-    def xy(step, value):
-        x = left + (step - s_low) / (s_high - s_low) * (right - left)
-        v = min(max(value, low), high)
-        return x, bottom - (v - low) / (high - low) * (bottom - top)
-
-    for tick in nice_ticks(low, high):
-        _, y = xy(s_low, tick)
-        draw.line([left, y, right, y], fill=(232, 232, 232))
-        draw.text((ox + 6, y - 7), tick_label(tick), fill=(60, 60, 60), font=font)
-    for tick in nice_ticks(s_low, s_high):
-        x, _ = xy(tick, low)
-        draw.line([x, bottom, x, bottom + 4], fill=(120, 120, 120))
-        draw.text((x - 12, bottom + 8), f"{int(tick)}", fill=(60, 60, 60), font=font)
-    draw.text((right - 30, bottom + 22), "step", fill=(60, 60, 60), font=font)
-    finite = [(s, v) for s, v in train if math.isfinite(v)]
-    if len(finite) > 1:
-        draw.line([xy(s, v) for s, v in finite], fill=TRAIN_LIGHT, width=1)
-        smooth = _moving_average(np.array([v for _, v in finite]), max(len(finite) // 50, 1))
-        draw.line([xy(s, v) for (s, _), v in zip(finite, smooth)], fill=TRAIN_DARK, width=2)
-    elif finite:
-        x, y = xy(*finite[0])
-        draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=TRAIN_DARK)
-    for s, v in evals:
-        if math.isfinite(v):
-            x, y = xy(s, v)
-            draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=EVAL)
+    if len(values) > 20:
+        low, high = np.percentile(values, [2, 98])
+        pad = 0.05 * (high - low) or 0.5
+        axes.set_ylim(low - pad, high + pad)
 
 
 def plot_curves(history, eval_history, path):
     """Draw loss, bpp and PSNR against the step into the PNG ``path``; returns the path.
 
     ``history``: records with ``step`` and the three quantities (training);
-    ``eval_history``: the same for evaluations (drawn as dots).
+    ``eval_history``: the same for evaluations (drawn as dots). The picture
+    is written atomically.
     """
-    font = default_font()
-    image = Image.new("RGB", (PANEL_W * len(PANELS), PANEL_H + 24), "white")
-    draw = ImageDraw.Draw(image)
+    figure = new_figure(5.2 * len(PANELS), 3.4)
     for i, (key, title) in enumerate(PANELS):
-        train = [(r["step"], float(r[key])) for r in history if key in r]
-        evals = [(r["step"], float(r[key])) for r in eval_history if key in r]
-        _panel(draw, (i * PANEL_W, 0), title, train, evals, font)
-    legend_y = PANEL_H + 4
-    draw.line([MARGIN_L, legend_y + 8, MARGIN_L + 24, legend_y + 8], fill=TRAIN_DARK, width=2)
-    draw.text((MARGIN_L + 30, legend_y), "training (moving average)", fill=(0, 0, 0), font=font)
-    draw.ellipse([MARGIN_L + 236, legend_y + 4, MARGIN_L + 244, legend_y + 12], fill=EVAL)
-    draw.text((MARGIN_L + 250, legend_y), "evaluation (rounded latents, full images)",
-              fill=(0, 0, 0), font=font)
-    _save_png(image, path)
+        axes = figure.add_subplot(1, len(PANELS), i + 1)
+        _panel(axes, title, [(r["step"], float(r[key])) for r in history if key in r],
+               [(r["step"], float(r[key])) for r in eval_history if key in r])
+    handles, labels = figure.axes[0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
+    write_bytes_atomic(path, png_bytes(figure), overwrite=True)
     return path
+
+
+def _font():
+    """Pillow's default font at 13 pixels (Pillow >= 10.1), else its fixed default font."""
+    try:
+        return ImageFont.load_default(size=13)      # Pillow >= 10.1: a scalable default
+    except TypeError:
+        return ImageFont.load_default()
 
 
 def _to_pil(array, max_side, min_side):
@@ -125,7 +108,7 @@ def plot_reconstructions(items, path, max_side=384, min_side=192):
     with pixel values in [0, 1]. Large images are shrunk to ``max_side``
     pixels, small ones enlarged by whole pixels toward ``min_side``.
     """
-    font = default_font()
+    font = _font()
     rows = [(name, _to_pil(a, max_side, min_side), _to_pil(b, max_side, min_side), bpp, quality)
             for name, a, b, bpp, quality in items]
     caption, gap, column = 40, 10, 250      # two caption lines; columns wide enough for them
