@@ -1,6 +1,7 @@
 """gdnflow: train and run GDN image codecs, run CNNs imported from ONNX or Keras, and
 check operator plugins.
 
+    gdnflow demo              fine-tune a shipped codec briefly, code two unseen photos beside JPEG and WebP
     gdnflow info              what gdnflow sees: version, devices, operators, CUDA sources
     gdnflow info --include    the folder of gdnflow_common.cuh, for nvcc -I
     gdnflow info FILE         what a checkpoint, Keras or ONNX file holds
@@ -10,7 +11,7 @@ check operator plugins.
     gdnflow bench             MobileNetV2 and VGG16 inference: gdnflow against PyTorch
     gdnflow compress IMAGE... compress images to .gdn files with a codec checkpoint (gdnflow.codec)
     gdnflow decompress FILE.. decode .gdn files to images (finds the checkpoint by model id)
-    gdnflow eval              codec checkpoints against JPEG on a folder: table, JSON, RD plot
+    gdnflow eval              codec checkpoints against JPEG, WebP, JPEG 2000: tables, BD-rates, RD plot
     gdnflow prune MODEL.h5    magnitude pruning of a checkpoint's convolutions (gdnflow.sparse)
     gdnflow plugins           installed operator plugins: loaded? operators? does the CUDA compile?
     gdnflow plugin-check NAME gradient (and CUDA-against-NumPy) check of a plugin's operators
@@ -33,6 +34,7 @@ from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache
 from gdnflow.backends.cuda.sources import resolve, source_dir
 from gdnflow.backends.cuda.variant_journal import journaled_variants
 from gdnflow.codec.cli import add_codec_parsers
+from gdnflow.demo import add_demo_parser
 from gdnflow.commandline import CommandParser, command_parser, nonnegative_int, positive_int, run
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 from gdnflow.inference_bench import add_bench_parser
@@ -273,6 +275,7 @@ def build_parser():
     info.add_argument("--include", action="store_true", help="print only the folder holding "
                       "gdnflow_common.cuh (nvcc -I\"$(gdnflow info --include)\" my.cu)")
     info.set_defaults(run=cmd_info)
+    add_demo_parser(sub)
     add_train_parser(sub)
     listing = sub.add_parser("plugins", help="list installed operator plugins, their operators, "
                              "whether their CUDA sources compile and their kernel argument "

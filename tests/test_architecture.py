@@ -31,7 +31,7 @@ LAYERS = (
     ("models", "optim", "inference", "step", "distributed"),
     ("io", "data", "plots", "commandline"),
     ("plugins", "sparse"),
-    ("codec", "train", "classify", "benchmarking", "inference_bench"),
+    ("codec", "train", "classify", "benchmarking", "inference_bench", "demo"),
     ("cli", "__main__"),
 )
 #: What ``import gdnflow`` must leave unloaded until it is used.
