@@ -45,6 +45,7 @@ from gdnflow import registry
 from gdnflow.backends import default_device
 from gdnflow.io import (onnx_control, onnx_ops, onnx_ops_core, onnx_ops_index, onnx_ops_math,
                         onnx_ops_quant, onnx_ops_reduce, onnx_ops_rnn)
+from gdnflow.io.onnx_opsets import version_problems
 from gdnflow.io.onnx_support import unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, is_host
 from gdnflow.nn.module import Module, Parameter
@@ -84,8 +85,8 @@ class OnnxModule(Module):
         self.device = device or default_device()
         self.source = source
         graph = model.graph
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        problems = unsupported(graph)
+        self.opset = model_opset(model)
+        problems = unsupported(graph, self.opset)
         if problems:
             raise OnnxImportError(f"{source}: {problems}")
         initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -172,14 +173,23 @@ def run_steps(steps, values, device, where=""):
             values[out] = value
 
 
-def unsupported(graph):
-    """What of ``graph`` (an ONNX GraphProto) gdnflow cannot run, as one line; "" if nothing.
+def model_opset(model):
+    """The opset of the default ONNX domain that ``model`` (a ModelProto) imports
+    (1, ONNX's first, where it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def unsupported(graph, opset):
+    """What of ``graph`` (an ONNX GraphProto of a model of ``opset``) gdnflow cannot
+    run, as one line; "" if nothing.
 
     Every unsupported operator, those inside subgraphs (If branches, Loop and
     Scan bodies) included and named by their subgraph; the quantisation
-    operators of a quantised graph, in a line of their own; and every node's
-    attribute, value or extra output that :mod:`gdnflow.io.onnx_support` does
-    not list as runnable.
+    operators of a quantised graph, in a line of their own; every node whose
+    form is not its version's in ``opset`` (:mod:`gdnflow.io.onnx_opsets`:
+    an operator the opset lacks, a form older than opset 7, an attribute or
+    input its version does not take); and every node's attribute, value or
+    extra output that :mod:`gdnflow.io.onnx_support` does not list as runnable.
     """
     from onnx import helper     # local import: onnx is optional, loaded on first use
     missing, quantised, features = {}, {}, []
@@ -194,7 +204,9 @@ def unsupported(graph):
             missing.setdefault(node.op_type, []).append(label)
         else:
             attributes = {a.name: _decoded(helper.get_attribute_value(a)) for a in node.attribute}
-            found = unsupported_features(node.op_type, attributes, list(node.output))
+            found = version_problems(node.op_type, opset, list(attributes), len(node.input))
+            if not found:
+                found = unsupported_features(node.op_type, attributes, list(node.output))
             if found:
                 features.append(f"node {where}{_node_name(node)} ({node.op_type}): "
                                 f"{', '.join(found)} is not supported")

@@ -313,6 +313,13 @@ def _resize(node, inputs, device):
         factors[axis] = value / x.shape[axis] if sizes is not None else value
         if sizes is not None:
             out_sizes[axis] = value
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None and policy != "stretch":
+        # Opset 18: one scale for every resized axis, the smallest (not_larger) or the
+        # largest (not_smaller) of sizes / input sizes; the sizes rounded half up from it.
+        scale = (min if policy == "not_larger" else max)(factors[a] for a in axes)
+        for axis in axes:
+            factors[axis], out_sizes[axis] = scale, int(scale * x.shape[axis] + 0.5)
     mode = node.attr("mode", "nearest")
     # Before opset 11 (and in Upsample) sampling is asymmetric, nearest rounding down.
     coordinates = (node.attr("coordinate_transformation_mode", "half_pixel") if node.opset >= 11
