@@ -18,7 +18,8 @@ all known at import time are folded then, once; a Shape of an activation
 (known only at run time when the input has a symbolic dimension) is read off
 the tensor, with no kernel launched for any of it.
 
-Supported (opset 7 and later, float32 tensors): ``HANDLERS`` lists every
+Supported (opsets 7 to 21, and later ones where their operators kept a form
+gdnflow reads; float32 tensors): ``HANDLERS`` lists every
 operator, composed from gdnflow's operators (forward and backward on both
 backends, or NumPy on the host for the piecewise-constant and integer ones)
 by family: :mod:`gdnflow.io.onnx_ops_core` (convolution, Gemm, arithmetic,
@@ -29,10 +30,15 @@ normalisations, Resize), :mod:`gdnflow.io.onnx_ops_math`,
 (If, Loop) and :mod:`gdnflow.io.onnx_ops_quant` (DequantizeLinear of weights;
 quantised graphs are refused in one line); and nodes of custom domains whose
 op type a registered (plugin) operator declares (see :func:`custom_operator`).
-Dropout's mask output is all true. Attributes, values and outputs outside
-gdnflow's operators (ceil_mode pooling, non-constant padding modes, SAME
-padding of a transposed convolution, attributes of opsets before 7...:
-:mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
+Each node takes the form of its operator's version in the model's opset
+(``node.opset``: Softmax flattens to 2-D before opset 13, Squeeze's axes are
+an input from 13...), and a node whose form is not its version's (an
+operator the opset lacks, an attribute or input its version does not take, a
+form older than opset 7) is refused at load, naming the version
+(:mod:`gdnflow.io.onnx_opsets`). Dropout's mask output is all true.
+Attributes, values and outputs outside gdnflow's operators (ceil_mode
+pooling, non-constant padding modes, SAME padding of a transposed
+convolution...: :mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
 with unsupported operators, those inside subgraphs (If, Loop, Scan) included,
 in one :class:`OnnxImportError` naming each node; so is an If or Loop steered
 by float data. What depends on the input (1-D and 3-D activations) is

@@ -24,6 +24,9 @@ import functools
 
 #: The oldest opset whose operator forms gdnflow reads.
 FIRST_OPSET = 7
+#: The newest opset whose forms tests/io/test_onnx_opsets.py checks (later ones run
+#: where their operators kept a form gdnflow reads).
+LAST_CHECKED_OPSET = 21
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +45,7 @@ def version(op_type, opset):
     return None if found is None else found.since_version
 
 
-def versions(op_type, first=FIRST_OPSET, last=21):
+def versions(op_type, first=FIRST_OPSET, last=LAST_CHECKED_OPSET):
     """{version: the first opset in ``first``..``last`` that selects it} of ``op_type``."""
     found = {}
     for opset in range(first, last + 1):
@@ -67,14 +70,17 @@ def version_problems(op_type, opset, attribute_names, input_count):
     name = f"{op_type}-{found.since_version}"
     successor = version(op_type, FIRST_OPSET)
     if found.since_version != successor and found.since_version < FIRST_OPSET:
-        return [f"{name} (the form of opsets {found.since_version} to {successor - 1}; gdnflow "
-                f"reads the forms of opset {FIRST_OPSET} and later: convert the model with "
-                "onnx.version_converter)"]
+        span = (f"opset {found.since_version}" if found.since_version == successor - 1
+                else f"opsets {found.since_version} to {successor - 1}")
+        return [f"{name} (the form of {span}; gdnflow reads the forms of opset {FIRST_OPSET} "
+                "and later: convert the model with onnx.version_converter)"]
     problems = [f"attribute {a} (not one of {name}'s, opset {opset})"
                 for a in attribute_names if a not in found.attributes]
-    if input_count > _most_inputs(found):
-        problems.append(f"{input_count} inputs ({name}, opset {opset}, takes at most "
-                        f"{_most_inputs(found)})")
+    least, most = _input_counts(found)
+    if not least <= input_count <= most:
+        bound = f"at least {least}" if input_count < least else f"at most {most}"
+        problems.append(f"{input_count} input{'s' if input_count != 1 else ''} ({name}, opset "
+                        f"{opset}, takes {bound})")
     return problems
 
 
@@ -83,10 +89,12 @@ def _first_opset(op_type):
     return next((opset for opset in range(1, 100) if schema(op_type, opset) is not None), None)
 
 
-def _most_inputs(found):
-    """How many inputs a schema takes at most (variadic: unbounded)."""
+def _input_counts(found):
+    """(the fewest, the most) inputs a schema takes: up to its last required one; all,
+    or unbounded after a variadic one (whose own count onnx's checker sees to)."""
     from onnx import defs     # local import: onnx is optional, loaded on first use
-    variadic = defs.OpSchema.FormalParameterOption.Variadic
-    if any(p.option == variadic for p in found.inputs):
-        return 10 ** 6
-    return len(found.inputs)
+    options = [p.option for p in found.inputs]
+    single = defs.OpSchema.FormalParameterOption.Single
+    least = max((i + 1 for i, option in enumerate(options) if option == single), default=0)
+    variadic = defs.OpSchema.FormalParameterOption.Variadic in options
+    return least, (10 ** 6 if variadic else len(options))
