@@ -65,8 +65,8 @@ def version_problems(op_type, opset, attribute_names, input_count):
     found = schema(op_type, opset)
     if found is None:
         first = _first_opset(op_type)
-        return [f"{op_type} in opset {opset} " + (
-            f"(ONNX added it in opset {first})" if first else "(the onnx package has no schema of it)")]
+        since = f"ONNX added it in opset {first}" if first else "the onnx package lacks it"
+        return [f"{op_type} in opset {opset} ({since})"]
     name = f"{op_type}-{found.since_version}"
     successor = version(op_type, FIRST_OPSET)
     if found.since_version != successor and found.since_version < FIRST_OPSET:

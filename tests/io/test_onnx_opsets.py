@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper, version_converter  # noqa: E402
 from gdnflow.io.onnx import HANDLERS, OnnxImportError, OnnxModule  # noqa: E402
 from gdnflow.io.onnx_opsets import versions  # noqa: E402
 from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402
-from onnx_opset_cases import Data, model_of, node, opset_cases, run_case  # noqa: E402
+from onnx_opset_cases import model_of, opset_cases, run_case  # noqa: E402
+from onnx_opset_forms import Data, node  # noqa: E402
 
 CASES = opset_cases()
 
@@ -122,8 +123,9 @@ def _converted(model, opset):
 def opset_9_graph(d):
     """Old forms: Upsample, Clip's, Slice's, Pad's, Split's and the reductions' attributes,
     Softmax flattening to 2-D at axis 1, BatchNormalization, Dropout, Gemm."""
-    nodes = [node("Conv", "x w b", "c", pads=[1, 1, 1, 1]), node("BatchNormalization", "c s o m v", "n"),
-             node("Clip", "n", "r", min=0.0, max=6.0), node("Upsample", "r up", "u", mode="nearest"),
+    nodes = [node("Conv", "x w b", "c", pads=[1, 1, 1, 1]),
+             node("BatchNormalization", "c s o m v", "n"), node("Clip", "n", "r", min=0.0, max=6.0),
+             node("Upsample", "r up", "u", mode="nearest"),
              node("MaxPool", "u", "mp", kernel_shape=[2, 2], strides=[2, 2]),
              node("Slice", "mp", "sl", starts=[0, 1], ends=[1000, -1], axes=[1, 3]),
              node("Pad", "sl", "pd", pads=[0, 0, 1, 0, 0, 0, 0, 1], value=0.5),
