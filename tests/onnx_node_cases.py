@@ -50,7 +50,6 @@ _TRAINING_DROPOUT = "Dropout in training mode: imported graphs run for inference
 _HALF_FLOATS = "float16/bfloat16 data: gdnflow computes in float32"
 _RESIZE_CROP = "Resize with tf_crop_and_resize (a region of interest): not composed"
 _RESIZE_ANTIALIAS = "Resize with antialias=1 (a widened filter when downscaling): not composed"
-_RESIZE_ASPECT = "keep_aspect_ratio_policy other than stretch"
 _NARROW_QUANTISED = "float8/4-bit/2-bit quantised data: DequantizeLinear runs 8- to 32-bit integers"
 _FLOAT_TO_INT = ("a float input cast to integers (a Loop's count from float data): float32 "
                  "inputs are device tensors, integers live only in shape arithmetic")
@@ -65,9 +64,6 @@ REFUSED_NODE_CASES = {
     **{f"test_resize_{name}": _RESIZE_ANTIALIAS for name in (
         "downsample_scales_linear_antialias", "downsample_sizes_linear_antialias",
         "downsample_scales_cubic_antialias", "downsample_sizes_cubic_antialias")},
-    **{f"test_resize_{name}": _RESIZE_ASPECT for name in (
-        "upsample_sizes_nearest_not_larger", "upsample_sizes_nearest_not_smaller",
-        "downsample_sizes_nearest_not_larger", "downsample_sizes_nearest_not_smaller")},
     **{f"test_dequantizelinear_{name}": _NARROW_QUANTISED for name in (
         "e4m3fn", "e4m3fn_float16", "e4m3fn_zero_point", "e5m2", "uint4", "int4", "uint2", "int2",
         "float4e2m1")},

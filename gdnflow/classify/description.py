@@ -5,7 +5,7 @@ from gdnflow.classify.errors import ClassifyError
 from gdnflow.classify.loading import detect_format
 from gdnflow.io import keras as keras_io
 from gdnflow.io.checkpoint import read_checkpoint_info
-from gdnflow.io.onnx import OnnxImportError, OnnxModule, unsupported
+from gdnflow.io.onnx import OnnxImportError, OnnxModule, model_opset, unsupported
 
 
 def describe(path):
@@ -103,7 +103,7 @@ def _runs_in_gdnflow(model, path):
     """("yes", the module loaded on NumPy) or ("no: why", None): every unsupported
     operator (inside subgraphs too), attribute and graph feature, as the importer
     reports them."""
-    problems = unsupported(model.graph)
+    problems = unsupported(model.graph, model_opset(model))
     if problems:
         return f"no: {problems}", None
     try:

@@ -18,7 +18,8 @@ all known at import time are folded then, once; a Shape of an activation
 (known only at run time when the input has a symbolic dimension) is read off
 the tensor, with no kernel launched for any of it.
 
-Supported (opset 7 and later, float32 tensors): ``HANDLERS`` lists every
+Supported (opsets 7 to 21, and later ones where their operators kept a form
+gdnflow reads; float32 tensors): ``HANDLERS`` lists every
 operator, composed from gdnflow's operators (forward and backward on both
 backends, or NumPy on the host for the piecewise-constant and integer ones)
 by family: :mod:`gdnflow.io.onnx_ops_core` (convolution, Gemm, arithmetic,
@@ -29,10 +30,15 @@ normalisations, Resize), :mod:`gdnflow.io.onnx_ops_math`,
 (If, Loop) and :mod:`gdnflow.io.onnx_ops_quant` (DequantizeLinear of weights;
 quantised graphs are refused in one line); and nodes of custom domains whose
 op type a registered (plugin) operator declares (see :func:`custom_operator`).
-Dropout's mask output is all true. Attributes, values and outputs outside
-gdnflow's operators (ceil_mode pooling, non-constant padding modes, SAME
-padding of a transposed convolution, attributes of opsets before 7...:
-:mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
+Each node takes the form of its operator's version in the model's opset
+(``node.opset``: Softmax flattens to 2-D before opset 13, Squeeze's axes are
+an input from 13...), and a node whose form is not its version's (an
+operator the opset lacks, an attribute or input its version does not take, a
+form older than opset 7) is refused at load, naming the version
+(:mod:`gdnflow.io.onnx_opsets`). Dropout's mask output is all true.
+Attributes, values and outputs outside gdnflow's operators (ceil_mode
+pooling, non-constant padding modes, SAME padding of a transposed
+convolution...: :mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
 with unsupported operators, those inside subgraphs (If, Loop, Scan) included,
 in one :class:`OnnxImportError` naming each node; so is an If or Loop steered
 by float data. What depends on the input (1-D and 3-D activations) is
@@ -45,6 +51,7 @@ from gdnflow import registry
 from gdnflow.backends import default_device
 from gdnflow.io import (onnx_control, onnx_ops, onnx_ops_core, onnx_ops_index, onnx_ops_math,
                         onnx_ops_quant, onnx_ops_reduce, onnx_ops_rnn)
+from gdnflow.io.onnx_opsets import version_problems
 from gdnflow.io.onnx_support import unsupported_features
 from gdnflow.io.onnx_values import OnnxImportError, as_tensor, is_host
 from gdnflow.nn.module import Module, Parameter
@@ -84,8 +91,8 @@ class OnnxModule(Module):
         self.device = device or default_device()
         self.source = source
         graph = model.graph
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        problems = unsupported(graph)
+        self.opset = model_opset(model)
+        problems = unsupported(graph, self.opset)
         if problems:
             raise OnnxImportError(f"{source}: {problems}")
         initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -172,14 +179,23 @@ def run_steps(steps, values, device, where=""):
             values[out] = value
 
 
-def unsupported(graph):
-    """What of ``graph`` (an ONNX GraphProto) gdnflow cannot run, as one line; "" if nothing.
+def model_opset(model):
+    """The opset of the default ONNX domain that ``model`` (a ModelProto) imports
+    (1, ONNX's first, where it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def unsupported(graph, opset):
+    """What of ``graph`` (an ONNX GraphProto of a model of ``opset``) gdnflow cannot
+    run, as one line; "" if nothing.
 
     Every unsupported operator, those inside subgraphs (If branches, Loop and
     Scan bodies) included and named by their subgraph; the quantisation
-    operators of a quantised graph, in a line of their own; and every node's
-    attribute, value or extra output that :mod:`gdnflow.io.onnx_support` does
-    not list as runnable.
+    operators of a quantised graph, in a line of their own; every node whose
+    form is not its version's in ``opset`` (:mod:`gdnflow.io.onnx_opsets`:
+    an operator the opset lacks, a form older than opset 7, an attribute or
+    input its version does not take); and every node's attribute, value or
+    extra output that :mod:`gdnflow.io.onnx_support` does not list as runnable.
     """
     from onnx import helper     # local import: onnx is optional, loaded on first use
     missing, quantised, features = {}, {}, []
@@ -194,7 +210,9 @@ def unsupported(graph):
             missing.setdefault(node.op_type, []).append(label)
         else:
             attributes = {a.name: _decoded(helper.get_attribute_value(a)) for a in node.attribute}
-            found = unsupported_features(node.op_type, attributes, list(node.output))
+            found = version_problems(node.op_type, opset, list(attributes), len(node.input))
+            if not found:
+                found = unsupported_features(node.op_type, attributes, list(node.output))
             if found:
                 features.append(f"node {where}{_node_name(node)} ({node.op_type}): "
                                 f"{', '.join(found)} is not supported")

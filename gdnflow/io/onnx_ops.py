@@ -192,9 +192,13 @@ def _mean(node, inputs, device):
 
 
 # ------------------------------------------------------------ reductions --
-def reduce_handler(function, axes_input_from=18):
+def reduce_handler(function, axes_input_from=18, elementwise=None):
     """A Reduce* handler: ``function(x, axes, keepdims)``; axes an attribute
-    before opset ``axes_input_from``, the optional second input from it on."""
+    before opset ``axes_input_from``, the optional second input from it on.
+    Without axes and with noop_with_empty_axes (from that opset), nothing is
+    reduced: the result is ``elementwise(x)``, the reduction's map of each
+    element (x * x for ReduceSumSquare, as onnxruntime and onnx's reference
+    compute it), or x where None."""
     def handler(node, inputs, device):
         x = inputs[0]
         if node.opset < axes_input_from:
@@ -203,7 +207,7 @@ def reduce_handler(function, axes_input_from=18):
             axes = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
         if not axes:
             if node.attr("noop_with_empty_axes", 0):
-                return x
+                return x if elementwise is None else elementwise(x)
             axes = range(x.ndim)
         return function(x, tuple(sorted({a % x.ndim for a in axes})),
                         bool(node.attr("keepdims", 1)))
@@ -213,10 +217,14 @@ def reduce_handler(function, axes_input_from=18):
 REDUCTIONS = {
     "ReduceSum": reduce_handler(ops.sum, axes_input_from=13),
     "ReduceMean": reduce_handler(ops.mean),
-    "ReduceSumSquare": reduce_handler(lambda x, axes, keep: ops.sum(x * x, axes, keep)),
-    "ReduceL1": reduce_handler(lambda x, axes, keep: ops.sum(ops.abs(x), axes, keep)),
-    "ReduceL2": reduce_handler(lambda x, axes, keep: ops.sqrt(ops.sum(x * x, axes, keep))),
-    "ReduceLogSum": reduce_handler(lambda x, axes, keep: ops.log(ops.sum(x, axes, keep))),
+    "ReduceSumSquare": reduce_handler(lambda x, axes, keep: ops.sum(x * x, axes, keep),
+                                      elementwise=lambda x: x * x),
+    "ReduceL1": reduce_handler(lambda x, axes, keep: ops.sum(ops.abs(x), axes, keep),
+                               elementwise=ops.abs),
+    "ReduceL2": reduce_handler(lambda x, axes, keep: ops.sqrt(ops.sum(x * x, axes, keep)),
+                               elementwise=ops.abs),
+    "ReduceLogSum": reduce_handler(lambda x, axes, keep: ops.log(ops.sum(x, axes, keep)),
+                                   elementwise=ops.log),
 }
 
 
@@ -313,6 +321,13 @@ def _resize(node, inputs, device):
         factors[axis] = value / x.shape[axis] if sizes is not None else value
         if sizes is not None:
             out_sizes[axis] = value
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None and policy != "stretch":
+        # Opset 18: one scale for every resized axis, the smallest (not_larger) or the
+        # largest (not_smaller) of sizes / input sizes; the sizes rounded half up from it.
+        scale = (min if policy == "not_larger" else max)(factors[a] for a in axes)
+        for axis in axes:
+            factors[axis], out_sizes[axis] = scale, int(scale * x.shape[axis] + 0.5)
     mode = node.attr("mode", "nearest")
     # Before opset 11 (and in Upsample) sampling is asymmetric, nearest rounding down.
     coordinates = (node.attr("coordinate_transformation_mode", "half_pixel") if node.opset >= 11

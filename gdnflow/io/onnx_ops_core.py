@@ -115,6 +115,16 @@ def _clip(node, inputs, device):
 def _batch_norm(node, inputs, device):
     x, scale, bias, mean, var = inputs[:5]
     t = lambda v: as_tensor(v, device)  # noqa: E731
+    if not node.attr("spatial", 1):
+        # Opsets 7 and 8, spatial=0: statistics per activation, of shape [C, D1, ...].
+        statistics = [t(v) for v in (scale, bias, mean, var)]
+        if any(tuple(v.shape) != tuple(x.shape[1:]) for v in statistics):
+            node.fail(f"spatial=0 statistics of shapes {[tuple(v.shape) for v in statistics]} "
+                      f"for an input of shape {tuple(x.shape)} (each must be the input's "
+                      "shape without the batch axis)")
+        scale, bias, mean, var = statistics
+        inverse_deviation = ops.pow(var + node.attr("epsilon", 1e-5), -0.5)
+        return (x - mean) * (inverse_deviation * scale) + bias
     return ops.batch_norm(x, t(scale), t(bias), t(mean), t(var), training=False,
                           eps=node.attr("epsilon", 1e-5))
 
@@ -139,7 +149,8 @@ def _average_pool(node, inputs, device):
 
 def _flatten(node, inputs, device):
     x = inputs[0]
-    axis = node.attr("axis", 1) % max(len(x.shape), 1) if x.shape else 0
+    axis = node.attr("axis", 1)
+    axis += len(x.shape) if axis < 0 else 0     # from -rank to rank: the rank gives [n, 1]
     shape = (int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
     return x.reshape(shape) if is_host(x) else ops.reshape(x, shape)
 
@@ -200,8 +211,8 @@ def _pad(node, inputs, device):
     else:
         pads = ints(inputs[1])
         value = scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.0
-        if len(inputs) > 3 and inputs[3] is not None:
-            node.fail("the axes input")
+        if len(inputs) > 3 and inputs[3] is not None:     # opset 18: pads of these axes only
+            pads = _pads_of_every_axis(node, pads, ints(inputs[3]), len(x.shape))
     half = len(pads) // 2
     pairs = list(zip(pads[:half], pads[half:]))
     if any(b < 0 or a < 0 for b, a in pairs):
@@ -209,12 +220,26 @@ def _pad(node, inputs, device):
     return ops.pad(x, pairs, value)
 
 
+def _pads_of_every_axis(node, pads, axes, rank):
+    """Pad's [begin..., end...] of the ``axes`` given, as pads of every axis of a
+    ``rank``-D input (0 for the others)."""
+    if len(pads) != 2 * len(axes):
+        node.fail(f"{len(pads)} pads for {len(axes)} axes (two per axis)")
+    every = [0] * (2 * rank)
+    for index, axis in enumerate(axes):
+        every[axis % rank] = pads[index]
+        every[axis % rank + rank] = pads[index + len(axes)]
+    return every
+
+
 def _dropout(node, inputs, device):
     if len(inputs) > 2 and inputs[2] is not None and bool(host(inputs[2]).reshape(())):
         node.fail("Dropout in training mode")
     if len(node.outputs) > 1 and node.outputs[1]:
-        # Inference keeps every element: the mask is all true.
-        return [inputs[0], np.ones(inputs[0].shape, dtype=np.bool_)]
+        # Inference keeps every element: the mask is all true (bool from opset 10,
+        # of the data's type before).
+        return [inputs[0], np.ones(inputs[0].shape, dtype=np.bool_ if node.opset >= 10
+                                   else np.float32)]
     return inputs[0]
 
 

@@ -53,7 +53,8 @@ def _gather_elements(node, inputs, device):
 
 
 def _top_k(node, inputs, device):
-    x, k = inputs[0], ints(inputs[1])[0]
+    x = inputs[0]
+    k = node.attr("k") if node.opset < 10 else ints(inputs[1])[0]   # an input from opset 10
     axis = node.attr("axis", -1) % x.ndim
     values = host(x)
     if node.attr("largest", 1):     # descending: negated (unsigned integers: from their maximum)

@@ -166,10 +166,15 @@ def _group_normalization(node, inputs, device):
     grouped = ops.reshape(x, (x.shape[0], groups, -1))
     y = ops.reshape(normalized(grouped, (2,), node.attr("epsilon", 1e-5))[0], x.shape)
     per_channel = (channels,) + (1,) * (x.ndim - 2)
+    # GroupNormalization-18 takes a scale and a bias per group, -21 per channel.
+    count, what = (groups, "group") if node.opset < 21 else (channels, "channel")
 
     def channel_values(value):
         value = as_tensor(value, device)
-        if value.shape[0] == groups and groups != channels:   # opset 18: one per group
+        if tuple(value.shape) != (count,):
+            node.fail(f"a scale or bias of shape {tuple(value.shape)} (opset {node.opset}: one "
+                      f"per {what}, ({count},))")
+        if count != channels:
             value = ops.broadcast_to(ops.reshape(value, (groups, 1)), (groups, channels // groups))
         return ops.reshape(value, per_channel)
     return y * channel_values(scale) + channel_values(bias)

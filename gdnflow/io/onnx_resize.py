@@ -4,7 +4,7 @@ Nearest, linear and cubic sampling are each linear in the input and separable:
 output element o of an axis of n inputs is sum_i W[o, i] x_i, W built here on
 the host from the coordinate transformation (``half_pixel``,
 ``pytorch_half_pixel``, ``half_pixel_symmetric``, ``align_corners``,
-``asymmetric``) and the mode's weights (nearest: one 1 at the rounded
+``asymmetric``, ``tf_half_pixel_for_nn``) and the mode's weights (nearest: one 1 at the rounded
 coordinate; linear: the two neighbours; cubic: four, Keys' kernel with
 ``cubic_coeff_a``, ``exclude_outside`` zeroing and renormalising those out
 of range), neighbours beyond the edge clamped to it. Each axis is then one
@@ -31,6 +31,8 @@ def _source_coordinates(mode, out_size, in_size, scale):
         return o / scale
     if mode == "pytorch_half_pixel" and out_size == 1:
         return np.zeros(1)
+    if mode == "tf_half_pixel_for_nn":       # Resize-11 only
+        return (o + 0.5) / scale
     if mode == "half_pixel_symmetric":
         adjustment = out_size / (scale * in_size)
         return in_size / 2 * (1 - adjustment) + (o + 0.5) / scale - 0.5
@@ -55,7 +57,10 @@ def interpolation_matrix(node, mode, coordinates, in_size, out_size, scale):
     x = _source_coordinates(coordinates, out_size, in_size, scale)
     rows = np.arange(out_size)[:, None]
     if mode == "nearest":
-        rounding = node.attr("nearest_mode", "round_prefer_floor") if node.opset >= 11 else "floor"
+        # Before opset 11 (Resize-10, Upsample), as onnxruntime runs them: the coordinate
+        # rounded down when upscaling, up when downscaling.
+        rounding = (node.attr("nearest_mode", "round_prefer_floor") if node.opset >= 11
+                    else "ceil" if scale < 1 else "floor")
         index = _ROUNDING[rounding](x)[:, None]
         offsets, weights = np.zeros((1,)), np.ones((out_size, 1))
     elif mode == "linear":

@@ -50,7 +50,7 @@ _CONV = {"auto_pad": _AUTO_PAD, "dilations": _pair, "group": _ANY, "kernel_shape
          "pads": _quadruple, "strides": _pair}
 _REDUCE = {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY}
 _COORDINATES = ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric", "align_corners",
-                "asymmetric")
+                "asymmetric", "tf_half_pixel_for_nn")
 _POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0), "dilations": _ones, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
 
@@ -62,7 +62,7 @@ ATTRIBUTES = {
     "Gemm": {"alpha": _ANY, "beta": _ANY, "transA": _ANY, "transB": _ANY},
     "Clip": {"min": _ANY, "max": _ANY},
     "BatchNormalization": {"epsilon": _ANY, "momentum": _ANY, "is_test": _ANY,
-                           "training_mode": _one_of(0), "spatial": _one_of(1)},
+                           "training_mode": _one_of(0), "spatial": _ANY},
     # storage_order only orders the Indices output, which is refused below.
     "MaxPool": dict(_POOL, storage_order=_ANY),
     "AveragePool": dict(_POOL, count_include_pad=_ANY),
@@ -92,7 +92,7 @@ ATTRIBUTES = {
     "Resize": {"mode": _ANY, "coordinate_transformation_mode": _one_of(*_COORDINATES),
                "nearest_mode": _ANY, "axes": _ANY, "antialias": _one_of(0),
                "cubic_coeff_a": _ANY, "exclude_outside": _ANY, "extrapolation_value": _ANY,
-               "keep_aspect_ratio_policy": _one_of("stretch")},
+               "keep_aspect_ratio_policy": _ANY},
     "Upsample": {"mode": _one_of("nearest", "linear"), "scales": _ANY},
     # gdnflow.io.onnx_ops_math
     "IsInf": {"detect_positive": _ANY, "detect_negative": _ANY}, "BitShift": {"direction": _ANY},
@@ -106,7 +106,8 @@ ATTRIBUTES = {
     "GroupNormalization": {"num_groups": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
     "RMSNormalization": {"axis": _ANY, "epsilon": _ANY, "stash_type": _one_of(1)},
     # gdnflow.io.onnx_ops_index
-    "GatherElements": {"axis": _ANY}, "TopK": {"axis": _ANY, "largest": _ANY, "sorted": _ANY},
+    "GatherElements": {"axis": _ANY}, "TopK": {"axis": _ANY, "k": _ANY, "largest": _ANY,
+                                                         "sorted": _ANY},
     "ArgMax": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
     "ArgMin": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
     "ScatterElements": {"axis": _ANY, "reduction": _ANY}, "Scatter": {"axis": _ANY},

@@ -182,9 +182,12 @@ REFUSED_AT_LOAD = {
                         (), "kernel_shape=[1, 1, 1] (2-D only)"),
     "reflect pad": ("Pad", dict(mode="reflect", pads=[0, 0, 1, 1, 0, 0, 1, 1]), None, (),
                     "mode=reflect (only constant)"),
-    "per-activation batch norm": ("BatchNormalization", dict(spatial=0), None, (), "spatial=0"),
-    "attribute of an older opset": ("Relu", dict(consumed_inputs=[0]), None, (),
-                                    "attribute consumed_inputs"),
+    "spatial batch norm attribute at opset 9": (
+        "BatchNormalization", dict(spatial=0), None, (),
+        "attribute spatial (not one of BatchNormalization-9's, opset 9)"),
+    "form of an older opset": ("Relu", dict(consumed_inputs=[0]), None, (),
+                               "Relu-1 (the form of opsets 1 to 5; gdnflow reads the forms of "
+                               "opset 7 and later: convert the model with onnx.version_converter)"),
 }
 
 

@@ -366,8 +366,9 @@ def test_prelu_slope_that_does_not_broadcast_to_the_input_is_refused():
 def test_unsupported_attribute_of_a_composed_operator_is_refused_at_load():
     model = graph_model([node("LeakyRelu", "x", name="lr", alpha=0.1)], {"x": (2, 3)}, {"y": None})
     model.graph.node[0].attribute.append(onnx.helper.make_attribute("gamma", 2.0))
-    with pytest.raises(OnnxImportError, match=r"^m: node lr \(LeakyRelu\): attribute gamma is "
-                                              r"not supported$"):
+    with pytest.raises(OnnxImportError, match=r"^m: node lr \(LeakyRelu\): attribute gamma \(not "
+                                              r"one of LeakyRelu-16's, opset 17\) is not "
+                                              r"supported$"):
         OnnxModule(model, device="numpy", source="m")
 
 
