@@ -127,7 +127,7 @@ class KerasBatchNorm(nn.BatchNorm2d):
 
 
 def _keras_broadcast(value, x, axes):
-    """``value`` (Keras' shape: the sizes of ``axes``) shaped to broadcast against ``x`` (gdnflow)."""
+    """``value`` (Keras' shape: the sizes of ``axes``) shaped to broadcast against gdnflow's x."""
     keras_shape = to_nhwc_shape(x.shape)
     shape = tuple(keras_shape[d] if d in axes else 1 for d in range(x.ndim))
     return from_nhwc(ops.reshape(value, shape))
