@@ -118,11 +118,13 @@ class KerasDense(Module):
 
 
 class KerasBatchNorm(nn.BatchNorm2d):
-    """Keras' BatchNormalization over the channels of a 4-D value, or the features of a 2-D one."""
+    """Keras' BatchNormalization over the channels of a 4-D value, or the last axis of a 2-D
+    or 3-D one (features; a sequence's steps count as samples)."""
 
     def forward(self, x):
-        if x.ndim == 2:
-            return ops.reshape(super().forward(ops.reshape(x, x.shape + (1, 1))), x.shape)
+        if x.ndim in (2, 3):
+            rows = ops.reshape(x, (-1, x.shape[-1], 1, 1))
+            return ops.reshape(super().forward(rows), x.shape)
         return super().forward(x)
 
 

@@ -146,16 +146,14 @@ class KerasBidirectional(Module):
         self.forward_layer, self.backward_layer = forward_layer, backward_layer
         self.merge_mode = merge_mode
 
-    def _direction(self, layer, x, backwards):
-        states = layer.sequence(x, backwards)
-        if layer.return_sequences:
-            return stack_steps(states)
-        return states[0] if backwards else states[-1]
-
     def forward(self, x):
-        forward_first = not self.forward_layer.go_backwards
-        y = self._direction(self.forward_layer, x, not forward_first)
-        y_reverse = self._direction(self.backward_layer, x, forward_first)
+        y, backward = self.forward_layer(x), self.backward_layer
+        states = backward.sequence(x, backward.go_backwards)
+        if backward.return_sequences:
+            # Keras flips the backward layer's output (in its running order) along time.
+            y_reverse = stack_steps(states if backward.go_backwards else states[::-1])
+        else:
+            y_reverse = states[0] if backward.go_backwards else states[-1]
         if self.merge_mode == "concat":
             return ops.concat([y, y_reverse], axis=-1)
         if self.merge_mode == "sum":
