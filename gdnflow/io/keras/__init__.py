@@ -20,32 +20,43 @@ Three kinds of file are read, with h5py alone (no TensorFlow or Keras):
   ``/layers/<class>/vars/<i>``, the layer's name in an attribute) are read
   the same way as legacy weights-only files.
 
-Layers supported in full-model files: InputLayer, Conv2D, DepthwiseConv2D,
-BatchNormalization, ReLU, Activation, Add, Concatenate, ZeroPadding2D,
-MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D,
-GlobalMaxPooling2D, Flatten, Dense, Dropout, Reshape, Softmax, Rescaling
-(scalar), and nested Functional/Sequential models; activations linear,
-relu, relu6, sigmoid, softmax. :func:`load` checks every layer first and
-reports all unsupported layer types (by class and layer name) and features
-(``channels_first``, other activations, ``padding="causal"``...) in one
-:class:`KerasImportError`, before anything runs.
+Layers supported in full-model files: InputLayer; Conv2D, DepthwiseConv2D,
+SeparableConv2D, Conv1D, Dense; BatchNormalization, LayerNormalization;
+ReLU, LeakyReLU, PReLU, ELU, Activation, Softmax; SimpleRNN, LSTM, GRU,
+Bidirectional (of those); Add, Subtract, Multiply, Average, Maximum,
+Minimum, Concatenate; ZeroPadding2D, Cropping2D, UpSampling2D (nearest,
+bilinear); MaxPooling2D, AveragePooling2D, MaxPooling1D,
+AveragePooling1D, GlobalAveragePooling2D/1D, GlobalMaxPooling2D/1D;
+Flatten, Reshape, Permute, Dropout, Rescaling (scalar), and nested
+Functional/Sequential models. Activations: those of
+:data:`gdnflow.io.keras.activations.ACTIVATIONS` (linear, relu, relu6,
+sigmoid, tanh, softmax, elu, selu, gelu, swish/silu, hard_sigmoid,
+hard_swish/hard_silu, leaky_relu, softplus, softsign, exponential, mish).
+:func:`load` checks every layer first and reports all unsupported layer
+types (by class and layer name) and features (``channels_first``, other
+activations, ``return_state``...) in one :class:`KerasImportError`,
+before anything runs.
 
 **Layout.** A :class:`KerasModel` takes and returns 4-D tensors as NCHW
 (transpose NHWC images with ``x.transpose(0, 3, 1, 2)``); kernels are
 converted to NCHW once, at import (:mod:`gdnflow.io.keras.weights`), and the
-layers keep Keras' results in that layout (:mod:`gdnflow.io.keras.layers`,
-which also states TensorFlow's "same" padding).
+layers keep Keras' results in that layout (:mod:`gdnflow.io.keras.layout`,
+which also states TensorFlow's "same" padding). Sequences stay [batch,
+time, features], as in Keras.
 
 The package's modules, lowest first: ``file`` (opening a file, its kind),
-``weights`` (reading and converting weights), ``graph`` (the model
-configuration), ``layers`` (gdnflow modules per Keras layer), ``model``
-(:class:`KerasModel`), ``applications`` (keras.applications weight files),
-``loading`` (the entry points below).
+``graph`` (the model configuration), ``weights`` (reading and converting
+weights), ``layout`` (NHWC and NCHW, "same" padding), ``activations``
+(Keras activations by name), ``layers_parametric`` and
+``layers_recurrent`` (gdnflow modules for the layers with weights),
+``layers`` (the parameterless ones, and :data:`LAYERS`, the table of all),
+``model`` (:class:`KerasModel`), ``applications`` (keras.applications
+weight files), ``loading`` (the entry points below).
 """
 from gdnflow.io.keras.applications import MOBILENET_V2_ALPHAS
 from gdnflow.io.keras.file import KerasImportError
-from gdnflow.io.keras.layers import (LAYERS, KerasBatchNorm, KerasConv2d, KerasDense,
-                                     KerasFunction)
+from gdnflow.io.keras.layers import LAYERS, KerasFunction
+from gdnflow.io.keras.layers_parametric import KerasBatchNorm, KerasConv2d, KerasDense
 from gdnflow.io.keras.loading import file_info, load, load_weights, model_from_config
 from gdnflow.io.keras.model import KerasModel
 

@@ -5,11 +5,39 @@ Keras version wrote: ``layers`` [(name, class name, config)], ``calls``
 [(layer, call index, [(input layer, node index, tensor index)])],
 ``inputs`` and ``outputs`` as (layer, node, tensor), and ``input_shapes``
 (Keras' NHWC without the batch, None where free).
+
+Where a name meant something else in Keras 2 (``keras_version`` below 3),
+the layer configs are rewritten to say what it meant: Keras 2's
+``hard_sigmoid`` (``clamp(0.2 x + 1/2, 0, 1)``, Keras 3's has slope 1/6)
+becomes ``hard_sigmoid_keras2`` in ``activation`` and
+``recurrent_activation`` (inside wrapped layers too).
 """
 from gdnflow.io.keras.file import KerasImportError
 
 #: Keras classes of (nested) models.
 MODEL_CLASSES = ("Functional", "Model", "Sequential")
+
+#: The config keys that name activations.
+_ACTIVATION_KEYS = ("activation", "recurrent_activation")
+
+
+def is_keras2(keras_version):
+    """Whether a file's ``keras_version`` attribute (a string, or None: unknown) is below 3."""
+    major = str(keras_version or "").split(".")[0]
+    return major.isdigit() and int(major) < 3
+
+
+def _keras2_names(value):
+    """A copy of a Keras 2 layer config with Keras 2's meanings spelled out (module docstring)."""
+    if isinstance(value, list):
+        return [_keras2_names(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    renamed = {key: _keras2_names(item) for key, item in value.items()}
+    for key in _ACTIVATION_KEYS:
+        if renamed.get(key) == "hard_sigmoid":
+            renamed[key] = "hard_sigmoid_keras2"
+    return renamed
 
 
 def _is_keras_tensor(value):
@@ -58,12 +86,15 @@ def _batch_shape(config):
 class Graph:
     """A Functional or Sequential configuration as layers and calls, in one form (module docstring).
 
-    ``Graph(model_config, path)``: ``model_config`` is the dict with
-    ``class_name`` and ``config``; ``path`` names the file in errors.
+    ``Graph(model_config, path, keras_version)``: ``model_config`` is the
+    dict with ``class_name`` and ``config``; ``path`` names the file in
+    errors; ``keras_version`` is the file's (None: Keras 3's meanings).
     """
 
-    def __init__(self, model_config, path):
+    def __init__(self, model_config, path, keras_version=None):
         class_name, config = model_config["class_name"], model_config["config"]
+        if is_keras2(keras_version):
+            config = _keras2_names(config)
         if isinstance(config, list):        # Keras 2.2's Sequential: the layers alone
             config = {"name": "sequential", "layers": config}
         self.name = config.get("name", "model")
@@ -102,6 +133,24 @@ class Graph:
             self.calls.append((name, 0, [(previous, 0, 0)]))
             previous = name
         self.inputs, self.outputs = [(input_name, 0, 0)], [(previous, 0, 0)]
+
+
+def wrapped_layers(config):
+    """Bidirectional's (forward, backward) layers as (class name, config) pairs.
+
+    The backward layer is the given one (Keras 3 always writes it), else
+    the forward layer's config run from the other end, named as Keras names
+    it (``backward_lstm`` for a wrapped ``lstm`` or ``forward_lstm``).
+    """
+    layer = config["layer"]
+    forward = (layer["class_name"], layer["config"])
+    given = config.get("backward_layer")
+    if given:
+        return forward, (given["class_name"], given["config"])
+    name = str(forward[1].get("name", ""))
+    backward = dict(forward[1], go_backwards=not forward[1].get("go_backwards", False),
+                    name="backward_" + name.removeprefix("forward_"))
+    return forward, (forward[0], backward)
 
 
 def layer_classes(model_config):

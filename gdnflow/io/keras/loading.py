@@ -24,9 +24,11 @@ def load(path, device=None):
         kind = file_kind(f, path)
         if kind == "model":
             config = read_model_config(f, path)
-            check_supported(config, path)
+            version = keras_version(f)
+            check_supported(config, path, version)
             weights = LegacyWeights.from_group(f["model_weights"], path)
-            model = KerasModel(config, weights, device=device, source=str(path))
+            model = KerasModel(config, weights, device=device, source=str(path),
+                               keras_version=version)
         else:
             flat = read_flat_weights(f, kind, path)
             model = application_model(flat, path, device)
@@ -66,11 +68,17 @@ def model_from_config(config, state, device=None):
     ``state`` is {dotted name: array} in gdnflow's layout, e.g. a
     checkpoint's parameters and buffers together.
     """
-    model_config = config["model_config"]
-    check_supported(model_config, "<checkpoint>")
+    model_config, version = config["model_config"], config.get("keras_version")
+    check_supported(model_config, "<checkpoint>", version)
     model = KerasModel(model_config, StateWeights(state), device=device or default_device(),
-                       source="<checkpoint>")
+                       source="<checkpoint>", keras_version=version)
     return model.eval()
+
+
+def keras_version(f):
+    """The ``keras_version`` attribute of an open full-model file (None if absent)."""
+    value = f.attrs.get("keras_version", f["model_weights"].attrs.get("keras_version"))
+    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
 
 
 def file_info(path):

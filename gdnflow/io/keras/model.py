@@ -16,12 +16,15 @@ from gdnflow.tensor import weights_changed
 from gdnflow.tensor import Tensor
 
 
-def check_supported(model_config, path):
-    """Raise KerasImportError listing every unsupported layer class and feature at once."""
+def check_supported(model_config, path, keras_version=None):
+    """Raise KerasImportError listing every unsupported layer class and feature at once.
+
+    ``keras_version`` is the file's (see :class:`gdnflow.io.keras.graph.Graph`).
+    """
     classes, features = {}, []
 
     def walk(model_config):
-        for name, class_name, config in Graph(model_config, path).layers:
+        for name, class_name, config in Graph(model_config, path, keras_version).layers:
             if class_name in MODEL_CLASSES:
                 walk({"class_name": class_name, "config": config})
             elif class_name not in LAYERS:
@@ -50,29 +53,31 @@ class KerasModel(Module):
     ``bn_Conv1.running_var``, ``inner.inner_conv.weight`` inside a nested
     model), so ``state_dict``, ``to`` and checkpoints work. ``input_shapes``
     are Keras' (NHWC without the batch, None where free); ``config`` holds
-    the Keras configuration, from which :func:`gdnflow.io.keras.model_from_config` rebuilds
-    the model.
+    the Keras configuration and the file's ``keras_version`` (Keras 2 gave
+    some names other meanings: :class:`gdnflow.io.keras.graph.Graph`), from
+    which :func:`gdnflow.io.keras.model_from_config` rebuilds the model.
     """
 
-    def __init__(self, model_config, weights, device=None, source="<model>"):
+    def __init__(self, model_config, weights, device=None, source="<model>", keras_version=None):
         super().__init__()
         self.device = device or default_device()
         self.source = source
-        graph = Graph(model_config, source)
+        graph = Graph(model_config, source, keras_version)
         self.keras_name = graph.name
         self.input_names = [name for name, _, _ in graph.inputs]
         self.input_shapes = graph.input_shapes
         self._inputs, self._outputs = graph.inputs, graph.outputs
         self.config = {"name": "keras", "keras_name": graph.name,
                        "preprocess": guess_preprocess(graph.name),
-                       "model_config": model_config}
+                       "model_config": model_config, "keras_version": keras_version}
         self._layers = {}
         for name, class_name, config in graph.layers:
             if class_name == "InputLayer":
                 continue
             if class_name in MODEL_CLASSES:
                 layer = KerasModel({"class_name": class_name, "config": config},
-                                   weights.nested(name), self.device, f"{source}: {name}")
+                                   weights.nested(name), self.device, f"{source}: {name}",
+                                   keras_version)
                 layer.config = {}       # the outer model's config holds it already
             else:
                 params = weights.layer(name, class_name, config)

@@ -1,5 +1,5 @@
-"""The layers of a Keras import (gdnflow.io.keras.layers): TensorFlow's "same" padding."""
-from gdnflow.io.keras.layers import tf_same
+"""The layout of a Keras import (gdnflow.io.keras.layout): TensorFlow's "same" padding."""
+from gdnflow.io.keras.layout import tf_same
 
 
 def test_same_padding_is_tensorflows():

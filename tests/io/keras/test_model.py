@@ -107,20 +107,20 @@ def test_unsupported_layers_and_features_are_reported_at_once(tmp_path):
     with h5py.File(path, "r+") as f:
         config = json.loads(f.attrs["model_config"])
         layers = {layer["name"]: layer for layer in config["config"]["layers"]}
-        layers["act"]["class_name"] = "PReLU"
-        layers["zpad"]["class_name"] = "LSTM"
-        layers["zpad_sym"]["class_name"] = "LSTM"
-        layers["conv_s2"]["config"]["activation"] = "tanh"
+        layers["act"]["class_name"] = "Attention"
+        layers["zpad"]["class_name"] = "ConvLSTM2D"
+        layers["zpad_sym"]["class_name"] = "ConvLSTM2D"
+        layers["conv_s2"]["config"]["activation"] = "log_softmax"
         inner = {layer["name"]: layer for layer in layers["inner"]["config"]["layers"]}
-        inner["inner_relu"]["config"]["negative_slope"] = 0.1
+        inner["inner_relu"]["config"]["threshold"] = 0.1
         f.attrs["model_config"] = json.dumps(config)
     with pytest.raises(KerasImportError) as error:
         keras.load(path)
     message = str(error.value)
-    assert message.startswith(f"{path}: unsupported Keras layers: LSTM (layers zpad, zpad_sym); "
-                              "PReLU (layers act). unsupported features: ")
-    assert "conv_s2 (Conv2D): activation 'tanh'" in message
-    assert "inner_relu (ReLU): negative_slope" in message
+    assert message.startswith(f"{path}: unsupported Keras layers: Attention (layers act); "
+                              "ConvLSTM2D (layers zpad, zpad_sym). unsupported features: ")
+    assert "conv_s2 (Conv2D): activation 'log_softmax' (supported: linear, relu" in message
+    assert "inner_relu (ReLU): threshold" in message
 
 
 @pytest.mark.parametrize("device", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
