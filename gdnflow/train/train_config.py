@@ -17,13 +17,13 @@ class TrainConfig:
     "skip"), ``workers`` (threads decoding images), ``prefetch`` (batches
     prepared ahead), ``flip`` ("horizontal", "both" or "none") and
     ``scale_range`` ((low, high): random downscaling before cropping; (1, 1):
-    none), see :class:`~gdnflow.data.augment.Augmentation`. Model: ``model`` (a name in :data:`gdnflow.models.CODEC_MODELS`),
-    ``N``, ``M``. Loss: ``lmbda``. Optimisation:
-    ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
+    none), see :class:`~gdnflow.data.augment.Augmentation`. Model: ``model``
+    (a name in :data:`gdnflow.models.CODEC_MODELS`), ``N``, ``M``. Loss:
+    ``lmbda``. Optimisation: ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
     ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
     ``precision`` of the GPU's matrix products in training and evaluation
     ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`), ``graph``
-    (True: :meth:`Trainer.run` trains through a compiled step, one CUDA graph
+    (True: :meth:`~gdnflow.train.Trainer.run` trains through a compiled step, one CUDA graph
     replayed per step on the GPU, its values read back every ``SYNC_EVERY``
     steps without stopping the GPU; False: the eager step, read back every step).
     Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
