@@ -70,6 +70,8 @@ positive_int = _checked(int, lambda v: v >= 1, "a whole number >= 1")
 nonnegative_int = _checked(int, lambda v: v >= 0, "a whole number >= 0")
 #: A fraction in [0, 1) (sparsity: 1 would remove every weight).
 fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+#: A factor in (0, 1] (how much an image is downscaled: 1 keeps its size).
+downscale_factor = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def positive_multiple_of(step):

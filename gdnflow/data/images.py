@@ -11,9 +11,15 @@ header before decoding; default Pillow's own error limit) is refused with
 Training batches are a pure function of (seed, step): sample j = step * B + b
 of the run is image ``perm_e[j mod n]`` of the epoch e = j // n, with
 ``perm_e`` a permutation drawn from (seed, e), and its crop position and
-horizontal flip are drawn from (seed, step). A batch can therefore be built
-by any thread, in any order, and a resumed run needs only its step to see
-exactly the batches of the uninterrupted one.
+horizontal flip are drawn from (seed, step) (its downscale factor and vertical
+flip, when asked for, from a second generator of (seed, step): see
+:mod:`gdnflow.data.augment`). A batch can therefore be built by any thread, in
+any order, and a resumed run needs only its step to see exactly the batches of
+the uninterrupted one.
+
+Decoded images are kept as uint8 (H, W, 3), a quarter of float32's memory (a
+corpus of 300 megapixels fits the default 2 GiB cache); each crop becomes
+float32 k / 255 on its own, the values the whole image would have given.
 
 Data-parallel training shards each batch, not the folder: every process
 draws the whole batch's plan (indices, crops, flips: no pixels) and reads
@@ -28,11 +34,13 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from gdnflow.config import settings
+from gdnflow.data.augment import HORIZONTAL, VERTICAL, Augmentation, resampled_crop, scaled_size
 from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
@@ -158,7 +166,11 @@ def load_image(path, max_pixels=None):
 
     k / 255 of :func:`read_rgb8`'s pixels; ``max_pixels`` and errors as :func:`open_image`.
     """
-    rgb = read_rgb8(path, max_pixels)
+    return rgb8_to_float(read_rgb8(path, max_pixels))
+
+
+def rgb8_to_float(rgb):
+    """uint8 (H, W, 3) pixels as float32 (3, H, W) in [0, 1]: k / 255."""
     return np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
 
 
@@ -236,6 +248,17 @@ def shard_slice(batch_size, shard):
     return slice(index * size, (index + 1) * size)
 
 
+class CropPlan(NamedTuple):
+    """One training sample: image ``index``, scaled by ``scale``, cropped at (``top``, ``left``)
+    of the scaled image, then flipped as ``flip`` says (HORIZONTAL and VERTICAL bits)."""
+
+    index: int
+    top: int
+    left: int
+    flip: int
+    scale: float = 1.0
+
+
 class ImageFolder:
     """The images of a folder (or a list of paths), as training crops and evaluation images.
 
@@ -244,10 +267,11 @@ class ImageFolder:
     :func:`sample_photos`) or a list of image paths. Images smaller than
     ``crop`` on either side are padded by reflection (``small="pad"``) or
     left out (``small="skip"``); either way one line says how many.
-    ``cache_bytes`` bounds the memory of decoded images kept for reuse
-    (least recently used are dropped; all of a small data set stays).
+    ``cache_bytes`` bounds the memory of decoded images kept for reuse, as
+    uint8 (least recently used are dropped; all of a small data set stays).
 
-    :meth:`batch` gives training batches (see the module docstring);
+    :meth:`batch` gives training batches (see the module docstring), varied
+    as an :class:`~gdnflow.data.augment.Augmentation` says;
     :meth:`evaluation_images` full images.
     """
 
@@ -301,21 +325,25 @@ class ImageFolder:
         return f"ImageFolder({self.source!r}, {len(self)} images, crop={self.crop})"
 
     # -------------------------------------------------------------- images --
-    def image(self, index):
-        """Image ``index`` as (3, H, W) float32 in [0, 1] (cached; do not modify it)."""
+    def pixels(self, index):
+        """Image ``index`` as uint8 (H, W, 3) RGB (cached; do not modify it)."""
         with self._lock:
             if index in self._cache:
                 self._cache.move_to_end(index)
                 return self._cache[index]
-        image = load_image(self.paths[index])      # decoded outside the lock: threads overlap
+        pixels = read_rgb8(self.paths[index])      # decoded outside the lock: threads overlap
         with self._lock:
-            if index not in self._cache and image.nbytes <= self._cache_limit:
-                self._cache[index] = image
-                self._cache_bytes += image.nbytes
+            if index not in self._cache and pixels.nbytes <= self._cache_limit:
+                self._cache[index] = pixels
+                self._cache_bytes += pixels.nbytes
                 while self._cache_bytes > self._cache_limit:
                     _, dropped = self._cache.popitem(last=False)
                     self._cache_bytes -= dropped.nbytes
-        return image
+        return pixels
+
+    def image(self, index):
+        """Image ``index`` as (3, H, W) float32 in [0, 1] (a new array, from :meth:`pixels`)."""
+        return rgb8_to_float(self.pixels(index))
 
     def evaluation_images(self, limit=None):
         """Yield (name, image (3, H, W) float32) for the first ``limit`` images (all if None)."""
@@ -336,37 +364,64 @@ class ImageFolder:
                 self._permutations[key] = order
         return order
 
-    def batch_plan(self, seed, step, batch_size):
-        """[(image index, top, left, flip)] of the training batch at ``step``: no pixels read."""
-        rng = np.random.default_rng([seed, 1, step])
+    def batch_plan(self, seed, step, batch_size, augmentation=None):
+        """The :class:`CropPlan` of each sample of the training batch at ``step``: no pixels read.
+
+        ``augmentation`` (default ``Augmentation()``: horizontal flips, no
+        scaling) decides the flips and scales; ``top`` and ``left`` are in the
+        scaled image.
+        """
+        augmentation = augmentation or Augmentation()
+        crops = np.random.default_rng([seed, 1, step])
+        extra = np.random.default_rng([seed, 3, step])  # scales and vertical flips
         plan = []
         for b in range(batch_size):
             j = step * batch_size + b
             index = int(self.permutation(seed, j // len(self))[j % len(self)])
             h, w = self.sizes[index]
-            top = int(rng.integers(0, max(h - self.crop, 0) + 1))
-            left = int(rng.integers(0, max(w - self.crop, 0) + 1))
-            plan.append((index, top, left, bool(rng.random() < 0.5)))
+            scale = augmentation.scale(extra.random(), h, w, self.crop)
+            vertical = extra.random()
+            h, w = scaled_size(h, w, scale)
+            top = int(crops.integers(0, max(h - self.crop, 0) + 1))
+            left = int(crops.integers(0, max(w - self.crop, 0) + 1))
+            flip = augmentation.flip_code(crops.random(), vertical)
+            plan.append(CropPlan(index, top, left, flip, scale))
         return plan
 
-    def crop_sample(self, index, top, left, flip):
-        """One training crop (3, crop, crop) float32: padded if the image is small, maybe flipped."""
-        image = self.image(index)
-        h, w = image.shape[-2:]
-        if h < self.crop or w < self.crop:
-            image = _pad(image, max(self.crop - h, 0), max(self.crop - w, 0), "reflect")
-        patch = image[:, top:top + self.crop, left:left + self.crop]
-        return patch[:, :, ::-1] if flip else patch
+    def crop_sample(self, index, top, left, flip, scale=1.0):
+        """One training crop (3, crop, crop) float32, a new array.
 
-    def batch(self, seed, step, batch_size, pool=None, shard=(0, 1)):
+        The image downscaled by ``scale`` (:func:`~gdnflow.data.augment.resampled_crop`),
+        or padded by reflection if it is smaller than the crop; then flipped
+        as ``flip`` says (True or the HORIZONTAL bit: left to right; the
+        VERTICAL bit: upside down).
+        """
+        pixels = self.pixels(index)
+        h, w = pixels.shape[:2]
+        if scale != 1.0:
+            patch = resampled_crop(pixels, scale, top, left, self.crop)
+        else:
+            if h < self.crop or w < self.crop:
+                pads = ((0, max(self.crop - h, 0)), (0, max(self.crop - w, 0)), (0, 0))
+                pixels = np.pad(pixels, pads, mode="reflect")
+            patch = pixels[top:top + self.crop, left:left + self.crop]
+        flip = int(flip)
+        if flip & HORIZONTAL:
+            patch = patch[:, ::-1]
+        if flip & VERTICAL:
+            patch = patch[::-1]
+        return rgb8_to_float(patch)
+
+    def batch(self, seed, step, batch_size, pool=None, shard=(0, 1), augmentation=None):
         """The training batch at ``step``: float32 (batch_size, 3, crop, crop), a new array.
 
         ``pool`` (a ``concurrent.futures`` executor) decodes the images of
         the batch in parallel; the result does not depend on it. ``shard``
         = (index, count): only that shard's slice of the batch of
         ``batch_size`` (see :func:`shard_slice`), batch_size / count crops.
+        ``augmentation``: see :meth:`batch_plan`.
         """
-        plan = self.batch_plan(seed, step, batch_size)[shard_slice(batch_size, shard)]
+        plan = self.batch_plan(seed, step, batch_size, augmentation)[shard_slice(batch_size, shard)]
         out = np.empty((len(plan), 3, self.crop, self.crop), np.float32)
 
         def fill(b):

@@ -10,14 +10,17 @@ command line.
 :func:`add_train_parser` adds the subcommand to the ``gdnflow`` parser;
 ``examples/train_gdn_autoencoder.py`` uses the same options on its own.
 """
+import argparse
 import dataclasses
 import sys
 
 from gdnflow import distributed as dist
 from gdnflow.backends import default_device
-from gdnflow.commandline import (REPORTED, USAGE_ERROR, describe_error, add_max_pixels_option, nonnegative_int,
-                                 positive_float, positive_int, positive_multiple_of)
+from gdnflow.commandline import (REPORTED, USAGE_ERROR, describe_error, add_max_pixels_option,
+                                 downscale_factor, nonnegative_int, positive_float, positive_int,
+                                 positive_multiple_of)
 from gdnflow.config import MATMUL_PRECISIONS
+from gdnflow.data.augment import FLIPS
 from gdnflow.models import CODEC_MODELS
 from gdnflow.models.factorized_prior import DOWNSAMPLING
 from gdnflow.train.losses import LAMBDAS
@@ -25,6 +28,16 @@ from gdnflow.train.stopping import RunStopped
 from gdnflow.train.launch import train
 from gdnflow.train.spawn import check_gpus, find_mpiexec, gpu_count, rank_command, spawn
 from gdnflow.train.trainer import TrainConfig
+
+
+class ScaleRangeAction(argparse.Action):
+    """``--scale-range LOW HIGH``: stores (LOW, HIGH); LOW > HIGH is a usage error."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        low, high = values
+        if low > high:
+            parser.error(f"{option_string}: expected LOW <= HIGH, got {low:g} {high:g}")
+        setattr(namespace, self.dest, (low, high))
 
 
 def add_arguments(parser):
@@ -41,6 +54,14 @@ def add_arguments(parser):
                       help=f"side of the random training crops (default {defaults.crop})")
     data.add_argument("--small-images", choices=["pad", "skip"], default=defaults.small_images,
                       help="images smaller than the crop: pad by reflection or skip (default pad)")
+    data.add_argument("--flip", choices=FLIPS, default=defaults.flip,
+                      help="random flips of the training crops, each half the time: horizontal "
+                      "(left to right; the default), both (also upside down) or none")
+    data.add_argument("--scale-range", nargs=2, type=downscale_factor, action=ScaleRangeAction,
+                      metavar=("LOW", "HIGH"), default=defaults.scale_range,
+                      help="downscale each training sample's image by a random factor in "
+                      "[LOW, HIGH] (log-uniform, 0 < LOW <= HIGH <= 1; never below the crop) "
+                      "before cropping, e.g. --scale-range 0.25 1 (default 1 1: never)")
     data.add_argument("--workers", type=nonnegative_int, default=defaults.workers,
                       help=f"threads decoding images (default {defaults.workers})")
     add_max_pixels_option(data)

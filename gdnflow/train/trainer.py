@@ -48,8 +48,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gdnflow.backends import check_device, default_device
-from gdnflow.config import check_matmul_precision, override
+from gdnflow.backends import default_device
+from gdnflow.config import override
 from gdnflow.data.images import ImageFolder
 from gdnflow.data.loader import BackgroundLoader
 from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
@@ -64,83 +64,9 @@ from gdnflow.train.numerics import NonFiniteError, locate_non_finite
 from gdnflow.train.queued import STEP_SCALARS, SYNC_EVERY, QueuedSteps
 from gdnflow.train.plots import plot_curves, plot_reconstructions
 from gdnflow.train.stopping import RunStopped, StopSignals, signal_name
+from gdnflow.train.train_config import TrainConfig
 
 CHECKPOINT_NAME = "checkpoint.h5"
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything that defines a training run (saved in its checkpoints).
-
-    Data: ``data`` (a folder of images; None: scikit-image's sample photos),
-    ``eval_data`` (a folder; None: the first ``eval_images`` training images,
-    which are then not held out; 0: all), ``crop``, ``small_images`` ("pad" or
-    "skip"), ``workers`` (threads decoding images), ``prefetch`` (batches
-    prepared ahead). Model: ``model`` (a name in :data:`gdnflow.models.CODEC_MODELS`),
-    ``N``, ``M``. Loss: ``lmbda``. Optimisation:
-    ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
-    ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
-    ``precision`` of the GPU's matrix products in training and evaluation
-    ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`), ``graph``
-    (True: :meth:`Trainer.run` trains through a compiled step, one CUDA graph
-    replayed per step on the GPU, its values read back every ``SYNC_EVERY``
-    steps without stopping the GPU; False: the eager step, read back every step).
-    Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
-    only at the end), ``seed``, ``device`` (None: the default device),
-    ``quiet`` (no progress bar).
-    """
-
-    data: str = None
-    eval_data: str = None
-    out_dir: str = "runs/factorized_prior"
-    steps: int = 100_000
-    batch_size: int = 16
-    crop: int = 256
-    lmbda: float = 0.0130
-    model: str = "factorized_prior"
-    N: int = 128
-    M: int = 192
-    lr: float = 1e-4
-    aux_lr: float = 1e-3
-    clip_norm: float = 1.0
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    eval_every: int = 1000
-    eval_images: int = 4
-    checkpoint_every: int = 1000
-    seed: int = 0
-    device: str = None
-    workers: int = 2
-    prefetch: int = 4
-    small_images: str = "pad"
-    quiet: bool = False
-    precision: str = "fp32"
-    graph: bool = True
-
-    #: Fields a resumed run must share with its checkpoint: they decide the
-    #: data, the noise and the shapes, so a change would not continue the run.
-    RUN_DEFINING = ("seed", "batch_size", "crop", "model", "N", "M")
-
-    def check(self):
-        """Raise ValueError naming the first field out of range."""
-        for name in ("steps", "batch_size", "crop", "N", "M", "prefetch"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("eval_every", "checkpoint_every", "warmup_steps", "eval_images", "workers"):
-            if int(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.model not in CODEC_MODELS:
-            raise ValueError(f"model must be one of {sorted(CODEC_MODELS)}, got {self.model!r}")
-        if self.crop % CODEC_MODELS[self.model].downsampling:
-            raise ValueError(f"crop must be a multiple of {CODEC_MODELS[self.model].downsampling} "
-                             f"for the {self.model} model, got {self.crop}")
-        if not (self.lmbda >= 0 and self.lr > 0 and self.aux_lr > 0 and self.clip_norm > 0):
-            raise ValueError("lmbda must be >= 0 and lr, aux_lr and clip_norm > 0")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
-        if self.device is not None:
-            check_device(self.device)
-        check_matmul_precision(self.precision)
 
 
 class Trainer:
@@ -431,18 +357,17 @@ class Trainer:
     def resume(self, path=None):
         """Load a checkpoint of this run: parameters, optimisers, schedule, step, history.
 
-        Raises ValueError if the checkpoint's seed, batch size, crop or model
-        size differ from this run's (it would not continue the same run).
+        Raises ValueError if the checkpoint's seed, batch size, crop, model,
+        model size, flips or scale range differ from this run's (it would not
+        continue the same run; see ``TrainConfig.RUN_DEFINING``).
         """
         path = Path(path) if path is not None else self.checkpoint_path()
         self._queued.discard()          # steps queued before the resume are not this run's
         info = read_checkpoint_info(path)
         extra = info["extra"]
         # Checkpoints from before the model choice record the model only as model_name.
-        saved = {"model": info["model_name"], **extra.get("train_config", {})}
-        differing = [f"{k}: checkpoint {saved[k]!r}, now {getattr(self.config, k)!r}"
-                     for k in TrainConfig.RUN_DEFINING
-                     if k in saved and saved[k] != getattr(self.config, k)]
+        differing = self.config.differences({"model": info["model_name"],
+                                             **extra.get("train_config", {})})
         if differing:
             raise ValueError(f"cannot resume from {path}: it belongs to another run ("
                              + "; ".join(differing) + ")")
@@ -500,7 +425,8 @@ class Trainer:
     def make_batch(self, step, pool=None):
         """The training batch of ``step`` (this process's ``shard`` of it); ``pool`` decodes."""
         config = self.config
-        return self.train_data.batch(config.seed, step, config.batch_size, pool, self.shard)
+        return self.train_data.batch(config.seed, step, config.batch_size, pool, self.shard,
+                                     config.augmentation)
 
     def run(self):
         """Train from the current step to ``config.steps``; returns the last evaluation.

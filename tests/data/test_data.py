@@ -181,7 +181,7 @@ def test_each_epoch_visits_every_image_once(folder):
     assert sorted(order[:6]) == sorted(order[6:]) == list(range(6))
     assert order[:6] != order[6:]            # a new order each epoch (for this seed)
     for plan in plans:
-        for index, top, left, flip in plan:
+        for index, top, left, flip, scale in plan:
             h, w = data.sizes[index]
             assert 0 <= top <= max(h - 32, 0) and 0 <= left <= max(w - 32, 0)
 

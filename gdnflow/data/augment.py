@@ -1,0 +1,120 @@
+"""How training crops vary: flips, and a random downscale of the image before the crop.
+
+A few hundred megapixels of photographs give many more distinct training crops
+when each crop may be mirrored and taken from the image shrunk by a random
+factor: a 256x256 crop of a 5120x2880 photo downscaled 4 times covers what a
+1024x1024 crop of the original does, and the downscale also averages away the
+noise and JPEG artefacts of the source. :class:`Augmentation` says what is done:
+
+- ``flip``: ``"horizontal"`` (the default, as gdnflow always did: a mirror
+  image, left to right, half the time), ``"both"`` (also, independently, upside
+  down half the time: photographs are seldom symmetric that way, so it is an
+  option, not the default) or ``"none"``.
+- ``scale_range`` = (low, high) with 0 < low <= high <= 1: each sample's image is
+  first downscaled by a factor s drawn log-uniformly from [low, high] (every
+  octave equally often), raised where needed so that the scaled image still
+  holds the crop (s >= crop / min(H, W); images smaller than the crop are
+  padded as before, never scaled). The default (1, 1) never scales.
+
+The downscale is Pillow's antialiased Lanczos resampling (its filter widened by
+the factor, so every source pixel counts: no aliasing) in 8 bits per channel,
+as a photo downscaled and saved would be. Only the region under the crop, with
+the filter's reach around it, is resampled (:func:`resampled_crop`): the same
+pixels as resizing the whole image and cropping it, at the cost of the crop.
+
+Every draw is a function of the run's seed, the step and the sample's place in
+the batch (see :mod:`gdnflow.data.images`), so a resumed run sees exactly the
+crops of the uninterrupted one. The horizontal flip keeps its old draw from the
+crop generator; the scale and the vertical flip come from a generator of their
+own, so a run with the default augmentation draws exactly the crops it drew
+before these options existed.
+"""
+import dataclasses
+import math
+
+import numpy as np
+from PIL import Image
+
+#: The choices of ``Augmentation.flip``.
+FLIPS = ("none", "horizontal", "both")
+#: Bits of a sample's flip code: mirrored left to right, upside down.
+HORIZONTAL, VERTICAL = 1, 2
+#: Half-width of Pillow's Lanczos filter in output pixels (its reach is this many
+#: output pixels on each side, that is LANCZOS_SUPPORT / s source pixels).
+LANCZOS_SUPPORT = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """Flips and random downscaling of training crops (see the module docstring).
+
+    ``Augmentation(flip="horizontal", scale_range=(1.0, 1.0))`` is what gdnflow
+    did before these options existed. Raises ValueError naming the field,
+    what it accepts and the value given.
+    """
+
+    flip: str = "horizontal"
+    scale_range: tuple = (1.0, 1.0)
+
+    def __post_init__(self):
+        if self.flip not in FLIPS:
+            raise ValueError(f"flip must be one of {', '.join(FLIPS)}, got {self.flip!r}")
+        try:
+            low, high = (float(v) for v in self.scale_range)
+        except (TypeError, ValueError):
+            raise ValueError("scale_range must be two numbers (low, high), got "
+                             f"{self.scale_range!r}") from None
+        if not 0 < low <= high <= 1:        # NaN fails here too
+            raise ValueError("scale_range must be (low, high) with 0 < low <= high <= 1 (the "
+                             f"factors an image is downscaled by), got ({low:g}, {high:g})")
+        object.__setattr__(self, "scale_range", (low, high))
+
+    def scale(self, uniform, height, width, crop):
+        """The downscale factor of a sample of a ``height`` x ``width`` image, from ``uniform``
+        in [0, 1): log-uniform in ``scale_range``, raised to ``crop / min(height, width)``
+        where the scaled image would not hold the crop, and at most 1."""
+        low, high = self.scale_range
+        drawn = low * (high / low) ** uniform
+        return min(1.0, max(drawn, crop / height, crop / width))
+
+    def flip_code(self, horizontal_uniform, vertical_uniform):
+        """The sample's flips (HORIZONTAL | VERTICAL bits) from two uniforms in [0, 1)."""
+        code = 0
+        if self.flip != "none" and horizontal_uniform < 0.5:
+            code |= HORIZONTAL
+        if self.flip == "both" and vertical_uniform < 0.5:
+            code |= VERTICAL
+        return code
+
+
+def scaled_size(height, width, scale):
+    """(height, width) of an image of that size downscaled by ``scale`` (rounded)."""
+    if scale == 1.0:
+        return height, width
+    return round(height * scale), round(width * scale)
+
+
+def resampled_crop(pixels, scale, top, left, crop):
+    """The ``crop`` x ``crop`` patch at (``top``, ``left``) of ``pixels`` downscaled by ``scale``.
+
+    ``pixels``: uint8 (H, W, 3); the scaled image is :func:`scaled_size` and must
+    hold the patch. Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of the
+    patch's source region, with the filter's reach around it, so the result is that
+    of resizing the whole image and cropping it.
+    """
+    height, width = pixels.shape[:2]
+    scaled_height, scaled_width = scaled_size(height, width, scale)
+    if top + crop > scaled_height or left + crop > scaled_width or min(top, left) < 0:
+        raise ValueError(f"a {crop}x{crop} crop at ({top}, {left}) is outside the "
+                         f"{scaled_height}x{scaled_width} image scaled by {scale:g}")
+    step_y, step_x = height / scaled_height, width / scaled_width
+    box = (left * step_x, top * step_y, (left + crop) * step_x, (top + crop) * step_y)
+    # Pillow clips the filter at the edges of what it is given: give it the whole
+    # reach of the filter (and a pixel more for rounding), clipped only where the image ends.
+    reach_x, reach_y = LANCZOS_SUPPORT * step_x + 2, LANCZOS_SUPPORT * step_y + 2
+    x0, y0 = max(0, math.floor(box[0] - reach_x)), max(0, math.floor(box[1] - reach_y))
+    x1 = min(width, math.ceil(box[2] + reach_x))
+    y1 = min(height, math.ceil(box[3] + reach_y))
+    region = Image.fromarray(np.ascontiguousarray(pixels[y0:y1, x0:x1]))
+    inner = (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0)
+    return np.asarray(region.resize((crop, crop), Image.LANCZOS, box=inner))
