@@ -31,6 +31,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -113,7 +114,8 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None
     overwrite earlier outputs; ``references``: names of
     :data:`~gdnflow.codec.references.REFERENCE_CODECS`. ``log`` receives one
     line per image and model (default: printed above the progress bar);
-    ``progress``: show a progress bar over images x (models + references).
+    ``progress``: show a progress bar over images x (models + references)
+    when standard error is a terminal.
     Returns the results dict written to ``eval.json``.
     """
     codecs_used = reference_codecs(list(references))
@@ -133,8 +135,9 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None
                     if f"{stem}-{i}" not in stems) if stem in stems else stem
         stems.add(stem)
         codecs.append((checkpoint_label(path, stem), stem, Codec.from_checkpoint(path, device)))
-    bar = tqdm(total=len(images) * (len(codecs) + len(codecs_used)), disable=not progress,
-               unit="step", desc="gdnflow eval")
+    # Only on a terminal: in a log or a pipe a bar is noise, and an error's line must stand alone.
+    bar = tqdm(total=len(images) * (len(codecs) + len(codecs_used)), unit="step",
+               desc="gdnflow eval", disable=not (progress and sys.stderr.isatty()))
     log = log or bar.write
     # The .gdn files go to a scratch folder (inside out_dir, so that the move
     # below is a rename) and join the results only once all are measured and
