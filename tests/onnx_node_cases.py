@@ -78,6 +78,14 @@ REFUSED_NODE_CASES = {
 }
 
 
+#: Node cases whose reference output onnx writes rounded, and the relative tolerance
+#: that rounding needs; onnxruntime's output matches gdnflow's to 1e-7 on each.
+ROUNDED_REFERENCES = {
+    # Written to 4 decimals (0.1511 for onnxruntime's 0.15105554).
+    "test_averagepool_2d_ceil_last_window_starts_on_pad": 1e-3,
+}
+
+
 def as_array(value):
     """Test data comes as arrays, or as TensorProtos for types NumPy lacks."""
     from onnx import numpy_helper
@@ -97,8 +105,9 @@ def run_case(case, device):
                 g = g.numpy() if isinstance(g, gf.Tensor) else np.asarray(g)
                 assert g.shape == e.shape, f"{case.name}: shape {g.shape} != {e.shape}"
                 scale = max(float(np.nanmax(np.abs(e))), 1e-6) if e.size else 1.0
+                rtol = ROUNDED_REFERENCES.get(case.name, 1e-4)
                 np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64),
-                                           rtol=1e-4, atol=1e-5 * scale, err_msg=case.name)
+                                           rtol=rtol, atol=rtol / 10 * scale, err_msg=case.name)
     except OnnxImportError as exc:
         return f"refused: {exc}"
     return "passed"

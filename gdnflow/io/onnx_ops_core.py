@@ -130,21 +130,55 @@ def _batch_norm(node, inputs, device):
 
 
 def _pool_geometry(node, x):
+    """kernel, strides, the node's (top, bottom, left, right) padding, and the
+    (bottom, right) cells that ``ceil_mode`` adds past it."""
     _spatial_2d(node, x)
     kernel = node.attr("kernel_shape")
     strides = node.attr("strides", [1, 1])
-    return kernel, strides, _pads_2d(node, x.shape, kernel, strides)
+    padding = _pads_2d(node, x.shape, kernel, strides)
+    ceil_extra = (0, 0)
+    # SAME padding already gives ceil(size / stride) windows; ceil_mode changes nothing there.
+    if node.attr("ceil_mode", 0) and node.attr("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
+        ceil_extra = tuple(_ceil_mode_extra(size, k, s, before, after) for size, k, s, before, after
+                           in zip(x.shape[2:], kernel, strides, padding[0::2], padding[1::2]))
+    return kernel, strides, padding, ceil_extra
+
+
+def _ceil_mode_extra(size, kernel, stride, before, after):
+    """Cells past the end padding that ceil_mode's last window reaches.
+
+    ceil_mode counts ceil((size + before + after - kernel) / stride) + 1
+    windows, less the last one if it would start past the input and the
+    front padding (onnxruntime's and PyTorch's rule: a window starts inside
+    the data or the front padding). That last window starts at most at
+    size + before - 1, so the cells added plus ``after`` stay below ``kernel``.
+    """
+    padded = size + before + after
+    count = -(-(padded - kernel) // stride) + 1
+    if (count - 1) * stride >= size + before:
+        count -= 1
+    return max((count - 1) * stride + kernel - padded, 0)
 
 
 def _max_pool(node, inputs, device):
-    kernel, strides, padding = _pool_geometry(node, inputs[0])
-    return ops.max_pool2d(inputs[0], kernel, strides, padding)
+    kernel, strides, (top, bottom, left, right), (extra_h, extra_w) = _pool_geometry(node, inputs[0])
+    # Max pooling reads padding as -inf: the cells ceil_mode adds are padding like the rest.
+    return ops.max_pool2d(inputs[0], kernel, strides, (top, bottom + extra_h, left, right + extra_w))
 
 
 def _average_pool(node, inputs, device):
-    kernel, strides, padding = _pool_geometry(node, inputs[0])
-    return ops.avg_pool2d(inputs[0], kernel, strides, padding,
-                          count_include_pad=bool(node.attr("count_include_pad", 0)))
+    x = inputs[0]
+    kernel, strides, (top, bottom, left, right), (extra_h, extra_w) = _pool_geometry(node, x)
+    count_include_pad = bool(node.attr("count_include_pad", 0))
+    if count_include_pad and (extra_h or extra_w):
+        # The divisor counts the node's padding but never the cells ceil_mode
+        # adds: pad with explicit zeros (counted as data), then let the pool
+        # leave the added cells out of its count.
+        x = ops.pad(x, [(0, 0), (0, 0), (top, bottom), (left, right)])
+        top = bottom = left = right = 0
+        count_include_pad = False
+    return ops.avg_pool2d(x, kernel, strides, (top, bottom + extra_h, left, right + extra_w),
+                          count_include_pad=count_include_pad)
 
 
 def _flatten(node, inputs, device):
@@ -217,7 +251,50 @@ def _pad(node, inputs, device):
     pairs = list(zip(pads[:half], pads[half:]))
     if any(b < 0 or a < 0 for b, a in pairs):
         node.fail("negative pads (cropping)")
-    return ops.pad(x, pairs, value)
+    mode = node.attr("mode", "constant")
+    if mode == "constant":
+        return ops.pad(x, pairs, value)
+    if is_host(x):
+        return np.pad(x, pairs, mode=mode)
+    x = as_tensor(x, device)
+    for axis, (before, after) in enumerate(pairs):
+        if before or after:
+            x = _pad_axis(node, x, axis, before, after, mode)
+    return x
+
+
+def _pad_axis(node, x, axis, before, after, mode):
+    """x with ``before`` and ``after`` cells added along ``axis`` by copying its
+    own cells: the edge cell repeated ("edge"), the cells mirrored about the
+    edge one, which is not repeated ("reflect": [c b | a b c d | c b]), or
+    those of the other end ("wrap": [c d | a b c d | a b])."""
+    size = x.shape[axis]
+    # Edge repeats one cell any number of times; the others copy at most the axis once.
+    limit = {"edge": float("inf"), "reflect": size - 1}.get(mode, size)
+    if max(before, after) > limit:
+        node.fail(f"{mode} pads {before}, {after} on axis {axis} of size {size} (at most {limit})")
+
+    def cells(start, stop, step=1):
+        return ops.slice_(x, (slice(None),) * axis + (slice(start, stop, step),))
+
+    def repeated(cell, count):
+        shape = list(x.shape)
+        shape[axis] = count
+        return ops.broadcast_to(cell, tuple(shape))
+
+    if mode == "edge":
+        ahead, behind = (lambda: repeated(cells(0, 1), before),
+                         lambda: repeated(cells(size - 1, size), after))
+    elif mode == "reflect":
+        # Cells before..1 ahead and size-2..size-1-after behind (a stop of -1 would
+        # mean the last cell: None runs to the front).
+        ahead, behind = (lambda: cells(before, 0, -1),
+                         lambda: cells(size - 2, size - 2 - after if after < size - 1 else None,
+                                       -1))
+    else:
+        ahead, behind = lambda: cells(size - before, size), lambda: cells(0, after)
+    parts = ([ahead()] if before else []) + [x] + ([behind()] if after else [])
+    return ops.concat(parts, axis=axis)
 
 
 def _pads_of_every_axis(node, pads, axes, rank):

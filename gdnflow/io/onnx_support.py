@@ -4,7 +4,7 @@
 attribute its handler reads and a rule for the values it can run (None:
 every value the ONNX spec allows). :func:`unsupported_features` reports, for
 one node, each attribute the handler would ignore or could not run (an
-attribute of an older opset, ``ceil_mode=1``, a ``SAME`` padding on a
+attribute of an older opset, a dilated pooling, a ``SAME`` padding on a
 transposed convolution...) and each extra output it does not compute, so that
 :func:`gdnflow.io.onnx.load` refuses such a model at once, naming the node,
 rather than running it wrong or failing at its first forward. What depends on
@@ -51,7 +51,7 @@ _CONV = {"auto_pad": _AUTO_PAD, "dilations": _pair, "group": _ANY, "kernel_shape
 _REDUCE = {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY}
 _COORDINATES = ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric", "align_corners",
                 "asymmetric", "tf_half_pixel_for_nn")
-_POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0), "dilations": _ones, "kernel_shape": _pair,
+_POOL = {"auto_pad": _AUTO_PAD, "ceil_mode": _one_of(0, 1), "dilations": _ones, "kernel_shape": _pair,
          "pads": _quadruple, "strides": _pair}
 
 #: op type -> {attribute: rule}; a rule returns None for a value that runs, else why not.
@@ -68,7 +68,7 @@ ATTRIBUTES = {
     "AveragePool": dict(_POOL, count_include_pad=_ANY),
     "Flatten": {"axis": _ANY}, "Reshape": {"allowzero": _ANY}, "Transpose": {"perm": _ANY},
     "Squeeze": {"axes": _ANY}, "Unsqueeze": {"axes": _ANY}, "Concat": {"axis": _ANY},
-    "Pad": {"mode": _one_of("constant"), "pads": _ANY, "value": _ANY},
+    "Pad": {"mode": _one_of("constant", "edge", "reflect", "wrap"), "pads": _ANY, "value": _ANY},
     "Softmax": {"axis": _ANY}, "Dropout": {"ratio": _ANY, "seed": _ANY, "is_test": _ANY},
     "Shape": {"start": _ANY, "end": _ANY}, "Gather": {"axis": _ANY},
     "Slice": {"starts": _ANY, "ends": _ANY, "axes": _ANY},
@@ -145,7 +145,7 @@ EVERY_OUTPUT = {"Split", "Dropout", "LayerNormalization", "TopK", "RNN", "GRU", 
 
 def unsupported_features(op_type, attributes, outputs):
     """What of a node of ``op_type`` gdnflow cannot run: a list of phrases such as
-    ``"ceil_mode=1 (only 0)"``; empty when it runs.
+    ``"dilations=[2, 2] (no dilation)"``; empty when it runs.
 
     ``attributes`` maps names to decoded values (strings as str), ``outputs``
     lists the node's output names ("" for an omitted one).

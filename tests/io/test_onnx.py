@@ -162,10 +162,6 @@ def one_node_model(op_type, attributes, x_shape, w=None, outputs=("y",), opset=1
 
 
 REFUSED_AT_LOAD = {
-    "ceil-mode max pool": ("MaxPool", dict(kernel_shape=[3, 3], ceil_mode=1), None, (),
-                           "ceil_mode=1 (only 0)"),
-    "ceil-mode average pool": ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2],
-                                                   ceil_mode=1), None, (), "ceil_mode=1"),
     "dilated pool": ("MaxPool", dict(kernel_shape=[2, 2], dilations=[2, 2]), None, (),
                      "dilations=[2, 2] (no dilation)"),
     "pool pads as large as the kernel": ("AveragePool", dict(kernel_shape=[2, 2],
@@ -180,8 +176,10 @@ REFUSED_AT_LOAD = {
                                      np.ones((2, 3, 3, 3), np.float32), (), "output_shape=[9, 9]"),
     "3-D conv kernel": ("Conv", dict(kernel_shape=[1, 1, 1]), np.ones((3, 2, 1, 1), np.float32),
                         (), "kernel_shape=[1, 1, 1] (2-D only)"),
-    "reflect pad": ("Pad", dict(mode="reflect", pads=[0, 0, 1, 1, 0, 0, 1, 1]), None, (),
-                    "mode=reflect (only constant)"),
+    "3-D pool": ("AveragePool", dict(kernel_shape=[2, 2, 2]), None, (),
+                 "kernel_shape=[2, 2, 2] (2-D only)"),
+    "unknown pad mode": ("Pad", dict(mode="mirror", pads=[0, 0, 1, 1, 0, 0, 1, 1]), None, (),
+                         "mode=mirror (only constant or edge or reflect or wrap)"),
     "spatial batch norm attribute at opset 9": (
         "BatchNormalization", dict(spatial=0), None, (),
         "attribute spatial (not one of BatchNormalization-9's, opset 9)"),
@@ -208,9 +206,10 @@ def test_what_a_node_cannot_run_is_refused_at_load(op_type, attributes, w, outpu
 def test_unsupported_operators_and_attributes_are_reported_together(tmp_path):
     from onnx import TensorProto, helper
     nodes = [helper.make_node("MaxPool", ["x"], ["a"], name="pool1", kernel_shape=[2, 2],
-                              ceil_mode=1),
+                              dilations=[2, 2]),
              helper.make_node("StringNormalizer", ["a"], ["b"], name="sn1"),
-             helper.make_node("Pad", ["b", "p"], ["y"], name="pad1", mode="edge")]
+             helper.make_node("AveragePool", ["b"], ["y"], name="pool2", kernel_shape=[2, 2],
+                              strides=[1, 1, 1])]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
@@ -221,8 +220,8 @@ def test_unsupported_operators_and_attributes_are_reported_together(tmp_path):
         load(path, device="numpy")
     assert str(caught.value) == (
         f"{path}: unsupported ONNX operators: StringNormalizer (nodes sn1); node pool1 (MaxPool): "
-        "ceil_mode=1 (only 0) is not supported; node pad1 (Pad): mode=edge (only constant) "
-        "is not supported")
+        "dilations=[2, 2] (no dilation) is not supported; node pool2 (AveragePool): "
+        "strides=[1, 1, 1] (2-D only) is not supported")
 
 
 ACCEPTED = {
