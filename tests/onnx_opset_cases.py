@@ -63,7 +63,10 @@ def _pool(op, opset, d):
     return [variant("padded, strided", node(op, "x", kernel_shape=[3, 2], pads=[1, 0, 1, 1],
                                             strides=[2, 1], **extra), {"x": d.normal(1, 2, 7, 6)}),
             variant("SAME_LOWER", node(op, "x", kernel_shape=[2, 2], auto_pad="SAME_LOWER"),
-                    {"x": d.normal(1, 2, 5, 5)})]
+                    {"x": d.normal(1, 2, 5, 5)})] + ([
+        variant("ceil_mode, padded", node(op, "x", kernel_shape=[3, 3], pads=[1, 0, 0, 1],
+                                          strides=[2, 2], ceil_mode=1, **extra),
+                {"x": d.normal(1, 2, 6, 7)})] if opset >= 10 else [])
 
 
 def _global_pool(op, opset, d):

@@ -291,6 +291,9 @@ def _pad(op, opset, d):
         cases.append(variant("axes input", node(op, "x pads value axes"), {"x": x()},
                              {"pads": i64(1, 2, 3, 0), "value": np.float32(2.0),
                               "axes": i64(-1, 1)}))
+    for mode in ("edge", "reflect") + (("wrap",) if opset >= 19 else ()):
+        cases.append(variant(f"mode={mode}", node(op, "x pads", mode=mode), {"x": x()},
+                             {"pads": i64(0, 2, 3, 1, 1, 2)}))
     return cases
 
 
@@ -335,6 +338,20 @@ def _scatter(op, opset, d):
         for reduction in ("add", "mul") + (("max", "min") if opset >= 18 else ()):
             cases.append(variant(f"reduction={reduction}", node(op, "x i u", reduction=reduction),
                                  {"x": d.normal(3, 3)}, duplicates))
+    return cases
+
+
+def _scatter_nd(op, opset, d):
+    # Rows 2 and 0 of x, then element (1, 2): indices of depth 1 and of depth 2.
+    cases = [variant("rows", node(op, "x i u"), {"x": d.normal(3, 4)},
+                     {"i": i64(2, 0).reshape(2, 1), "u": d.normal(2, 4)}),
+             variant("elements, negative index", node(op, "x i u"), {"x": d.normal(3, 4)},
+                     {"i": i64(1, -2, 0, 3).reshape(2, 2), "u": d.normal(2)})]
+    if opset >= 16:
+        duplicates = {"i": i64(1, 1, 0).reshape(3, 1), "u": d.normal(3, 4)}
+        for reduction in ("add", "mul") + (("max", "min") if opset >= 18 else ()):
+            cases.append(variant(f"reduction={reduction}", node(op, "x i u", reduction=reduction),
+                                 {"x": d.normal(3, 4)}, duplicates))
     return cases
 
 
@@ -471,7 +488,8 @@ BUILDERS = {
     "Concat": _concat, "Flatten": _flatten, "Reshape": _reshape, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice, "Pad": _pad,
     "Tile": _tile, "Expand": _expand, "Gather": _gather, "GatherElements": _gather_elements,
-    "GatherND": _gather_nd, "ScatterElements": _scatter, "Scatter": _scatter, "Shape": _shape,
+    "GatherND": _gather_nd, "ScatterElements": _scatter, "Scatter": _scatter,
+    "ScatterND": _scatter_nd, "Shape": _shape,
     "Size": _size, "Cast": _cast, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
     "Identity": _identity, "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
     "Trilu": _trilu, "EyeLike": _eye_like, "OneHot": _one_hot, "NonZero": _non_zero,

@@ -8,7 +8,8 @@ Runs with PyTorch and torchvision, never with gdnflow (a separate venv):
 
 Each family's smallest variant is built with seeded random weights (no
 download: the check is numerical agreement, not accuracy), its batch-norm
-running statistics drawn at random too so that folding them is exercised,
+running statistics drawn at random too so that folding them is exercised
+(and any weight matrix left at zero, such as ViT's classifier, drawn),
 put in eval mode and exported with the TorchScript exporter (the one most
 shipped files come from) at opsets 13 and 17. The files go to the folder
 given, outside the repository, with ``manifest.json``: the torch, torchvision
@@ -57,6 +58,15 @@ FAMILIES = {
     "Inception v3": ("inception_v3", lambda: models.inception_v3(aux_logits=False,
                                                                  init_weights=True),
                      (1, 3, 299, 299)),
+    # Families beyond issue #29's list: the transformers and the other convolutional ones.
+    "MobileNetV2": ("mobilenet_v2", lambda: models.mobilenet_v2(), CLASSIFIER_SHAPE),
+    "AlexNet": ("alexnet", lambda: models.alexnet(), CLASSIFIER_SHAPE),
+    "ResNeXt": ("resnext50_32x4d", lambda: models.resnext50_32x4d(), CLASSIFIER_SHAPE),
+    "RegNetX": ("regnet_x_400mf", lambda: models.regnet_x_400mf(), CLASSIFIER_SHAPE),
+    "EfficientNetV2": ("efficientnet_v2_s", lambda: models.efficientnet_v2_s(), CLASSIFIER_SHAPE),
+    "ViT": ("vit_b_16", lambda: models.vit_b_16(), CLASSIFIER_SHAPE),
+    "Swin": ("swin_t", lambda: models.swin_t(), CLASSIFIER_SHAPE),
+    "MaxViT": ("maxvit_t", lambda: models.maxvit_t(), CLASSIFIER_SHAPE),
     "FCN": ("fcn_resnet50", lambda: segmentation.fcn_resnet50(
         weights=None, weights_backbone=None, aux_loss=False), SEGMENTATION_SHAPE),
     "DeepLabV3": ("deeplabv3_mobilenet_v3_large", lambda: segmentation.deeplabv3_mobilenet_v3_large(
@@ -78,10 +88,15 @@ class OutputOnly(torch.nn.Module):
 
 
 def seeded_model(build):
-    """The model ``build`` makes, its weights and batch-norm statistics drawn from SEED."""
+    """The model ``build`` makes, its weights and batch-norm statistics drawn from SEED
+    (weight matrices its initialiser leaves at zero drawn too)."""
     torch.manual_seed(SEED)
     model = build()
     generator = torch.Generator().manual_seed(SEED + 1)
+    for parameter in model.parameters():
+        # ViT's classifier starts at zero: every output would be 0 and compare as nothing.
+        if parameter.dim() >= 2 and not parameter.any():
+            parameter.data.copy_(0.02 * torch.randn(parameter.shape, generator=generator))
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.running_mean.copy_(0.1 * torch.randn(module.running_mean.shape,
@@ -97,9 +112,10 @@ def export(family, name, build, shape, opset, folder):
     if family in ("FCN", "DeepLabV3", "LRASPP"):
         model = OutputOnly(model).eval()
     path = os.path.join(folder, f"{name}_opset{opset}.onnx")
-    with torch.no_grad():
-        torch.onnx.export(model, (torch.zeros(shape),), path, opset_version=opset,
-                          input_names=["input"], output_names=["output"], dynamo=False)
+    # Not under no_grad: there nn.MultiheadAttention (ViT) takes its fused fast path,
+    # which the exporter cannot write.
+    torch.onnx.export(model, (torch.zeros(shape),), path, opset_version=opset,
+                      input_names=["input"], output_names=["output"], dynamo=False)
     onnx.checker.check_model(path)
     return {"family": family, "model": name, "opset": opset, "file": os.path.basename(path),
             "input_shape": list(shape)}
@@ -122,10 +138,11 @@ def main(argv=None):
                 entries.append(export(family, name, build, shape, opset, args.folder))
                 print(f"{family:13s} opset {opset}: {entries[-1]['file']}", flush=True)
             except Exception as error:     # one family's export failure must not stop the rest
-                print(f"{family:13s} opset {opset}: export failed: "
-                      f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+                reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+                print(f"{family:13s} opset {opset}: export failed: {reason}", file=sys.stderr,
+                      flush=True)
                 entries.append({"family": family, "model": name, "opset": opset, "file": None,
-                                "export_error": f"{type(error).__name__}: {error}"})
+                                "export_error": reason})
     manifest = {"torch": torch.__version__, "torchvision": torchvision.__version__,
                 "onnx": onnx.__version__, "seed": SEED, "models": entries}
     with open(os.path.join(args.folder, "manifest.json"), "w") as file:

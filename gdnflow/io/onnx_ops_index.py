@@ -9,7 +9,8 @@ TopK(axis, largest,       the indices by a stable sort on the host; the
 sorted)                   values gathered as GatherElements does
 ArgMax, ArgMin            NumPy on the host (integer indices, no gradient)
 ScatterElements,          NumPy on the host (no gradient: refused where an
-Scatter, GatherND         input requires one)
+Scatter, ScatterND,       input requires one)
+GatherND
 DepthToSpace,             reshape, transpose, reshape
 SpaceToDepth
 Einsum                    NumPy's einsum on host arrays; on tensors, the
@@ -91,6 +92,22 @@ def _scatter_elements(node, x, indices, updates):
         target = tuple(target)
         out[target] = updates[position] if combine is None else combine(out[target],
                                                                         updates[position])
+    return out
+
+
+def _scatter_nd(node, x, indices, updates):
+    # indices [..., k] address x's first k axes; updates [..., x.shape[k:]].
+    out = x.copy()
+    reduction = node.attr("reduction", "none")
+    combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(
+        reduction)
+    depth = indices.shape[-1]
+    targets = indices.reshape(-1, depth)
+    targets = np.where(targets < 0, targets + np.array(x.shape[:depth]), targets)
+    values = updates.reshape((-1,) + x.shape[depth:])
+    # One update at a time, in order: later duplicates win (reduction none) or combine.
+    for target, value in zip(map(tuple, targets), values):
+        out[target] = value if combine is None else combine(out[target], value)
     return out
 
 
@@ -227,6 +244,7 @@ HANDLERS = {
     "ArgMax": _arg_extremum(np.argmax), "ArgMin": _arg_extremum(np.argmin),
     "ScatterElements": on_host(_scatter_elements, has_gradient=True),
     "Scatter": on_host(_scatter_elements, has_gradient=True),
+    "ScatterND": on_host(_scatter_nd, has_gradient=True),
     "GatherND": on_host(_gather_nd, has_gradient=True),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth, "Trilu": _trilu,
     "Einsum": _einsum, "Range": on_host(_range), "EyeLike": on_host(_eye_like),
@@ -235,5 +253,5 @@ HANDLERS = {
 }
 
 #: Those of :data:`HANDLERS` that also compute on host arrays.
-HOST_OPS = {"GatherElements", "TopK", "Einsum", "ArgMax", "ArgMin", "ScatterElements", "Scatter", "GatherND",
-            "Trilu", "Range", "EyeLike", "OneHot", "NonZero", "Size"}
+HOST_OPS = {"GatherElements", "TopK", "Einsum", "ArgMax", "ArgMin", "ScatterElements", "Scatter",
+            "ScatterND", "GatherND", "Trilu", "Range", "EyeLike", "OneHot", "NonZero", "Size"}

@@ -111,6 +111,7 @@ ATTRIBUTES = {
     "ArgMax": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
     "ArgMin": {"axis": _ANY, "keepdims": _ANY, "select_last_index": _ANY},
     "ScatterElements": {"axis": _ANY, "reduction": _ANY}, "Scatter": {"axis": _ANY},
+    "ScatterND": {"reduction": _ANY},
     "GatherND": {"batch_dims": _ANY}, "DepthToSpace": {"blocksize": _ANY, "mode": _ANY},
     "SpaceToDepth": {"blocksize": _ANY, "mode": _ANY}, "Trilu": {"upper": _ANY}, "Einsum": {"equation": _ANY},
     "EyeLike": {"dtype": _ANY, "k": _ANY}, "OneHot": {"axis": _ANY},
