@@ -36,9 +36,8 @@ an input from 13...), and a node whose form is not its version's (an
 operator the opset lacks, an attribute or input its version does not take, a
 form older than opset 7) is refused at load, naming the version
 (:mod:`gdnflow.io.onnx_opsets`). Dropout's mask output is all true.
-Attributes, values and outputs outside gdnflow's operators (ceil_mode
-pooling, non-constant padding modes, SAME padding of a transposed
-convolution...: :mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
+Attributes, values and outputs outside gdnflow's operators (dilated or 3-D
+pooling, SAME padding of a transposed convolution...: :mod:`gdnflow.io.onnx_support` lists what runs) are refused at load together
 with unsupported operators, those inside subgraphs (If, Loop, Scan) included,
 in one :class:`OnnxImportError` naming each node; so is an If or Loop steered
 by float data. What depends on the input (1-D and 3-D activations) is
@@ -66,13 +65,40 @@ def load(path, device=None):
         raise OnnxImportError("reading ONNX files needs the onnx package: pip install onnx") from None
     try:
         model = onnx.load(str(path))
-        onnx.checker.check_model(model)
+        _check_model(onnx, model)
     except FileNotFoundError:
         raise OnnxImportError(f"{path}: no such file") from None
     except Exception as exc:    # protobuf's DecodeError, onnx's ValidationError, ...
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OnnxImportError(f"{path} is not a valid ONNX model: {first_line}") from None
     return OnnxModule(model, device=device, source=str(path))
+
+
+#: The private domain that :func:`_check_model` moves deprecated nodes to.
+_SET_ASIDE_DOMAIN = "gdnflow.deprecated_form"
+
+
+def _check_model(onnx, model):
+    """onnx's checker, but for the forms onnx marks deprecated in opsets that still
+    define them (GroupNormalization-18 in opsets 18 to 20, Upsample-10, Scatter-11),
+    which exporters wrote and gdnflow runs: the checker refuses them, so their nodes
+    are set aside in a private domain (which it does not check) and the rest of
+    the graph is checked; gdnflow's own rules (onnx_opsets, onnx_support) check them."""
+    try:
+        onnx.checker.check_model(model)
+        return
+    except onnx.checker.ValidationError as exc:
+        if "is deprecated in domain_version" not in str(exc):
+            raise
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node, _ in _every_node(copy.graph):
+        if (node.domain in ("", "ai.onnx") and node.op_type in HANDLERS and opset is not None
+                and onnx.defs.get_schema(node.op_type, opset).deprecated):
+            node.domain = _SET_ASIDE_DOMAIN
+    copy.opset_import.append(onnx.helper.make_opsetid(_SET_ASIDE_DOMAIN, 1))
+    onnx.checker.check_model(copy)
 
 
 class OnnxModule(Module):

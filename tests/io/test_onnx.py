@@ -81,6 +81,42 @@ def test_all_unsupported_operators_are_reported_at_once(tmp_path):
         load(path)
 
 
+def group_norm_18_model(opset, extra_nodes=()):
+    """GroupNormalization-18 (scale and bias per group), the form onnx deprecated."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2),
+             *extra_nodes]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3])],
+        initializer=[numpy_helper.from_array(np.array([1.5, 0.5], np.float32), "s"),
+                     numpy_helper.from_array(np.array([0.1, -0.2], np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_a_form_onnx_deprecated_loads_and_matches_onnxruntime(opset, tmp_path, rng):
+    # onnx's checker refuses GroupNormalization in opsets 18 to 20, where exporters wrote it.
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "group_norm.onnx"
+    onnx.save(group_norm_18_model(opset), str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="deprecated"):
+        onnx.checker.check_model(str(path))
+    x = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(load(path, device="numpy")(x).numpy(),
+                               session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_rest_of_a_graph_with_a_deprecated_form_is_still_checked(tmp_path):
+    from onnx import helper
+    # Reads a value that nothing produces.
+    path = tmp_path / "broken.onnx"
+    onnx.save(group_norm_18_model(18, [helper.make_node("Relu", ["missing"], ["r"])]), str(path))
+    with pytest.raises(OnnxImportError, match="broken.onnx is not a valid ONNX model: .*missing"):
+        load(path, device="numpy")
+
+
 def test_truncated_and_missing_files_are_named(tmp_path, mobilenet_file):
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(mobilenet_file.read_bytes()[:100000])
