@@ -142,7 +142,7 @@ def main(argv=None):
                 print(f"{family:13s} opset {opset}: export failed: {reason}", file=sys.stderr,
                       flush=True)
                 entries.append({"family": family, "model": name, "opset": opset, "file": None,
-                                "export_error": reason})
+                                "input_shape": list(shape), "export_error": reason})
     manifest = {"torch": torch.__version__, "torchvision": torchvision.__version__,
                 "onnx": onnx.__version__, "seed": SEED, "models": entries}
     with open(os.path.join(args.folder, "manifest.json"), "w") as file:
