@@ -8,6 +8,11 @@ Each handler takes ``(node, inputs, device)``: the node (its attributes via
 host arrays, None for omitted ones) and the device; it returns the output or
 a list of outputs. :data:`gdnflow.io.onnx.HANDLERS` gathers this module's
 with the other families'.
+
+Pooling with ``ceil_mode`` is the same pooling with more end padding (the
+cells its last window reaches past the node's own); Pad's ``edge``,
+``reflect`` and ``wrap`` modes are slices of the input concatenated to it.
+Both therefore run on the existing pooling, slice and concat kernels.
 """
 import numpy as np
 
