@@ -12,33 +12,35 @@ onnx = pytest.importorskip("onnx")
 
 
 @pytest.fixture
-def ceil_mode_onnx(tmp_path):
-    """A small valid ONNX classifier head whose MaxPool 'pool1' uses ceil_mode=1."""
+def dilated_pool_onnx(tmp_path):
+    """A small valid ONNX classifier head whose MaxPool 'pool1' is dilated (gdnflow's
+    pooling is not)."""
     from onnx import TensorProto, helper
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu1"),
              helper.make_node("MaxPool", ["a"], ["y"], name="pool1", kernel_shape=[2, 2],
-                              strides=[2, 2], ceil_mode=1)]
+                              strides=[2, 2], dilations=[2, 2])]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 3, 3])])
-    path = tmp_path / "ceil.onnx"
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 2, 2])])
+    path = tmp_path / "dilated.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
 
-def test_convert_refuses_a_ceil_mode_pool_naming_the_node(cli, tmp_path, ceil_mode_onnx):
+def test_convert_refuses_a_dilated_pool_naming_the_node(cli, tmp_path, dilated_pool_onnx):
     before = fingerprint(tmp_path)
-    result = cli("convert", ceil_mode_onnx, tmp_path / "out.h5")
-    assert_one_line_error(result, "convert", "ceil.onnx", "node pool1 (MaxPool)", "ceil_mode=1")
+    result = cli("convert", dilated_pool_onnx, tmp_path / "out.h5")
+    assert_one_line_error(result, "convert", "dilated.onnx", "node pool1 (MaxPool)",
+                          "dilations=[2, 2]")
     assert fingerprint(tmp_path) == before          # nothing written, the input unchanged
 
 
-def test_info_says_a_ceil_mode_pool_does_not_run_naming_the_node(cli, tmp_path, ceil_mode_onnx):
+def test_info_says_a_dilated_pool_does_not_run_naming_the_node(cli, tmp_path, dilated_pool_onnx):
     before = fingerprint(tmp_path)
-    result = cli("info", ceil_mode_onnx)
+    result = cli("info", dilated_pool_onnx)
     assert result.returncode == 0 and not result.stderr, result.stderr     # a description
-    assert ("runs in gdnflow: no: node pool1 (MaxPool): ceil_mode=1 (only 0) is not supported"
-            in result.stdout.splitlines())
+    assert ("runs in gdnflow: no: node pool1 (MaxPool): dilations=[2, 2] (no dilation) is not "
+            "supported" in result.stdout.splitlines())
     assert fingerprint(tmp_path) == before
 
 
