@@ -1,14 +1,19 @@
 """The NumPy convolution: the reference every GPU algorithm is checked against.
 
 The three linear maps of a :class:`~gdnflow.ops.conv.geometry.ConvGeometry`
-(see :mod:`gdnflow.ops.conv`), as matrix products through NumPy's BLAS:
-im2col by stride tricks, except for a 1x1 layer, whose input already is
-the matrix of the product.
+(see :mod:`gdnflow.ops.conv`), as matrix products through NumPy's BLAS.
+The forward: a 1x1 layer's input already is the matrix of the product; a
+depthwise layer is a sum of shifted slices, one per tap; any other layer
+is one product with the column matrix built on the input's row-flattened
+stride phases (:mod:`gdnflow.ops.conv.row_phases`: contiguous copies, no
+strided gather). The gradients use im2col by stride tricks.
 """
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gdnflow.ops.conv.epilogue import epilogue_numpy
+from gdnflow.ops.conv.row_phases import (crop_rows, row_phases, tap_columns, tap_slices,
+                                         tap_weights)
 
 
 def padded_input(g, x):
@@ -46,14 +51,31 @@ class NumpyConv:
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
-        """y[n, g] = W[g] @ columns[n, g], then bias and activation (codes of ACTIVATIONS)."""
+        """y = conv(x, w), then bias and activation (codes of ACTIVATIONS)."""
         if g.is_pointwise and g.groups == 1:
             # 1x1: the input [C_in, H*W] of each image is already the column matrix.
             y = np.matmul(w.reshape(g.c_out, g.c_in), x.reshape(g.n, g.c_in, g.h * g.w))
+        elif g.groups == 1:
+            phases, wq = row_phases(g, x)
+            y = crop_rows(g, np.matmul(tap_weights(g, w), tap_columns(g, phases, wq)), wq)
+        elif g.is_depthwise:
+            y = NumpyConv.depthwise_forward(g, x, w)
         else:
             weights = w.reshape(g.groups, g.c_out // g.groups, -1)
             y = np.matmul(weights, NumpyConv.columns(g, x))
         return epilogue_numpy(y.reshape(g.y_shape), bias, None, activation, in_place=True)
+
+    @staticmethod
+    def depthwise_forward(g, x, w):
+        """y[n, c] = sum over taps (i, j) of w[c, 0, i, j] * (x[n, c] under the tap),
+        accumulated in place, tap by tap, on row-flattened phases."""
+        phases, wq = row_phases(g, x)
+        y = np.zeros((g.n, g.c_in, g.oh * wq), x.dtype)
+        product = np.empty_like(y)
+        for i, j, taps in tap_slices(g, phases, wq):
+            np.multiply(taps, w[:, 0, i, j, None], out=product)
+            y += product
+        return crop_rows(g, y, wq)
 
     @staticmethod
     def backward_data(g, gy, w):
