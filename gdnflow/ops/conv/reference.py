@@ -2,18 +2,20 @@
 
 The three linear maps of a :class:`~gdnflow.ops.conv.geometry.ConvGeometry`
 (see :mod:`gdnflow.ops.conv`), as matrix products through NumPy's BLAS.
-The forward: a 1x1 layer's input already is the matrix of the product; a
-depthwise layer is a sum of shifted slices, one per tap; any other layer
-is one product with the column matrix built on the input's row-flattened
-stride phases (:mod:`gdnflow.ops.conv.row_phases`: contiguous copies, no
-strided gather). The gradients use im2col by stride tricks.
+The forward: a 1x1 layer's input already is the matrix of the product;
+any other ungrouped layer is one product with the column matrix built on
+the input's row-flattened stride phases (:mod:`gdnflow.ops.conv.row_phases`:
+contiguous copies, no strided gather, in cache-sized blocks); grouped ones
+(depthwise) and the gradients use im2col by stride tricks.
 """
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gdnflow.ops.conv.epilogue import epilogue_numpy
-from gdnflow.ops.conv.row_phases import (crop_rows, row_phases, tap_columns, tap_slices,
-                                         tap_weights)
+from gdnflow.ops.conv.row_phases import BLOCK_ELEMENTS, backward_data_rows, forward_rows
+
+#: Channels each side needs for the row-phase path (see NumpyConv.blocks_pay).
+MIN_ROW_CHANNELS = 16
 
 
 def padded_input(g, x):
@@ -55,30 +57,36 @@ class NumpyConv:
         if g.is_pointwise and g.groups == 1:
             # 1x1: the input [C_in, H*W] of each image is already the column matrix.
             y = np.matmul(w.reshape(g.c_out, g.c_in), x.reshape(g.n, g.c_in, g.h * g.w))
-        elif g.groups == 1:
-            phases, wq = row_phases(g, x)
-            y = crop_rows(g, np.matmul(tap_weights(g, w), tap_columns(g, phases, wq)), wq)
-        elif g.is_depthwise:
-            y = NumpyConv.depthwise_forward(g, x, w)
+        elif NumpyConv.blocks_pay(g):
+            y = forward_rows(g, x, w)
         else:
             weights = w.reshape(g.groups, g.c_out // g.groups, -1)
             y = np.matmul(weights, NumpyConv.columns(g, x))
         return epilogue_numpy(y.reshape(g.y_shape), bias, None, activation, in_place=True)
 
     @staticmethod
-    def depthwise_forward(g, x, w):
-        """y[n, c] = sum over taps (i, j) of w[c, 0, i, j] * (x[n, c] under the tap),
-        accumulated in place, tap by tap, on row-flattened phases."""
-        phases, wq = row_phases(g, x)
-        y = np.zeros((g.n, g.c_in, g.oh * wq), x.dtype)
-        product = np.empty_like(y)
-        for i, j, taps in tap_slices(g, phases, wq):
-            np.multiply(taps, w[:, 0, i, j, None], out=product)
-            y += product
-        return crop_rows(g, y, wq)
+    def blocks_pay(g):
+        """Whether to work on row phases: an ungrouped layer whose column matrix outgrows
+        one block of BLOCK_ELEMENTS, with at least MIN_ROW_CHANNELS channels on each side.
+
+        Below that size the Python work per block is not repaid; with a few channels
+        (an RGB side) im2col's gather is cheap and the per-phase products of the
+        adjoint would have a few rows only (measured on the codec's layers: 1.5x to 7x
+        slower there, 1.3x to 3x faster on its 128-channel layers).
+        """
+        return (g.groups == 1 and min(g.c_in, g.c_out) >= MIN_ROW_CHANNELS
+                and g.c_in * g.kh * g.kw * g.oh * g.ow > BLOCK_ELEMENTS)
 
     @staticmethod
     def backward_data(g, gy, w):
+        """gx, the adjoint of the forward in x: on row phases (:func:`backward_data_rows`)
+        for an ungrouped layer with a large column matrix, else im2col's (below)."""
+        if not g.is_pointwise and NumpyConv.blocks_pay(g):
+            return backward_data_rows(g, gy, w)
+        return NumpyConv.backward_data_columns(g, gy, w)
+
+    @staticmethod
+    def backward_data_columns(g, gy, w):
         """gx: columns' gradient W[g]^T @ gy[n, g], added back tap by tap (col2im).
 
         Tap (i, j) read the padded input's rows ``i*dh + sh*p`` (columns

@@ -14,7 +14,7 @@ An output computed on that run is ``OH x Wq``; its last ``Wq - OW``
 columns read past the row's end (into the next row) and are cut off. That
 costs ``Wq / OW - 1`` extra work (a few percent on images) and saves the
 strided gather of im2col: the column matrix is built by contiguous copies
-(:func:`tap_columns`), and depthwise taps are plain slices.
+(:func:`run_product`).
 """
 from dataclasses import dataclass
 
@@ -60,49 +60,87 @@ def tap_groups(g):
             for s, columns, b0, b_step in _axis_taps(g.kw, dw, sw)]
 
 
+def _first_inside(residue, stride, before):
+    """(a, i): the first phase index a whose padded position residue + a*stride lies in x
+    (``before`` zeros precede x), and that position in x, i."""
+    a = max(0, -(-(before - residue) // stride))
+    return a, residue + a * stride - before
+
+
 def row_phases(g, x):
     """(phases [N, sh, sw, C_in, (Hq + 1)*Wq], Wq): x zero-padded by ``g.padding``, split
     into its stride phases, each Hq x Wq (zeros past the padded input) plus one spare
     zero row, so that every tap's run of OH*Wq values lies inside its phase."""
     (sh, sw) = g.stride
     top, bottom, left, right = g.padding
-    height, width = g.h + top + bottom, g.w + left + right
-    hq, wq = -(-height // sh), -(-width // sw)
+    hq, wq = -(-(g.h + top + bottom) // sh), -(-(g.w + left + right) // sw)
     phases = np.zeros((g.n, sh, sw, g.c_in, hq + 1, wq), x.dtype)
-    if (sh, sw) == (1, 1):
-        phases[:, 0, 0, :, top:top + g.h, left:left + g.w] = x
-    else:
-        padded = np.zeros((g.n, g.c_in, height, width), x.dtype)
-        padded[:, :, top:top + g.h, left:left + g.w] = x
-        for r in range(sh):
-            for s in range(sw):
-                phase = padded[:, :, r::sh, s::sw]
-                phases[:, r, s, :, :phase.shape[2], :phase.shape[3]] = phase
+    for r in range(sh):
+        # Phase row a is padded row r + a*sh, x's row r + a*sh - top: x rows first, first + sh, ...
+        a, first_row = _first_inside(r, sh, top)
+        for s in range(sw):
+            b, first_column = _first_inside(s, sw, left)
+            rows = x[:, :, first_row::sh, first_column::sw]
+            phases[:, r, s, :, a:a + rows.shape[2], b:b + rows.shape[3]] = rows
     return phases.reshape(g.n, sh, sw, g.c_in, (hq + 1) * wq), wq
 
 
-def tap_columns(g, phases, wq):
-    """[N, K, OH*Wq]: the column matrix on row-flattened phases, K = C_in*kh*kw ordered
-    (tap group, channel, kernel row, kernel column) as :func:`tap_weights` orders w.
+#: Column-matrix elements built per block of output rows: a block's columns stay in
+#: cache-sized buffers (one reused buffer, no page faults of a whole-image matrix).
+BLOCK_ELEMENTS = 1 << 22
 
-    One contiguous copy per tap group: its channels and taps are a strided view
-    of the phase.
+
+@dataclass(frozen=True)
+class TapRun:
+    """The taps of one group as a strided view: the input of tap (a, b) of the group for
+    output position u (of the run) is ``source[n, c, start + a*row_step + b*column_step
+    + u]``, a < rows, b < columns."""
+
+    source: np.ndarray      # [N, C, flat]
+    start: int
+    row_step: int
+    column_step: int
+    rows: int
+    columns: int
+
+    def view(self, first, length):
+        """[N, C, rows, columns, length]: the taps' inputs for run positions first.."""
+        item = self.source.itemsize
+        strides = self.source.strides
+        return as_strided(self.source[:, :, self.start + first:], (
+            self.source.shape[0], self.source.shape[1], self.rows, self.columns, length),
+            (strides[0], strides[1], self.row_step * item, self.column_step * item, item),
+            writeable=False)
+
+
+def forward_runs(g, phases, wq):
+    """The :class:`TapRun` of each tap group of the forward, in :func:`tap_weights`' order."""
+    return [TapRun(phases[:, t.r, t.s], t.a0 * wq + t.b0, t.a_step * wq, t.b_step,
+                   len(t.rows), len(t.columns)) for t in tap_groups(g)]
+
+
+def run_product(weights, runs, length, block_elements=BLOCK_ELEMENTS):
+    """[N, C_out, length]: weights [C_out, K] @ the column matrix [K, length] of ``runs``
+    (K ordered run by run, then channel, row, column), one block of positions at a time.
+
+    Summed as one product per block over all K, as im2col's one GEMM does.
     """
-    length = g.oh * wq
-    groups = tap_groups(g)
-    columns = np.empty((g.n, g.c_in * g.kh * g.kw, length), phases.dtype)
-    k = 0
-    for t in groups:
-        phase = phases[:, t.r, t.s]                       # [N, C, (Hq + 1)*Wq]
-        item = phase.itemsize
-        start = phase[:, :, t.a0 * wq + t.b0:]
-        view = as_strided(start, (g.n, g.c_in, len(t.rows), len(t.columns), length),
-                          (phase.strides[0], phase.strides[1], t.a_step * wq * item,
-                           t.b_step * item, item), writeable=False)
-        rows = g.c_in * len(t.rows) * len(t.columns)
-        columns[:, k:k + rows].reshape(view.shape)[...] = view
-        k += rows
-    return columns
+    n = runs[0].source.shape[0]
+    k = weights.shape[1]
+    out = np.empty((n, weights.shape[0], length), weights.dtype)
+    block = min(length, max(1, block_elements // k))
+    buffer = np.empty((n, k, block), weights.dtype)
+    for first in range(0, length, block):
+        size = min(block, length - first)
+        columns = buffer[:, :, :size]
+        row = 0
+        for run in runs:
+            view = run.view(first, size)
+            count = view.shape[1] * run.rows * run.columns
+            columns[:, row:row + count].reshape(view.shape)[...] = view
+            row += count
+        out[:, :, first:first + size] = np.matmul(weights, columns)
+    return out
 
 
 def tap_weights(g, w):
@@ -118,11 +156,41 @@ def crop_rows(g, y_rows, wq):
     return y if wq == g.ow else np.ascontiguousarray(y[:, :, :, :g.ow])
 
 
-def tap_slices(g, phases, wq):
-    """Yield (kernel row i, kernel column j, [N, C_in, OH*Wq] view): each tap's input."""
-    length = g.oh * wq
+def forward_rows(g, x, w, block_elements=BLOCK_ELEMENTS):
+    """y [N, C_out, OH, OW] of an ungrouped convolution: one product per block of output
+    rows with the column matrix of the row phases (``block_elements``: the block's size)."""
+    phases, wq = row_phases(g, x)
+    y = run_product(tap_weights(g, w), forward_runs(g, phases, wq), g.oh * wq, block_elements)
+    return crop_rows(g, y, wq)
+
+
+def backward_data_rows(g, gy, w, block_elements=BLOCK_ELEMENTS):
+    """gx [N, C_in, H, W] of an ungrouped convolution: each stride phase of the padded gx
+    as one product over the taps that write it, on gy zero-padded and row-flattened.
+
+    gx_padded[r + A*sh, s + B*sw] = sum over the taps (i, j) of phase (r, s) and over o of
+    w[o, :, i, j] * gy[o, A - a_i, B - b_j]: a correlation of gy with the phase's taps,
+    read at decreasing offsets. gy's rows get ``amax`` zero rows above and zeros to width
+    ``wg`` (past the last tap's reach), so runs of ``Hq*wg`` read only gy or zeros.
+    """
+    (sh, sw) = g.stride
+    top, bottom, left, right = g.padding
+    hq, wq = -(-(g.h + top + bottom) // sh), -(-(g.w + left + right) // sw)
+    amax = (g.kh - 1) * g.dilation[0] // sh
+    bmax = (g.kw - 1) * g.dilation[1] // sw
+    wg = max(wq, g.ow + bmax)
+    padded = np.zeros((g.n, g.c_out, hq + amax + 1, wg), gy.dtype)
+    padded[:, :, amax:amax + g.oh, bmax:bmax + g.ow] = gy
+    source = padded.reshape(g.n, g.c_out, -1)
+    gx = np.zeros(g.x_shape, gy.dtype)
     for t in tap_groups(g):
-        for ai, i in enumerate(t.rows):
-            for bj, j in enumerate(t.columns):
-                start = (t.a0 + ai * t.a_step) * wq + t.b0 + bj * t.b_step
-                yield i, j, phases[:, t.r, t.s, :, start:start + length]
+        run = TapRun(source, (amax - t.a0) * wg + bmax - t.b0, -t.a_step * wg, -t.b_step,
+                     len(t.rows), len(t.columns))
+        weights = w[:, :, list(t.rows)][:, :, :, list(t.columns)].transpose(1, 0, 2, 3)
+        phase = run_product(weights.reshape(g.c_in, -1), [run], hq * wg, block_elements).reshape(
+            g.n, g.c_in, hq, wg)
+        a, first_row = _first_inside(t.r, sh, top)
+        b, first_column = _first_inside(t.s, sw, left)
+        target = gx[:, :, first_row::sh, first_column::sw]
+        target[...] = phase[:, :, a:a + target.shape[2], b:b + target.shape[3]]
+    return gx
