@@ -16,6 +16,10 @@ from gdnflow.ops.conv.row_phases import BLOCK_ELEMENTS, backward_data_rows, forw
 
 #: Channels each side needs for the row-phase path (see NumpyConv.blocks_pay).
 MIN_ROW_CHANNELS = 16
+#: Column elements per block of groups in a grouped (depthwise) forward: 512 KB of
+#: float32, copied and multiplied while in cache (10-30% faster than the whole
+#: column matrix at once on MobileNetV2's depthwise layers, one thread).
+GROUP_BLOCK_ELEMENTS = 1 << 17
 
 
 def padded_input(g, x):
@@ -40,16 +44,35 @@ class NumpyConv:
     fuses_bias_activation = True
 
     @staticmethod
-    def columns(g, x):
-        """x [N, C_in, H, W] -> [N, groups, C_in/groups*kh*kw, OH*OW]: the input under each tap."""
+    def taps(g, x):
+        """[N, C_in, kh, kw, OH, OW], a view of the padded input: the input under each tap."""
         (sh, sw), (dh, dw) = g.stride, g.dilation
         padded = padded_input(g, x)
         batch, channel, row, column = padded.strides
         # taps[n, c, i, j, p, q] = padded[n, c, p*sh + i*dh, q*sw + j*dw]
-        taps = as_strided(padded, (g.n, g.c_in, g.kh, g.kw, g.oh, g.ow),
+        return as_strided(padded, (g.n, g.c_in, g.kh, g.kw, g.oh, g.ow),
                           (batch, channel, dh * row, dw * column, sh * row, sw * column),
                           writeable=False)
-        return taps.reshape(g.n, g.groups, -1, g.oh * g.ow)
+
+    @staticmethod
+    def columns(g, x):
+        """x [N, C_in, H, W] -> [N, groups, C_in/groups*kh*kw, OH*OW]: the input under each tap."""
+        return NumpyConv.taps(g, x).reshape(g.n, g.groups, -1, g.oh * g.ow)
+
+    @staticmethod
+    def grouped_forward(g, x, w):
+        """y[n, g] = W[g] @ columns[n, g], a few groups at a time: each block's columns
+        (about GROUP_BLOCK_ELEMENTS) are copied while still in cache, then multiplied."""
+        taps = NumpyConv.taps(g, x)
+        per_group = g.c_in // g.groups
+        weights = w.reshape(g.groups, g.c_out // g.groups, -1)
+        y = np.empty((g.n, g.groups, g.c_out // g.groups, g.oh * g.ow), x.dtype)
+        step = max(1, GROUP_BLOCK_ELEMENTS // (weights.shape[2] * g.oh * g.ow))
+        for first in range(0, g.groups, step):
+            columns = taps[:, first * per_group:(first + step) * per_group].reshape(
+                g.n, -1, weights.shape[2], g.oh * g.ow)
+            np.matmul(weights[first:first + step], columns, out=y[:, first:first + step])
+        return y
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
@@ -60,8 +83,7 @@ class NumpyConv:
         elif NumpyConv.blocks_pay(g):
             y = forward_rows(g, x, w)
         else:
-            weights = w.reshape(g.groups, g.c_out // g.groups, -1)
-            y = np.matmul(weights, NumpyConv.columns(g, x))
+            y = NumpyConv.grouped_forward(g, x, w)
         return epilogue_numpy(y.reshape(g.y_shape), bias, None, activation, in_place=True)
 
     @staticmethod
