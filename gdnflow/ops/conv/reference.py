@@ -33,11 +33,13 @@ def padded_input(g, x):
 
 
 class NumpyConv:
-    """The reference: im2col by stride tricks, then matrix products through BLAS.
+    """The reference: matrix products through BLAS on im2col or on row phases.
 
-    ``columns`` views the padded input under every tap without copying
+    ``taps`` views the padded input under every tap without copying
     (``as_strided``); reshaping it to [N, groups, C_in/groups*kh*kw,
-    OH*OW] is the one copy, which the forward of a 1x1 layer skips.
+    OH*OW] (``columns``) is the one copy, which the forward of a 1x1 layer
+    skips. Large ungrouped layers (:meth:`blocks_pay`) build their columns on
+    row phases instead (:mod:`gdnflow.ops.conv.row_phases`).
     """
 
     name = "numpy"
