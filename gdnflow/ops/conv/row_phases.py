@@ -85,8 +85,10 @@ def row_phases(g, x):
     return phases.reshape(g.n, sh, sw, g.c_in, (hq + 1) * wq), wq
 
 
-#: Column-matrix elements built per block of output rows: a block's columns stay in
-#: cache-sized buffers (one reused buffer, no page faults of a whole-image matrix).
+#: Column-matrix elements built per block of output positions (16 MB of float32): one
+#: reused buffer instead of a whole-image matrix (250 MB on the codec's widest layer,
+#: whose fresh pages cost as much to fault in as the copy itself). Smaller blocks mean
+#: more BLAS calls, which cost more when the cores are shared.
 BLOCK_ELEMENTS = 1 << 22
 
 
