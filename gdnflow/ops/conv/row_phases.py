@@ -85,11 +85,13 @@ def row_phases(g, x):
     return phases.reshape(g.n, sh, sw, g.c_in, (hq + 1) * wq), wq
 
 
-#: Column-matrix elements built per block of output positions (16 MB of float32): one
+#: Column-matrix elements built per block of output positions (64 MB of float32): one
 #: reused buffer instead of a whole-image matrix (250 MB on the codec's widest layer,
-#: whose fresh pages cost as much to fault in as the copy itself). Smaller blocks mean
-#: more BLAS calls, which cost more when the cores are shared.
-BLOCK_ELEMENTS = 1 << 22
+#: whose fresh pages cost as much to fault in as the copy itself). Smaller blocks are
+#: a little faster on an idle core (16 MB: about 6% on the codec, one BLAS thread) but
+#: mean more BLAS calls, each of which waits for a descheduled BLAS thread when the
+#: cores are shared (16 MB blocks measured up to 1.7x slower than these at load 3).
+BLOCK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
