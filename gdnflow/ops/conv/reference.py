@@ -5,17 +5,19 @@ The three linear maps of a :class:`~gdnflow.ops.conv.geometry.ConvGeometry`
 The forward: a 1x1 layer's input already is the matrix of the product;
 any other ungrouped layer is one product with the column matrix built on
 the input's row-flattened stride phases (:mod:`gdnflow.ops.conv.row_phases`:
-contiguous copies, no strided gather, in cache-sized blocks); grouped ones
+contiguous copies, no strided gather, in blocks); grouped ones
 (depthwise) and the gradients use im2col by stride tricks.
 """
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gdnflow.ops.conv.epilogue import epilogue_numpy
-from gdnflow.ops.conv.row_phases import BLOCK_ELEMENTS, backward_data_rows, forward_rows
+from gdnflow.ops.conv.row_phases import backward_data_rows, forward_rows
 
 #: Channels each side needs for the row-phase path (see NumpyConv.blocks_pay).
 MIN_ROW_CHANNELS = 16
+#: Column-matrix elements past which the row-phase path pays (16 MB of float32).
+MIN_ROW_COLUMN_ELEMENTS = 1 << 22
 #: Column elements per block of groups in a grouped (depthwise) forward: 512 KB of
 #: float32, copied and multiplied while in cache (10-30% faster than the whole
 #: column matrix at once on MobileNetV2's depthwise layers, one thread).
@@ -90,8 +92,8 @@ class NumpyConv:
 
     @staticmethod
     def blocks_pay(g):
-        """Whether to work on row phases: an ungrouped layer whose column matrix outgrows
-        one block of BLOCK_ELEMENTS, with at least MIN_ROW_CHANNELS channels on each side.
+        """Whether to work on row phases: an ungrouped layer whose column matrix has more
+        than MIN_ROW_COLUMN_ELEMENTS, with at least MIN_ROW_CHANNELS channels on each side.
 
         Below that size the Python work per block is not repaid; with a few channels
         (an RGB side) im2col's gather is cheap and the per-phase products of the
@@ -99,7 +101,7 @@ class NumpyConv:
         slower there, 1.3x to 3x faster on its 128-channel layers).
         """
         return (g.groups == 1 and min(g.c_in, g.c_out) >= MIN_ROW_CHANNELS
-                and g.c_in * g.kh * g.kw * g.oh * g.ow > BLOCK_ELEMENTS)
+                and g.c_in * g.kh * g.kw * g.oh * g.ow > MIN_ROW_COLUMN_ELEMENTS)
 
     @staticmethod
     def backward_data(g, gy, w):

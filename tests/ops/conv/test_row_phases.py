@@ -77,7 +77,7 @@ def test_backward_data_rows_matches_tap_scatter(name, block_elements, rng):
 
 
 def test_large_layers_take_row_phases_and_stay_float32(rng):
-    # 16 channels each side, 5x5 stride 2, 208x208 outputs: past one block of columns.
+    # 16 channels each side, 5x5 stride 2, 208x208 outputs: more than one block of columns.
     g = conv_geometry("conv2d", (1, 16, 416, 416), (16, 16, 5, 5), (2, 2), (2, 2, 2, 2),
                       (1, 1), 1)
     assert NumpyConv.blocks_pay(g)
