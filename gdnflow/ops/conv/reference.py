@@ -70,8 +70,10 @@ class NumpyConv:
         taps = NumpyConv.taps(g, x)
         per_group = g.c_in // g.groups
         weights = w.reshape(g.groups, g.c_out // g.groups, -1)
-        y = np.empty((g.n, g.groups, g.c_out // g.groups, g.oh * g.ow), x.dtype)
         step = max(1, GROUP_BLOCK_ELEMENTS // (weights.shape[2] * g.oh * g.ow))
+        if step >= g.groups:        # one block: one product, no loop (small layers)
+            return np.matmul(weights, taps.reshape(g.n, g.groups, -1, g.oh * g.ow))
+        y = np.empty((g.n, g.groups, g.c_out // g.groups, g.oh * g.ow), x.dtype)
         for first in range(0, g.groups, step):
             columns = taps[:, first * per_group:(first + step) * per_group].reshape(
                 g.n, -1, weights.shape[2], g.oh * g.ow)
