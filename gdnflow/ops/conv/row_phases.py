@@ -85,13 +85,14 @@ def row_phases(g, x):
     return phases.reshape(g.n, sh, sw, g.c_in, (hq + 1) * wq), wq
 
 
-#: Column-matrix elements built per block of output positions (64 MB of float32): one
+#: Column-matrix elements built per block of output positions (24 MB of float32): one
 #: reused buffer instead of a whole-image matrix (250 MB on the codec's widest layer,
-#: whose fresh pages cost as much to fault in as the copy itself). Smaller blocks are
-#: a little faster on an idle core (16 MB: about 6% on the codec, one BLAS thread) but
-#: mean more BLAS calls, each of which waits for a descheduled BLAS thread when the
-#: cores are shared (16 MB blocks measured up to 1.7x slower than these at load 3).
-BLOCK_ELEMENTS = 1 << 24
+#: whose fresh pages cost as much to fault in as the copy itself). Below glibc's largest
+#: mmap threshold (32 MB) the buffer comes from the heap without fresh pages (64 MB
+#: blocks measured 1.3x slower on the codec, one thread); the larger the block, the fewer
+#: BLAS calls, each of which waits for a descheduled BLAS thread when the cores are
+#: shared (16 MB blocks measured up to 1.7x slower than 64 MB ones at load 3).
+BLOCK_ELEMENTS = 6 << 20
 
 
 @dataclass(frozen=True)
