@@ -149,7 +149,8 @@ def run_product(weights, runs, length, block_elements=BLOCK_ELEMENTS):
 
 
 def tap_weights(g, w):
-    """w [C_out, C_in, kh, kw] as [C_out, K] in :func:`tap_columns`' order of K."""
+    """w [C_out, C_in, kh, kw] as [C_out, K], K in the order of :func:`forward_runs`
+    (tap group, then channel, kernel row, kernel column)."""
     return np.concatenate([w[:, :, list(t.rows)][:, :, :, list(t.columns)].reshape(g.c_out, -1)
                            for t in tap_groups(g)], axis=1)
 
@@ -192,8 +193,8 @@ def backward_data_rows(g, gy, w, block_elements=BLOCK_ELEMENTS):
         run = TapRun(source, (amax - t.a0) * wg + bmax - t.b0, -t.a_step * wg, -t.b_step,
                      len(t.rows), len(t.columns))
         weights = w[:, :, list(t.rows)][:, :, :, list(t.columns)].transpose(1, 0, 2, 3)
-        phase = run_product(weights.reshape(g.c_in, -1), [run], hq * wg, block_elements).reshape(
-            g.n, g.c_in, hq, wg)
+        phase = run_product(weights.reshape(g.c_in, -1), [run], hq * wg, block_elements)
+        phase = phase.reshape(g.n, g.c_in, hq, wg)
         a, first_row = _first_inside(t.r, sh, top)
         b, first_column = _first_inside(t.s, sw, left)
         target = gx[:, :, first_row::sh, first_column::sw]
