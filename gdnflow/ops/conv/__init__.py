@@ -19,6 +19,7 @@ maps in another order. The modules:
 ``transpose``      :class:`ConvTranspose2dOp` and :func:`conv_transpose2d`
 ``epilogue``       act(y + bias + residual) after a convolution, and its gradients
 ``reference``      :class:`NumpyConv`, the NumPy maps
+``row_phases``     the NumPy products of large layers on row-flattened stride phases
 ``planning``       :class:`ConvPlanner`: which GPU algorithm runs each (geometry, stage)
 ``algorithms/``    the GPU algorithms: im2col + SGEMM and one GEMM per image for 1x1
                    (``im2col``), the direct 1x1 kernel (``pointwise``, its tiling in
