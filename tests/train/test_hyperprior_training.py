@@ -2,12 +2,11 @@
 the loss falls, a resumed run equals an uninterrupted one bit for bit, runs of
 another model are not resumed, crops must suit the model, and the checkpoint
 opens as a hyperprior codec."""
-import json
 
-import h5py
 import numpy as np
 import pytest
 
+from checkpoint_kit import drop_train_config_fields
 from gdnflow.codec import Codec
 from gdnflow.codec.hyperprior import HyperpriorCodec
 from gdnflow.io.checkpoint import load_checkpoint, read_checkpoint_info
@@ -60,12 +59,7 @@ def test_resume_of_a_checkpoint_without_the_model_field(tiny_config):
     trainer = Trainer(tiny_config(steps=1, crop=64))
     trainer.run()
     path = trainer.checkpoint_path()
-    with h5py.File(path, "r+") as f:
-        for key, value in f.attrs.items():
-            if isinstance(value, str) and '"train_config"' in value:
-                record = json.loads(value)
-                record["train_config"].pop("model")
-                f.attrs[key] = json.dumps(record)
+    drop_train_config_fields(path, "model")
     assert "model" not in read_checkpoint_info(path)["extra"]["train_config"]
     with pytest.raises(ValueError, match="model: checkpoint 'factorized_prior', now 'hyperprior'"):
         Trainer(hyper_config(tiny_config, N=8, M=12)).resume()
