@@ -24,7 +24,7 @@ import io
 import json
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from gdnflow.backends import default_device
 from gdnflow.codec.cli import unused_folder
@@ -35,6 +35,7 @@ from gdnflow.codec.zoo import pretrained
 from gdnflow.commandline import positive_int
 from gdnflow.data.images import ImageFolder, NoImagesError, sample_photos
 from gdnflow.io.files import write_bytes_atomic
+from gdnflow.plots import default_font
 from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.trainer import TrainConfig, Trainer
 
@@ -77,14 +78,15 @@ def same_size_reference(original, codec, bpp, out, stem):
     at = sweep.at_rate(bpp)
     if at is None:
         return None, None
-    setting = at["settings"][0] if at["bpp"][0] <= bpp else at["settings"][1]
+    setting = at["settings"][0]         # the bracket's lower file is below the rate
     data = sweep.file(setting)
     extension = {"JPEG": "jpg", "WebP": "webp"}[codec.name]
     path = out / f"{stem}.{codec.name.lower()}.{extension}"
     write_bytes_atomic(path, data)
+    point = sweep.point(setting)        # measured when the rate was bracketed
     return {"psnr_at_rate": at["psnr"], "ms_ssim_at_rate": at["ms_ssim"],
             "file": str(path), "setting": setting, "bytes": len(data),
-            **quality_metrics(original, decode_image(data))}, decode_image(data)
+            "psnr": point["psnr"], "ms_ssim": point["ms_ssim"]}, decode_image(data)
 
 
 def run_demo(out=None, quality=2, steps=None, device=None, log=print, photos=None):
@@ -162,10 +164,7 @@ def summary(results, out):
 
 def _comparison_sheet(rows):
     """PNG bytes: a row per photo of centre crops (original, gdnflow, references), captioned."""
-    try:
-        font = ImageFont.load_default(size=13)      # Pillow >= 10.1: a scalable default
-    except TypeError:
-        font = ImageFont.load_default()
+    font = default_font()
     tile, caption, gap = CROP * ZOOM, 22, 8
     columns = max(len(r) for r in rows)
     size = (columns * (tile + gap) + gap, len(rows) * (tile + caption + gap) + gap)

@@ -1,4 +1,5 @@
-"""What gdnflow's plots share: a matplotlib figure that needs no display, and its PNG bytes.
+"""What gdnflow's pictures share: a matplotlib figure that needs no display, its PNG bytes,
+and the font of the picture sheets composed with Pillow.
 
 The figures are drawn on matplotlib's Agg canvas directly (``Figure`` and
 ``FigureCanvasAgg``, not ``pyplot``), so no window opens and the global
@@ -10,7 +11,7 @@ rate-distortion plot (:mod:`gdnflow.codec.eval_report`) use these.
 import io
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFont
 
 
 def new_figure(width, height, dpi=100):
@@ -32,4 +33,13 @@ def png_bytes(figure):
     return buffer.getvalue()
 
 
-__all__ = ["new_figure", "png_bytes"]
+def default_font():
+    """Pillow's default font at 13 pixels (Pillow >= 10.1), else its fixed default font:
+    the captions of the sheets drawn with Pillow (reconstructions, the demo's comparison)."""
+    try:
+        return ImageFont.load_default(size=13)      # Pillow >= 10.1: a scalable default
+    except TypeError:
+        return ImageFont.load_default()
+
+
+__all__ = ["new_figure", "png_bytes", "default_font"]

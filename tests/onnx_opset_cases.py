@@ -2,7 +2,7 @@
 opsets 7 to 21, built with onnx.helper: one or more cases per version (a case per
 form where a version has several: an attribute or the input that replaced it,
 Softmax's axis before and after opset 13...), each at the first opset of its
-version, with random inputs of odd shapes. :func:`run_case` runs one in gdnflow
+version, with random inputs of odd shapes. :func:`assert_case_matches` runs one in gdnflow
 (NumPy) and compares it with :func:`reference`: onnxruntime, or what stands in
 where onnxruntime refuses the form. The builders of the elementwise, reduction,
 shape and indexing operators are in tests/onnx_opset_forms.py, those of the
@@ -371,7 +371,7 @@ def reference(case):
     return session.run(None, case.feeds), source
 
 
-def run_case(case):
+def assert_case_matches(case):
     """The name of the reference gdnflow matched (raises AssertionError where it did not,
     OnnxImportError where it refused the case)."""
     expected, source = reference(case)

@@ -66,11 +66,11 @@ def bd_rate(anchor, test):
     return 100.0 * math.expm1(mean_log_rate(test_fit) - mean_log_rate(anchor_fit))
 
 
-def overlap(anchor, test):
-    """The (low, high) quality range both curves of (rate, quality) points cover, or None."""
-    low = max(min(q for _, q in anchor), min(q for _, q in test))
-    high = min(max(q for _, q in anchor), max(q for _, q in test))
-    return (low, high) if high > low else None
+def rd_points(points, key):
+    """(bpp, quality) pairs of rate-distortion points (dicts with "bpp" and ``key``: "psnr",
+    or "ms_ssim" as :func:`ms_ssim_db`), the non-finite ones left out."""
+    convert = ms_ssim_db if key == "ms_ssim" else float
+    return [(p["bpp"], convert(p[key])) for p in points if math.isfinite(p[key])]
 
 
-__all__ = ["bd_rate", "overlap", "ms_ssim_db", "BDRateError"]
+__all__ = ["bd_rate", "rd_points", "ms_ssim_db", "BDRateError"]

@@ -6,7 +6,7 @@ backend touched, imported on first use).
 """
 import math
 
-from gdnflow.codec.bd_rate import ms_ssim_db
+from gdnflow.codec.bd_rate import rd_points
 from gdnflow.plots import new_figure, png_bytes
 
 
@@ -71,9 +71,8 @@ def markdown_table(results):
     return "\n".join(lines) + "\n"
 
 
-def _quality(points, key):
-    convert = ms_ssim_db if key == "ms_ssim" else float
-    pairs = [(p["bpp"], convert(p[key])) for p in points if math.isfinite(p[key])]
+def _columns(pairs):
+    """([bpp...], [quality...]) of (bpp, quality) pairs."""
     return [b for b, _ in pairs], [q for _, q in pairs]
 
 
@@ -93,12 +92,12 @@ def plot_rate_distortion(results):
         axes = figure.add_subplot(1, len(panels), index + 1)
         for (name, curve), (colour, line, marker) in zip(results["reference_curves"].items(),
                                                          styles * 3):
-            x, y = _quality(curve, key)
+            x, y = _columns(rd_points(curve, key))
             axes.plot(x, y, line, color=colour, marker=marker, markersize=3, label=name)
         for architecture in dict.fromkeys(m["architecture"] for m in results["means"]):
             points = sorted((m for m in results["means"] if m["architecture"] == architecture),
                             key=lambda m: m["bpp"])
-            x, y = _quality(points, key)
+            x, y = _columns(rd_points(points, key))
             axes.plot(x, y, "-o", linewidth=2, markersize=6, label=f"gdnflow {architecture}")
         axes.set_xlabel("bits per pixel")
         axes.set_ylabel(label)

@@ -36,15 +36,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import PIL
 from PIL import Image
 from tqdm import tqdm
 
-from gdnflow.codec.bd_rate import BDRateError, bd_rate, ms_ssim_db
+from gdnflow.codec.bd_rate import BDRateError, bd_rate, rd_points
 from gdnflow.codec.codec import Codec, read_image
 from gdnflow.codec.eval_report import markdown_table, plot_rate_distortion
-from gdnflow.codec.references import REFERENCE_CODECS, RateSweep, mean_curve, quality_metrics
+from gdnflow.codec.references import (REFERENCE_CODECS, RateSweep, finite_mean, mean_curve,
+                                      quality_metrics)
 from gdnflow.data.images import NoImagesError, list_images
 from gdnflow.io.files import (TEMPORARY_SUFFIX, OutputError, OutputExistsError, check_outputs,
                               write_bytes_atomic)
@@ -82,11 +82,6 @@ def checkpoint_label(path, name=None):
     except Exception:       # noqa: BLE001 (the label is cosmetic; loading reports real errors)
         return label
     return f"{label} ({', '.join(details)})"
-
-
-def _mean(values):
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.mean(values)) if values else float("nan")
 
 
 def reference_codecs(names):
@@ -253,23 +248,17 @@ def _model_mean(label, architecture, rows, references):
     """A model's means over images, and against each reference codec on the images where
     that codec reaches the model's rate."""
     mean = {"model": label, "architecture": architecture, "images": len(rows),
-            "bpp": _mean(r["bpp"] for r in rows), "psnr": _mean(r["psnr"] for r in rows),
-            "ms_ssim": _mean(r["ms_ssim"] for r in rows), "references": {}}
+            "bpp": finite_mean(r["bpp"] for r in rows), "psnr": finite_mean(r["psnr"] for r in rows),
+            "ms_ssim": finite_mean(r["ms_ssim"] for r in rows), "references": {}}
     for reference in references:
         matched = [r for r in rows if r["references"][reference.name] is not None]
         mean["references"][reference.name] = {
             "images": len(matched),
-            "psnr": _mean(r["references"][reference.name]["psnr"] for r in matched),
-            "ms_ssim": _mean(r["references"][reference.name]["ms_ssim"] for r in matched),
-            "delta_psnr": _mean(r["psnr"] - r["references"][reference.name]["psnr"]
+            "psnr": finite_mean(r["references"][reference.name]["psnr"] for r in matched),
+            "ms_ssim": finite_mean(r["references"][reference.name]["ms_ssim"] for r in matched),
+            "delta_psnr": finite_mean(r["psnr"] - r["references"][reference.name]["psnr"]
                                 for r in matched)}
     return mean
-
-
-def _curve_points(points, key):
-    """(bpp, quality) pairs of mean points; MS-SSIM as dB (:func:`ms_ssim_db`)."""
-    convert = ms_ssim_db if key == "ms_ssim" else float
-    return [(p["bpp"], convert(p[key])) for p in points if math.isfinite(p[key])]
 
 
 def bd_rates(means, curves):
@@ -285,7 +274,7 @@ def bd_rates(means, curves):
                      "checkpoints": [m["model"] for m in points]}
             for key in ("psnr", "ms_ssim"):
                 try:
-                    entry[key] = bd_rate(_curve_points(curve, key), _curve_points(points, key))
+                    entry[key] = bd_rate(rd_points(curve, key), rd_points(points, key))
                 except BDRateError as exc:
                     entry[key] = None
                     entry[f"{key}_note"] = str(exc).removeprefix("BD-rate: ")

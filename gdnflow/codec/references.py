@@ -188,14 +188,15 @@ def mean_curve(sweeps, low_bpp, high_bpp):
     for setting, bpp in rates[first:last + 1]:
         points = [sweep.point(setting) for sweep in sweeps]
         curve.append({"setting": setting, "bpp": bpp,
-                      **{key: _finite_mean(p[key] for p in points) for key in ("psnr", "ms_ssim")}})
+                      **{key: finite_mean(p[key] for p in points) for key in ("psnr", "ms_ssim")}})
     return curve
 
 
-def _finite_mean(values):
+def finite_mean(values):
+    """The mean of the finite values (None and NaN left out); NaN when there is none."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     return float(np.mean(values)) if values else float("nan")
 
 
 __all__ = ["ReferenceCodec", "RateSweep", "REFERENCE_CODECS", "JPEG", "WEBP", "JPEG_2000",
-           "mean_curve", "quality_metrics", "decode_image"]
+           "mean_curve", "finite_mean", "quality_metrics", "decode_image"]

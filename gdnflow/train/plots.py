@@ -9,10 +9,10 @@ reconstructions, captioned with rate and PSNR (composed with Pillow).
 import math
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from gdnflow.io.files import atomic_output, write_bytes_atomic
-from gdnflow.plots import new_figure, png_bytes
+from gdnflow.plots import default_font, new_figure, png_bytes
 
 PANELS = (("loss", "rate-distortion loss"), ("bpp", "rate (bits per pixel)"), ("psnr", "PSNR (dB)"))
 
@@ -77,14 +77,6 @@ def plot_curves(history, eval_history, path):
     return path
 
 
-def _font():
-    """Pillow's default font at 13 pixels (Pillow >= 10.1), else its fixed default font."""
-    try:
-        return ImageFont.load_default(size=13)      # Pillow >= 10.1: a scalable default
-    except TypeError:
-        return ImageFont.load_default()
-
-
 def _to_pil(array, max_side, min_side):
     """An (3, H, W) array in [0, 1] as a Pillow image whose longer side is within
     [min_side, max_side]: shrunk smoothly, or enlarged by whole pixels (nearest)."""
@@ -108,7 +100,7 @@ def plot_reconstructions(items, path, max_side=384, min_side=192):
     with pixel values in [0, 1]. Large images are shrunk to ``max_side``
     pixels, small ones enlarged by whole pixels toward ``min_side``.
     """
-    font = _font()
+    font = default_font()
     rows = [(name, _to_pil(a, max_side, min_side), _to_pil(b, max_side, min_side), bpp, quality)
             for name, a, b, bpp, quality in items]
     caption, gap, column = 40, 10, 250      # two caption lines; columns wide enough for them

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from gdnflow.codec.bd_rate import BDRateError, bd_rate, ms_ssim_db, overlap
+from gdnflow.codec.bd_rate import BDRateError, bd_rate, ms_ssim_db, rd_points
 
 
 def curve(log_rate, qualities):
@@ -31,7 +31,6 @@ def test_only_the_common_quality_range_counts():
     # tested curve's own range [30, 50] it would average 2.
     anchor = curve(lambda q: 0.0, [20, 26, 33, 40])
     tested = curve(lambda q: ((q - 30) / 10) ** 3, [30, 36, 43, 50])
-    assert overlap(anchor, tested) == (30, 40)
     assert bd_rate(anchor, tested) == pytest.approx(100 * math.expm1(0.25), rel=1e-9)
 
 
@@ -58,10 +57,16 @@ def test_curves_that_admit_no_bd_rate_are_refused_with_the_reason():
         bd_rate([(0.0, 30), (1.0, 35)], good)
     with pytest.raises(BDRateError, match=r"do not overlap \(anchor 30 to 36, tested 40 to 45\)"):
         bd_rate(good, curve(lambda q: 0.1 * q, [40, 45]))
-    assert overlap(good, curve(lambda q: 0.1 * q, [40, 45])) is None
 
 
 def test_ms_ssim_in_decibels():
     assert ms_ssim_db(0.9) == pytest.approx(10.0)
     assert ms_ssim_db(0.99) == pytest.approx(20.0)
     assert ms_ssim_db(1.0) == math.inf
+
+
+def test_rd_points_give_ms_ssim_in_decibels_and_leave_out_non_finite_points():
+    points = [{"bpp": 0.1, "psnr": 30.0, "ms_ssim": 0.9},
+              {"bpp": 0.2, "psnr": float("nan"), "ms_ssim": 0.99}]
+    assert rd_points(points, "psnr") == [(0.1, 30.0)]
+    assert rd_points(points, "ms_ssim") == [(0.1, pytest.approx(10.0)), (0.2, pytest.approx(20.0))]

@@ -25,7 +25,6 @@ features] as Keras has them). Where a layer's meaning is not plain:
 cannot run (``channels_first``, other activations, ``padding="causal"`` on
 a 2-D layer, ``return_state``...).
 """
-import numpy as np
 
 from gdnflow import nn, ops
 from gdnflow.io.keras.activations import (activate, activation_name, activation_problem, elu,
@@ -34,8 +33,8 @@ from gdnflow.io.keras.layers_parametric import PARAMETRIC_LAYERS, parametric_pro
 from gdnflow.io.keras.layers_recurrent import RECURRENT_LAYERS, recurrent_problems
 from gdnflow.io.keras.layout import (from_nhwc, image_as_sequence, keras_axis, pair,
                                      same_padding, sequence_as_image, single, to_nhwc)
+from gdnflow.io.onnx_resize import resample
 from gdnflow.nn.module import Module
-from gdnflow.tensor import Tensor
 
 #: The interpolations of UpSampling2D that gdnflow runs.
 UPSAMPLING_INTERPOLATIONS = ("nearest", "bilinear")
@@ -183,18 +182,6 @@ def _global_pool_1d(kind):
     return make
 
 
-def _interpolation_matrix(in_size, factor):
-    """M [in_size * factor, in_size]: tf.image.resize's bilinear upsampling of one axis."""
-    out = np.arange(in_size * factor)
-    source = (out + 0.5) / factor - 0.5
-    low = np.floor(source)
-    weight = source - low
-    matrix = np.zeros((out.size, in_size))
-    for neighbour, share in ((low, 1 - weight), (low + 1, weight)):
-        np.add.at(matrix, (out, np.clip(neighbour, 0, in_size - 1).astype(np.int64)), share)
-    return matrix
-
-
 def _upsampling(config):
     rows, cols = pair(config.get("size", 2))
     bilinear = str(config.get("interpolation", "nearest")) == "bilinear"
@@ -205,10 +192,9 @@ def _upsampling(config):
             # Each pixel repeated: x as [n, c, h, 1, w, 1] broadcast to [n, c, h, rows, w, cols].
             spread = ops.broadcast_to(ops.reshape(x, (n, c, h, 1, w, 1)), (n, c, h, rows, w, cols))
             return ops.reshape(spread, (n, c, h * rows, w * cols))
-        along_rows, along_cols = (
-            Tensor(_interpolation_matrix(size, factor).astype(np.float32), device=x.device)
-            for size, factor in ((h, rows), (w, cols)))
-        return ops.matmul(along_rows, ops.linear(x, along_cols))
+        # tf.image.resize's bilinear is ONNX Resize's linear mode with half-pixel centres.
+        return resample(None, x, "linear", "half_pixel", (n, c, h * rows, w * cols),
+                        (1, 1, rows, cols))
     return upsample
 
 
