@@ -12,7 +12,11 @@ def graph_model(nodes, inputs, outputs, initializers=(), opset=17):
         nodes, "g", [value(n, s) for n, s in inputs.items()],
         [value(n, s) for n, s in outputs.items()],
         initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in dict(initializers).items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # The least IR version the opset needs, not onnx's newest: an onnxruntime older
+    # than the onnx package (the GPU machine's) refuses IR versions it does not know.
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets,
+                             ir_version=max(helper.find_min_ir_version_for(opsets), 7))
 
 
 def node(op_type, inputs, outputs=("y",), **attributes):
