@@ -1,5 +1,7 @@
 // Elementwise operators: unary maps with up to two scalar parameters, and
 // binary arithmetic with broadcasting. Python side: gdnflow/ops/elementwise.py.
+// Built for float tensors, and with -DSTORAGE_BF16 / -DSTORAGE_FP16 for
+// 16-bit ones (storage_t, load_value and store_value: gdnflow_common.cuh).
 #include "gdnflow_common.cuh"
 
 // ---------------------------------------------------------------- unary ----
@@ -10,17 +12,21 @@
 // A backward that needs only x or only y lets the compiler drop the other load.
 #define UNARY_OPERATOR(NAME, FORWARD, BACKWARD)                               \
 extern "C" __global__ void NAME##_forward(                                    \
-        const float* __restrict__ x_, float* __restrict__ y_, int n,          \
-        float p0, float p1) {                                                 \
-    GRID_STRIDE_LOOP(i, n) { const float x = x_[i]; y_[i] = (FORWARD); }      \
-}                                                                             \
-extern "C" __global__ void NAME##_backward(                                   \
-        const float* __restrict__ x_, const float* __restrict__ y_,           \
-        const float* __restrict__ gy_, float* __restrict__ gx_, int n,        \
+        const storage_t* __restrict__ x_, storage_t* __restrict__ y_, int n,  \
         float p0, float p1) {                                                 \
     GRID_STRIDE_LOOP(i, n) {                                                  \
-        [[maybe_unused]] const float x = x_[i], y = y_[i], gy = gy_[i];       \
-        gx_[i] = (BACKWARD);                                                  \
+        const float x = load_value(x_[i]);                                    \
+        y_[i] = store_value(FORWARD);                                         \
+    }                                                                         \
+}                                                                             \
+extern "C" __global__ void NAME##_backward(                                   \
+        const storage_t* __restrict__ x_, const storage_t* __restrict__ y_,   \
+        const storage_t* __restrict__ gy_, storage_t* __restrict__ gx_, int n,\
+        float p0, float p1) {                                                 \
+    GRID_STRIDE_LOOP(i, n) {                                                  \
+        [[maybe_unused]] const float x = load_value(x_[i]), y = load_value(y_[i]); \
+        const float gy = load_value(gy_[i]);                                  \
+        gx_[i] = store_value(BACKWARD);                                       \
     }                                                                         \
 }
 
@@ -76,20 +82,23 @@ __device__ __forceinline__ void broadcast_offsets(
 
 #define BINARY_OPERATOR(NAME, EXPR)                                           \
 extern "C" __global__ void NAME##_same(                                       \
-        const float* __restrict__ a_, const float* __restrict__ b_,           \
-        float* __restrict__ out, int n) {                                     \
-    GRID_STRIDE_LOOP(i, n) { const float a = a_[i], b = b_[i]; out[i] = (EXPR); } \
+        const storage_t* __restrict__ a_, const storage_t* __restrict__ b_,   \
+        storage_t* __restrict__ out, int n) {                                 \
+    GRID_STRIDE_LOOP(i, n) {                                                  \
+        const float a = load_value(a_[i]), b = load_value(b_[i]);             \
+        out[i] = store_value(EXPR);                                           \
+    }                                                                         \
 }                                                                             \
 extern "C" __global__ void NAME##_broadcast(                                  \
-        const float* __restrict__ a_, const float* __restrict__ b_,           \
-        float* __restrict__ out, int n, BROADCAST_DIMS,                       \
+        const storage_t* __restrict__ a_, const storage_t* __restrict__ b_,   \
+        storage_t* __restrict__ out, int n, BROADCAST_DIMS,                   \
         BROADCAST_STRIDES(as), BROADCAST_STRIDES(bs)) {                       \
     GRID_STRIDE_LOOP(i, n) {                                                  \
         int oa, ob;                                                           \
         broadcast_offsets(i, d1, d2, d3, d4, d5, as0, as1, as2, as3, as4, as5, \
                           bs0, bs1, bs2, bs3, bs4, bs5, oa, ob);              \
-        const float a = a_[oa], b = b_[ob];                                   \
-        out[i] = (EXPR);                                                      \
+        const float a = load_value(a_[oa]), b = load_value(b_[ob]);           \
+        out[i] = store_value(EXPR);                                           \
     }                                                                         \
 }
 
@@ -100,7 +109,7 @@ BINARY_OPERATOR(div, a / b)
 
 // out = x broadcast to out's shape (the backward of a reduction).
 extern "C" __global__ void broadcast_copy(
-        const float* __restrict__ x, float* __restrict__ out, int n,
+        const storage_t* __restrict__ x, storage_t* __restrict__ out, int n,
         BROADCAST_DIMS, BROADCAST_STRIDES(s)) {
     GRID_STRIDE_LOOP(i, n) {
         int ox, unused;

@@ -35,6 +35,27 @@ __device__ __forceinline__ float block_sum(float v) {
     return v;
 }
 
+// Storage type of the elementwise kernels' tensors: float, or a 16-bit float
+// when the module is built with -DSTORAGE_BF16 or -DSTORAGE_FP16 (the host
+// picks the defines by dtype: gdnflow/ops/half.py). Kernels load each value
+// into a float, compute in float32 and round once on store (to nearest, ties
+// to even), as gdnflow.precision.emulate does on NumPy.
+#if defined(STORAGE_BF16)
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 storage_t;
+__device__ __forceinline__ float load_value(storage_t v) { return __bfloat162float(v); }
+__device__ __forceinline__ storage_t store_value(float v) { return __float2bfloat16_rn(v); }
+#elif defined(STORAGE_FP16)
+#include <cuda_fp16.h>
+typedef __half storage_t;
+__device__ __forceinline__ float load_value(storage_t v) { return __half2float(v); }
+__device__ __forceinline__ storage_t store_value(float v) { return __float2half_rn(v); }
+#else
+typedef float storage_t;
+__host__ __device__ __forceinline__ float load_value(float v) { return v; }
+__host__ __device__ __forceinline__ float store_value(float v) { return v; }
+#endif
+
 // Activation codes of the fused convolution epilogues (conv2d, depthwise,
 // pointwise and Winograd kernels), as gdnflow/ops/conv.py's ACTIVATIONS maps
 // them. Host and device: kernels' tests compile their bodies for the CPU too.

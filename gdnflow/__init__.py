@@ -10,19 +10,21 @@ compiled at run time, with a NumPy reference backend behind the same API::
 ``gf.compile(model.eval(), input_shape)`` makes an inference plan
 (:func:`gdnflow.inference.compile`; the package loads on first use), and
 ``gf.compile_step(train_step, example_batch)`` a training step captured as a
-CUDA graph (:func:`gdnflow.step.compile_step`).
+CUDA graph (:func:`gdnflow.step.compile_step`). ``with gf.autocast("bf16"):``
+runs matrix products on 16-bit tensors (:mod:`gdnflow.precision`).
 """
 import importlib
 
 from gdnflow.autograd import Operator, grad_enabled, no_grad
 from gdnflow.backends import cuda_available, default_device, set_default_device
 from gdnflow.config import set_matmul_precision
+from gdnflow.precision import BFLOAT16 as bfloat16, FLOAT16 as float16, FLOAT32 as float32, autocast
 from gdnflow.errors import (DeviceMismatchError, DTypeError, GdnflowError, GraphFreedError,
                             KernelCompileError, ShapeError)
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor, full, ones, tensor, zeros
 from gdnflow.version import __version__
-from gdnflow import config, nn, ops, optim, registry
+from gdnflow import config, nn, ops, optim, precision, registry
 
 #: The parts of gdnflow that ``import gdnflow`` leaves unloaded until used:
 #: ``gdnflow.<name>`` imports them on first access.

@@ -26,6 +26,7 @@ import contextlib
 import types
 import weakref
 
+from gdnflow import precision, registry
 from gdnflow.errors import (DeviceLimitError, DeviceMismatchError, DTypeError, GraphFreedError,
                             ShapeError)
 from gdnflow.tensor import Tensor
@@ -158,6 +159,15 @@ class Operator:
     kernels, the GPU out of memory) raised by a forward or backward gets the
     operator's name and input shapes added to its message.
 
+    ``autocast`` (class attribute) says how the operator takes 16-bit
+    (float16, bfloat16) inputs: ``"float32"`` (the default: it has no 16-bit
+    kernels; such inputs are refused, or widened under
+    :func:`gdnflow.autocast`), ``"same"`` (it computes in its inputs' dtype),
+    ``"lower"`` (a tensor-core product: under autocast its float32 inputs are
+    rounded to 16 bits) or ``"exempt"`` (autocast leaves its inputs alone);
+    see :mod:`gdnflow.precision`. An operator with 16-bit kernels computes
+    them on NumPy with :func:`gdnflow.precision.emulate`.
+
     ``self.recording`` says, already during the forward, whether a backward
     may follow (so the forward can skip saving); ``self.needs_grad`` (one
     bool per input, when recording) tells which gradients are asked for;
@@ -167,10 +177,17 @@ class Operator:
     op_name = None      # set by gdnflow.registry.register
     saved = ()
     recording = False   # until __call__ says otherwise (a forward run directly keeps nothing)
+    autocast = "float32"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        precision.check_rule(cls.autocast, cls.__name__)
 
     def __call__(self, *inputs):
         # This runs once per operation, so it is written for speed: one pass
         # over the inputs; the descriptive checks run only when it fails.
+        if precision.autocast_dtype() is not None and inputs:
+            inputs = self._autocast_inputs(inputs)
         if _active_trace is not None and not _active_trace.depth:
             return _active_trace.apply(self, inputs)
         record = False
@@ -183,6 +200,8 @@ class Operator:
                 self._explain_bad_inputs(inputs)
             if t.requires_grad:
                 record = True
+        if first.data.dtype.itemsize == 2 and self.autocast == "float32":
+            self._refuse_half(first.data.dtype)
         self.check(*inputs)
         device = self.device = first.device
         self.input_shapes = tuple([t.data.shape for t in inputs])
@@ -224,8 +243,24 @@ class Operator:
                     f"{t.device!r}; move them to one device with .to(device)")
             if t.dtype != first.dtype:
                 raise DTypeError(f"{self.label}: input 0 is {first.dtype} but input {i} is "
-                                 f"{t.dtype}; convert with .astype()")
+                                 f"{t.dtype}; convert one with .astype(), or compute under "
+                                 "gdnflow.autocast(), which converts them")
         raise AssertionError("unreachable: inputs were valid")
+
+    def _autocast_inputs(self, inputs):
+        """``inputs`` converted to the dtypes autocast gives this operator (see gdnflow.precision)."""
+        if not all(isinstance(t, Tensor) for t in inputs):
+            return inputs       # the checks after this say what is wrong
+        targets = precision.autocast_targets(self.autocast, [t.data.dtype for t in inputs])
+        if targets is None:
+            return inputs
+        cast = registry.get("cast")
+        return tuple(t if t.data.dtype == d else cast(d)(t) for t, d in zip(inputs, targets))
+
+    def _refuse_half(self, dtype):
+        raise DTypeError(f"{self.label} has no {dtype} kernels: convert its inputs with "
+                         f".astype('float32'), or run it under gdnflow.autocast(), which "
+                         f"widens them for it")
 
     def check(self, *inputs):
         """Validate the inputs (shapes, parameters); the default accepts everything."""

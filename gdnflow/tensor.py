@@ -4,6 +4,7 @@ import numbers
 import numpy as np
 
 from gdnflow import registry, step_state
+from gdnflow.precision import BFLOAT16
 from gdnflow.backends import check_device, default_device, get_backend
 from gdnflow.errors import DTypeError, ShapeError
 
@@ -48,7 +49,7 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data.numpy()
         host = np.asarray(data)
-        if host.dtype.kind not in REAL_KINDS:
+        if host.dtype.kind not in REAL_KINDS and host.dtype != BFLOAT16:    # ml_dtypes' kind "V"
             raise DTypeError(_not_real_message(host.dtype))
         if dtype is None:
             dtype = np.float32
@@ -134,8 +135,13 @@ class Tensor:
         return Tensor(self.numpy(), device=device, requires_grad=self.requires_grad)
 
     def astype(self, dtype):
-        """A copy with another dtype, cut from the graph."""
-        return Tensor(self.numpy(), device=self.device, dtype=dtype)
+        """A copy with another dtype (``"float32"``, ``"bf16"``, ``"fp16"``...), cut from the graph.
+
+        Converted on the tensor's device (``gdnflow.ops.cast``, rounding to
+        nearest, ties to even); ``gdnflow.ops.cast`` itself is the
+        differentiable form.
+        """
+        return _apply("cast", self, dtype=dtype).detach()
 
     def detach(self):
         """The same array, cut from the graph (no copy)."""

@@ -8,8 +8,10 @@ Both take ``fn(*tensors) -> Tensor`` and a list of NumPy input arrays.
 """
 import contextlib
 
+import ml_dtypes
 import numpy as np
 
+from gdnflow import precision
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
 from gdnflow.tensor import Tensor
@@ -89,12 +91,49 @@ def round_to_tf32(x):
     inputs accumulated in float64 is what the tensor cores approximate.
     Infinities and NaN pass unchanged.
     """
+    return _round_mantissa(x, 13)                   # float32's 23 mantissa bits - TF32's 10
+
+
+def round_to_bfloat16(x):
+    """float32 ``x`` rounded to bfloat16's 7-bit mantissa, nearest, ties to even, as float32.
+
+    Computed on the bits, independently of ml_dtypes: an oracle for the
+    ``cast`` operator and for :func:`gdnflow.precision.emulate`. Values past
+    bfloat16's largest round to infinity; infinities and NaN pass unchanged.
+    """
+    return _round_mantissa(x, 16)
+
+
+def _round_mantissa(x, dropped):
+    """float32 ``x`` with its lowest ``dropped`` mantissa bits rounded away (nearest, even)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    dropped = 13                                    # float32's 23 mantissa bits - TF32's 10
     half = np.uint32(1 << (dropped - 1)) - np.uint32(1) + ((bits >> dropped) & np.uint32(1))
     finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
     rounded = np.where(finite, (bits + half) & ~np.uint32((1 << dropped) - 1), bits)
     return rounded.view(np.float32)
+
+
+def units_in_last_place(actual, expected, dtype):
+    """The largest difference of ``actual`` from ``expected``, in units of ``dtype``'s last place.
+
+    Each element's difference is divided by the spacing of ``dtype``'s values
+    at ``expected`` (at least the smallest normal's), so 1.0 means one
+    rounding step of a 16-bit result. NaN where exactly one side is NaN counts
+    as infinite; a shape mismatch too.
+    """
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    if actual.shape != expected.shape:
+        return float("inf")
+    info = ml_dtypes.finfo(dtype) if dtype == precision.BFLOAT16 else np.finfo(dtype)
+    nan = np.isnan(actual) | np.isnan(expected)
+    if np.any(np.isnan(actual) != np.isnan(expected)):
+        return float("inf")
+    same = (actual == expected) | nan
+    exponent = np.floor(np.log2(np.maximum(np.abs(expected), float(info.smallest_normal))))
+    spacing = np.exp2(exponent) * float(info.eps)
+    steps = np.where(same, 0.0, np.abs(actual - expected) / spacing)
+    return float(steps.max()) if steps.size else 0.0
 
 
 def relative_error(actual, expected):
@@ -147,3 +186,59 @@ def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0, names=Non
             if not err <= rtol:
                 raise AssertionError(f"gradient of {_input_label(i, names)} differs between cuda "
                                      f"and numpy: relative error {err:.3g} > {rtol:g}")
+
+
+def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=True, seed=0,
+                               names=None):
+    """Assert that ``fn`` on 16-bit tensors gives the same on CUDA as NumPy's emulation.
+
+    Both backends get the inputs rounded to ``dtype`` (float16 or bfloat16);
+    NumPy computes as the kernels do (:func:`gdnflow.precision.emulate`).
+    Outputs and, with ``grad``, the gradients of sum(w * fn(x)) for a random
+    16-bit w must agree within ``ulps`` units in the last place per element
+    (:func:`units_in_last_place`: for elementwise kernels, whose float32
+    results may round to either side of a 16-bit boundary) or within
+    ``rtol`` relative to the largest reference magnitude (products, whose
+    float32 sums run in another order). CUDA's new arrays are NaN-filled.
+    """
+    if (ulps is None) == (rtol is None):
+        raise ValueError("assert_half_backends_match: give exactly one of ulps and rtol")
+    dtype = precision.as_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(a, dtype=np.float32).astype(dtype) for a in inputs]
+    results, weight = {}, None
+    for device in ("numpy", "cuda"):
+        context = _poisoned_allocations() if device == "cuda" else contextlib.nullcontext()
+        with context:
+            tensors = [Tensor(a, device=device, dtype=dtype, requires_grad=grad) for a in arrays]
+            out = fn(*tensors)
+            if weight is None:
+                weight = rng.standard_normal(out.shape).astype(out.dtype)
+            grads = []
+            if grad:
+                out.backward(Tensor(weight, device=device, dtype=out.dtype))
+                grads = [None if t.grad is None else t.grad.numpy() for t in tensors]
+            results[device] = (out.numpy(), grads)
+
+    def differ(actual, expected):
+        if ulps is not None:
+            steps = units_in_last_place(actual, expected, expected.dtype)
+            return None if steps <= ulps else f"{steps:.3g} units in the last place > {ulps:g}"
+        err = relative_error(actual, expected)
+        return None if err <= rtol else f"relative error {err:.3g} > {rtol:g}"
+
+    (ref_out, ref_grads), (gpu_out, gpu_grads) = results["numpy"], results["cuda"]
+    if gpu_out.dtype != ref_out.dtype:
+        raise AssertionError(f"output is {gpu_out.dtype} on cuda but {ref_out.dtype} on numpy")
+    problem = differ(gpu_out, ref_out)
+    if problem:
+        raise AssertionError(f"{dtype} output differs between cuda and numpy: {problem} "
+                             f"(shape {ref_out.shape})")
+    for i, (g_gpu, g_ref) in enumerate(zip(gpu_grads, ref_grads)):
+        if (g_gpu is None) != (g_ref is None):
+            raise AssertionError(f"gradient of {_input_label(i, names)}: present on one "
+                                 "backend only")
+        problem = None if g_ref is None else differ(g_gpu, g_ref)
+        if problem:
+            raise AssertionError(f"{dtype} gradient of {_input_label(i, names)} differs between "
+                                 f"cuda and numpy: {problem}")

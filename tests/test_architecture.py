@@ -21,7 +21,7 @@ PACKAGE = ROOT / "gdnflow"
 
 #: Lowest first. A name covers the module or package of that name and everything below it.
 LAYERS = (
-    ("errors", "config", "version", "step_state"),
+    ("errors", "config", "version", "step_state", "precision"),
     ("registry", "backends", "step_context"),
     ("tensor",),
     ("autograd",),

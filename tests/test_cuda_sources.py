@@ -48,6 +48,20 @@ def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations)
     assert report.ok, "\n".join(report.problems)
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
+@pytest.mark.parametrize("name", ["elementwise.cu"])
+def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_path):
+    # The module variants gdnflow.backends.cuda.storage_defines builds for 16-bit tensors.
+    expanded = tmp_path / name
+    expanded.write_text(expand_source(source_dir() / name))
+    result = subprocess.run(
+        [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings", f"-D{storage}=1",
+         "-c", str(expanded), "-o", str(tmp_path / "out.o")],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"nvcc failed on {name} with {storage}:\n{result.stderr}"
+
+
 @pytest.mark.skipif(not os.environ.get("CI"), reason="only CI runs from a non-editable install")
 def test_ci_imports_the_installed_package():
     # CI installs with `pip install .` (not editable): the sources must come

@@ -2,18 +2,20 @@
 import numpy as np
 
 from gdnflow.errors import DTypeError
+from gdnflow.precision import BFLOAT16, FLOAT16, as_dtype
 
 
 class NumpyBackend:
-    """Reference backend. Supports float32 (default) and float64 (gradient checks)."""
+    """Reference backend. Supports float32 (default), float64 (gradient checks) and the
+    16-bit float16 and bfloat16, which it computes as the GPU does (gdnflow.precision)."""
 
     name = "numpy"
-    dtypes = (np.dtype(np.float32), np.dtype(np.float64))
+    dtypes = (np.dtype(np.float32), np.dtype(np.float64), FLOAT16, BFLOAT16)
     array_type = np.ndarray
 
     def check_dtype(self, dtype):
         """Return ``dtype`` as a numpy dtype, or raise DTypeError if unsupported."""
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         if dtype not in self.dtypes:
             raise DTypeError(f"numpy backend supports {[str(d) for d in self.dtypes]}, got {dtype}")
         return dtype

@@ -7,6 +7,7 @@ tensor on the other operand's device.
 """
 from gdnflow.ops.conv import conv2d, conv_transpose2d
 from gdnflow.ops.arithmetic import add, div, mul, sub
+from gdnflow.ops.cast import cast
 from gdnflow.ops.elementwise import (affine, clamp, exp, log, neg, pow, relu, relu6,  # noqa: A004
                                      sigmoid, sqrt)
 from gdnflow.ops.entropy import abs, round, sigmoid_difference, softplus, tanh, uniform_noise  # noqa: A004
@@ -25,7 +26,7 @@ from gdnflow.ops.dropout import dropout
 
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
            "sigmoid", "clamp", "affine", "reshape", "flatten", "sum", "mean", "broadcast_to",
-           "sum_to", "transpose", "slice_", "concat", "pad"]
+           "sum_to", "transpose", "slice_", "concat", "pad", "cast"]
 __all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_difference",
             "gaussian_likelihood"]
 __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",

@@ -17,6 +17,7 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout
+from gdnflow.precision import emulate
 from gdnflow.ops.reduction import sum_to
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor
@@ -33,6 +34,7 @@ class BinaryOp(Operator):
 
     kernel = None
     numpy_function = None
+    autocast = "same"       # 16-bit kernels: elementwise.cu built for 16-bit storage
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -43,17 +45,18 @@ class BinaryOp(Operator):
 
     def forward_numpy(self, a, b):
         self._save(a, b)
-        return type(self).numpy_function(a, b)
+        return emulate(type(self).numpy_function, a, b)
 
     def forward_cuda(self, a, b):
         out = cuda.empty(self.out_shape, a.dtype)
         n = out.size
+        defines = cuda.storage_defines(a.dtype)
         if a.shape == b.shape:
-            cuda.kernel(SOURCE, self.same_kernel, "PPPi").launch(
+            cuda.kernel(SOURCE, self.same_kernel, "PPPi", defines).launch(
                 n, a.ptr, b.ptr, out.ptr, n)
         else:
             dims, (sa, sb) = kernel_layout(self.out_shape, a.shape, b.shape)
-            cuda.kernel(SOURCE, self.broadcast_kernel, "PPPi" + "i" * 17).launch(
+            cuda.kernel(SOURCE, self.broadcast_kernel, "PPPi" + "i" * 17, defines).launch(
                 n, a.ptr, b.ptr, out.ptr, n, *dims, *sa, *sb)
         self._save(a, b)
         return out

@@ -9,6 +9,7 @@ import numpy as np
 
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
+from gdnflow.precision import emulate
 from gdnflow.registry import register
 
 SOURCE = "elementwise.cu"
@@ -21,12 +22,16 @@ class UnaryOp(Operator):
     Subclasses name their CUDA kernel pair (``kernel``: ``<kernel>_forward``
     and ``<kernel>_backward`` in elementwise.cu), give the NumPy forms
     ``f(x)`` and ``df(x, y, gy)``, and say which of x and y the backward
-    needs (``saves``) so the other can be freed.
+    needs (``saves``) so the other can be freed. The kernels of elementwise.cu
+    also read and write 16-bit tensors (``autocast = "same"``); a subclass
+    whose ``forward_cuda`` launches kernels of its own sets ``autocast =
+    "float32"`` unless those do too.
     """
 
     kernel = None
     saves = ("x",)
     params = (0.0, 0.0)
+    autocast = "same"       # 16-bit kernels: elementwise.cu built for 16-bit storage
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -48,13 +53,13 @@ class UnaryOp(Operator):
             self.save(x=x if "x" in self.saves else None, y=y if "y" in self.saves else None)
 
     def forward_numpy(self, x):
-        y = np.asarray(self.f(x), dtype=x.dtype)
+        y = emulate(self.f, x, dtype=x.dtype)
         self._save(x, y)
         return y
 
     def forward_cuda(self, x):
         y = cuda.empty(x.shape, x.dtype)
-        cuda.kernel(SOURCE, self.forward_kernel, "PPiff").launch(
+        cuda.kernel(SOURCE, self.forward_kernel, "PPiff", cuda.storage_defines(x.dtype)).launch(
             x.size, x.ptr, y.ptr, x.size, *self.params)
         self._save(x, y)
         return y
@@ -63,14 +68,15 @@ class UnaryOp(Operator):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
-        return np.asarray(self.df(self.saved.x, self.saved.y, gy), dtype=gy.dtype)
+        return emulate(lambda g, x, y: self.df(x, y, g), gy, self.saved.x, self.saved.y,
+                       dtype=gy.dtype)
 
     def backward_cuda(self, gy):
         # The kernel does not read what the operator did not save: any valid
         # pointer can stand in for it.
         x, y = (a if a is not None else gy for a in (self.saved.x, self.saved.y))
         gx = cuda.empty(gy.shape, gy.dtype)
-        cuda.kernel(SOURCE, self.backward_kernel, "PPPPiff").launch(
+        cuda.kernel(SOURCE, self.backward_kernel, "PPPPiff", cuda.storage_defines(gy.dtype)).launch(
             gy.size, x.ptr, y.ptr, gy.ptr, gx.ptr, gy.size, *self.params)
         return gx
 

@@ -42,6 +42,8 @@ SOURCE = "entropy.cu"
 class EntropyUnaryOp(UnaryOp):
     """A parameterless elementwise operator whose kernels live in entropy.cu."""
 
+    autocast = "float32"    # entropy.cu's kernels are float32 only
+
     def forward_cuda(self, x):
         y = cuda.empty(x.shape, x.dtype)
         if x.size:

@@ -5,6 +5,12 @@ strided-batched SGEMM) through :mod:`gdnflow.backends.cuda.blas`, and the
 bias is laid down first by the elementwise ``broadcast_copy`` kernel so that
 the GEMM adds onto it (beta = 1) instead of a second pass over y.
 
+Both also run on 16-bit tensors (float16, bfloat16), as GemmEx products on
+the tensor cores with float32 accumulation, the result rounded once; under
+:func:`gdnflow.autocast` their float32 inputs are rounded to 16 bits
+(``autocast = "lower"``). The 16-bit bias gradient is a product too (a row
+of ones times gy), so that it also sums in float32.
+
 Shapes and formulas (row-major, PyTorch's weight layout)::
 
     linear:  x [..., in], w [out, in], b [out]  ->  y [..., out]
@@ -22,11 +28,11 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
+from gdnflow.ops.cast import CastOp
 from gdnflow.ops.reduction import BroadcastToOp, sum_cuda
 from gdnflow.ops.shape import ReshapeOp
+from gdnflow.precision import emulate, is_half
 from gdnflow.registry import register
-
-FLOAT = 4   # bytes per float32
 
 
 def _keep_for_backward(op):
@@ -49,6 +55,8 @@ class LinearOp(Operator):
     [N, in] batch and a [N, T, in] sequence are one GEMM each.
     """
 
+    autocast = "lower"
+
     def check(self, x, w, *bias):
         if len(bias) > 1:
             raise TypeError(f"{self.label}: expected x, w and an optional b, got {2 + len(bias)} "
@@ -66,18 +74,18 @@ class LinearOp(Operator):
     def forward_numpy(self, x, w, b=None):
         keep_x, keep_w = _keep_for_backward(self)
         self.save(x=x if keep_x else None, w=w if keep_w else None)
-        y = x @ w.T
-        return y + b if b is not None else y
+        return emulate(lambda x, w, b: x @ w.T if b is None else x @ w.T + b, x, w, b)
 
     def forward_cuda(self, x, w, b=None):
         from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
         rows, (out, inp) = math.prod(x.shape[:-1]), w.shape
         if b is None:
-            y, beta = cuda.empty(self.out_shape), 0.0
+            y, beta = cuda.empty(self.out_shape, x.dtype), 0.0
         else:
             y, beta = BroadcastToOp((rows, out)).forward_cuda(b).reshape(self.out_shape), 1.0
         if rows and out:
-            blas.matmul(x.ptr, w.ptr, y.ptr, rows, out, inp, trans_b=True, beta=beta)
+            blas.matmul(x.ptr, w.ptr, y.ptr, rows, out, inp, trans_b=True, beta=beta,
+                        dtype=x.dtype)
         keep_x, keep_w = _keep_for_backward(self)
         self.save(x=x if keep_x else None, w=w if keep_w else None)
         return y
@@ -87,7 +95,9 @@ class LinearOp(Operator):
         return tuple(None if g is None else self.wrap(g) for g in grads)
 
     def backward_numpy(self, gy):
-        x, w = self.saved.x, self.saved.w
+        return emulate(self._gradients_numpy, gy, self.saved.x, self.saved.w)
+
+    def _gradients_numpy(self, gy, x, w):
         need = self.needs_grad
         g2 = gy.reshape(-1, gy.shape[-1])                                 # [M, out]
         gx = (gy @ w) if need[0] else None
@@ -101,17 +111,27 @@ class LinearOp(Operator):
         need = self.needs_grad
         out, inp = self.input_shapes[1]
         rows = math.prod(self.input_shapes[0][:-1])
+        dtype = gy.dtype
         gx = gw = gb = None
         if need[0]:
-            gx = cuda.zeros(self.input_shapes[0]) if not out else cuda.empty(self.input_shapes[0])
+            gx = cuda.zeros(self.input_shapes[0], dtype) if not out else cuda.empty(
+                self.input_shapes[0], dtype)
             if rows and out:
-                blas.matmul(gy.ptr, w.ptr, gx.ptr, rows, inp, out)            # gy @ w
+                blas.matmul(gy.ptr, w.ptr, gx.ptr, rows, inp, out, dtype=dtype)    # gy @ w
         if need[1]:
-            gw = cuda.zeros((out, inp)) if not rows else cuda.empty((out, inp))
+            gw = cuda.zeros((out, inp), dtype) if not rows else cuda.empty((out, inp), dtype)
             if rows and out:
-                blas.matmul(gy.ptr, x.ptr, gw.ptr, out, inp, rows, trans_a=True)   # gy^T @ x
+                blas.matmul(gy.ptr, x.ptr, gw.ptr, out, inp, rows, trans_a=True,  # gy^T @ x
+                            dtype=dtype)
         if len(need) > 2 and need[2]:
-            gb = sum_cuda(gy.reshape((rows, out)), (0,), 1.0).reshape((out,))
+            if not is_half(dtype):
+                gb = sum_cuda(gy.reshape((rows, out)), (0,), 1.0).reshape((out,))
+            elif not rows:
+                gb = cuda.zeros((out,), dtype)
+            else:           # a row of ones times gy: summed in float32 by the tensor cores
+                ones = cuda.get_runtime().full((rows,), 1.0, dtype)
+                gb = cuda.empty((out,), dtype)
+                blas.matmul(ones.ptr, gy.ptr, gb.ptr, 1, out, rows, dtype=dtype)
         return (gx, gw) + ((gb,) if len(need) > 2 else ())
 
 
@@ -124,6 +144,8 @@ class MatMulOp(Operator):
     every product (the GEMM reads it with batch stride 0). The result is
     [m, n] for two matrices, [B, m, n] otherwise.
     """
+
+    autocast = "lower"
 
     def check(self, a, b):
         if a.ndim not in (2, 3) or b.ndim not in (2, 3):
@@ -145,15 +167,15 @@ class MatMulOp(Operator):
     def forward_numpy(self, a, b):
         keep_a, keep_b = _keep_for_backward(self)
         self.save(a=a if keep_a else None, b=b if keep_b else None)
-        return np.matmul(a, b)
+        return emulate(np.matmul, a, b)
 
     def forward_cuda(self, a, b):
         keep_a, keep_b = _keep_for_backward(self)
         self.save(a=a if keep_a else None, b=b if keep_b else None)
         m, n, k = self.m, self.n, self.k
         if k == 0:                      # an empty sum: cuBLAS would leave y unwritten
-            return cuda.zeros(self.out_shape)
-        y = cuda.empty(self.out_shape)
+            return cuda.zeros(self.out_shape, a.dtype)
+        y = cuda.empty(self.out_shape, a.dtype)
         if y.size:
             self._gemm(a, b, y, m, n, k, False, False, self._stride(a, m * k),
                        self._stride(b, k * n), m * n)
@@ -166,14 +188,17 @@ class MatMulOp(Operator):
     def _gemm(self, a, b, c, m, n, k, trans_a, trans_b, stride_a, stride_b, stride_c):
         from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
         blas.matmul(a.ptr, b.ptr, c.ptr, m, n, k, trans_a, trans_b, batch=self.batch,
-                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
+                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c, dtype=a.dtype,
+                    out_dtype=c.dtype)
 
     def backward(self, grad_output):
         grads = self.dispatch("backward", grad_output.data)
         return tuple(None if g is None else self.wrap(g) for g in grads)
 
     def backward_numpy(self, gy):
-        a, b = self.saved.a, self.saved.b
+        return emulate(self._gradients_numpy, gy, self.saved.a, self.saved.b)
+
+    def _gradients_numpy(self, gy, a, b):
         ga = gb = None
         # np.matmul broadcast the batch; the gradients sum it back where an
         # operand was shared (a 2-D operand or a batch of 1).
@@ -190,30 +215,32 @@ class MatMulOp(Operator):
         a, b = self.saved.a, self.saved.b
         m, n, k, batch = self.m, self.n, self.k, self.batch
         a_shape, b_shape = self.input_shapes
+        dtype = gy.dtype
         ga = gb = None
         if self.needs_grad[0]:
             shared = math.prod(a_shape) == m * k and batch > 1
             if not gy.size:
-                ga = cuda.zeros(a_shape)
+                ga = cuda.zeros(a_shape, dtype)
             elif shared:            # sum_i gy[i] @ b[i]^T: per-product terms, then a batch sum
-                terms = cuda.empty((batch, m, k))
+                terms = cuda.empty((batch, m, k))       # float32 terms: the sum stays float32
                 self._gemm(gy, b, terms, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
                 ga = sum_cuda(terms, (0,), 1.0).reshape(a_shape)
+                ga = CastOp(dtype).forward_cuda(ga)
             else:
-                ga = cuda.empty(a_shape)
+                ga = cuda.empty(a_shape, dtype)
                 self._gemm(gy, b, ga, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
         if self.needs_grad[1]:
             shared = math.prod(b_shape) == k * n and batch > 1
             if not gy.size:
-                gb = cuda.zeros(b_shape)
+                gb = cuda.zeros(b_shape, dtype)
             elif shared:
                 # b shared means a is batched (both shared would make batch 1):
                 # sum_i a[i]^T @ gy[i] is then one GEMM, a as [B*m, k] and gy
                 # as [B*m, n] being contiguous and the sum running along rows.
-                gb = cuda.empty(b_shape)
-                blas.matmul(a.ptr, gy.ptr, gb.ptr, k, n, batch * m, trans_a=True)
+                gb = cuda.empty(b_shape, dtype)
+                blas.matmul(a.ptr, gy.ptr, gb.ptr, k, n, batch * m, trans_a=True, dtype=dtype)
             else:
-                gb = cuda.empty(b_shape)
+                gb = cuda.empty(b_shape, dtype)
                 self._gemm(a, gy, gb, k, n, m, True, False, self._stride(a, m * k), m * n, k * n)
         return ga, gb
 

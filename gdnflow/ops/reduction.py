@@ -20,7 +20,9 @@ from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.backends.numpy_backend import contiguous
 from gdnflow.errors import ShapeError
+from gdnflow.precision import FLOAT32, is_half
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
+from gdnflow.ops.cast import cast
 from gdnflow.ops.elementwise import AffineOp
 from gdnflow.ops.shape import ReshapeOp
 from gdnflow.registry import register
@@ -139,6 +141,8 @@ def _sum_pass(x, outer, r, inner, scale):
 class BroadcastToOp(Operator):
     """Repeat x along its size-1 (or missing leading) dimensions to ``shape``."""
 
+    autocast = "same"       # broadcast_copy is built for 16-bit storage too
+
     def __init__(self, shape):
         self.shape = tuple(shape)
 
@@ -152,7 +156,8 @@ class BroadcastToOp(Operator):
     def forward_cuda(self, x):
         out = cuda.empty(self.shape, x.dtype)
         dims, (strides,) = kernel_layout(self.shape, x.shape)
-        cuda.kernel(BROADCAST_SOURCE, "broadcast_copy", "PPi" + "i" * 11).launch(
+        cuda.kernel(BROADCAST_SOURCE, "broadcast_copy", "PPi" + "i" * 11,
+                    cuda.storage_defines(x.dtype)).launch(
             out.size, x.ptr, out.ptr, out.size, *dims, *strides)
         return out
 
@@ -161,9 +166,15 @@ class BroadcastToOp(Operator):
 
 
 def sum_to(t, shape):
-    """Sum ``t`` over the dimensions along which ``shape`` was broadcast to t's shape."""
+    """Sum ``t`` over the dimensions along which ``shape`` was broadcast to t's shape.
+
+    A 16-bit ``t`` (a gradient of 16-bit arithmetic) is summed in float32 and
+    the sum rounded back to its dtype.
+    """
     if t.shape == tuple(shape):
         return t
+    if is_half(t.dtype):
+        return cast(sum_to(cast(t, FLOAT32), shape), t.dtype)
     return ReshapeOp(shape)(SumOp(reduced_axes(t.shape, shape), keepdims=True)(t))
 
 

@@ -15,6 +15,8 @@ from gdnflow.registry import register
 class ReshapeOp(Operator):
     """The same elements in ``shape`` (one entry may be -1: inferred)."""
 
+    autocast = "same"       # a view: any dtype
+
     def __init__(self, shape):
         self.shape = tuple(int(s) for s in shape)
 

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from gdnflow.errors import DTypeError
+from gdnflow.precision import BFLOAT16, FLOAT16, as_dtype
 from gdnflow.backends.cuda import kernel_builds
 from gdnflow.backends.cuda.limits import check_elements
 
@@ -43,7 +44,7 @@ class CudaBackend:
     """The GPU backend. Arrays are :class:`~gdnflow.backends.cuda.runtime.CudaArray`."""
 
     name = "cuda"
-    dtypes = (np.dtype(np.float32),)
+    dtypes = (np.dtype(np.float32), FLOAT16, BFLOAT16)
 
     def __init__(self):
         from gdnflow.backends.cuda import runtime   # local import: PyCUDA on first use
@@ -52,9 +53,9 @@ class CudaBackend:
 
     def check_dtype(self, dtype):
         """Return ``dtype`` as a numpy dtype, or raise DTypeError if unsupported."""
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         if dtype not in self.dtypes:
-            raise DTypeError(f"cuda backend supports float32 only, got {dtype} "
+            raise DTypeError(f"cuda backend supports float32, float16 and bfloat16, got {dtype} "
                              "(float64 is for NumPy gradient checks)")
         return dtype
 
@@ -97,6 +98,17 @@ def _loaded():
 def kernel(file, name, arg_types, defines=()):
     """The compiled, prepared kernel ``name`` from ``file`` (see ``kernels.kernel``)."""
     return (_device or _loaded()).kernel(file, name, arg_types, defines)
+
+
+#: The ``-D`` defines a kernel module is built with for tensors of each dtype
+#: (storage_t in cuda_src/gdnflow_common.cuh): float32 modules have none.
+STORAGE_DEFINES = {np.dtype(np.float32): (), BFLOAT16: (("STORAGE_BF16", 1),),
+                   FLOAT16: (("STORAGE_FP16", 1),)}
+
+
+def storage_defines(dtype):
+    """The defines of the module variant whose kernels read and write ``dtype`` tensors."""
+    return STORAGE_DEFINES[dtype]
 
 
 def declare_variants(file, *variants):

@@ -10,6 +10,12 @@ scikit-cuda has no strided-batched GEMM, no math-mode setter and no
 workspace setter; their prototypes are declared here from cublas_api.h on the
 library scikit-cuda loaded.
 
+Products of 16-bit matrices (float16, bfloat16: :mod:`gdnflow.precision`) go
+to ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` with float32 accumulation
+(CUBLAS_COMPUTE_32F) on the tensor cores, through nvmath-python's cuBLAS
+bindings (scikit-cuda has no GemmEx); they get a handle of their own, on the
+same stream, with its own workspace.
+
 The helpers take row-major (C-order) matrices, as gdnflow stores them, and
 translate to cuBLAS's column-major convention: a row-major C = A·B is the
 column-major C^T = B^T·A^T, so A and B swap places and nothing is transposed
@@ -22,10 +28,12 @@ import importlib.util
 import sys
 import types
 
+import numpy as np
 import pycuda.driver as drv
 
 from gdnflow.backends.cuda.runtime import get_runtime
 from gdnflow.config import check_matmul_precision, settings
+from gdnflow.precision import BFLOAT16, FLOAT16, FLOAT32
 
 #: cuBLAS math modes (cublas_api.h) of the values of settings.matmul_precision.
 MATH_MODES = {"fp32": 0, "tf32": 3}     # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
@@ -34,6 +42,11 @@ MATH_MODES = {"fp32": 0, "tf32": 3}     # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSO
 #: do so inside a CUDA graph capture (gdnflow.backends.cuda.graphs).
 WORKSPACE_BYTES = 32 << 20
 _OP = {False: 0, True: 1}       # CUBLAS_OP_N, CUBLAS_OP_T
+#: cudaDataType (library_types.h) of the 16-bit operands of GemmEx.
+CUDA_DATA_TYPES = {FLOAT16: 2, BFLOAT16: 14}     # CUDA_R_16F, CUDA_R_16BF
+CUDA_R_32F = 0                  # a float32 C of 16-bit A and B
+COMPUTE_32F = 68                # CUBLAS_COMPUTE_32F: float32 accumulation
+GEMM_DEFAULT = -1               # CUBLAS_GEMM_DEFAULT: cuBLAS's heuristic picks the kernel
 
 
 def _import_skcuda_cublas():
@@ -96,17 +109,37 @@ def handle():
     return h
 
 
+@functools.lru_cache(maxsize=None)
+def _half_handle():
+    """(nvmath's cublas bindings, a handle, its workspace) for the 16-bit products."""
+    # local import: nvmath-python (the cuda extra) is needed by 16-bit products only
+    from nvmath.bindings import cublas as nvmath_cublas
+    h = nvmath_cublas.create()
+    nvmath_cublas.set_stream(h, get_runtime().stream.handle)
+    workspace = drv.mem_alloc(WORKSPACE_BYTES)
+    nvmath_cublas.set_workspace(h, int(workspace), WORKSPACE_BYTES)
+    return nvmath_cublas, h, workspace
+
+
 def matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-           batch=1, stride_a=0, stride_b=0, stride_c=0):
-    """C = alpha * op(A) @ op(B) + beta * C for row-major float32 matrices.
+           batch=1, stride_a=0, stride_b=0, stride_c=0, dtype=FLOAT32, out_dtype=None):
+    """C = alpha * op(A) @ op(B) + beta * C for row-major matrices of ``dtype``.
 
     ``a``, ``b``, ``c`` are device pointers. op(A) is m x k (A is stored k x m
     when ``trans_a``), op(B) is k x n (B stored n x k when ``trans_b``), C is
     m x n. With ``batch`` > 1 the matrices repeat every ``stride_*`` elements
-    (a stride of 0 reuses one matrix for the whole batch).
+    (a stride of 0 reuses one matrix for the whole batch). ``dtype`` float32
+    (SGEMM, in ``settings.matmul_precision``) or a 16-bit float (GemmEx, float32
+    accumulation, C rounded once to ``out_dtype``: ``dtype`` by default, or
+    float32 to keep the sums unrounded).
     """
     lda = m if trans_a else k
     ldb = k if trans_b else n
+    if dtype != FLOAT32:
+        out_type = CUDA_DATA_TYPES.get(out_dtype if out_dtype is not None else dtype, CUDA_R_32F)
+        _matmul_16bit(a, b, c, m, n, k, trans_a, trans_b, alpha, beta, batch,
+                      stride_a, stride_b, stride_c, lda, ldb, CUDA_DATA_TYPES[dtype], out_type)
+        return
     alpha_ = ctypes.c_float(alpha)
     beta_ = ctypes.c_float(beta)
     if batch == 1:
@@ -117,3 +150,19 @@ def matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
         handle(), _OP[trans_b], _OP[trans_a], n, m, k, ctypes.byref(alpha_),
         b, ldb, stride_b, a, lda, stride_a, ctypes.byref(beta_), c, n, stride_c, batch)
     cublas.cublasCheckStatus(status)
+
+
+def _matmul_16bit(a, b, c, m, n, k, trans_a, trans_b, alpha, beta, batch,
+                  stride_a, stride_b, stride_c, lda, ldb, data_type, out_type):
+    """:func:`matmul` of 16-bit matrices (row-major, swapped into cuBLAS's column-major)."""
+    nvmath_cublas, h, _ = _half_handle()
+    scalars = np.array([alpha, beta], np.float32)   # host pointers, read during the call
+    alpha_, beta_ = scalars.ctypes.data, scalars.ctypes.data + 4
+    if batch == 1:
+        nvmath_cublas.gemm_ex(h, _OP[trans_b], _OP[trans_a], n, m, k, alpha_, b, data_type, ldb,
+                              a, data_type, lda, beta_, c, out_type, n, COMPUTE_32F, GEMM_DEFAULT)
+    else:
+        nvmath_cublas.gemm_strided_batched_ex(
+            h, _OP[trans_b], _OP[trans_a], n, m, k, alpha_, b, data_type, ldb, stride_b,
+            a, data_type, lda, stride_a, beta_, c, out_type, n, stride_c, batch, COMPUTE_32F,
+            GEMM_DEFAULT)

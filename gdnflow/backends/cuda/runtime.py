@@ -129,9 +129,13 @@ class Runtime:
     def full(self, shape, value, dtype=np.float32):
         """An array of ``shape`` filled with ``value`` (one memset on the stream)."""
         array = self.empty(shape, dtype)
-        bits = np.array(value, dtype=array.dtype).view(np.uint32)
         if array.size:
-            drv.memset_d32_async(array.ptr, int(bits), array.size, self.stream)
+            if array.dtype.itemsize == 2:
+                bits = np.array(value, dtype=array.dtype).view(np.uint16)
+                drv.memset_d16_async(array.ptr, int(bits), array.size, self.stream)
+            else:
+                bits = np.array(value, dtype=array.dtype).view(np.uint32)
+                drv.memset_d32_async(array.ptr, int(bits), array.size, self.stream)
         return array
 
     def from_numpy(self, host):
@@ -152,7 +156,7 @@ class Runtime:
         if array.size:
             # From pageable memory the driver stages the data before returning,
             # so ``host`` may be freed as soon as this call is back.
-            drv.memcpy_htod_async(array.ptr, host, self.stream)
+            drv.memcpy_htod_async(array.ptr, _as_buffer(host), self.stream)
         return array
 
     def to_numpy(self, array):
@@ -165,7 +169,7 @@ class Runtime:
             step_state.refuse_host_read(f"reading a device array of shape {array.shape}")
         host = np.empty(array.shape, array.dtype)
         if array.size:
-            drv.memcpy_dtoh_async(host, array.ptr, self.stream)
+            drv.memcpy_dtoh_async(_as_buffer(host), array.ptr, self.stream)
         self.stream.synchronize()
         return host
 
@@ -185,6 +189,12 @@ class Runtime:
         except drv.Error:
             pass  # the context may already be gone at interpreter exit
         clear_context_caches()
+
+
+def _as_buffer(host):
+    """``host`` as an array the copy functions can take: a 16-bit float as its raw bits
+    (ml_dtypes' bfloat16 exports no buffer format)."""
+    return host.view(np.uint16) if host.dtype.itemsize == 2 else host
 
 
 class CudaArray:
