@@ -47,6 +47,9 @@ CUDA_DATA_TYPES = {FLOAT16: 2, BFLOAT16: 14}     # CUDA_R_16F, CUDA_R_16BF
 CUDA_R_32F = 0                  # a float32 C of 16-bit A and B
 COMPUTE_32F = 68                # CUBLAS_COMPUTE_32F: float32 accumulation
 GEMM_DEFAULT = -1               # CUBLAS_GEMM_DEFAULT: cuBLAS's heuristic picks the kernel
+#: CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: split-K partial sums of a
+#: 16-bit product stay float32 (by default cuBLAS may keep them in the output type).
+FLOAT32_REDUCTIONS = 16
 
 
 def _import_skcuda_cublas():
@@ -118,6 +121,7 @@ def _half_handle():
     nvmath_cublas.set_stream(h, get_runtime().stream.handle)
     workspace = drv.mem_alloc(WORKSPACE_BYTES)
     nvmath_cublas.set_workspace(h, int(workspace), WORKSPACE_BYTES)
+    nvmath_cublas.set_math_mode(h, FLOAT32_REDUCTIONS)
     return nvmath_cublas, h, workspace
 
 
