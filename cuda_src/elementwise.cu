@@ -4,6 +4,49 @@
 // 16-bit ones (storage_t, load_value and store_value: gdnflow_common.cuh).
 #include "gdnflow_common.cuh"
 
+// Vectors: where every array of a launch is 16-byte aligned (pooled arrays
+// are; views at an offset may not be), each thread moves 16 bytes per load
+// and store (4 floats, 8 16-bit values), then the elements past the last
+// whole vector go one at a time (benchmarks/results/precision/half.md).
+constexpr int VECTOR_ELEMENTS = 16 / sizeof(storage_t);
+struct alignas(16) StorageVector { storage_t v[VECTOR_ELEMENTS]; };
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+// out[i] = f(in0[i], ..., in{K-1}[i]) over [0, n), computed in float: the
+// loop every same-shape elementwise kernel runs. An input f ignores costs no
+// load (the compiler drops it).
+template <int K, typename F>
+__device__ __forceinline__ void map_elements(const storage_t* const (&in)[K],
+                                             storage_t* __restrict__ out, int n, F f) {
+    const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+    bool aligned = aligned16(out);
+    for (int k = 0; k < K; ++k) aligned = aligned && aligned16(in[k]);
+    int done = 0;
+    if (aligned) {
+        const int vectors = n / VECTOR_ELEMENTS;
+        for (int v = first; v < vectors; v += stride) {
+            StorageVector loaded[K], result;
+            for (int k = 0; k < K; ++k) loaded[k] = reinterpret_cast<const StorageVector*>(in[k])[v];
+#pragma unroll
+            for (int j = 0; j < VECTOR_ELEMENTS; ++j) {
+                float values[K];
+                for (int k = 0; k < K; ++k) values[k] = load_value(loaded[k].v[j]);
+                result.v[j] = store_value(f(values));
+            }
+            reinterpret_cast<StorageVector*>(out)[v] = result;
+        }
+        done = vectors * VECTOR_ELEMENTS;
+    }
+    for (int i = done + first; i < n; i += stride) {
+        float values[K];
+        for (int k = 0; k < K; ++k) values[k] = load_value(in[k][i]);
+        out[i] = store_value(f(values));
+    }
+}
+
 // ---------------------------------------------------------------- unary ----
 // Every unary operator NAME gets two kernels with one signature each:
 //   NAME_forward (x, y, n, p0, p1):            y  = FORWARD(x)
@@ -14,20 +57,22 @@
 extern "C" __global__ void NAME##_forward(                                    \
         const storage_t* __restrict__ x_, storage_t* __restrict__ y_, int n,  \
         float p0, float p1) {                                                 \
-    GRID_STRIDE_LOOP(i, n) {                                                  \
-        const float x = load_value(x_[i]);                                    \
-        y_[i] = store_value(FORWARD);                                         \
-    }                                                                         \
+    const storage_t* const in[1] = {x_};                                      \
+    map_elements<1>(in, y_, n, [=](const float (&v)[1]) {                     \
+        const float x = v[0];                                                 \
+        return (FORWARD);                                                     \
+    });                                                                       \
 }                                                                             \
 extern "C" __global__ void NAME##_backward(                                   \
         const storage_t* __restrict__ x_, const storage_t* __restrict__ y_,   \
         const storage_t* __restrict__ gy_, storage_t* __restrict__ gx_, int n,\
         float p0, float p1) {                                                 \
-    GRID_STRIDE_LOOP(i, n) {                                                  \
-        [[maybe_unused]] const float x = load_value(x_[i]), y = load_value(y_[i]); \
-        const float gy = load_value(gy_[i]);                                  \
-        gx_[i] = store_value(BACKWARD);                                       \
-    }                                                                         \
+    const storage_t* const in[3] = {x_, y_, gy_};                             \
+    map_elements<3>(in, gx_, n, [=](const float (&v)[3]) {                    \
+        [[maybe_unused]] const float x = v[0], y = v[1];                      \
+        const float gy = v[2];                                                \
+        return (BACKWARD);                                                    \
+    });                                                                       \
 }
 
 UNARY_OPERATOR(neg,     -x,                          -gy)
@@ -84,10 +129,11 @@ __device__ __forceinline__ void broadcast_offsets(
 extern "C" __global__ void NAME##_same(                                       \
         const storage_t* __restrict__ a_, const storage_t* __restrict__ b_,   \
         storage_t* __restrict__ out, int n) {                                 \
-    GRID_STRIDE_LOOP(i, n) {                                                  \
-        const float a = load_value(a_[i]), b = load_value(b_[i]);             \
-        out[i] = store_value(EXPR);                                           \
-    }                                                                         \
+    const storage_t* const in[2] = {a_, b_};                                  \
+    map_elements<2>(in, out, n, [](const float (&v)[2]) {                     \
+        const float a = v[0], b = v[1];                                       \
+        return (EXPR);                                                        \
+    });                                                                       \
 }                                                                             \
 extern "C" __global__ void NAME##_broadcast(                                  \
         const storage_t* __restrict__ a_, const storage_t* __restrict__ b_,   \

@@ -98,3 +98,16 @@ def test_an_autocast_training_step_matches_numpy(dtype, rng):
         results[device] = [loss.numpy()] + [p.grad.numpy() for p in params]
     for gpu, cpu in zip(results["cuda"], results["numpy"]):
         assert relative_error(gpu, cpu) <= 4 * EPS[dtype]
+
+
+@pytest.mark.parametrize("dtype", HALF + ["float32"])
+def test_views_off_the_16_byte_grid_take_the_element_path(dtype, rng):
+    # A view one element into an array is not 16-byte aligned: the kernels must not
+    # load it in vectors. Checked against the aligned result of the same values.
+    host = rng.standard_normal(1 + 1001).astype(np.float32)
+    whole = gf.tensor(host, device="cuda").astype(dtype)
+    view = gf.Tensor.wrap(whole.data.offset(1, (1001,)), "cuda")
+    aligned = gf.tensor(host[1:], device="cuda").astype(dtype)
+    for fn in (lambda t: t.sigmoid(), lambda t: t * t, lambda t: (t + aligned).relu()):
+        np.testing.assert_array_equal(fn(view).numpy().astype(np.float32),
+                                      fn(aligned).numpy().astype(np.float32))
