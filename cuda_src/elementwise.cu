@@ -7,7 +7,8 @@
 // Vectors: where every array of a launch is 16-byte aligned (pooled arrays
 // are; views at an offset may not be), each thread moves 16 bytes per load
 // and store (4 floats, 8 16-bit values), then the elements past the last
-// whole vector go one at a time (benchmarks/results/precision/half.md).
+// whole vector go one at a time. On the H200 this took 16-bit ReLU over 2^26
+// values from 1770 to 3106 GB/s (benchmarks/results/precision/half.md).
 constexpr int VECTOR_ELEMENTS = 16 / sizeof(storage_t);
 struct alignas(16) StorageVector { storage_t v[VECTOR_ELEMENTS]; };
 

@@ -33,8 +33,11 @@ import numpy as np
 
 from gdnflow.errors import DTypeError
 
+#: float32, every tensor's default dtype (``gdnflow.float32``).
 FLOAT32 = np.dtype(np.float32)
+#: IEEE half precision: 10 mantissa bits, largest value 65504 (``gdnflow.float16``).
 FLOAT16 = np.dtype(np.float16)
+#: bfloat16: 7 mantissa bits, float32's exponent range (``gdnflow.bfloat16``; ml_dtypes').
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: The 16-bit floating dtypes.
 HALF_DTYPES = (FLOAT16, BFLOAT16)
