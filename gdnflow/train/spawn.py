@@ -3,7 +3,8 @@
 The launcher checks that the host has N GPUs, then starts the ranks:
 through ``mpiexec -n N`` when an MPI launcher is installed (next to the
 Python interpreter, as the ``mpich`` wheel puts it, or on PATH) and mpi4py
-can be imported, else itself,
+can be imported (and, as root, the launcher is not Open MPI's, which refuses
+root), else itself,
 setting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for
 :func:`gdnflow.distributed.init`. Each rank runs the same ``gdnflow train``
 command line (``--gpus N`` included: inside a world of N ranks it starts
@@ -57,15 +58,31 @@ def find_mpiexec():
 
     None also where mpi4py cannot be imported: ranks that mpiexec starts join
     their world through mpi4py, so without it the launcher starts them itself
-    (an MPI installed for other programs, say an Open MPI that refuses to run
-    as root, is then left alone).
+    (an MPI installed for other programs is then left alone); and None as root
+    where the launcher is Open MPI's, which refuses to run as root.
     """
     if importlib.util.find_spec("mpi4py") is None:
         return None
     beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("mpiexec")
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is not None and os.geteuid() == 0 and is_open_mpi(found):
+        return None     # Open MPI refuses to start ranks as root: start them ourselves
+    return found
+
+
+def is_open_mpi(mpiexec):
+    """True if ``mpiexec --version`` names Open MPI (whose launcher refuses to run as root).
+
+    Measured on the H200 host (root, system Open MPI and mpi4py): ``gdnflow train
+    --gpus 2`` through it stopped at once with Open MPI's refusal.
+    """
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = (done.stdout + done.stderr).lower()
+    return "open mpi" in text or "openrte" in text
 
 
 def rank_command(argv):
@@ -140,4 +157,5 @@ def _wait(processes, log):
     return next((code for code in codes if code), 0)
 
 
-__all__ = ["spawn", "rank_command", "gpu_count", "check_gpus", "find_mpiexec", "launches"]
+__all__ = ["spawn", "rank_command", "gpu_count", "check_gpus", "find_mpiexec", "is_open_mpi",
+           "launches"]

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from gdnflow.train.spawn import find_mpiexec
+from gdnflow.train.spawn import find_mpiexec, is_open_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = find_mpiexec()
@@ -177,7 +177,7 @@ def test_gpus_are_counted_before_anything_starts(tmp_path):
 def test_the_gpus_launcher_uses_mpiexec_only_where_mpi4py_imports():
     # An mpiexec installed for other programs must not start ranks that cannot join
     # through mpi4py (an Open MPI as root even refuses to start them).
-    probe = ("import sys\n{}from gdnflow.train.spawn import find_mpiexec\n"
+    probe = ("import sys\n{}from gdnflow.train.spawn import find_mpiexec, is_open_mpi\n"
              "print(find_mpiexec())")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for block, expected in (("sys.modules['mpi4py'] = None\n", "None"), ("", MPIEXEC)):
@@ -185,3 +185,16 @@ def test_the_gpus_launcher_uses_mpiexec_only_where_mpi4py_imports():
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected
+
+
+@pytest.mark.parametrize("version, open_mpi", [
+    ("mpiexec (OpenRTE) 4.1.6\nReport bugs to http://www.open-mpi.org/community/help/", True),
+    ("mpiexec (Open MPI) 5.0.3", True),
+    ("HYDRA build details:\n    Version:                                 4.2.3", False)])
+def test_open_mpi_launchers_are_recognised_by_their_version(version, open_mpi, tmp_path):
+    # As root the --gpus launcher leaves Open MPI's mpiexec alone (it refuses root).
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{version}'\n")
+    fake.chmod(0o755)
+    assert is_open_mpi(str(fake)) is open_mpi
+    assert is_open_mpi(str(tmp_path / "missing")) is False
