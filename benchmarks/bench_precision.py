@@ -1,13 +1,16 @@
-"""16-bit tensors against float32 and TF32: matrix products, elementwise kernels and an MLP
-training step under autocast; gdnflow and PyTorch side by side, at the same dtypes.
+"""16-bit tensors against float32 and TF32: matrix products, elementwise kernels, an MLP
+training step and CNN inference under autocast; gdnflow and PyTorch side by side, at the
+same dtypes.
 
     python benchmarks/bench_precision.py --out benchmarks/results/precision/half.md
 
 Products: ``ops.matmul`` against ``torch.matmul`` (TF32 switched on only in the tf32
 rows, on both sides). Elementwise: ReLU and an addition over 2^26 elements. MLP: three
 linear layers (4096 -> 4096 -> 4096 -> 1024, batch 4096, ReLU) forward and backward with
-float32 parameters, under ``gf.autocast`` / ``torch.autocast`` in the 16-bit rows. Times:
-CUDA events, 10 warm-up calls, the median of 30.
+float32 parameters, under ``gf.autocast`` / ``torch.autocast`` in the 16-bit rows. CNNs:
+VGG16 and MobileNetV2 forward at batch 64 (random weights, eval mode, no gradient),
+eager, in float32 and under autocast; torchvision's models beside them (cuDNN benchmark
+mode). Times: CUDA events, 10 warm-up calls, the median of 30.
 """
 import argparse
 
@@ -130,6 +133,36 @@ def bench_mlp(torch, rows, repeats):
         rows.append(cells)
 
 
+def bench_cnns(torch, rows, repeats):
+    from gdnflow.models.mobilenet_v2 import mobilenet_v2
+    from gdnflow.models.vgg import vgg16
+    x_host = np.random.default_rng(3).random((64, 3, 224, 224), dtype=np.float32)
+    x = gf.tensor(x_host, device="cuda")
+    for name, build in (("vgg16", vgg16), ("mobilenet_v2", mobilenet_v2)):
+        model = build(device="cuda", rng=np.random.default_rng(0)).eval()
+        tmodel = None
+        if torch is not None:
+            import torchvision  # noqa: F401 (the baseline's models)
+            tmodel = getattr(torchvision.models, name)().cuda().eval()
+            tx = torch.from_numpy(x_host).cuda()
+        for precision in ("fp32", "bf16", "fp16"):
+            half = precision != "fp32"
+
+            def run():
+                with gf.no_grad(), gf.autocast(gdnflow_dtype(precision), enabled=half):
+                    return model(x)
+            ms = harness.time_gdnflow(run, warmup=3, repeats=repeats)
+            cells = [f"{name}, batch 64", precision, f"{ms:.3f}", "-"]
+            if tmodel is not None:
+                def torch_run():
+                    with torch.no_grad(), torch.autocast("cuda", dtype=torch_dtype(torch, precision),
+                                                         enabled=half):
+                        return tmodel(tx)
+                tms = harness.time_torch(torch_run, warmup=3, repeats=repeats)
+                cells += [f"{tms:.3f}", f"{tms / ms:.2f}"]
+            rows.append(cells)
+
+
 def main():
     """Run the three benchmarks; print (and write) the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -138,10 +171,11 @@ def main():
     args = parser.parse_args()
     torch = harness.torch_or_none()
     torch_cells = ["PyTorch ms", "PyTorch / gdnflow"] if torch is not None else []
-    gemm_rows, elementwise_rows, mlp_rows = [], [], []
+    gemm_rows, elementwise_rows, mlp_rows, cnn_rows = [], [], [], []
     bench_gemms(torch, gemm_rows, args.repeats)
     bench_elementwise(torch, elementwise_rows, args.repeats)
     bench_mlp(torch, mlp_rows, args.repeats)
+    bench_cnns(torch, cnn_rows, args.repeats)
     settings = (f"PyTorch {torch.__version__}: torch.matmul, TF32 on only in tf32 rows, "
                 "torch.autocast in bf16/fp16 MLP rows" if torch is not None else "no PyTorch")
     tables = [
@@ -155,6 +189,11 @@ def main():
                                ["step", "precision", "gdnflow ms", "-"] + torch_cells, mlp_rows,
                                ["GPU time of one eager step (events around it); autocast rows: "
                                 "16-bit products and activations, float32 loss and gradients"]),
+        harness.markdown_table("CNN inference, eager", ["model", "precision", "gdnflow ms", "-"]
+                               + torch_cells, cnn_rows,
+                               ["gdnflow: convolutions in 16 bits where a 16-bit GEMM algorithm "
+                                "runs them (1x1, im2col), depthwise and batch norm in float32 "
+                                "(widened and rounded); PyTorch: cuDNN, torch.autocast"]),
     ]
     harness.emit("\n".join(tables), args.out)
 

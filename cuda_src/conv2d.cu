@@ -1,6 +1,8 @@
-// 2-D convolution, NCHW float32: the lowering kernels around cuBLAS SGEMM and
-// the fused inference epilogue. Python side: gdnflow/ops/conv.py (the GEMM
-// calls are there, through gdnflow/backends/cuda/blas.py).
+// 2-D convolution, NCHW: the lowering kernels around cuBLAS's GEMMs and the
+// fused inference epilogue. Python side: gdnflow/ops/conv/ (the GEMM calls
+// are there, through gdnflow/backends/cuda/blas.py). Built for float tensors,
+// and with -DSTORAGE_BF16 / -DSTORAGE_FP16 for 16-bit ones (storage_t:
+// gdnflow_common.cuh); sums and the epilogue compute in float.
 //
 // Column matrices. For image n of a chunk, the column matrix has one row per
 // (input channel c, kernel tap i, j), row = (c * KH + i) * KW + j, and one
@@ -26,7 +28,7 @@
 // One thread per (n, c, oh, ow): it writes the KH*KW rows of its channel in
 // column p, so a warp writes consecutive addresses of each row.
 extern "C" __global__ void im2col(
-        const float* __restrict__ x, float* __restrict__ cols,
+        const storage_t* __restrict__ x, storage_t* __restrict__ cols,
         int nb, int C, int H, int W, int OH, int OW,
         int SH, int SW, int DH, int DW, int pad_top, int pad_left,
         int row_stride, int image_stride) {
@@ -38,9 +40,9 @@ extern "C" __global__ void im2col(
         t /= OH;
         const int c = t % C;
         const int n = t / C;
-        const float* xp = x + ((size_t)n * C + c) * H * W;
-        float* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride
-                    + oh * OW + ow;
+        const storage_t* xp = x + ((size_t)n * C + c) * H * W;
+        storage_t* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride
+                        + oh * OW + ow;
         const int ih0 = oh * SH - pad_top, iw0 = ow * SW - pad_left;
 #pragma unroll
         for (int i = 0; i < KH; ++i) {
@@ -50,7 +52,7 @@ extern "C" __global__ void im2col(
             for (int j = 0; j < KW; ++j) {
                 const int iw = iw0 + j * DW;
                 cp[(size_t)(i * KW + j) * row_stride] =
-                    (row_inside && iw >= 0 && iw < W) ? __ldg(xp + ih * W + iw) : 0.0f;
+                    (row_inside && iw >= 0 && iw < W) ? xp[ih * W + iw] : store_value(0.0f);
             }
         }
     }
@@ -62,7 +64,7 @@ extern "C" __global__ void im2col(
 // from output (oh, ow) when h = oh*SH - pad_top + i*DH, i.e. when
 // h + pad_top - i*DH is a non-negative multiple of SH below SH*OH.
 extern "C" __global__ void col2im(
-        const float* __restrict__ cols, float* __restrict__ x,
+        const storage_t* __restrict__ cols, storage_t* __restrict__ x,
         int nb, int C, int H, int W, int OH, int OW,
         int SH, int SW, int DH, int DW, int pad_top, int pad_left,
         int row_stride, int image_stride) {
@@ -74,7 +76,7 @@ extern "C" __global__ void col2im(
         t /= H;
         const int c = t % C;
         const int n = t / C;
-        const float* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride;
+        const storage_t* cp = cols + (size_t)n * image_stride + (size_t)c * (KH * KW) * row_stride;
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < KH; ++i) {
@@ -85,10 +87,10 @@ extern "C" __global__ void col2im(
             for (int j = 0; j < KW; ++j) {
                 const int tw = w + pad_left - j * DW;
                 if (tw < 0 || tw % SW != 0 || tw / SW >= OW) continue;
-                acc += cp[(size_t)(i * KW + j) * row_stride + oh * OW + tw / SW];
+                acc += load_value(cp[(size_t)(i * KW + j) * row_stride + oh * OW + tw / SW]);
             }
         }
-        x[idx] = acc;
+        x[idx] = store_value(acc);
     }
 }
 
@@ -97,7 +99,7 @@ extern "C" __global__ void col2im(
 // side, as the weight-gradient GEMM wants. Rows of P elements move whole, so
 // reads and writes are both coalesced.
 extern "C" __global__ void nchw_to_cnhw(
-        const float* __restrict__ src, float* __restrict__ dst, int nb, int C, int P) {
+        const storage_t* __restrict__ src, storage_t* __restrict__ dst, int nb, int C, int P) {
     const int total = nb * C * P;
     GRID_STRIDE_LOOP(idx, total) {
         const int p = idx % P;
@@ -113,25 +115,25 @@ extern "C" __global__ void nchw_to_cnhw(
 // bias and residual may be null (0). out may be y itself (in place), so the
 // two are not __restrict__.
 extern "C" __global__ void conv_epilogue(
-        const float* y, const float* __restrict__ bias, const float* __restrict__ residual,
-        float* out, int total, int C, int HW, int act) {
+        const storage_t* y, const storage_t* __restrict__ bias,
+        const storage_t* __restrict__ residual, storage_t* out, int total, int C, int HW, int act) {
     GRID_STRIDE_LOOP(idx, total) {
-        float v = y[idx];
-        if (bias) v += __ldg(bias + (idx / HW) % C);
-        if (residual) v += __ldg(residual + idx);
-        out[idx] = activate(v, act);
+        float v = load_value(y[idx]);
+        if (bias) v += load_value(bias[(idx / HW) % C]);
+        if (residual) v += load_value(residual[idx]);
+        out[idx] = store_value(activate(v, act));
     }
 }
 
 // The gradient through the fused activation, from its output y:
 // relu passes where y > 0, relu6 where 0 < y < 6 (y = z exactly there).
 extern "C" __global__ void conv_activation_backward(
-        const float* __restrict__ gy, const float* __restrict__ y, float* __restrict__ gz,
-        int total, int act) {
+        const storage_t* __restrict__ gy, const storage_t* __restrict__ y,
+        storage_t* __restrict__ gz, int total, int act) {
     GRID_STRIDE_LOOP(idx, total) {
-        const float v = y[idx];
+        const float v = load_value(y[idx]);
         const bool pass = act == ACT_RELU ? v > 0.0f
                         : act == ACT_RELU6 ? (v > 0.0f && v < 6.0f) : true;
-        gz[idx] = pass ? gy[idx] : 0.0f;
+        gz[idx] = pass ? gy[idx] : store_value(0.0f);
     }
 }

@@ -54,3 +54,17 @@ def cast(x, dtype):
     if x.dtype == get_backend(x.device).check_dtype(dtype):
         return x
     return CastOp(dtype)(x)
+
+
+def cast_array(array, dtype):
+    """A backend array (NumPy or CUDA) converted to ``dtype`` (a numpy dtype), outside autograd.
+
+    For operators that compute a 16-bit input in float32 inside their own
+    forward or backward; ``array`` itself where it already has that dtype.
+    """
+    if array.dtype == dtype:
+        return array
+    if isinstance(array, np.ndarray):
+        with np.errstate(over="ignore"):
+            return array.astype(dtype)
+    return CastOp(dtype).forward_cuda(array)

@@ -8,7 +8,9 @@ leave it to the operator. ``activation`` is a code of
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.ops.cast import CastOp
 from gdnflow.ops.reduction import sum_cuda
+from gdnflow.precision import FLOAT32, emulate
 
 SOURCE = "conv2d.cu"
 
@@ -39,7 +41,7 @@ def activation_grad_numpy(gy, y, activation):
 def epilogue_cuda(y, bias, residual, activation):
     """y <- act(y + bias[c] + residual) in one pass, in place; returns y."""
     n, c = y.shape[:2]
-    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiii").launch(
+    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiii", cuda.storage_defines(y.dtype)).launch(
         y.size, y.ptr, 0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr,
         y.ptr, y.size, c, y.size // max(n * c, 1), activation)
     return y
@@ -48,13 +50,20 @@ def epilogue_cuda(y, bias, residual, activation):
 def activation_grad_cuda(gy, y, activation):
     """As :func:`activation_grad_numpy`, one kernel."""
     gz = cuda.empty(gy.shape, gy.dtype)
-    cuda.kernel(SOURCE, "conv_activation_backward", "PPPii").launch(
+    cuda.kernel(SOURCE, "conv_activation_backward", "PPPii",
+                cuda.storage_defines(gy.dtype)).launch(
         gy.size, gy.ptr, y.ptr, gz.ptr, gy.size, activation)
     return gz
 
 
 def bias_grad(device, gy):
-    """gy [N, C, H, W] summed over N, H, W: [C] (the bias's gradient)."""
+    """gy [N, C, H, W] summed over N, H, W: [C] (the bias's gradient).
+
+    A 16-bit gy is summed in float32 and the sum rounded once.
+    """
     if device == "numpy":
-        return gy.sum(axis=(0, 2, 3))
-    return sum_cuda(gy, (0, 2, 3), 1.0).reshape((gy.shape[1],))
+        return emulate(lambda g: g.sum(axis=(0, 2, 3)), gy)
+    if gy.dtype == FLOAT32:
+        return sum_cuda(gy, (0, 2, 3), 1.0).reshape((gy.shape[1],))
+    wide = CastOp(FLOAT32).forward_cuda(gy)
+    return CastOp(gy.dtype).forward_cuda(sum_cuda(wide, (0, 2, 3), 1.0).reshape((gy.shape[1],)))

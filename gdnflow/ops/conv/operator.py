@@ -8,10 +8,12 @@ into the algorithm's forward where it can, else one epilogue pass after it
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
+from gdnflow.ops.cast import cast_array
 from gdnflow.ops.conv.epilogue import (activation_grad_cuda, activation_grad_numpy, bias_grad,
                                        epilogue_cuda, epilogue_numpy)
 from gdnflow.ops.conv.geometry import ACTIVATIONS, conv_geometry, conv_parameters
-from gdnflow.ops.conv.planning import conv_algorithm
+from gdnflow.ops.conv.planning import conv_algorithm, half_conv_algorithm
+from gdnflow.precision import FLOAT32, is_half
 from gdnflow.registry import register
 
 
@@ -27,7 +29,15 @@ class Conv2dOp(Operator):
     is differentiable: its gradient is taken from the saved output y (relu
     passes where y > 0, relu6 where 0 < y < 6), so training through a fused
     conv + bias + ReLU6 costs one more saved tensor and no extra pass.
+
+    On 16-bit tensors (and under :func:`gdnflow.autocast`, which rounds
+    float32 inputs to 16 bits: ``autocast = "lower"``) each stage runs as
+    16-bit GEMMs where :func:`~gdnflow.ops.conv.planning.half_conv_algorithm`
+    has an algorithm for it, else in float32 with its result rounded once
+    (depthwise layers; and always on NumPy, the emulation).
     """
+
+    autocast = "lower"
 
     def __init__(self, stride=1, padding=0, dilation=1, groups=1, activation=None,
                  has_bias=False, has_residual=False):
@@ -55,11 +65,31 @@ class Conv2dOp(Operator):
             raise ShapeError(f"{self.label}: residual must have the output's shape {g.y_shape}, "
                              f"got {extras[-1].shape}")
 
+    def _algorithm(self, dtype, stage):
+        """What runs ``stage`` on ``dtype`` tensors; None: compute it in float32 (16-bit inputs)."""
+        if not is_half(dtype):
+            return conv_algorithm(self.device, self.geometry, stage)
+        return None if self.device == "numpy" else half_conv_algorithm(self.geometry, stage)
+
     def _forward(self, x, w, *extras):
+        algorithm = self._algorithm(x.dtype, "forward")
+        if algorithm is None:       # 16-bit in and out, float32 inside
+            wide = [cast_array(a, FLOAT32) for a in (x, w, *extras)]
+            y = cast_array(self._convolve(conv_algorithm(self.device, self.geometry, "forward"),
+                                          *wide), x.dtype)
+        else:
+            y = self._convolve(algorithm, x, w, *extras)
+        # x feeds gw and w feeds gx; y gives the fused activation's gradient.
+        need = self.needs_grad or (False, False)
+        self.save(x=x if need[1] else None, w=w if need[0] else None,
+                  y=y if self.recording and self.activation else None)
+        return y
+
+    def _convolve(self, algorithm, x, w, *extras):
+        """act(conv(x, w) + bias + residual) with ``algorithm``, its epilogue fused or after."""
         g = self.geometry
         bias = extras[0] if self.has_bias else None
         residual = extras[-1] if self.has_residual else None
-        algorithm = conv_algorithm(self.device, g, "forward")
         fused = algorithm.fuses_bias_activation and (
             residual is None or getattr(algorithm, "fuses_residual", False))
         if fused and residual is not None:
@@ -69,10 +99,6 @@ class Conv2dOp(Operator):
                                   self.activation if fused else 0)
         if not fused and (bias is not None or residual is not None or self.activation):
             y = self.dispatch("epilogue", y, bias, residual, self.activation)
-        # x feeds gw and w feeds gx; y gives the fused activation's gradient.
-        need = self.needs_grad or (False, False)
-        self.save(x=x if need[1] else None, w=w if need[0] else None,
-                  y=y if self.recording and self.activation else None)
         return y
 
     forward_numpy = forward_cuda = _forward
@@ -91,7 +117,6 @@ class Conv2dOp(Operator):
         return activation_grad_cuda(gy, y, self.activation)
 
     def backward(self, grad_output):
-        g = self.geometry
         saved = self.saved
         gz = grad_output.data
         if self.activation:
@@ -99,16 +124,25 @@ class Conv2dOp(Operator):
         need = self.needs_grad
         gx = gw = None
         if need[0]:
-            gx = conv_algorithm(self.device, g, "backward_data").backward_data(g, gz, saved.w)
+            gx = self._backward_stage("backward_data", gz, saved.w)
         if need[1]:
-            gw = conv_algorithm(self.device, g, "backward_weight").backward_weight(g, saved.x,
-                                                                                  gz)
+            gw = self._backward_stage("backward_weight", saved.x, gz)
         grads = [gx, gw]
         if self.has_bias:
             grads.append(bias_grad(self.device, gz) if need[2] else None)
         if self.has_residual:
             grads.append(gz if need[-1] else None)
         return tuple(None if a is None else self.wrap(a) for a in grads)
+
+    def _backward_stage(self, stage, a, b):
+        """``stage`` of the backward on arrays a, b; a 16-bit stage without an algorithm of
+        its own runs in float32 and its result is rounded once."""
+        algorithm = self._algorithm(a.dtype, stage)
+        if algorithm is not None:
+            return getattr(algorithm, stage)(self.geometry, a, b)
+        wide = conv_algorithm(self.device, self.geometry, stage)
+        result = getattr(wide, stage)(self.geometry, cast_array(a, FLOAT32), cast_array(b, FLOAT32))
+        return cast_array(result, a.dtype)
 
 
 def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,

@@ -129,3 +129,21 @@ def conv_algorithm(device, g, stage):
     chooser = current_planner()
     return bound(chooser.choose(g, stage), chooser)
 
+
+
+
+#: Groups a 16-bit convolution runs as GEMMs up to: each group is one product
+#: call, so depthwise layers (a group per channel) compute in float32 instead.
+MAX_HALF_GROUPS = 4
+
+
+def half_conv_algorithm(g, stage):
+    """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
+
+    The 1x1 GEMM where it applies, else im2col + GEMM, for layers of at most
+    :data:`MAX_HALF_GROUPS` groups; None tells the operator to compute the
+    stage in float32 and round its result (depthwise layers, for now).
+    """
+    if g.groups > MAX_HALF_GROUPS:
+        return None
+    return next(a for a in (Pointwise, Im2colGemm) if a.supports(g))

@@ -4,10 +4,17 @@ Kernels: ``cuda_src/conv2d.cu`` (im2col, col2im, the NCHW -> CNHW transpose);
 the GEMMs are cuBLAS's, through :func:`gdnflow.backends.cuda.matmul`. The
 column matrices are made a chunk of images at a time, within
 ``settings.conv_workspace_bytes`` (:mod:`gdnflow.config`).
+
+Both algorithms also run on 16-bit tensors (``half_precision``): the lowering
+kernels built for 16-bit storage and GemmEx products with float32
+accumulation; the weight gradient accumulates over chunks in float32 and is
+rounded once at the end.
 """
 from gdnflow.backends import cuda
 from gdnflow.config import settings
+from gdnflow.ops.cast import CastOp
 from gdnflow.ops.conv.geometry import FLOAT_BYTES
+from gdnflow.precision import FLOAT32
 
 SOURCE = "conv2d.cu"
 # The epilogue's module, and im2col's for the common square kernels: 3x3
@@ -23,23 +30,28 @@ def chunk_images(n, floats_per_image):
     return chunk
 
 
+def _defines(g, dtype):
+    """The conv2d.cu module for ``g``'s kernel size and tensors of ``dtype``."""
+    return (("KH", g.kh), ("KW", g.kw)) + cuda.storage_defines(dtype)
+
+
 def im2col(g, x, cols, nb, row_stride, image_stride):
     """cols <- the column matrices of the ``nb`` images that ``x`` starts with (see conv2d.cu)."""
-    kernel = cuda.kernel(SOURCE, "im2col", "PP" + "i" * 14, (("KH", g.kh), ("KW", g.kw)))
+    kernel = cuda.kernel(SOURCE, "im2col", "PP" + "i" * 14, _defines(g, x.dtype))
     kernel.launch(nb * g.c_in * g.oh * g.ow, x.ptr, cols.ptr, nb, g.c_in, g.h, g.w, g.oh, g.ow,
                   *g.stride, *g.dilation, g.padding[0], g.padding[2], row_stride, image_stride)
 
 
 def col2im(g, cols, x, nb, row_stride, image_stride):
     """The ``nb`` images of gx that ``x`` starts with <- the adjoint of im2col applied to cols."""
-    kernel = cuda.kernel(SOURCE, "col2im", "PP" + "i" * 14, (("KH", g.kh), ("KW", g.kw)))
+    kernel = cuda.kernel(SOURCE, "col2im", "PP" + "i" * 14, _defines(g, x.dtype))
     kernel.launch(nb * g.c_in * g.h * g.w, cols.ptr, x.ptr, nb, g.c_in, g.h, g.w, g.oh, g.ow,
                   *g.stride, *g.dilation, g.padding[0], g.padding[2], row_stride, image_stride)
 
 
 def nchw_to_cnhw(src, dst, nb, channels, pixels):
     """dst [C, nb, P] <- src [nb, C, P]."""
-    cuda.kernel(SOURCE, "nchw_to_cnhw", "PPiii").launch(
+    cuda.kernel(SOURCE, "nchw_to_cnhw", "PPiii", cuda.storage_defines(src.dtype)).launch(
         nb * channels * pixels, src.ptr, dst.ptr, nb, channels, pixels)
 
 
@@ -53,13 +65,14 @@ def gemm_backward_weight(g, x, gy, lower):
     pixels of all images of the chunk and accumulates (beta = 1) over chunks.
     Groups are the GEMM's batch.
     """
+    dtype = x.dtype
     if g.n == 0:
-        return cuda.zeros(g.w_shape)
-    gw = cuda.empty(g.w_shape)
+        return cuda.zeros(g.w_shape, dtype)
+    gw = cuda.empty(g.w_shape)          # float32: the sums over chunks are not rounded
     ohw, k_rows = g.oh * g.ow, g.c_in * g.kh * g.kw
     chunk = chunk_images(g.n, (k_rows + g.c_out) * ohw)
-    cols = cuda.empty((chunk * k_rows * ohw,))
-    gyt = cuda.empty((chunk * g.c_out * ohw,)) if chunk > 1 else None
+    cols = cuda.empty((chunk * k_rows * ohw,), dtype)
+    gyt = cuda.empty((chunk * g.c_out * ohw,), dtype) if chunk > 1 else None
     og, kg = g.c_out // g.groups, k_rows // g.groups
     for n0 in range(0, g.n, chunk):
         nb = min(chunk, g.n - n0)
@@ -71,8 +84,9 @@ def gemm_backward_weight(g, x, gy, lower):
             gy_chunk = gyt
         cuda.matmul(gy_chunk.ptr, cols.ptr, gw.ptr, og, kg, width, trans_b=True,
                     beta=0.0 if n0 == 0 else 1.0, batch=g.groups,
-                    stride_a=og * width, stride_b=kg * width, stride_c=og * kg)
-    return gw
+                    stride_a=og * width, stride_b=kg * width, stride_c=og * kg, dtype=dtype,
+                    out_dtype=FLOAT32)
+    return gw if dtype == FLOAT32 else CastOp(dtype).forward_cuda(gw)
 
 
 def _lowering(g):
@@ -97,6 +111,7 @@ class Im2colGemm:
 
     name = "im2col_gemm"
     fuses_bias_activation = False
+    half_precision = True
 
     @staticmethod
     def supports(g):
@@ -106,9 +121,9 @@ class Im2colGemm:
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
         """y [N, C_out, OH, OW] from x and w (bias and activation: the caller's epilogue)."""
-        y = cuda.empty(g.y_shape)
+        y = cuda.empty(g.y_shape, x.dtype)
         ohw, per_image, chunk, og, kg = _lowering(g)
-        cols = cuda.empty((chunk * per_image,))
+        cols = cuda.empty((chunk * per_image,), x.dtype)
         for n0 in range(0, g.n, chunk):
             nb = min(chunk, g.n - n0)
             im2col(g, x.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), cols, nb, ohw,
@@ -117,15 +132,16 @@ class Im2colGemm:
                 cuda.matmul(w.offset(grp * og * kg, (og, kg)).ptr,
                             cols.offset(grp * kg * ohw, (kg, ohw)).ptr,
                             y.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr, og, ohw, kg,
-                            batch=nb, stride_a=0, stride_b=per_image, stride_c=g.c_out * ohw)
+                            batch=nb, stride_a=0, stride_b=per_image, stride_c=g.c_out * ohw,
+                            dtype=x.dtype)
         return y
 
     @staticmethod
     def backward_data(g, gy, w):
         """gx [N, C_in, H, W] from gy [N, C_out, OH, OW] and w."""
-        gx = cuda.empty(g.x_shape)
+        gx = cuda.empty(g.x_shape, gy.dtype)
         ohw, per_image, chunk, og, kg = _lowering(g)
-        gcols = cuda.empty((chunk * per_image,))
+        gcols = cuda.empty((chunk * per_image,), gy.dtype)
         for n0 in range(0, g.n, chunk):
             nb = min(chunk, g.n - n0)
             for grp in range(g.groups):
@@ -133,7 +149,7 @@ class Im2colGemm:
                             gy.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr,
                             gcols.offset(grp * kg * ohw, (kg, ohw)).ptr, kg, ohw, og,
                             trans_a=True, batch=nb, stride_a=0, stride_b=g.c_out * ohw,
-                            stride_c=per_image)
+                            stride_c=per_image, dtype=gy.dtype)
             col2im(g, gcols, gx.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), nb, ohw,
                    per_image)
         return gx
@@ -157,6 +173,7 @@ class Pointwise:
 
     name = "pointwise"
     fuses_bias_activation = False
+    half_precision = True
 
     @staticmethod
     def supports(g):
@@ -166,25 +183,26 @@ class Pointwise:
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
         """y_n[grp] = W[grp] @ x_n[grp] (bias and activation: the caller's epilogue)."""
-        y = cuda.empty(g.y_shape)
+        y = cuda.empty(g.y_shape, x.dtype)
         hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
         for grp in range(g.groups):
             cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
                         x.offset(grp * cg * hw, (cg, hw)).ptr,
                         y.offset(grp * og * hw, (og, hw)).ptr, og, hw, cg, batch=g.n,
-                        stride_a=0, stride_b=g.c_in * hw, stride_c=g.c_out * hw)
+                        stride_a=0, stride_b=g.c_in * hw, stride_c=g.c_out * hw, dtype=x.dtype)
         return y
 
     @staticmethod
     def backward_data(g, gy, w):
         """gx_n[grp] = W[grp]^T @ gy_n[grp]."""
-        gx = cuda.empty(g.x_shape)
+        gx = cuda.empty(g.x_shape, gy.dtype)
         hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
         for grp in range(g.groups):
             cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
                         gy.offset(grp * og * hw, (og, hw)).ptr,
                         gx.offset(grp * cg * hw, (cg, hw)).ptr, cg, hw, og, trans_a=True,
-                        batch=g.n, stride_a=0, stride_b=g.c_out * hw, stride_c=g.c_in * hw)
+                        batch=g.n, stride_a=0, stride_b=g.c_out * hw, stride_c=g.c_in * hw,
+                        dtype=gy.dtype)
         return gx
 
     @staticmethod

@@ -1,0 +1,65 @@
+"""conv2d on 16-bit tensors: the NumPy emulation (float32 inside, one rounding) and the GPU's
+16-bit GEMM algorithms against it. GPU tolerance: products', 2 eps of the dtype relative
+to the largest reference magnitude (the GPU rounds the GEMM's result, then the epilogue's)."""
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops, precision
+from gdnflow.testing import assert_half_backends_match, round_to_bfloat16
+
+EPS = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
+#: (x shape, w shape, conv2d keyword arguments): the 16-bit GEMM algorithms (1x1, im2col
+#: at several kernel sizes, strides, dilations and groups) and a depthwise layer, which
+#: computes in float32.
+LAYERS = {
+    "1x1": ((2, 24, 7, 9), (40, 24, 1, 1), {}),
+    "3x3 pad 1 + bias + relu": ((3, 8, 11, 13), (16, 8, 3, 3), {"padding": 1, "activation": "relu"}),
+    "5x5 stride 2": ((2, 3, 17, 15), (12, 3, 5, 5), {"stride": 2, "padding": 2}),
+    "3x3 dilation 2, 2 groups": ((2, 8, 12, 10), (6, 4, 3, 3), {"dilation": 2, "groups": 2}),
+    "depthwise 3x3 + relu6": ((2, 16, 9, 9), (16, 1, 3, 3), {"groups": 16, "padding": 1,
+                                                             "activation": "relu6"}),
+}
+
+
+def conv_fn(w_shape, options):
+    def fn(x, w, b):
+        return ops.conv2d(x, w, b, **options)
+    return fn
+
+
+def inputs(x_shape, w_shape, rng):
+    fan_in = np.prod(w_shape[1:])
+    return [rng.standard_normal(x_shape), rng.standard_normal(w_shape) / np.sqrt(fan_in),
+            rng.standard_normal(w_shape[0]) * 0.1]
+
+
+def test_a_16_bit_conv_on_numpy_is_the_float32_conv_rounded_once(rng):
+    x = rng.standard_normal((2, 5, 9, 8)).astype(precision.BFLOAT16)
+    w = (rng.standard_normal((7, 5, 3, 3)) / 6).astype(precision.BFLOAT16)
+    y = ops.conv2d(gf.tensor(x, device="numpy", dtype="bf16"),
+                   gf.tensor(w, device="numpy", dtype="bf16"), padding=1)
+    wide = ops.conv2d(gf.tensor(x.astype(np.float32), device="numpy"),
+                      gf.tensor(w.astype(np.float32), device="numpy"), padding=1)
+    assert y.dtype == precision.BFLOAT16
+    np.testing.assert_array_equal(y.numpy().astype(np.float32), round_to_bfloat16(wide.numpy()))
+
+
+def test_autocast_runs_conv2d_in_16_bits_with_float32_weight_gradients(rng):
+    x = gf.tensor(rng.standard_normal((2, 3, 8, 8)), device="numpy")
+    w = gf.tensor(rng.standard_normal((4, 3, 3, 3)) / 5, device="numpy", requires_grad=True)
+    with gf.autocast("fp16"):
+        y = ops.conv2d(x, w, padding=1, activation="relu")
+        loss = y.mean()
+    assert y.dtype == precision.FLOAT16 and loss.dtype == np.float32
+    loss.backward()
+    assert w.grad.dtype == np.float32 and np.abs(w.grad.numpy()).max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", LAYERS)
+def test_16_bit_conv2d_matches_the_emulation(name, dtype, rng):
+    x_shape, w_shape, options = LAYERS[name]
+    assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng), dtype,
+                               rtol=2 * EPS[dtype], names=["x", "w", "b"])
