@@ -10,7 +10,10 @@ linear layers (4096 -> 4096 -> 4096 -> 1024, batch 4096, ReLU) forward and backw
 float32 parameters, under ``gf.autocast`` / ``torch.autocast`` in the 16-bit rows. CNNs:
 VGG16 and MobileNetV2 forward at batch 64 (random weights, eval mode, no gradient),
 eager, in float32 and under autocast; torchvision's models beside them (cuDNN benchmark
-mode). Times: CUDA events, 10 warm-up calls, the median of 30.
+mode). Plans: ``gf.compile(model, shape, dtype=...)`` replayed (one CUDA graph), against
+torchvision's model captured in a CUDA graph, in float32 and under torch.autocast (fp16,
+bf16), with the 16-bit plans' error against the float32 plan. Times: CUDA events, 10
+warm-up calls, the median of 30.
 """
 import argparse
 
@@ -163,6 +166,59 @@ def bench_cnns(torch, rows, repeats):
             rows.append(cells)
 
 
+PLANS = (("mobilenet_v2", 1), ("mobilenet_v2", 64), ("vgg16", 64))
+
+
+def torch_graph_ms(torch, model, x, precision, repeats):
+    """Median ms of ``model(x)`` replayed from a CUDA graph, under autocast for 16 bits."""
+    half = precision != "fp32"
+
+    def forward():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch_dtype(torch, precision),
+                                             enabled=half, cache_enabled=False):
+            return model(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    return harness.time_torch(graph.replay, repeats=repeats)
+
+
+def bench_plans(torch, rows, repeats):
+    from gdnflow.models.mobilenet_v2 import mobilenet_v2
+    from gdnflow.models.vgg import vgg16
+    from gdnflow.testing import relative_error
+    builders = {"vgg16": vgg16, "mobilenet_v2": mobilenet_v2}
+    for name, batch in PLANS:
+        shape = (batch, 3, 224, 224)
+        x_host = np.random.default_rng(4).random(shape, dtype=np.float32)
+        model = builders[name](device="cuda", rng=np.random.default_rng(0)).eval()
+        tmodel = None
+        if torch is not None:
+            import torchvision  # noqa: F401 (the baseline's models)
+            tmodel = getattr(torchvision.models, name)().cuda().eval()
+            tx = torch.from_numpy(x_host).cuda()
+        reference = None
+        for precision in ("fp32", "bf16", "fp16"):
+            compiled = gf.compile(model, shape, dtype=gdnflow_dtype(precision))
+            plan = compiled.plan(shape)
+            y = plan(x_host).numpy()
+            reference = y if reference is None else reference
+            error = "-" if precision == "fp32" else f"{relative_error(y, reference):.1e}"
+            ms = harness.time_gdnflow(plan.replay, repeats=repeats)
+            cells = [f"{name}, batch {batch}", precision, f"{ms:.3f}", error]
+            if tmodel is not None:
+                tms = torch_graph_ms(torch, tmodel, tx, precision, repeats)
+                cells += [f"{tms:.3f}", f"{tms / ms:.2f}"]
+            rows.append(cells)
+            compiled.close()
+
+
 def main():
     """Run the three benchmarks; print (and write) the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -171,11 +227,12 @@ def main():
     args = parser.parse_args()
     torch = harness.torch_or_none()
     torch_cells = ["PyTorch ms", "PyTorch / gdnflow"] if torch is not None else []
-    gemm_rows, elementwise_rows, mlp_rows, cnn_rows = [], [], [], []
+    gemm_rows, elementwise_rows, mlp_rows, cnn_rows, plan_rows = [], [], [], [], []
     bench_gemms(torch, gemm_rows, args.repeats)
     bench_elementwise(torch, elementwise_rows, args.repeats)
     bench_mlp(torch, mlp_rows, args.repeats)
     bench_cnns(torch, cnn_rows, args.repeats)
+    bench_plans(torch, plan_rows, args.repeats)
     settings = (f"PyTorch {torch.__version__}: torch.matmul, TF32 on only in tf32 rows, "
                 "torch.autocast in bf16/fp16 MLP rows" if torch is not None else "no PyTorch")
     tables = [
@@ -194,6 +251,12 @@ def main():
                                ["gdnflow: convolutions in 16 bits where a 16-bit GEMM algorithm "
                                 "runs them (1x1, im2col), depthwise and batch norm in float32 "
                                 "(widened and rounded); PyTorch: cuDNN, torch.autocast"]),
+        harness.markdown_table("Inference plans (CUDA graphs)", ["model", "precision",
+                               "gdnflow plan ms", "error vs fp32 plan"] + torch_cells, plan_rows,
+                               ["gdnflow: gf.compile(model, shape, dtype) replayed; PyTorch: "
+                                "torchvision's model captured in a CUDA graph, torch.autocast "
+                                "(cache off) in the 16-bit rows, cuDNN benchmark mode, TF32 off; "
+                                "error: max |y - y_fp32| / max |y_fp32| of the plans' outputs"]),
     ]
     harness.emit("\n".join(tables), args.out)
 

@@ -1,4 +1,6 @@
-// 2-D pooling over NCHW planes. Python side: gdnflow/ops/pool.py.
+// 2-D pooling over NCHW planes. Python side: gdnflow/ops/pool.py. Built for
+// float tensors, and with -DSTORAGE_BF16 / -DSTORAGE_FP16 for 16-bit ones (the
+// windowed pools; sums in float, rounded once).
 //
 // The input is seen as P = N*C planes of H x W, the output as P planes of
 // OH x OW. Output (p, q) pools the window of rows p*sh - pad_top + [0, kh)
@@ -22,7 +24,7 @@ __device__ __forceinline__ int first_window(int i, int pad, int k, int s) {
 // h * W + w of the maximum within its plane, the first one on ties (as
 // NumPy's argmax); NaN wins and stays (the first NaN), as in NumPy and PyTorch.
 extern "C" __global__ void max_pool_forward(
-        const float* __restrict__ x, float* __restrict__ y, int* __restrict__ argmax,
+        const storage_t* __restrict__ x, storage_t* __restrict__ y, int* __restrict__ argmax,
         int planes, int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
         int pad_top, int pad_left) {
     GRID_STRIDE_LOOP(i, planes * oh * ow) {
@@ -30,23 +32,23 @@ extern "C" __global__ void max_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const float* xp = x + (size_t)plane * h * w;
+        const storage_t* xp = x + (size_t)plane * h * w;
         // padding < kernel (checked on the host) keeps every window non-empty.
         int best_index = hs * w + ws;
-        float best = xp[best_index];
+        float best = load_value(xp[best_index]);
         for (int r = hs; r < he; ++r)
             for (int c = ws; c < we; ++c) {
-                const float v = xp[r * w + c];
+                const float v = load_value(xp[r * w + c]);
                 if (v > best || (isnan(v) && !isnan(best))) { best = v; best_index = r * w + c; }
             }
-        y[i] = best;
+        y[i] = store_value(best);
         if (argmax) argmax[i] = best_index;
     }
 }
 
 // gx[r, c] = sum of gy[p, q] over the outputs whose argmax is (r, c).
 extern "C" __global__ void max_pool_backward(
-        const float* __restrict__ gy, const int* __restrict__ argmax, float* __restrict__ gx,
+        const storage_t* __restrict__ gy, const int* __restrict__ argmax, storage_t* __restrict__ gx,
         int planes, int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
         int pad_top, int pad_left) {
     GRID_STRIDE_LOOP(i, planes * h * w) {
@@ -59,9 +61,9 @@ extern "C" __global__ void max_pool_backward(
         for (int p = p0; p <= p1; ++p)
             for (int q = q0; q <= q1; ++q) {
                 const size_t o = base + p * ow + q;
-                if (argmax[o] == self) acc += gy[o];
+                if (argmax[o] == self) acc += load_value(gy[o]);
             }
-        gx[i] = acc;
+        gx[i] = store_value(acc);
     }
 }
 
@@ -77,7 +79,7 @@ __device__ __forceinline__ float window_count(int p, int q, int h, int w, int kh
 }
 
 extern "C" __global__ void avg_pool_forward(
-        const float* __restrict__ x, float* __restrict__ y,
+        const storage_t* __restrict__ x, storage_t* __restrict__ y,
         int planes, int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
         int pad_top, int pad_left, int include_pad) {
     GRID_STRIDE_LOOP(i, planes * oh * ow) {
@@ -85,30 +87,31 @@ extern "C" __global__ void avg_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const float* xp = x + (size_t)plane * h * w;
+        const storage_t* xp = x + (size_t)plane * h * w;
         float acc = 0.0f;
         for (int r = hs; r < he; ++r)
-            for (int c = ws; c < we; ++c) acc += xp[r * w + c];
-        y[i] = acc / window_count(p, q, h, w, kh, kw, sh, sw, pad_top, pad_left, include_pad);
+            for (int c = ws; c < we; ++c) acc += load_value(xp[r * w + c]);
+        y[i] = store_value(
+            acc / window_count(p, q, h, w, kh, kw, sh, sw, pad_top, pad_left, include_pad));
     }
 }
 
 // gx[r, c] = sum of gy[p, q] / count(p, q) over the windows covering (r, c).
 extern "C" __global__ void avg_pool_backward(
-        const float* __restrict__ gy, float* __restrict__ gx,
+        const storage_t* __restrict__ gy, storage_t* __restrict__ gx,
         int planes, int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
         int pad_top, int pad_left, int include_pad) {
     GRID_STRIDE_LOOP(i, planes * h * w) {
         const int c = i % w, t = i / w, r = t % h, plane = t / h;
         const int p0 = first_window(r, pad_top, kh, sh), p1 = min(oh - 1, (r + pad_top) / sh);
         const int q0 = first_window(c, pad_left, kw, sw), q1 = min(ow - 1, (c + pad_left) / sw);
-        const float* gp = gy + (size_t)plane * oh * ow;
+        const storage_t* gp = gy + (size_t)plane * oh * ow;
         float acc = 0.0f;
         for (int p = p0; p <= p1; ++p)
             for (int q = q0; q <= q1; ++q)
-                acc += gp[p * ow + q] /
+                acc += load_value(gp[p * ow + q]) /
                        window_count(p, q, h, w, kh, kw, sh, sw, pad_top, pad_left, include_pad);
-        gx[i] = acc;
+        gx[i] = store_value(acc);
     }
 }
 

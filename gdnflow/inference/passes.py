@@ -25,6 +25,7 @@ from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
 from gdnflow.ops.gdn import GDNOp
+from gdnflow.precision import FLOAT32
 from gdnflow.tensor import Tensor
 
 
@@ -217,6 +218,29 @@ def fold_constants(program):
             steps.append(step)
     program.steps = steps
     program.refresh()
+    return count
+
+
+def lower_weights(program, dtype):
+    """Round, once at build time, every constant that only 16-bit products read; returns the count.
+
+    For plans in bfloat16 or float16 (run under :func:`gdnflow.autocast`):
+    the weights and biases of convolutions, ``linear`` and ``matmul`` (the
+    operators whose ``autocast`` rule is "lower") are converted here instead
+    of on every run. Batch norm is folded before (in float32).
+    """
+    readers = {}
+    for step in program.steps:
+        for v in step.inputs:
+            readers.setdefault(v, []).append(step.call)
+    count = 0
+    for v, tensor in list(program.constants.items()):
+        calls = readers.get(v)
+        if calls and tensor.dtype == FLOAT32 and all(
+                isinstance(c, FusedConv) or getattr(c, "autocast", None) == "lower"
+                for c in calls):
+            program.constants[v] = tensor.astype(dtype)
+            count += 1
     return count
 
 

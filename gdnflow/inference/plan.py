@@ -19,8 +19,10 @@ from gdnflow.backends import check_device, cuda, default_device, get_backend
 from gdnflow.errors import ShapeError
 from gdnflow.inference.errors import PlanError, StalePlanError
 from gdnflow.inference.memory import ALIGNMENT, ArenaPool, RecordingPool, gc_paused, plan_memory
-from gdnflow.inference.passes import optimize
+from gdnflow.inference.passes import lower_weights, optimize
 from gdnflow.inference.tracing import trace
+from gdnflow.ops.cast import cast
+from gdnflow.precision import FLOAT32, as_dtype, autocast, is_half
 from gdnflow.tensor import weights_version
 from gdnflow.backends.cuda.weight_cache import frozen_weights
 from gdnflow.config import override, settings
@@ -32,6 +34,21 @@ from gdnflow.testing import relative_error
 #: Folding changes rounding by about 1e-6 in float32, and by TF32's own
 #: rounding (2^-11 per product input) in "tf32"; a wrong plan is off by order 1.
 VERIFY_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2}
+#: The same for plans in 16 bits (``dtype``): a check that the plan is not wrong,
+#: looser than the accuracy docs/precision.md measures (bf16 keeps 8 bits).
+VERIFY_TOLERANCE_16_BIT = {"bfloat16": 5e-2, "float16": 1e-2}
+
+
+def plan_dtype(dtype):
+    """``dtype`` of :func:`compile` as None (float32) or a 16-bit numpy dtype; else a ValueError."""
+    if dtype is None:
+        return None
+    resolved = as_dtype(dtype)
+    if resolved == FLOAT32:
+        return None
+    if not is_half(resolved):
+        raise ValueError(f"compile: dtype must be fp32, bf16 or fp16, got {dtype!r}")
+    return resolved
 
 
 def _model_device(model):
@@ -55,13 +72,15 @@ def _check_eval_mode(model):
 class InferencePlan:
     """The model's forward for one input shape, optimised and (on the GPU) captured as a CUDA graph.
 
-    ``InferencePlan(model, input_shape, device=None, graph=True, verify=True)``
-    builds it (docs/inference.md tells how); ``model`` must be in eval mode and
+    ``InferencePlan(model, input_shape, device=None, graph=True, verify=True,
+    dtype=None)`` builds it (docs/inference.md tells how; ``dtype``: see
+    :func:`compile`); ``model`` must be in eval mode and
     all on ``device`` (by default the device of its parameters). ``graph``
     (GPU only): replay a CUDA graph from static buffers; False runs the
     optimised program operator by operator (for debugging, or models whose
     operators cannot be captured). ``verify``: check the first result
-    against the traced model's (:data:`VERIFY_TOLERANCE`).
+    against the traced model's (:data:`VERIFY_TOLERANCE`, or
+    :data:`VERIFY_TOLERANCE_16_BIT` for a 16-bit plan).
 
     ``plan(x)`` takes a Tensor or NumPy array of exactly ``input_shape`` and
     returns what the model returns. With a graph the returned tensors live in
@@ -75,8 +94,10 @@ class InferencePlan:
     build seconds. ``describe()`` lists the steps.
     """
 
-    def __init__(self, model, input_shape, device=None, graph=True, verify=True):
+    def __init__(self, model, input_shape, device=None, graph=True, verify=True, dtype=None):
         started = time.perf_counter()
+        #: None (float32), or the 16-bit dtype the plan computes in (under autocast).
+        self.dtype = plan_dtype(dtype)
         _check_eval_mode(model)
         self.device = check_device(device) if device is not None else _model_device(model)
         if self.device != _model_device(model):
@@ -101,6 +122,8 @@ class InferencePlan:
         reference = [t.numpy() for t in reference] if verify else None
         self.stats = {"traced_steps": len(self.program.steps)}
         self.stats.update(optimize(self.program))
+        if self.dtype is not None:
+            self.stats["lowered_weights"] = lower_weights(self.program, self.dtype)
         self.stats["steps"] = len(self.program.steps)
         if self.device == "cuda" and graph:
             self._capture(x)
@@ -109,11 +132,13 @@ class InferencePlan:
                 self.graph.replay()
         else:
             with no_grad():
-                first = self.program.run(x)
+                first = self._run(x)
+        tolerance = (VERIFY_TOLERANCE[self.precision] if self.dtype is None
+                     else VERIFY_TOLERANCE_16_BIT[self.dtype.name])
         if verify:
             for i, (got, expected) in enumerate(zip(first, reference)):
                 error = relative_error(got.numpy(), expected)
-                if not error <= VERIFY_TOLERANCE[self.precision]:
+                if not error <= tolerance:
                     self.close()
                     raise PlanError(f"inference plan: output {i} differs from the model's by "
                                     f"{error:.3g} (relative, max-norm); the plan is wrong")
@@ -122,6 +147,14 @@ class InferencePlan:
         self.stats["build_seconds"] = time.perf_counter() - started
 
     # -------------------------------------------------------------- build --
+    def _run(self, x):
+        """The program's outputs for ``x``: in the plan's 16-bit dtype under autocast (its
+        outputs widened to float32), or as traced."""
+        if self.dtype is None:
+            return self.program.run(x)
+        with autocast(self.dtype):
+            return [cast(t, FLOAT32) for t in self.program.run(x)]
+
     def _static_input(self, host):
         """The plan's own input buffer (outside the pool, so never handed to anyone else)."""
         import pycuda.driver as drv     # local import: PyCUDA on first use
@@ -148,10 +181,10 @@ class InferencePlan:
         # transform kernels and the arena no transformed filters.
         frozen = functools.partial(frozen_weights, self._derived_weights)
         with no_grad(), frozen():
-            self.program.run(x)
+            self._run(x)
             recorder = RecordingPool(runtime.pool)
             with runtime.allocating_from(recorder):
-                outputs = self.program.run(x)
+                outputs = self._run(x)
             del outputs         # the outputs live to the end: freed after the last allocation
         sizes = recorder.sizes
         offsets, total = plan_memory(sizes, recorder.freed_at)
@@ -161,7 +194,7 @@ class InferencePlan:
         self.graph = CudaGraph(runtime.stream)
         try:
             with no_grad(), frozen(), runtime.allocating_from(arena_pool), gc_paused():
-                self._outputs = self.graph.capture(lambda: self.program.run(x))
+                self._outputs = self.graph.capture(lambda: self._run(x))
         except Exception as exc:
             self.close()
             raise PlanError(f"inference plan: capturing the forward as a CUDA graph failed "
@@ -220,7 +253,7 @@ class InferencePlan:
         # A graph replays the precision it was captured with; a step-by-step plan
         # runs its steps in the precision it was built (and verified) with.
         with no_grad(), override(matmul_precision=self.precision):
-            return self.program.pack(self.program.run(x))
+            return self.program.pack(self._run(x))
 
     def _copy_input(self, x):
         """Copy ``x`` (Tensor or array) into the static input buffer, on the stream."""
@@ -269,12 +302,13 @@ class CompiledModel:
     """
 
     def __init__(self, model, device=None, graph=True, verify=True, on_stale="rebuild",
-                 max_plans=8):
+                 max_plans=8, dtype=None):
         if on_stale not in ("rebuild", "error"):
             raise ValueError(f"compile: on_stale must be 'rebuild' or 'error', got {on_stale!r}")
         self.model = model
         self.device = check_device(device) if device is not None else _model_device(model)
         self.graph, self.verify, self.on_stale = graph, verify, on_stale
+        self.dtype = plan_dtype(dtype)
         self.max_plans = int(max_plans)
         self.plans = OrderedDict()
         #: How many plans were built, and how many of those because weights changed.
@@ -284,7 +318,7 @@ class CompiledModel:
         """The plan for ``input_shape`` at the current matmul precision, built (or rebuilt
         if stale) when needed."""
         shape = (tuple(int(s) for s in input_shape), settings.matmul_precision)
-        plan = self.plans.get(shape)
+        plan = self.plans.get(shape)     # (the dtype is the CompiledModel's own)
         if plan is not None and plan.stale:
             if self.on_stale == "error":
                 raise StalePlanError("compiled model: the weights changed since its plans were "
@@ -293,7 +327,8 @@ class CompiledModel:
             self.rebuilds += 1
             plan = None
         if plan is None:
-            plan = InferencePlan(self.model, shape[0], self.device, self.graph, self.verify)
+            plan = InferencePlan(self.model, shape[0], self.device, self.graph, self.verify,
+                                 self.dtype)
             self.builds += 1
             self.plans[shape] = plan
             while len(self.plans) > self.max_plans:
@@ -325,15 +360,19 @@ class CompiledModel:
 
 
 def compile(model, input_shape=None, device=None, graph=True, verify=True,  # noqa: A001
-            on_stale="rebuild", max_plans=8):
+            on_stale="rebuild", max_plans=8, dtype=None):
     """Compile ``model`` (in eval mode) for inference; returns a :class:`CompiledModel`.
 
     ``input_shape``, if given, builds that plan at once (others are built on
-    first use). See ``docs/inference.md`` for what a plan does and
-    :class:`CompiledModel` and :class:`InferencePlan` for the options.
+    first use). ``dtype``: None or "fp32" (float32), "bf16" or "fp16": the
+    plan then computes under :func:`gdnflow.autocast` of that dtype, its batch
+    norms folded in float32 first and its products' weights rounded once at
+    build; it takes and returns float32 tensors (docs/precision.md). See
+    ``docs/inference.md`` for what a plan does and :class:`CompiledModel` and
+    :class:`InferencePlan` for the options.
     """
     _check_eval_mode(model)
-    compiled = CompiledModel(model, device, graph, verify, on_stale, max_plans)
+    compiled = CompiledModel(model, device, graph, verify, on_stale, max_plans, dtype)
     if input_shape is not None:
         compiled.plan(input_shape)
     return compiled

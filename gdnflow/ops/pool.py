@@ -26,6 +26,7 @@ from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
 from gdnflow.ops.reduction import sum_cuda
+from gdnflow.precision import emulate
 from gdnflow.registry import register
 
 SOURCE = "pool.cu"
@@ -103,7 +104,12 @@ class Pool2dOp(Operator):
 class MaxPool2dOp(Pool2dOp):
     """y = the maximum of each window; see the module docstring."""
 
+    autocast = "same"       # pool.cu is built for 16-bit storage too
+
     def forward_numpy(self, x):
+        return emulate(self._max_pool_numpy, x)
+
+    def _max_pool_numpy(self, x):
         n, c, h, w = x.shape
         oh, ow = self.out_hw
         (kh, kw), (sh, sw) = self.kernel, self.stride
@@ -123,7 +129,8 @@ class MaxPool2dOp(Pool2dOp):
     def forward_cuda(self, x):
         y = cuda.empty(self.out_shape, x.dtype)
         argmax = cuda.empty(self.out_shape, np.int32) if self.recording else None
-        cuda.kernel(SOURCE, "max_pool_forward", "PPP" + "i" * 11).launch(
+        cuda.kernel(SOURCE, "max_pool_forward", "PPP" + "i" * 11,
+                    cuda.storage_defines(x.dtype)).launch(
             y.size, x.ptr, y.ptr, 0 if argmax is None else argmax.ptr, *self._kernel_args())
         if self.recording:
             self.save(argmax=argmax)
@@ -133,6 +140,9 @@ class MaxPool2dOp(Pool2dOp):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
+        return emulate(self._max_pool_backward_numpy, gy)
+
+    def _max_pool_backward_numpy(self, gy):
         argmax = self.saved.argmax
         n, c, h, w = self.input_shapes[0]
         # Scatter-add into the flat gx: plane offset + index within the plane.
@@ -143,7 +153,8 @@ class MaxPool2dOp(Pool2dOp):
     def backward_cuda(self, gy):
         argmax = self.saved.argmax
         gx = cuda.empty(self.input_shapes[0], gy.dtype)
-        cuda.kernel(SOURCE, "max_pool_backward", "PPP" + "i" * 11).launch(
+        cuda.kernel(SOURCE, "max_pool_backward", "PPP" + "i" * 11,
+                    cuda.storage_defines(gy.dtype)).launch(
             gx.size, gy.ptr, argmax.ptr, gx.ptr, *self._kernel_args())
         return gx
 
@@ -151,6 +162,8 @@ class MaxPool2dOp(Pool2dOp):
 @register("avg_pool2d")
 class AvgPool2dOp(Pool2dOp):
     """y = the mean of each window; see the module docstring for the divisor."""
+
+    autocast = "same"       # pool.cu is built for 16-bit storage too
 
     def __init__(self, kernel, stride=None, padding=0, count_include_pad=True):
         super().__init__(kernel, stride, padding)
@@ -167,12 +180,13 @@ class AvgPool2dOp(Pool2dOp):
         return self._windows(ones, 0).sum(axis=(-2, -1))[0, 0]
 
     def forward_numpy(self, x):
-        return np.ascontiguousarray(self._windows(x, 0).sum(axis=(-2, -1))
-                                    / self.divisors(x.dtype))
+        return emulate(lambda x: np.ascontiguousarray(self._windows(x, 0).sum(axis=(-2, -1))
+                                                      / self.divisors(x.dtype)), x)
 
     def forward_cuda(self, x):
         y = cuda.empty(self.out_shape, x.dtype)
-        cuda.kernel(SOURCE, "avg_pool_forward", "PP" + "i" * 12).launch(
+        cuda.kernel(SOURCE, "avg_pool_forward", "PP" + "i" * 12,
+                    cuda.storage_defines(x.dtype)).launch(
             y.size, x.ptr, y.ptr, *self._kernel_args(), int(self.count_include_pad))
         return y
 
@@ -180,6 +194,9 @@ class AvgPool2dOp(Pool2dOp):
         return (self.wrap(self.dispatch("backward", grad_output.data)),)
 
     def backward_numpy(self, gy):
+        return emulate(self._avg_pool_backward_numpy, gy)
+
+    def _avg_pool_backward_numpy(self, gy):
         n, c, h, w = self.input_shapes[0]
         (kh, kw), (sh, sw) = self.kernel, self.stride
         top, bottom, left, right = self.padding
@@ -195,7 +212,8 @@ class AvgPool2dOp(Pool2dOp):
 
     def backward_cuda(self, gy):
         gx = cuda.empty(self.input_shapes[0], gy.dtype)
-        cuda.kernel(SOURCE, "avg_pool_backward", "PP" + "i" * 12).launch(
+        cuda.kernel(SOURCE, "avg_pool_backward", "PP" + "i" * 12,
+                    cuda.storage_defines(gy.dtype)).launch(
             gx.size, gy.ptr, gx.ptr, *self._kernel_args(), int(self.count_include_pad))
         return gx
 

@@ -111,3 +111,14 @@ def test_views_off_the_16_byte_grid_take_the_element_path(dtype, rng):
     for fn in (lambda t: t.sigmoid(), lambda t: t * t, lambda t: (t + aligned).relu()):
         np.testing.assert_array_equal(fn(view).numpy().astype(np.float32),
                                       fn(aligned).numpy().astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("pool", [lambda x: ops.max_pool2d(x, 3, 2, 1),
+                                  lambda x: ops.max_pool2d(x, 2),
+                                  lambda x: ops.avg_pool2d(x, 3, 2, 1),
+                                  lambda x: ops.avg_pool2d(x, 3, 1, 1, count_include_pad=False)],
+                         ids=["max 3/2 pad 1", "max 2", "avg 3/2 pad 1", "avg 3/1 excluding pad"])
+def test_pools_match_the_emulation(pool, dtype, rng):
+    # The window sums (averages, overlapping gradients) run in float: one rounding each.
+    assert_half_backends_match(pool, [rng.standard_normal((2, 5, 13, 11))], dtype, ulps=1)
