@@ -12,6 +12,10 @@ For each model and batch size, in one process on one GPU:
                    and residual adds fused, still one Python call per operator
 ``gdnflow plan``   the compiled plan: input copied into the static buffer, one graph replay
 
+With ``dtype`` "bf16" or "fp16" (``gdnflow bench --dtype``) gdnflow's plans are
+built in that dtype (``compile(..., dtype=)``), its eager runs and PyTorch's (eager
+and graph) run under autocast of that dtype, and the targets are issue #18's.
+
 Every timing is the median of ``repeats`` CUDA-event timings after
 ``warmup`` calls; successive calls cycle through :data:`INPUT_SETS` different
 inputs. The torch models get random weights and non-trivial batch-norm
@@ -19,6 +23,7 @@ statistics, and gdnflow's models load the same state dict, so the table also
 reports the plan's error against PyTorch.
 """
 import argparse
+import contextlib
 import datetime
 import sys
 
@@ -30,6 +35,8 @@ from gdnflow.backends import cuda, cuda_available
 from gdnflow.benchmarking import time_gdnflow, time_torch
 from gdnflow.commandline import nonnegative_int, positive_int, positive_int_list
 from gdnflow.errors import BackendUnavailableError
+from gdnflow.inference.plan import plan_dtype
+from gdnflow.precision import autocast
 from gdnflow.io.files import check_outputs, write_bytes_atomic
 from gdnflow.tensor import tensor
 from gdnflow.testing import relative_error
@@ -45,6 +52,9 @@ TARGETS = {("mobilenet_v2", 1): ("torch graph", 1 / 0.7),
            ("mobilenet_v2", 64): ("best torch", 2.0),
            ("vgg16", 64): ("best torch", 1.25),
            ("vgg16", 1): ("best torch", 1.0)}
+#: The same for 16-bit plans (``--dtype``), against torch.autocast in a CUDA graph.
+TARGETS_16_BIT = {("mobilenet_v2", 64): ("torch graph", 2.0),
+                  ("vgg16", 64): ("torch graph", 1.5)}
 HEADERS = ["model", "batch", "torch eager ms", "torch graph ms", "gdnflow eager ms",
            "gdnflow fused ms", "gdnflow plan ms", "torch graph / plan", "best torch / plan",
            "target", "plan vs torch (rel. err)"]
@@ -96,16 +106,24 @@ def random_state(name, torch=None, seed=0):
     return state, reference
 
 
-def _torch_graph(torch, reference, static_input):
-    """(CUDAGraph, static output) of ``reference(static_input)``, warmed up on a side stream."""
+def _torch_autocast(torch, dtype):
+    """torch.autocast of gdnflow's 16-bit ``dtype`` (cache off: graph capture), or a no-op."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=getattr(torch, dtype.name), cache_enabled=False)
+
+
+def _torch_graph(torch, reference, static_input, dtype=None):
+    """(CUDAGraph, static output) of ``reference(static_input)``, warmed up on a side stream;
+    under autocast for a 16-bit ``dtype``."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):
+    with torch.no_grad(), torch.cuda.stream(side), _torch_autocast(torch, dtype):
         for _ in range(3):
             reference(static_input)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
+    with torch.no_grad(), torch.cuda.graph(graph), _torch_autocast(torch, dtype):
         static_output = reference(static_input)
     return graph, static_output
 
@@ -120,9 +138,10 @@ def _ratio(numerator, denominator):
 
 # --------------------------------------------------------------------- run --
 def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
-        timers=(time_gdnflow, time_torch), log=print, device="cuda", image_size=224):
+        timers=(time_gdnflow, time_torch), log=print, device="cuda", image_size=224, dtype=None):
     """Time every (model, batch); returns (rows of cells for :data:`HEADERS`, notes).
 
+    ``dtype``: None (float32), "bf16" or "fp16" (see the module docstring).
     ``torch``: the module from :func:`torch_or_none`, or None to time gdnflow
     alone. ``timers``: the (gdnflow, torch) timing functions, each called as
     ``timer(fn, warmup, repeats)`` and returning milliseconds. ``device`` and
@@ -130,14 +149,16 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
     needs 224).
     """
     time_g, time_t = timers
+    dtype = plan_dtype(dtype)
+    targets = TARGETS if dtype is None else TARGETS_16_BIT
     rows, notes = [], []
     for name in models:
         state, reference = random_state(name, torch)
         model = zoo.get(name)(device=device).eval()
         model.load_state_dict(state)
         model.eval()
-        compiled = inference.compile(model)
-        fused = inference.compile(model, graph=False)
+        compiled = inference.compile(model, dtype=dtype)
+        fused = inference.compile(model, graph=False, dtype=dtype)
         for batch in batches:
             rng = np.random.default_rng(batch)
             shape = (batch, 3, image_size, image_size)
@@ -148,7 +169,7 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
             fused_plan = fused.plan(shape)
 
             def eager(next_x=_cycle(xs)):
-                with no_grad():
+                with no_grad(), autocast(dtype or "bf16", enabled=dtype is not None):
                     model(next_x())
             t_eager = time_g(eager, warmup, repeats)
             next_x = _cycle(xs)
@@ -161,11 +182,11 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
                 next_t = _cycle(xs_t)
 
                 def torch_eager():
-                    with torch.no_grad():
+                    with torch.no_grad(), _torch_autocast(torch, dtype):
                         reference(next_t())
                 t_torch = time_t(torch_eager, warmup, repeats)
                 static_input = xs_t[0].clone()
-                graph, static_output = _torch_graph(torch, reference, static_input)
+                graph, static_output = _torch_graph(torch, reference, static_input, dtype)
 
                 def torch_graph():
                     static_input.copy_(next_t())
@@ -177,7 +198,7 @@ def run(models=MODELS, batches=BATCHES, warmup=10, repeats=50, torch=None,
                 del graph, static_output, static_input, xs_t
                 torch.cuda.empty_cache()
             best = None if torch is None else min(t_torch, t_graph)
-            target = TARGETS.get((name, batch))
+            target = targets.get((name, batch))
             target_text = "—"
             if target and torch is not None:
                 achieved = _ratio(t_graph if target[0] == "torch graph" else best, t_plan)
@@ -239,6 +260,9 @@ def add_bench_parser(subparsers):
     bench.add_argument("--warmup", type=nonnegative_int, default=10,
                        help="untimed calls first (default 10)")
     bench.add_argument("--no-torch", action="store_true", help="time gdnflow alone")
+    bench.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="plans in this dtype, eager runs (both sides) under autocast "
+                       "(default fp32; docs/precision.md)")
     bench.add_argument("--out", help="also write the markdown table to this file")
     bench.add_argument("--force", action="store_true", help="overwrite the --out file")
     bench.set_defaults(run=cmd_bench)
@@ -253,8 +277,10 @@ def cmd_bench(args):
         check_outputs([args.out], force=args.force)
     torch = None if args.no_torch else torch_or_none()
     rows, notes = run(args.models, args.batches, args.warmup, args.repeats, torch,
-                      log=lambda line: print(line, file=sys.stderr))
-    table = markdown(rows, notes)
+                      log=lambda line: print(line, file=sys.stderr), dtype=args.dtype)
+    title = "Inference: gdnflow plans against PyTorch" + (
+        "" if args.dtype == "fp32" else f", {args.dtype} (both under autocast)")
+    table = markdown(rows, notes, title)
     print(table)
     if args.out:
         write_bytes_atomic(args.out, table.encode(), overwrite=True)

@@ -19,9 +19,25 @@ def test_bench_code_runs_on_numpy_with_stand_in_timers():
     assert "52 batch norms folded" in notes[0]
 
 
+def test_bench_code_builds_16_bit_plans_with_dtype():
+    calls = []
+
+    def timer(fn, warmup, repeats):
+        fn()
+        calls.append(fn)
+        return 1.0
+    rows, notes = inference_bench.run(["mobilenet_v2"], [2], 0, 1, torch=None,
+                                      timers=(timer, timer), log=lambda line: None,
+                                      device="numpy", image_size=32, dtype="fp16")
+    assert len(calls) == 3 and rows[0][:2] == ["mobilenet_v2", 2]
+    assert "52 batch norms folded" in notes[0]
+
+
 def test_bench_command_parses_its_options():
     parser = argparse.ArgumentParser()
     inference_bench.add_bench_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "--models", "vgg16", "--batches", "1", "--no-torch"])
+    args = parser.parse_args(["bench", "--models", "vgg16", "--batches", "1", "--no-torch",
+                              "--dtype", "bf16"])
     assert args.models == ["vgg16"] and args.batches == [1] and args.no_torch
+    assert args.dtype == "bf16"
     assert args.run is inference_bench.cmd_bench
