@@ -1,5 +1,9 @@
 // Depthwise 2-D convolution (groups == C_in == C_out), NCHW float32: a direct
 // convolution per (image, channel) plane. Python side: gdnflow/ops/depthwise.py.
+// Built with -DSTORAGE_BF16 / -DSTORAGE_FP16, the forward reads and writes
+// 16-bit x, w, bias and y (storage_t, gdnflow_common.cuh): the staging step
+// converts to float on its way into shared memory (plain loads, no cp.async),
+// the compute step is the float one, and the store rounds once.
 //
 // Why not im2col + GEMM: each output reads KH*KW inputs and multiplies them by
 // KH*KW weights of its own channel, a "GEMM" of one row. The work is all
@@ -110,6 +114,36 @@ DW_HD void load_floats(float* r, const float* p) {
     }
 }
 
+// N 16-bit values in one access (2*N bytes, aligned as N floats' offsets are).
+template <int N>
+struct alignas(2 * N) HalfPack { storage_t v[N]; };
+
+// N values of the tensor's storage type <-> N floats: float storage is
+// load_floats / store_floats; 16-bit storage converts in registers.
+template <int N>
+DW_HD void load_values(float* r, const storage_t* p) {
+    if constexpr (sizeof(storage_t) == sizeof(float)) {
+        load_floats<N>(r, reinterpret_cast<const float*>(p));
+    } else {
+        const HalfPack<N> v = *reinterpret_cast<const HalfPack<N>*>(p);
+        for (int e = 0; e < N; ++e) r[e] = load_value(v.v[e]);
+    }
+}
+
+template <int N>
+DW_HD void store_floats(float* p, const float* r);
+
+template <int N>
+DW_HD void store_values(storage_t* p, const float* r) {
+    if constexpr (sizeof(storage_t) == sizeof(float)) {
+        store_floats<N>(reinterpret_cast<float*>(p), r);
+    } else {
+        HalfPack<N> v;
+        for (int e = 0; e < N; ++e) v.v[e] = store_value(r[e]);
+        *reinterpret_cast<HalfPack<N>*>(p) = v;
+    }
+}
+
 template <int N>
 DW_HD void store_floats(float* p, const float* r) {
     HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (4 * N) == 0);
@@ -146,18 +180,25 @@ DW_HD Strip strip_of(int block, int planes, int H, int OH, int pad_top, int plan
 // Step 1 for thread t of `threads`: copy its share of rows [a, b) of every
 // plane of the strip to tile + q * tile_floats (q = plane - p0). The host
 // makes VEC_COPY divide W (or H*W when every strip stages whole planes).
-DW_HD void stage_strip(const float* x, float* tile, const Strip& s, int t, int threads,
+DW_HD void stage_strip(const storage_t* x, float* tile, const Strip& s, int t, int threads,
                        int H, int W, int tile_floats) {
     const int rows = s.b - s.a;
     if (rows <= 0) return;
     HOST_CHECK(rows * W % VEC_COPY == 0 && rows * W <= tile_floats);
     const int per_plane = rows * W / VEC_COPY;
     const int total = s.np * per_plane;
-    const float* src = x + ((size_t)s.p0 * H + s.a) * W;
+    const storage_t* src = x + ((size_t)s.p0 * H + s.a) * W;
     for (int e = t; e < total; e += threads) {
         const int q = e / per_plane;
         const int off = (e - q * per_plane) * VEC_COPY;
-        copy_to_shared<VEC_COPY>(tile + q * tile_floats + off, src + (size_t)q * H * W + off);
+        if constexpr (sizeof(storage_t) == sizeof(float)) {
+            copy_to_shared<VEC_COPY>(tile + q * tile_floats + off,
+                                     reinterpret_cast<const float*>(src) + (size_t)q * H * W + off);
+        } else {
+            float values[VEC_COPY];
+            load_values<VEC_COPY>(values, src + (size_t)q * H * W + off);
+            for (int v = 0; v < VEC_COPY; ++v) tile[q * tile_floats + off + v] = values[v];
+        }
     }
 }
 
@@ -173,7 +214,7 @@ constexpr int REL_COUNT = REL_HI - REL_LO + 1;
 static_assert(CHUNK % VEC_IN == 0 && OUT_COLS % VEC_OUT == 0, "vector widths must divide");
 
 // Steps 2 and 3 for thread t: RPT x OUT_COLS outputs of one plane of the strip.
-DW_HD void compute_strip(const float* tile, const float* w, const float* bias, float* y,
+DW_HD void compute_strip(const float* tile, const storage_t* w, const storage_t* bias, storage_t* y,
                          const Strip& s, int t, int C, int H, int W, int OH, int OW,
                          int pad_top, int act, int tile_floats, int row_groups, int col_groups) {
     const int cg = t % col_groups;
@@ -190,8 +231,8 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
     float wr[KH * KW];
 #pragma unroll
     for (int k = 0; k < KH * KW; ++k)
-        wr[k] = DW_LOAD(w + c * (KH * KW) + (FLIP ? KH * KW - 1 - k : k));
-    const float b0 = bias ? DW_LOAD(bias + c) : 0.0f;
+        wr[k] = load_value(DW_LOAD(w + c * (KH * KW) + (FLIP ? KH * KW - 1 - k : k)));
+    const float b0 = bias ? load_value(DW_LOAD(bias + c)) : 0.0f;
     float acc[RPT][OUT_COLS];
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
@@ -240,7 +281,7 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
         }
     }
 
-    float* yp = y + (size_t)plane * OH * OW;
+    storage_t* yp = y + (size_t)plane * OH * OW;
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const int oh = oh0 + r;
@@ -251,7 +292,7 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
             float out[VEC_OUT];
 #pragma unroll
             for (int e = 0; e < VEC_OUT; ++e) out[e] = activate(acc[r][m + e], act);
-            store_floats<VEC_OUT>(yp + (size_t)oh * OW + ow0 + m, out);
+            store_values<VEC_OUT>(yp + (size_t)oh * OW + ow0 + m, out);
         }
     }
 }
@@ -264,8 +305,8 @@ DW_HD void compute_strip(const float* tile, const float* w, const float* bias, f
 // * strips blocks, strips of a plane group adjacent; dynamic shared memory
 // planes_per_block * tile_floats floats.
 extern "C" __global__ void __launch_bounds__(DW_MAX_THREADS) depthwise_forward(
-        const float* __restrict__ x, const float* __restrict__ w,
-        const float* __restrict__ bias, float* __restrict__ y,
+        const storage_t* __restrict__ x, const storage_t* __restrict__ w,
+        const storage_t* __restrict__ bias, storage_t* __restrict__ y,
         int planes, int C, int H, int W, int OH, int OW, int pad_top, int act,
         int planes_per_block, int strip_rows, int strips, int tile_floats,
         int row_groups, int col_groups) {

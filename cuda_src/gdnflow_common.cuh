@@ -43,13 +43,13 @@ __device__ __forceinline__ float block_sum(float v) {
 #if defined(STORAGE_BF16)
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 storage_t;
-__device__ __forceinline__ float load_value(storage_t v) { return __bfloat162float(v); }
-__device__ __forceinline__ storage_t store_value(float v) { return __float2bfloat16_rn(v); }
+__host__ __device__ __forceinline__ float load_value(storage_t v) { return __bfloat162float(v); }
+__host__ __device__ __forceinline__ storage_t store_value(float v) { return __float2bfloat16_rn(v); }
 #elif defined(STORAGE_FP16)
 #include <cuda_fp16.h>
 typedef __half storage_t;
-__device__ __forceinline__ float load_value(storage_t v) { return __half2float(v); }
-__device__ __forceinline__ storage_t store_value(float v) { return __float2half_rn(v); }
+__host__ __device__ __forceinline__ float load_value(storage_t v) { return __half2float(v); }
+__host__ __device__ __forceinline__ storage_t store_value(float v) { return __float2half_rn(v); }
 #else
 typedef float storage_t;
 __host__ __device__ __forceinline__ float load_value(float v) { return v; }

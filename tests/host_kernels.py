@@ -98,8 +98,11 @@ class HostArray:
 
     256-byte aligned plus ``offset`` floats (to test unaligned views), and
     poisoned with NaN around and inside, so an unwritten element shows and a
-    write outside the array is caught by :meth:`guards_untouched`.
+    write outside the array is caught by :meth:`guards_untouched`. float32, as
+    the kernels built for the host are.
     """
+
+    dtype = np.dtype(np.float32)
 
     def __init__(self, shape, values=None, offset=0):
         self.shape, self.size = tuple(shape), int(np.prod(shape))

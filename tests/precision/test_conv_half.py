@@ -10,8 +10,9 @@ from gdnflow.testing import assert_half_backends_match, round_to_bfloat16
 
 EPS = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
 #: (x shape, w shape, conv2d keyword arguments): the 16-bit GEMM algorithms (1x1, im2col
-#: at several kernel sizes, strides, dilations and groups) and a depthwise layer, which
-#: computes in float32.
+#: at several kernel sizes, strides, dilations and groups) and depthwise layers (the
+#: 16-bit depthwise forward; their backward computes in float32). "4 groups" is a
+#: depthwise layer too (groups == channels).
 LAYERS = {
     "1x1": ((2, 24, 7, 9), (40, 24, 1, 1), {}),
     "3x3 pad 1 + bias + relu": ((3, 8, 11, 13), (16, 8, 3, 3), {"padding": 1, "activation": "relu"}),
@@ -19,6 +20,11 @@ LAYERS = {
     "3x3 dilation 2, 2 groups": ((2, 8, 12, 10), (6, 4, 3, 3), {"dilation": 2, "groups": 2}),
     "depthwise 3x3 + relu6": ((2, 16, 9, 9), (16, 1, 3, 3), {"groups": 16, "padding": 1,
                                                              "activation": "relu6"}),
+    "depthwise 5x5 stride 2": ((3, 12, 17, 19), (12, 1, 5, 5), {"groups": 12, "stride": 2,
+                                                                "padding": 2}),
+    "depthwise 3x3, rows of 1031": ((1, 8, 5, 1031), (8, 1, 3, 3), {"groups": 8, "padding": 1}),
+    "depthwise 3x3, 112x112 in strips": ((1, 4, 112, 112), (4, 1, 3, 3), {"groups": 4,
+                                                                          "padding": 1}),
 }
 
 

@@ -140,10 +140,13 @@ MAX_HALF_GROUPS = 4
 def half_conv_algorithm(g, stage):
     """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
 
-    The 1x1 GEMM where it applies, else im2col + GEMM, for layers of at most
+    The depthwise kernel's forward for the depthwise layers it supports; the
+    1x1 GEMM where it applies, else im2col + GEMM, for layers of at most
     :data:`MAX_HALF_GROUPS` groups; None tells the operator to compute the
-    stage in float32 and round its result (depthwise layers, for now).
+    stage in float32 and round its result (depthwise backward, for now).
     """
+    if stage in Depthwise.half_precision_stages and Depthwise.supports(g):
+        return Depthwise
     if g.groups > MAX_HALF_GROUPS:
         return None
     return next(a for a in (Pointwise, Im2colGemm) if a.supports(g))

@@ -177,7 +177,8 @@ def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw
                  pad_left, activation, flip):
     """y <- depthwise_forward(x) for x [planes, h, wd] and y [planes, oh, ow] (see depthwise.cu)."""
     plan, defines = _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top,
-                                     pad_left, flip, alignment(x), alignment(y), cuda.sm_count())
+                                     pad_left, flip, alignment(x), alignment(y), cuda.sm_count(),
+                                     x.dtype)
     kernel = cuda.kernel(SOURCE, "depthwise_forward", "PPPP" + "i" * 14, defines)
     kernel((plan.blocks, 1, 1), (plan.threads, 1, 1), x.ptr, w.ptr,
            0 if bias is None else bias.ptr, y.ptr, planes, c, h, wd, oh, ow, pad_top,
@@ -188,12 +189,17 @@ def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw
 
 @functools.lru_cache(maxsize=1024)
 def _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad_left, flip,
-                     x_align, y_align, sm_count):
-    """(plan, defines) of a depthwise_forward launch, cached per shape, alignment and SM
-    count (planning and building the defines tuple cost host time on every call)."""
+                     x_align, y_align, sm_count, dtype):
+    """(plan, defines) of a depthwise_forward launch, cached per shape, alignment, SM count
+    and dtype (planning and building the defines tuple cost host time on every call).
+
+    The plan is the float32 one for 16-bit tensors too: the tile in shared memory
+    holds floats, and 16-bit addresses aligned to N floats' offsets are aligned
+    for N 16-bit values."""
     plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align,
                         sm_count)
-    return plan, _forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip)
+    return plan, (_forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip)
+                  + cuda.storage_defines(dtype))
 
 
 def _backward_data_padding(g):
@@ -244,6 +250,8 @@ class Depthwise:
 
     name = "depthwise"
     fuses_bias_activation = True
+    #: The stages whose kernels also take 16-bit tensors (the module built for them).
+    half_precision_stages = ("forward",)
 
     @staticmethod
     def supports(g):
@@ -263,7 +271,7 @@ class Depthwise:
     @staticmethod
     def forward(g, x, w, bias=None, activation=0):
         """y = act(depthwise(x, w) + bias): one pass over x, one over y."""
-        return _run_forward(x, w, bias, cuda.empty(g.y_shape), g.n * g.c_in, g.c_in, g.h, g.w,
+        return _run_forward(x, w, bias, cuda.empty(g.y_shape, x.dtype), g.n * g.c_in, g.c_in, g.h, g.w,
                             g.oh, g.ow, g.kh, g.kw, *g.stride, *g.dilation, g.padding[0],
                             g.padding[2], activation, flip=False)
 
