@@ -248,9 +248,10 @@ def main():
                                 "16-bit products and activations, float32 loss and gradients"]),
         harness.markdown_table("CNN inference, eager", ["model", "precision", "gdnflow ms", "-"]
                                + torch_cells, cnn_rows,
-                               ["gdnflow: convolutions in 16 bits where a 16-bit GEMM algorithm "
-                                "runs them (1x1, im2col), depthwise and batch norm in float32 "
-                                "(widened and rounded); PyTorch: cuDNN, torch.autocast"]),
+                               ["gdnflow: convolutions in 16 bits (1x1 and im2col GEMMs, the "
+                                "depthwise forward), batch norm in float32 between two "
+                                "conversions (eager runs do not fold it); PyTorch: cuDNN, "
+                                "torch.autocast"]),
         harness.markdown_table("Inference plans (CUDA graphs)", ["model", "precision",
                                "gdnflow plan ms", "error vs fp32 plan"] + torch_cells, plan_rows,
                                ["gdnflow: gf.compile(model, shape, dtype) replayed; PyTorch: "
