@@ -156,36 +156,57 @@ def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0, names=Non
     relative to the largest reference magnitude (see :func:`relative_error`).
     A failure names the input by its name in ``names`` where given.
     """
-    rng = np.random.default_rng(seed)
     arrays = [np.asarray(a, dtype=np.float32) for a in inputs]
-    results = {}
-    weight = None
-    for device, dtype in (("numpy", np.float64), ("cuda", np.float32)):
+    results = _run_on_both_backends(fn, arrays, {"numpy": np.float64, "cuda": np.float32},
+                                    grad, seed)
+
+    def differ(actual, expected):
+        err = relative_error(actual, expected)
+        return None if err <= rtol else f"relative error {err:.3g} > {rtol:g}"
+    _assert_results_match(results, differ, names, "")
+
+
+def _run_on_both_backends(fn, arrays, dtypes, grad, seed):
+    """{device: (fn's output, [input gradients])} as NumPy arrays, on NumPy and on CUDA.
+
+    The inputs are ``arrays`` as ``dtypes[device]``; the gradients are those of
+    sum(w * fn(x)) for one random w (drawn from ``seed``), given in the
+    output's dtype on each device. CUDA's new arrays are filled with NaN first.
+    """
+    rng = np.random.default_rng(seed)
+    results, weight = {}, None
+    for device in ("numpy", "cuda"):
         context = _poisoned_allocations() if device == "cuda" else contextlib.nullcontext()
         with context:
-            tensors = [Tensor(a, device=device, dtype=dtype, requires_grad=grad) for a in arrays]
+            tensors = [Tensor(a, device=device, dtype=dtypes[device], requires_grad=grad)
+                       for a in arrays]
             out = fn(*tensors)
             if weight is None:
                 weight = rng.standard_normal(out.shape)
             grads = []
             if grad:
-                out.backward(Tensor(weight, device=device, dtype=dtype))
+                out.backward(Tensor(weight, device=device, dtype=out.dtype))
                 grads = [None if t.grad is None else t.grad.numpy() for t in tensors]
             results[device] = (out.numpy(), grads)
+    return results
+
+
+def _assert_results_match(results, differ, names, what):
+    """Raise where CUDA's output or a gradient differs from NumPy's: ``differ(actual,
+    expected)`` says how (None: they match); ``what`` prefixes the messages."""
     (ref_out, ref_grads), (gpu_out, gpu_grads) = results["numpy"], results["cuda"]
-    err = relative_error(gpu_out, ref_out)
-    if not err <= rtol:
-        raise AssertionError(f"output differs between cuda and numpy: relative error {err:.3g} "
-                             f"> {rtol:g} (shape {ref_out.shape})")
+    problem = differ(gpu_out, ref_out)
+    if problem:
+        raise AssertionError(f"{what}output differs between cuda and numpy: {problem} "
+                             f"(shape {ref_out.shape})")
     for i, (g_gpu, g_ref) in enumerate(zip(gpu_grads, ref_grads)):
         if (g_gpu is None) != (g_ref is None):
             raise AssertionError(f"gradient of {_input_label(i, names)}: present on one "
                                  "backend only")
-        if g_ref is not None:
-            err = relative_error(g_gpu, g_ref)
-            if not err <= rtol:
-                raise AssertionError(f"gradient of {_input_label(i, names)} differs between cuda "
-                                     f"and numpy: relative error {err:.3g} > {rtol:g}")
+        problem = None if g_ref is None else differ(g_gpu, g_ref)
+        if problem:
+            raise AssertionError(f"{what}gradient of {_input_label(i, names)} differs between "
+                                 f"cuda and numpy: {problem}")
 
 
 def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=True, seed=0,
@@ -204,21 +225,11 @@ def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=
     if (ulps is None) == (rtol is None):
         raise ValueError("assert_half_backends_match: give exactly one of ulps and rtol")
     dtype = precision.as_dtype(dtype)
-    rng = np.random.default_rng(seed)
     arrays = [np.asarray(a, dtype=np.float32).astype(dtype) for a in inputs]
-    results, weight = {}, None
-    for device in ("numpy", "cuda"):
-        context = _poisoned_allocations() if device == "cuda" else contextlib.nullcontext()
-        with context:
-            tensors = [Tensor(a, device=device, dtype=dtype, requires_grad=grad) for a in arrays]
-            out = fn(*tensors)
-            if weight is None:
-                weight = rng.standard_normal(out.shape).astype(out.dtype)
-            grads = []
-            if grad:
-                out.backward(Tensor(weight, device=device, dtype=out.dtype))
-                grads = [None if t.grad is None else t.grad.numpy() for t in tensors]
-            results[device] = (out.numpy(), grads)
+    results = _run_on_both_backends(fn, arrays, {"numpy": dtype, "cuda": dtype}, grad, seed)
+    if results["cuda"][0].dtype != results["numpy"][0].dtype:
+        raise AssertionError(f"output is {results['cuda'][0].dtype} on cuda but "
+                             f"{results['numpy'][0].dtype} on numpy")
 
     def differ(actual, expected):
         if ulps is not None:
@@ -226,19 +237,4 @@ def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=
             return None if steps <= ulps else f"{steps:.3g} units in the last place > {ulps:g}"
         err = relative_error(actual, expected)
         return None if err <= rtol else f"relative error {err:.3g} > {rtol:g}"
-
-    (ref_out, ref_grads), (gpu_out, gpu_grads) = results["numpy"], results["cuda"]
-    if gpu_out.dtype != ref_out.dtype:
-        raise AssertionError(f"output is {gpu_out.dtype} on cuda but {ref_out.dtype} on numpy")
-    problem = differ(gpu_out, ref_out)
-    if problem:
-        raise AssertionError(f"{dtype} output differs between cuda and numpy: {problem} "
-                             f"(shape {ref_out.shape})")
-    for i, (g_gpu, g_ref) in enumerate(zip(gpu_grads, ref_grads)):
-        if (g_gpu is None) != (g_ref is None):
-            raise AssertionError(f"gradient of {_input_label(i, names)}: present on one "
-                                 "backend only")
-        problem = None if g_ref is None else differ(g_gpu, g_ref)
-        if problem:
-            raise AssertionError(f"{dtype} gradient of {_input_label(i, names)} differs between "
-                                 f"cuda and numpy: {problem}")
+    _assert_results_match(results, differ, names, f"{dtype} ")
