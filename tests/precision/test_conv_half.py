@@ -69,3 +69,21 @@ def test_16_bit_conv2d_matches_the_emulation(name, dtype, rng):
     x_shape, w_shape, options = LAYERS[name]
     assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng), dtype,
                                rtol=2 * EPS[dtype], names=["x", "w", "b"])
+
+
+TRANSPOSED = {
+    "5x5 stride 2 (a codec's synthesis)": ((2, 12, 9, 11), (12, 8, 5, 5),
+                                            {"stride": 2, "padding": 2, "output_padding": 1}),
+    "1x1": ((2, 16, 7, 5), (16, 24, 1, 1), {}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", TRANSPOSED)
+def test_16_bit_conv_transpose2d_matches_the_emulation(name, dtype, rng):
+    x_shape, w_shape, options = TRANSPOSED[name]
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape) / np.sqrt(w_shape[0] * 4)
+    b = rng.standard_normal(w_shape[1]) * 0.1
+    assert_half_backends_match(lambda x, w, b: ops.conv_transpose2d(x, w, b, **options),
+                               [x, w, b], dtype, rtol=2 * EPS[dtype], names=["x", "w", "b"])

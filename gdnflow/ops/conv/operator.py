@@ -12,8 +12,8 @@ from gdnflow.ops.cast import cast_array
 from gdnflow.ops.conv.epilogue import (activation_grad_cuda, activation_grad_numpy, bias_grad,
                                        epilogue_cuda, epilogue_numpy)
 from gdnflow.ops.conv.geometry import ACTIVATIONS, conv_geometry, conv_parameters
-from gdnflow.ops.conv.planning import conv_algorithm, half_conv_algorithm
-from gdnflow.precision import FLOAT32, is_half
+from gdnflow.ops.conv.planning import conv_algorithm, run_stage, stage_algorithm
+from gdnflow.precision import FLOAT32
 from gdnflow.registry import register
 
 
@@ -65,14 +65,8 @@ class Conv2dOp(Operator):
             raise ShapeError(f"{self.label}: residual must have the output's shape {g.y_shape}, "
                              f"got {extras[-1].shape}")
 
-    def _algorithm(self, dtype, stage):
-        """What runs ``stage`` on ``dtype`` tensors; None: compute it in float32 (16-bit inputs)."""
-        if not is_half(dtype):
-            return conv_algorithm(self.device, self.geometry, stage)
-        return None if self.device == "numpy" else half_conv_algorithm(self.geometry, stage)
-
     def _forward(self, x, w, *extras):
-        algorithm = self._algorithm(x.dtype, "forward")
+        algorithm = stage_algorithm(self.device, self.geometry, "forward", x.dtype)
         if algorithm is None:       # 16-bit in and out, float32 inside
             wide = [cast_array(a, FLOAT32) for a in (x, w, *extras)]
             y = cast_array(self._convolve(conv_algorithm(self.device, self.geometry, "forward"),
@@ -124,25 +118,15 @@ class Conv2dOp(Operator):
         need = self.needs_grad
         gx = gw = None
         if need[0]:
-            gx = self._backward_stage("backward_data", gz, saved.w)
+            gx = run_stage(self.device, self.geometry, "backward_data", gz, saved.w)
         if need[1]:
-            gw = self._backward_stage("backward_weight", saved.x, gz)
+            gw = run_stage(self.device, self.geometry, "backward_weight", saved.x, gz)
         grads = [gx, gw]
         if self.has_bias:
             grads.append(bias_grad(self.device, gz) if need[2] else None)
         if self.has_residual:
             grads.append(gz if need[-1] else None)
         return tuple(None if a is None else self.wrap(a) for a in grads)
-
-    def _backward_stage(self, stage, a, b):
-        """``stage`` of the backward on arrays a, b; a 16-bit stage without an algorithm of
-        its own runs in float32 and its result is rounded once."""
-        algorithm = self._algorithm(a.dtype, stage)
-        if algorithm is not None:
-            return getattr(algorithm, stage)(self.geometry, a, b)
-        wide = conv_algorithm(self.device, self.geometry, stage)
-        result = getattr(wide, stage)(self.geometry, cast_array(a, FLOAT32), cast_array(b, FLOAT32))
-        return cast_array(result, a.dtype)
 
 
 def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,

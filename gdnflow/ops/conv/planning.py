@@ -25,6 +25,8 @@ from gdnflow.ops.conv.algorithms.subpixel import Subpixel
 from gdnflow.ops.conv.algorithms.winograd import WinogradF2, WinogradF4
 from gdnflow.ops.conv.geometry import STAGES
 from gdnflow.ops.conv.reference import NumpyConv
+from gdnflow.ops.cast import cast_array
+from gdnflow.precision import FLOAT32, is_half
 
 
 class ConvPlanner:
@@ -150,3 +152,24 @@ def half_conv_algorithm(g, stage):
     if g.groups > MAX_HALF_GROUPS:
         return None
     return next(a for a in (Pointwise, Im2colGemm) if a.supports(g))
+
+
+def stage_algorithm(device, g, stage, dtype):
+    """What runs ``stage`` of ``g`` on ``dtype`` tensors on ``device``; None for a 16-bit
+    stage that has no 16-bit algorithm there (always on NumPy, the emulation): the operator
+    then computes it in float32 and rounds the result once (:func:`run_stage`)."""
+    if not is_half(dtype):
+        return conv_algorithm(device, g, stage)
+    return None if device == "numpy" else half_conv_algorithm(g, stage)
+
+
+def run_stage(device, g, stage, a, b):
+    """``stage`` (``"forward"``, ``"backward_data"``, ``"backward_weight"``) of ``g`` on the
+    arrays a and b, in their dtype; a 16-bit stage without a 16-bit algorithm runs in
+    float32 and its result is rounded once."""
+    algorithm = stage_algorithm(device, g, stage, a.dtype)
+    if algorithm is not None:
+        return getattr(algorithm, stage)(g, a, b)
+    wide = getattr(conv_algorithm(device, g, stage), stage)(g, cast_array(a, FLOAT32),
+                                                           cast_array(b, FLOAT32))
+    return cast_array(wide, a.dtype)

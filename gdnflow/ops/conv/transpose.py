@@ -17,9 +17,11 @@ transform); otherwise the bias is one pass after it.
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
+from gdnflow.ops.cast import cast_array
 from gdnflow.ops.conv.epilogue import bias_grad, epilogue_cuda, epilogue_numpy
 from gdnflow.ops.conv.geometry import conv_parameters, conv_transpose_geometry, int_tuple
-from gdnflow.ops.conv.planning import conv_algorithm
+from gdnflow.ops.conv.planning import conv_algorithm, run_stage, stage_algorithm
+from gdnflow.precision import FLOAT32
 from gdnflow.registry import register
 
 
@@ -37,7 +39,13 @@ class ConvTranspose2dOp(Operator):
 
     ``output_padding`` (< stride) adds rows/columns at the bottom/right to
     pick among the input sizes a strided conv2d maps to the same output size.
+
+    16-bit tensors and autocast as :class:`~gdnflow.ops.conv.operator.Conv2dOp`:
+    a stage runs as 16-bit GEMMs where an algorithm does, else in float32
+    with its result rounded once.
     """
+
+    autocast = "lower"
 
     def __init__(self, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
                  has_bias=False):
@@ -63,18 +71,25 @@ class ConvTranspose2dOp(Operator):
                              f"channel), got {extras[0].shape}")
 
     def _forward(self, x, w, *extras):
-        g = self.geometry
-        algorithm = conv_algorithm(self.device, g, "backward_data")
-        if self.has_bias and getattr(algorithm, "backward_data_fuses_bias", False):
-            y = algorithm.backward_data(g, x, w, bias=extras[0])
+        algorithm = stage_algorithm(self.device, self.geometry, "backward_data", x.dtype)
+        if algorithm is None:       # 16-bit in and out, float32 inside
+            wide = [cast_array(a, FLOAT32) for a in (x, w, *extras)]
+            y = cast_array(self._transpose(conv_algorithm(self.device, self.geometry,
+                                                          "backward_data"), *wide), x.dtype)
         else:
-            y = algorithm.backward_data(g, x, w)
-            if self.has_bias:
-                y = self.dispatch("epilogue", y, extras[0])
+            y = self._transpose(algorithm, x, w, *extras)
         # x feeds gw and w feeds gx.
         need = self.needs_grad or (False, False)
         self.save(x=x if need[1] else None, w=w if need[0] else None)
         return y
+
+    def _transpose(self, algorithm, x, w, *extras):
+        """conv_transpose2d(x, w) + b with ``algorithm``'s backward_data, the bias fused or after."""
+        g = self.geometry
+        if self.has_bias and getattr(algorithm, "backward_data_fuses_bias", False):
+            return algorithm.backward_data(g, x, w, bias=extras[0])
+        y = algorithm.backward_data(g, x, w)
+        return self.dispatch("epilogue", y, extras[0]) if self.has_bias else y
 
     forward_numpy = forward_cuda = _forward
 
@@ -92,10 +107,9 @@ class ConvTranspose2dOp(Operator):
         need = self.needs_grad
         grads = [None, None]
         if need[0]:
-            grads[0] = conv_algorithm(self.device, g, "forward").forward(g, gy, saved.w)
+            grads[0] = run_stage(self.device, g, "forward", gy, saved.w)
         if need[1]:
-            grads[1] = conv_algorithm(self.device, g, "backward_weight").backward_weight(
-                g, gy, saved.x)
+            grads[1] = run_stage(self.device, g, "backward_weight", gy, saved.x)
         if self.has_bias:
             grads.append(bias_grad(self.device, gy) if need[2] else None)
         return tuple(None if a is None else self.wrap(a) for a in grads)
