@@ -23,8 +23,10 @@ initial weights, and the two models' evaluation losses (rounded latents) on
 the batch are compared first. Timing: CUDA events on each library's stream,
 warm-up, median (see ``gdnflow.benchmarking``). ``--precision tf32`` runs
 gdnflow's matrix products in TF32 (``TrainConfig.precision``) and times
-CompressAI both in fp32 and with ``allow_tf32`` on (matmul and cuDNN). One
-precision per process: a second Trainer in the same process ran 2-8 ms
+CompressAI both in fp32 and with ``allow_tf32`` on (matmul and cuDNN);
+``--precision bf16`` runs gdnflow's steps under ``gdnflow.autocast("bf16")`` and times
+CompressAI in fp32 and under ``torch.autocast(dtype=torch.bfloat16)`` with TF32 on
+(issue #18's comparison). One precision per process: a second Trainer in the same process ran 2-8 ms
 slower per step, whichever precision it had.
 """
 import argparse
@@ -33,10 +35,10 @@ import numpy as np
 
 from gdnflow import benchmarking as harness
 import gdnflow as gf
-from gdnflow.config import MATMUL_PRECISIONS
 from gdnflow.models import CODEC_MODELS
 from gdnflow.models.compression import load_compressai_state_dict
 from gdnflow.train import TrainConfig, Trainer
+from gdnflow.train.train_config import TRAIN_PRECISIONS
 
 N, M, BATCH, SIDE, LMBDA = 128, 192, 16, 256, 0.0130
 #: gdnflow's name of each model -> the class of ``compressai.models`` it is compared with.
@@ -58,8 +60,9 @@ def compressai_model(torch, model):
     return getattr(compressai.models, COMPRESSAI_CLASSES[model])(N, M).cuda().train()
 
 
-def compressai_step(torch, net, x):
-    """One training step of CompressAI's examples/train.py, as a function of nothing."""
+def compressai_step(torch, net, x, bf16=False):
+    """One training step of CompressAI's examples/train.py, as a function of nothing; with
+    ``bf16`` its forward and loss under ``torch.autocast(dtype=torch.bfloat16)``."""
     from compressai.losses import RateDistortionLoss
     criterion = RateDistortionLoss(lmbda=LMBDA)
     main = [p for n, p in net.named_parameters() if not n.endswith(".quantiles")]
@@ -67,11 +70,15 @@ def compressai_step(torch, net, x):
     optimizer = torch.optim.Adam(main, lr=1e-4)
     aux_optimizer = torch.optim.Adam(aux, lr=1e-3)
 
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16)
+
     def step():
         optimizer.zero_grad()
         aux_optimizer.zero_grad()
-        out = net(x)
-        loss = criterion(out, x)["loss"]
+        with autocast():
+            out = net(x)
+            loss = criterion(out, x)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()
@@ -80,7 +87,8 @@ def compressai_step(torch, net, x):
         aux_optimizer.step()
 
     def forward():
-        return criterion(net(x), x)["loss"]
+        with autocast():
+            return criterion(net(x), x)["loss"]
 
     return step, forward
 
@@ -112,9 +120,9 @@ def main():
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--precision", choices=MATMUL_PRECISIONS, default="fp32",
-                        help="gdnflow's matmul precision (CompressAI: fp32, and tf32 too "
-                        "with tf32)")
+    parser.add_argument("--precision", choices=TRAIN_PRECISIONS, default="fp32",
+                        help="gdnflow's training precision (CompressAI: fp32, and also tf32 "
+                        "with tf32, torch.autocast bf16 with bf16)")
     parser.add_argument("--steps", type=int, default=50,
                         help="steps per round of the pipelined (back-to-back) timings")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -153,7 +161,8 @@ def main():
         notes.append("CompressAI (or PyTorch with CUDA) is not installed here: gdnflow only")
 
     def gdnflow_forward():
-        with gf.config.override(matmul_precision=precision):
+        with gf.config.override(matmul_precision=trainer.config.matmul_precision), gf.autocast(
+                enabled=precision == "bf16"):
             return trainer.criterion(trainer.model(x, noise_key=1, noise_stream=0), x)["loss"]
 
     ours = {"forward + loss (training mode)": harness.time_gdnflow(
@@ -163,16 +172,19 @@ def main():
     captured, busy = captured_step_timings(trainer, x_host, args)
     ours.update(captured)
     notes.append(busy)
-    for theirs_precision in (["fp32", "tf32"] if precision == "tf32" else ["fp32"]):
+    compared = {"tf32": ["fp32", "tf32"], "bf16": ["fp32", "bf16"]}.get(precision, ["fp32"])
+    for theirs_precision in compared:
         theirs = {}
         if net is not None:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
-                theirs_precision == "tf32"
+                theirs_precision != "fp32"
+            their_step, their_forward = ((step, forward) if theirs_precision != "bf16" else
+                                         compressai_step(torch, net, tx, bf16=True))
             theirs = {"forward + loss (training mode)": harness.time_torch(
-                          forward, warmup=args.warmup, repeats=args.repeats),
+                          their_forward, warmup=args.warmup, repeats=args.repeats),
                       "training step (fwd, bwd, clip, 2x Adam)": harness.time_torch(
-                          step, warmup=args.warmup, repeats=args.repeats)}
-            theirs[PIPELINED] = harness.pipelined_ms(step, torch.cuda.synchronize,
+                          their_step, warmup=args.warmup, repeats=args.repeats)}
+            theirs[PIPELINED] = harness.pipelined_ms(their_step, torch.cuda.synchronize,
                                                      steps=args.steps)
         for label, a in ours.items():
             b = theirs.get(label)
@@ -188,7 +200,7 @@ def main():
                  f"random data, lambda {LMBDA}; medians of {args.repeats} CUDA-event timings "
                  f"after {args.warmup} warm-up steps; ratio = CompressAI ms / gdnflow ms (above "
                  f"1: gdnflow faster{target}); CompressAI tf32: PyTorch allow_tf32 on for "
-                 "matmul and cuDNN")
+                 "matmul and cuDNN; CompressAI bf16: torch.autocast(bfloat16) with TF32 on")
     notes.append("back to back: gdnflow's row is the captured step (Trainer.queue_step, as "
                  "`gdnflow train` runs it, batch copied from host memory each step), "
                  "CompressAI's its eager loop; wall time per step over "
@@ -232,7 +244,7 @@ def captured_step_timings(trainer, x_host, args):
 
 def captured_graph(trainer, shape):
     """The CUDA graph of the trainer's compiled step for batches of ``shape`` (or None)."""
-    with gf.config.override(matmul_precision=trainer.config.precision):
+    with gf.config.override(matmul_precision=trainer.config.matmul_precision):
         return trainer._queued.compiled.graph_for(shape)
 
 

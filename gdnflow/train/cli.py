@@ -19,7 +19,6 @@ from gdnflow.backends import default_device
 from gdnflow.commandline import (REPORTED, USAGE_ERROR, describe_error, add_max_pixels_option,
                                  downscale_factor, nonnegative_int, positive_float, positive_int,
                                  positive_multiple_of)
-from gdnflow.config import MATMUL_PRECISIONS
 from gdnflow.data.augment import FLIPS
 from gdnflow.models import CODEC_MODELS
 from gdnflow.models.factorized_prior import DOWNSAMPLING
@@ -27,6 +26,7 @@ from gdnflow.train.losses import LAMBDAS
 from gdnflow.train.stopping import RunStopped
 from gdnflow.train.launch import train
 from gdnflow.train.spawn import check_gpus, find_mpiexec, gpu_count, rank_command, spawn
+from gdnflow.train.train_config import TRAIN_PRECISIONS
 from gdnflow.train.trainer import TrainConfig
 
 
@@ -97,10 +97,13 @@ def add_arguments(parser):
     optim.add_argument("--warmup-steps", type=nonnegative_int, default=defaults.warmup_steps,
                        help="steps of linear warm-up before the cosine schedule (default "
                        f"{defaults.warmup_steps})")
-    optim.add_argument("--precision", choices=MATMUL_PRECISIONS, default=defaults.precision,
-                       help="the GPU's matrix products: fp32 (exact float32) or tf32 (tensor "
-                       "cores, float32 accumulation: faster, about 1e-3 relative error; default "
-                       f"{defaults.precision})")
+    optim.add_argument("--precision", choices=TRAIN_PRECISIONS + ("fp16",),
+                       default=defaults.precision,
+                       help="fp32 (exact float32), tf32 (the GPU's matrix products on the tensor "
+                       "cores, float32 accumulation: faster, about 1e-3 relative error) or bf16 "
+                       "(each step's forward under autocast: products and convolutions in "
+                       "bfloat16, float32 weights; docs/precision.md); fp16 is refused for now "
+                       f"(default {defaults.precision})")
     optim.add_argument("--no-graph", dest="graph", action="store_false",
                        help="run every step eagerly, reading its values back before the update "
                        "(default: each step is one CUDA graph replayed without Python, its "

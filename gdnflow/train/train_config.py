@@ -2,9 +2,11 @@
 import dataclasses
 
 from gdnflow.backends import check_device
-from gdnflow.config import check_matmul_precision
 from gdnflow.data.augment import Augmentation
 from gdnflow.models import CODEC_MODELS
+
+#: The values of ``TrainConfig.precision``: float32, TF32 products, bfloat16 under autocast.
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 @dataclasses.dataclass
@@ -21,8 +23,11 @@ class TrainConfig:
     (a name in :data:`gdnflow.models.CODEC_MODELS`), ``N``, ``M``. Loss:
     ``lmbda``. Optimisation: ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
     ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
-    ``precision`` of the GPU's matrix products in training and evaluation
-    ("fp32" or "tf32", see :func:`gdnflow.set_matmul_precision`), ``graph``
+    ``precision`` of training: "fp32", "tf32" (the GPU's matrix products in
+    TF32, in training and evaluation: :func:`gdnflow.set_matmul_precision`) or
+    "bf16" (the forward and loss of each step under ``gdnflow.autocast("bf16")``:
+    products, convolutions and elementwise maps in bfloat16, float32 parameters
+    and gradients; evaluation in float32), ``graph``
     (True: :meth:`~gdnflow.train.Trainer.run` trains through a compiled step, one CUDA graph
     replayed per step on the GPU, its values read back every ``SYNC_EVERY``
     steps without stopping the GPU; False: the eager step, read back every step).
@@ -113,8 +118,23 @@ class TrainConfig:
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.device is not None:
             check_device(self.device)
-        check_matmul_precision(self.precision)
+        if self.precision not in TRAIN_PRECISIONS:
+            extra = (" (fp16 training needs loss scaling in the training loop, which gdnflow "
+                     "train does not do yet: use bf16)" if self.precision == "fp16" else "")
+            raise ValueError(f"precision must be one of {', '.join(TRAIN_PRECISIONS)}, got "
+                             f"{self.precision!r}{extra}")
         self.augmentation       # raises ValueError naming flip or scale_range
 
+    @property
+    def matmul_precision(self):
+        """The ``settings.matmul_precision`` of the run's steps and evaluations: "tf32" for
+        ``precision="tf32"``, else "fp32"."""
+        return "tf32" if self.precision == "tf32" else "fp32"
 
-__all__ = ["TrainConfig"]
+    @property
+    def autocast_dtype(self):
+        """The dtype of the steps' ``gdnflow.autocast``, or None (float32 steps)."""
+        return "bf16" if self.precision == "bf16" else None
+
+
+__all__ = ["TrainConfig", "TRAIN_PRECISIONS"]

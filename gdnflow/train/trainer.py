@@ -57,6 +57,7 @@ from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
 from gdnflow.io.files import write_bytes_atomic
 from gdnflow.models import CODEC_MODELS
 from gdnflow.optim import Adam, CosineLR, clip_grad_norm
+from gdnflow.precision import autocast
 from gdnflow.tensor import Tensor
 from gdnflow.train.evaluation import evaluate_images, mean_of_rows
 from gdnflow.train.losses import RateDistortionLoss, describe_evaluation, mse_to_psnr
@@ -149,7 +150,7 @@ class Trainer:
         rate, the auxiliary loss or the gradient norm is not finite. The
         matrix products run in ``config.precision``.
         """
-        with override(matmul_precision=self.config.precision):
+        with override(matmul_precision=self.config.matmul_precision):
             return self._train_step(batch)
 
     def _train_step(self, batch):
@@ -170,8 +171,10 @@ class Trainer:
 
     def _forward_backward(self, x, noise_stream):
         """Forward, loss and both backwards of one step: (loss terms, auxiliary loss)."""
-        out = self.model(x, noise_key=self.noise_key, noise_stream=noise_stream)
-        terms = self.criterion(out, x)
+        dtype = self.config.autocast_dtype
+        with autocast(dtype or "bf16", enabled=dtype is not None):
+            out = self.model(x, noise_key=self.noise_key, noise_stream=noise_stream)
+            terms = self.criterion(out, x)
         self.optimizer.zero_grad()
         self.aux_optimizer.zero_grad()
         terms["loss"].backward()
@@ -224,7 +227,7 @@ class Trainer:
         parameters as they were before it. The matrix products run in
         ``config.precision``.
         """
-        with override(matmul_precision=self.config.precision):
+        with override(matmul_precision=self.config.matmul_precision):
             self._queued.run(batch, self.step)
         self._finish_step(None)
         if len(self._queued) >= SYNC_EVERY:
@@ -272,7 +275,7 @@ class Trainer:
             if batch is None:
                 batch = self.make_batch(self.step)
             x = batch if isinstance(batch, Tensor) else Tensor(batch, device=self.device)
-            with override(matmul_precision=self.config.precision):
+            with override(matmul_precision=self.config.matmul_precision):
                 self._forward_backward(x, self.step)
         except Exception as exc:        # the report of the NaN must not be lost to this
             raise NonFiniteError(
@@ -308,7 +311,7 @@ class Trainer:
         (name, original, reconstruction, bpp, psnr). The matrix products run
         in ``config.precision``.
         """
-        with override(matmul_precision=self.config.precision):
+        with override(matmul_precision=self.config.matmul_precision):
             return self._evaluate(limit, keep)
 
     def _evaluate(self, limit, keep):
