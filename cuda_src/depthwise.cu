@@ -125,6 +125,7 @@ DW_HD void load_values(float* r, const storage_t* p) {
     if constexpr (sizeof(storage_t) == sizeof(float)) {
         load_floats<N>(r, reinterpret_cast<const float*>(p));
     } else {
+        HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (2 * N) == 0);
         const HalfPack<N> v = *reinterpret_cast<const HalfPack<N>*>(p);
         for (int e = 0; e < N; ++e) r[e] = load_value(v.v[e]);
     }
@@ -138,6 +139,7 @@ DW_HD void store_values(storage_t* p, const float* r) {
     if constexpr (sizeof(storage_t) == sizeof(float)) {
         store_floats<N>(reinterpret_cast<float*>(p), r);
     } else {
+        HOST_CHECK(reinterpret_cast<unsigned long long>(p) % (2 * N) == 0);
         HalfPack<N> v;
         for (int e = 0; e < N; ++e) v.v[e] = store_value(r[e]);
         *reinterpret_cast<HalfPack<N>*>(p) = v;

@@ -37,7 +37,7 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // Storage type of the elementwise kernels' tensors: float, or a 16-bit float
 // when the module is built with -DSTORAGE_BF16 or -DSTORAGE_FP16 (the host
-// picks the defines by dtype: gdnflow/ops/half.py). Kernels load each value
+// picks the defines by dtype: gdnflow.backends.cuda.storage_defines). Kernels load each value
 // into a float, compute in float32 and round once on store (to nearest, ties
 // to even), as gdnflow.precision.emulate does on NumPy.
 #if defined(STORAGE_BF16)

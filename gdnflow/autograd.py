@@ -207,6 +207,8 @@ class Operator:
         self.input_shapes = tuple([t.data.shape for t in inputs])
         # Known before the forward, so that it saves only what a backward needs.
         self.recording = record = record and _grad_enabled
+        if record:      # a backward's gradients are checked against these
+            self.input_dtypes = tuple([t.data.dtype for t in inputs])
         self.needs_grad = tuple([t.requires_grad for t in inputs]) if record else None
         try:
             out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
@@ -317,12 +319,16 @@ def backward(root, grad, retain_graph=False):
             if len(input_grads) != len(node.parents):
                 raise RuntimeError(f"{node.label}.backward returned {len(input_grads)} "
                                    f"gradients for {len(node.parents)} inputs")
-            for parent, g, shape in zip(node.parents, input_grads, node.input_shapes):
+            for parent, g, shape, dtype in zip(node.parents, input_grads, node.input_shapes,
+                                               node.input_dtypes):
                 if parent is None or g is None:
                     continue
                 if g.shape != shape:
                     raise ShapeError(f"{node.label}.backward returned a gradient of shape "
                                      f"{g.shape} for an input of shape {shape}")
+                if g.dtype != dtype:
+                    raise DTypeError(f"{node.label}.backward returned a {g.dtype} gradient "
+                                     f"for a {dtype} input")
                 if isinstance(parent, Tensor):      # a leaf
                     parent.grad = g if parent.grad is None else parent.grad + g
                 else:

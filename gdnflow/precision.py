@@ -20,8 +20,11 @@ Which operators run in 16 bits is each operator's class attribute
     inputs' dtype; under :func:`autocast`, inputs of mixed dtypes are all
     widened to float32.
 ``"lower"``
-    products on the tensor cores (``matmul``, ``linear``): under
-    :func:`autocast`, float32 inputs are rounded to the autocast dtype.
+    products on the tensor cores (``matmul``, ``linear``, ``conv2d``,
+    ``conv_transpose2d``): under :func:`autocast`, float32 inputs are rounded
+    to the autocast dtype.
+``"exempt"``
+    autocast leaves the inputs alone (``cast``, which does its conversions).
 
 Inputs are converted by the ``cast`` operator, whose gradient converts back,
 so parameters kept in float32 get float32 gradients (master weights).
@@ -108,9 +111,11 @@ def autocast(dtype="bf16", enabled=True):
     :class:`gdnflow.optim.DynamicLossScaler`). Matrix products take 16-bit
     operands (float32 inputs are rounded), operators with 16-bit kernels
     run in their inputs' dtype, and every other operator (reductions,
-    softmax, normalisation, convolutions for now) runs in float32, its
-    16-bit inputs widened. Parameters stay float32 and get float32
-    gradients. ``enabled=False`` makes the block a no-op; blocks nest.
+    softmax, normalisation, GDN) runs in float32, its 16-bit inputs
+    widened. Parameters stay float32 and get float32 gradients.
+    ``enabled=False`` makes the block a no-op; blocks nest. The setting is
+    the process's, as :func:`gdnflow.no_grad` is: run operators in one
+    thread while a block is open.
     """
     global _autocast_dtype
     if enabled:

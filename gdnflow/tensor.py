@@ -132,7 +132,8 @@ class Tensor:
         device = check_device(device)
         if device == self.device:
             return self
-        return Tensor(self.numpy(), device=device, requires_grad=self.requires_grad)
+        return Tensor(self.numpy(), device=device, dtype=self.dtype,
+                      requires_grad=self.requires_grad)
 
     def astype(self, dtype):
         """A copy with another dtype (``"float32"``, ``"bf16"``, ``"fp16"``...), cut from the graph.
@@ -168,6 +169,9 @@ class Tensor:
         if grad.shape != self.shape or grad.device != self.device:
             raise ValueError(f"backward(): grad has shape {grad.shape} on {grad.device!r}, "
                              f"expected shape {self.shape} on {self.device!r}")
+        if grad.dtype != self.dtype:
+            raise DTypeError(f"backward(): grad is {grad.dtype}, the tensor {self.dtype}; "
+                             f"convert it with grad.astype({self.dtype.name!r})")
         if self.creator is None:        # a leaf: its gradient is grad itself
             self.grad = grad if self.grad is None else self.grad + grad
             return

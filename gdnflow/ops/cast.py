@@ -3,7 +3,8 @@
 Between float32 and the 16-bit floats (float16, bfloat16) on the GPU, and
 between any of the NumPy backend's dtypes (float64 too) on NumPy. Rounding to
 a narrower dtype is to nearest, ties to even, on both backends, so the GPU's
-results equal NumPy's bit for bit. The gradient is the output's gradient cast
+results equal NumPy's bit for bit. (From float64, which only NumPy holds,
+ml_dtypes reaches bfloat16 through float32: two roundings.) The gradient is the output's gradient cast
 back to the input's dtype: a float32 parameter used in 16 bits under
 :func:`gdnflow.autocast` gets a float32 gradient.
 """
@@ -34,8 +35,8 @@ class CastOp(Operator):
             return x.astype(self.dtype)
 
     def forward_cuda(self, x):
-        if x.dtype == self.dtype:
-            return x
+        if x.dtype == self.dtype:       # a copy, as NumPy's astype makes
+            return cuda.get_runtime().copy(x)
         y = cuda.empty(x.shape, self.dtype)
         if x.size:      # cast.cu converts every pair of the backend's dtypes
             cuda.kernel(SOURCE, f"{x.dtype.name}_to_{self.dtype.name}", "PPi").launch(

@@ -19,7 +19,7 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.backends.numpy_backend import contiguous
-from gdnflow.errors import ShapeError
+from gdnflow.errors import DTypeError, ShapeError
 from gdnflow.precision import FLOAT32, is_half
 from gdnflow.ops.broadcast import broadcast_shape, kernel_layout, reduced_axes
 from gdnflow.ops.cast import cast
@@ -88,7 +88,12 @@ class MeanOp(SumOp):
 
 
 def sum_cuda(x, axes, scale):
-    """scale * (x summed over ``axes``), as a flat CudaArray of the kept elements."""
+    """scale * (x summed over ``axes``), as a flat CudaArray of the kept elements.
+
+    float32 only (reduction.cu): callers widen 16-bit arrays first.
+    """
+    if x.dtype != FLOAT32:
+        raise DTypeError(f"sum_cuda: reduction.cu sums float32, got {x.dtype}")
     # Merge adjacent dimensions that are both reduced or both kept.
     blocks = []
     for i, size in enumerate(x.shape):

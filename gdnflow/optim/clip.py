@@ -6,7 +6,9 @@ import numpy as np
 from gdnflow import step_state
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda, get_backend
+from gdnflow.errors import DTypeError
 from gdnflow.optim.optimizer import BLOCK, SOURCE, block_map
+from gdnflow.precision import is_half
 from gdnflow.tensor import Tensor
 
 #: Pointer tables of eager clipping kept for reuse (see :func:`_multi_tensor`).
@@ -44,6 +46,10 @@ def clip_grad_norm(params, max_norm, eps=1e-6, sync=True):
             return 0.0
         device = params[0].device if params else "numpy"
         return Tensor.wrap(get_backend(device).full((1,), 0.0, np.float32), device)
+    half = [g.dtype for g in grads if is_half(g.dtype)]
+    if half:
+        raise DTypeError(f"clip_grad_norm: {len(half)} gradient(s) are {half[0]}; it clips "
+                         "float32 gradients (of float32 parameters, as gdnflow.autocast keeps them)")
     devices = sorted({g.device for g in grads})
     if len(devices) > 1:
         raise ValueError(f"clip_grad_norm: the gradients are on {devices}; move them to one "

@@ -21,7 +21,8 @@ import numpy as np
 
 from gdnflow import step_state
 from gdnflow.backends import cuda, get_backend
-from gdnflow.errors import ShapeError
+from gdnflow.errors import DTypeError, ShapeError
+from gdnflow.precision import is_half
 from gdnflow.tensor import Tensor
 
 SOURCE = "optim.cu"
@@ -106,6 +107,10 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameter {i} of group "
                                 f"{len(self.param_groups)} is a {type(p).__name__}, not a Tensor")
+            if is_half(p.dtype):
+                raise DTypeError(f"{type(self).__name__}: parameter {i} of group "
+                                 f"{len(self.param_groups)} is {p.dtype}; keep parameters in "
+                                 "float32 and compute in 16 bits under gdnflow.autocast")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if len({id(p) for p in params}) != len(params) or seen & {id(p) for p in params}:
             raise ValueError(f"{type(self).__name__}: a parameter appears twice "

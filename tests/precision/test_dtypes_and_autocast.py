@@ -163,3 +163,19 @@ def test_bfloat16_tensors_are_made_and_read_on_numpy():
     t = gf.tensor([1.0, 2.5, 3.0078125], device="numpy", dtype="bf16")
     assert t.dtype == np.dtype(ml_dtypes.bfloat16)
     assert t.numpy().astype(np.float32).tolist() == [1.0, 2.5, 3.0]    # 3 + 2^-7 rounds to 3
+
+
+def test_a_gradient_of_another_dtype_is_refused(rng):
+    y = tensor(rng.standard_normal(4), BF16, grad=True).relu()
+    with pytest.raises(DTypeError, match="grad is float32, the tensor bfloat16"):
+        y.backward(tensor(np.ones(4)))
+
+
+def test_optimisers_and_clipping_take_float32_parameters_only(rng):
+    p16 = tensor(rng.standard_normal(3), BF16, grad=True)
+    with pytest.raises(DTypeError, match="SGD: parameter 0 of group 0 is bfloat16.*autocast"):
+        gf.optim.SGD([p16], lr=0.1)
+    p = tensor(rng.standard_normal(3), grad=True)
+    p.grad = tensor(rng.standard_normal(3), FP16)
+    with pytest.raises(DTypeError, match="clip_grad_norm: 1 gradient.*float16"):
+        gf.optim.clip_grad_norm([p], 1.0)

@@ -122,3 +122,11 @@ def test_views_off_the_16_byte_grid_take_the_element_path(dtype, rng):
 def test_pools_match_the_emulation(pool, dtype, rng):
     # The window sums (averages, overlapping gradients) run in float: one rounding each.
     assert_half_backends_match(pool, [rng.standard_normal((2, 5, 13, 11))], dtype, ulps=1)
+
+
+def test_moving_a_16_bit_tensor_keeps_its_dtype(rng):
+    x = gf.tensor(rng.standard_normal(5), device="numpy", dtype="bf16")
+    assert x.to("cuda").dtype == precision.BFLOAT16
+    assert x.to("cuda").to("numpy").dtype == precision.BFLOAT16
+    same = gf.tensor(rng.standard_normal(5), device="cuda", dtype="fp16")
+    assert same.astype("fp16").data.ptr != same.data.ptr     # a copy, as on NumPy

@@ -151,7 +151,7 @@ def launch_grid(threads, block=256, blocks_per_sm=16):
 
 
 def matmul(a, b, c, m, n, k, **options):
-    """C = op(A) @ op(B) for row-major float32 matrices at device addresses ``a``, ``b``, ``c``.
+    """C = op(A) @ op(B) for row-major matrices at device addresses ``a``, ``b``, ``c``.
 
     The arguments and options of :func:`gdnflow.backends.cuda.blas.matmul`, which runs it
     (cuBLAS); a simulated device's own ``matmul`` instead, where it has one.

@@ -132,10 +132,8 @@ def conv_algorithm(device, g, stage):
     return bound(chooser.choose(g, stage), chooser)
 
 
-
-
 #: Groups a 16-bit convolution runs as GEMMs up to: each group is one product
-#: call, so depthwise layers (a group per channel) compute in float32 instead.
+#: call, so other layers of many groups (the depthwise backward) compute in float32.
 MAX_HALF_GROUPS = 4
 
 
@@ -151,7 +149,8 @@ def half_conv_algorithm(g, stage):
         return Depthwise
     if g.groups > MAX_HALF_GROUPS:
         return None
-    return next(a for a in (Pointwise, Im2colGemm) if a.supports(g))
+    return next(a for a in (Pointwise, Im2colGemm)
+                if stage in a.half_precision_stages and a.supports(g))
 
 
 def stage_algorithm(device, g, stage, dtype):

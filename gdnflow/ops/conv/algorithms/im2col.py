@@ -5,7 +5,7 @@ the GEMMs are cuBLAS's, through :func:`gdnflow.backends.cuda.matmul`. The
 column matrices are made a chunk of images at a time, within
 ``settings.conv_workspace_bytes`` (:mod:`gdnflow.config`).
 
-Both algorithms also run on 16-bit tensors (``half_precision``): the lowering
+Both algorithms also run on 16-bit tensors (``half_precision_stages``): the lowering
 kernels built for 16-bit storage and GemmEx products with float32
 accumulation; the weight gradient accumulates over chunks in float32 and is
 rounded once at the end.
@@ -111,7 +111,8 @@ class Im2colGemm:
 
     name = "im2col_gemm"
     fuses_bias_activation = False
-    half_precision = True
+    #: The stages whose maps also take 16-bit tensors (GemmEx, conv2d.cu's 16-bit build).
+    half_precision_stages = ("forward", "backward_data", "backward_weight")
 
     @staticmethod
     def supports(g):
@@ -173,7 +174,8 @@ class Pointwise:
 
     name = "pointwise"
     fuses_bias_activation = False
-    half_precision = True
+    #: The stages whose maps also take 16-bit tensors (GemmEx, conv2d.cu's 16-bit build).
+    half_precision_stages = ("forward", "backward_data", "backward_weight")
 
     @staticmethod
     def supports(g):
