@@ -70,7 +70,8 @@ def test_round_trip_to_cuda_and_back(rng):
 
 @pytest.mark.gpu
 def test_cuda_refuses_float64():
-    with pytest.raises(gf.DTypeError, match="cuda backend supports float32, float16 and bfloat16, got float64"):
+    with pytest.raises(gf.DTypeError,
+                       match="cuda backend supports float32, float16 and bfloat16, got float64"):
         gf.tensor([1.0], device="cuda", dtype=np.float64)
 
 
