@@ -186,7 +186,7 @@ class Operator:
     def __call__(self, *inputs):
         # This runs once per operation, so it is written for speed: one pass
         # over the inputs; the descriptive checks run only when it fails.
-        if precision.autocast_dtype() is not None and inputs:
+        if precision.active_dtype is not None and inputs:
             inputs = self._autocast_inputs(inputs)
         if _active_trace is not None and not _active_trace.depth:
             return _active_trace.apply(self, inputs)
@@ -207,8 +207,6 @@ class Operator:
         self.input_shapes = tuple([t.data.shape for t in inputs])
         # Known before the forward, so that it saves only what a backward needs.
         self.recording = record = record and _grad_enabled
-        if record:      # a backward's gradients are checked against these
-            self.input_dtypes = tuple([t.data.dtype for t in inputs])
         self.needs_grad = tuple([t.requires_grad for t in inputs]) if record else None
         try:
             out = getattr(self, "forward_" + device)(*[t.data for t in inputs])
@@ -217,6 +215,7 @@ class Operator:
             raise
         result = Tensor.wrap(out, device)
         if record:
+            self.output_dtype = out.dtype   # the gradient a consumer's backward owes this node
             self.parents = tuple([
                 (t.creator if t.creator is not None else t) if t.requires_grad else None
                 for t in inputs])
@@ -319,13 +318,13 @@ def backward(root, grad, retain_graph=False):
             if len(input_grads) != len(node.parents):
                 raise RuntimeError(f"{node.label}.backward returned {len(input_grads)} "
                                    f"gradients for {len(node.parents)} inputs")
-            for parent, g, shape, dtype in zip(node.parents, input_grads, node.input_shapes,
-                                               node.input_dtypes):
+            for parent, g, shape in zip(node.parents, input_grads, node.input_shapes):
                 if parent is None or g is None:
                     continue
                 if g.shape != shape:
                     raise ShapeError(f"{node.label}.backward returned a gradient of shape "
                                      f"{g.shape} for an input of shape {shape}")
+                dtype = parent.dtype if isinstance(parent, Tensor) else parent.output_dtype
                 if g.dtype != dtype:
                     raise DTypeError(f"{node.label}.backward returned a {g.dtype} gradient "
                                      f"for a {dtype} input")

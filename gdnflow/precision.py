@@ -52,7 +52,10 @@ DTYPE_NAMES = {"fp32": FLOAT32, "float32": FLOAT32, "float": FLOAT32,
 #: The values of an operator's ``autocast`` attribute.
 AUTOCAST_RULES = ("float32", "same", "lower", "exempt")
 
-_autocast_dtype = None      # the innermost autocast block's dtype, or None
+#: The innermost active autocast block's dtype, or None. Read it with
+#: :func:`autocast_dtype`; ``Operator.__call__`` reads the attribute itself (once per
+#: operation: a function call there is a measurable share of a small operation's cost).
+active_dtype = None
 
 
 def as_dtype(dtype):
@@ -88,10 +91,12 @@ def emulate(compute, *arrays, dtype=None):
     result converted to ``dtype`` where one is given.
     """
     first = arrays[0].dtype
-    target = first if dtype is None else np.dtype(dtype)
-    if not is_half(first):
+    if first.itemsize != 2:     # not 16-bit (the only 2-byte dtypes a tensor has): as it is
         result = compute(*arrays)
-        return result if dtype is None else _convert(result, target)
+        if dtype is None or getattr(result, "dtype", None) is dtype:
+            return result
+        return _convert(result, dtype)
+    target = first if dtype is None else np.dtype(dtype)
     wide = [a.astype(FLOAT32) if a is not None and is_half(a.dtype) else a for a in arrays]
     return _convert(compute(*wide), target)
 
@@ -99,7 +104,7 @@ def emulate(compute, *arrays, dtype=None):
 def _convert(result, dtype):
     if isinstance(result, tuple):
         return tuple(_convert(r, dtype) for r in result)
-    return None if result is None else np.asarray(result).astype(dtype, copy=False)
+    return None if result is None else np.asarray(result, dtype=dtype)
 
 
 @contextlib.contextmanager
@@ -117,22 +122,22 @@ def autocast(dtype="bf16", enabled=True):
     the process's, as :func:`gdnflow.no_grad` is: run operators in one
     thread while a block is open.
     """
-    global _autocast_dtype
+    global active_dtype
     if enabled:
         dtype = as_dtype(dtype)
         if not is_half(dtype):
             raise DTypeError(f"autocast: dtype must be bf16 or fp16, got {dtype}")
-    previous = _autocast_dtype
-    _autocast_dtype = dtype if enabled else None
+    previous = active_dtype
+    active_dtype = dtype if enabled else None
     try:
         yield
     finally:
-        _autocast_dtype = previous
+        active_dtype = previous
 
 
 def autocast_dtype():
     """The dtype of the innermost active :func:`autocast` block, or None."""
-    return _autocast_dtype
+    return active_dtype
 
 
 def autocast_targets(rule, dtypes):
@@ -141,7 +146,7 @@ def autocast_targets(rule, dtypes):
     ``rule`` is the operator's ``autocast`` attribute, ``dtypes`` its inputs'
     dtypes; only float32 and 16-bit inputs are converted (float64 never).
     """
-    target = _autocast_dtype
+    target = active_dtype
     if rule == "exempt" or target is None:
         return None
     if rule == "lower":
