@@ -97,13 +97,13 @@ def add_arguments(parser):
     optim.add_argument("--warmup-steps", type=nonnegative_int, default=defaults.warmup_steps,
                        help="steps of linear warm-up before the cosine schedule (default "
                        f"{defaults.warmup_steps})")
-    optim.add_argument("--precision", choices=TRAIN_PRECISIONS + ("fp16",),
-                       default=defaults.precision,
+    optim.add_argument("--precision", choices=TRAIN_PRECISIONS, default=defaults.precision,
                        help="fp32 (exact float32), tf32 (the GPU's matrix products on the tensor "
-                       "cores, float32 accumulation: faster, about 1e-3 relative error) or bf16 "
+                       "cores, float32 accumulation: faster, about 1e-3 relative error), bf16 "
                        "(each step's forward under autocast: products and convolutions in "
-                       "bfloat16, float32 weights; docs/precision.md); fp16 is refused for now "
-                       f"(default {defaults.precision})")
+                       "bfloat16, float32 weights) or fp16 (the same in float16 with dynamic "
+                       "loss scaling, eager steps; docs/precision.md) (default "
+                       f"{defaults.precision})")
     optim.add_argument("--no-graph", dest="graph", action="store_false",
                        help="run every step eagerly, reading its values back before the update "
                        "(default: each step is one CUDA graph replayed without Python, its "

@@ -5,8 +5,9 @@ from gdnflow.backends import check_device
 from gdnflow.data.augment import Augmentation
 from gdnflow.models import CODEC_MODELS
 
-#: The values of ``TrainConfig.precision``: float32, TF32 products, bfloat16 under autocast.
-TRAIN_PRECISIONS = ("fp32", "tf32", "bf16")
+#: The values of ``TrainConfig.precision``: float32, TF32 products, bfloat16 or float16
+#: under autocast.
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 @dataclasses.dataclass
@@ -27,7 +28,10 @@ class TrainConfig:
     TF32, in training and evaluation: :func:`gdnflow.set_matmul_precision`) or
     "bf16" (the forward and loss of each step under ``gdnflow.autocast("bf16")``:
     products, convolutions and elementwise maps in bfloat16, float32 parameters
-    and gradients; evaluation in float32), ``graph``
+    and gradients; evaluation in float32) or "fp16" (the same in float16, with
+    dynamic loss scaling: :class:`gdnflow.optim.DynamicLossScaler`; a step
+    whose gradients overflow is skipped; the steps run eagerly whatever
+    ``graph`` says, since the scaler reads each step's gradients back), ``graph``
     (True: :meth:`~gdnflow.train.Trainer.run` trains through a compiled step, one CUDA graph
     replayed per step on the GPU, its values read back every ``SYNC_EVERY``
     steps without stopping the GPU; False: the eager step, read back every step).
@@ -119,10 +123,8 @@ class TrainConfig:
         if self.device is not None:
             check_device(self.device)
         if self.precision not in TRAIN_PRECISIONS:
-            extra = (" (fp16 training needs loss scaling in the training loop, which gdnflow "
-                     "train does not do yet: use bf16)" if self.precision == "fp16" else "")
             raise ValueError(f"precision must be one of {', '.join(TRAIN_PRECISIONS)}, got "
-                             f"{self.precision!r}{extra}")
+                             f"{self.precision!r}")
         self.augmentation       # raises ValueError naming flip or scale_range
 
     @property
@@ -134,7 +136,7 @@ class TrainConfig:
     @property
     def autocast_dtype(self):
         """The dtype of the steps' ``gdnflow.autocast``, or None (float32 steps)."""
-        return "bf16" if self.precision == "bf16" else None
+        return self.precision if self.precision in ("bf16", "fp16") else None
 
 
 __all__ = ["TrainConfig", "TRAIN_PRECISIONS"]

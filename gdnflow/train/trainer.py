@@ -56,7 +56,7 @@ from gdnflow.io.checkpoint import (load_checkpoint, optimizer_state_from_json,
                                    optimizer_state_to_json, read_checkpoint_info, save_checkpoint)
 from gdnflow.io.files import write_bytes_atomic
 from gdnflow.models import CODEC_MODELS
-from gdnflow.optim import Adam, CosineLR, clip_grad_norm
+from gdnflow.optim import Adam, CosineLR, DynamicLossScaler, clip_grad_norm
 from gdnflow.precision import autocast
 from gdnflow.tensor import Tensor
 from gdnflow.train.evaluation import evaluate_images, mean_of_rows
@@ -108,6 +108,9 @@ class Trainer:
                                   warmup_steps=config.warmup_steps)
                          if config.lr_schedule == "cosine" else None)
         self.criterion = RateDistortionLoss(config.lmbda)
+        #: fp16 steps' loss scaler (None otherwise): a step whose gradients overflow
+        #: is skipped and the scale lowered (its record says ``skipped``).
+        self.loss_scaler = DynamicLossScaler() if config.precision == "fp16" else None
         # The noise generator's key: fixed by the seed; its stream is the step.
         self.noise_key = int(np.random.default_rng([config.seed, 2]).integers(2 ** 63))
         self._train_data, self._eval_data = train_data, eval_data
@@ -159,12 +162,21 @@ class Trainer:
         step = self.step
         self.model.train()
         terms, aux = self._forward_backward(x, step)
+        scaler = self.loss_scaler
+        if scaler is not None:
+            scaler.unscale(self.main_parameters)
         norm = clip_grad_norm(self.main_parameters, self.config.clip_norm)
         record = {"step": step + 1, **{k: terms[k].item() for k in ("loss", "bpp", "mse")},
                   "aux": aux.item(), "grad_norm": norm}
-        if not all(math.isfinite(record[k]) for k in STEP_SCALARS):
+        # With loss scaling, overflowing gradients skip the step; non-finite values stop it.
+        checked = STEP_SCALARS if scaler is None else [k for k in STEP_SCALARS if k != "grad_norm"]
+        if not all(math.isfinite(record[k]) for k in checked):
             self._stop_non_finite(x, record)
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            record["loss_scale"] = scaler.scale_value
+            record["skipped"] = not scaler.step(self.optimizer)
         self.aux_optimizer.step()
         self._finish_step(record)
         return record
@@ -177,7 +189,8 @@ class Trainer:
             terms = self.criterion(out, x)
         self.optimizer.zero_grad()
         self.aux_optimizer.zero_grad()
-        terms["loss"].backward()
+        loss = terms["loss"]
+        (loss if self.loss_scaler is None else self.loss_scaler.scale(loss)).backward()
         aux = self.model.aux_loss()
         with self.local_gradients():
             aux.backward()
@@ -351,6 +364,8 @@ class Trainer:
             "train_config": dataclasses.asdict(self.config),
             "aux_optimizer": optimizer_state_to_json(self.aux_optimizer),
             "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            "loss_scaler": (self.loss_scaler.state_dict() if self.loss_scaler is not None
+                            else None),
             # The data's size decides the epochs' permutations: resume checks it.
             "images": len(self._train_data) if self._train_data is not None else None,
         }
@@ -381,6 +396,8 @@ class Trainer:
         self.aux_optimizer.load_state_dict(optimizer_state_from_json(extra["aux_optimizer"]))
         if self.schedule is not None and extra.get("schedule"):
             self.schedule.load_state_dict(extra["schedule"])
+        if self.loss_scaler is not None and extra.get("loss_scaler"):
+            self.loss_scaler.load_state_dict(extra["loss_scaler"])
         self.step = int(extra["step"])
         self.noise_key = int(extra["noise_key"])
         self.history = [r for r in self._read_log("history") if r["step"] <= self.step]
@@ -477,7 +494,7 @@ class Trainer:
     def _loop_step(self, batch, bar, stop):
         """One step of :meth:`run`: train, show progress, evaluate and checkpoint when due."""
         config = self.config
-        if config.graph:
+        if config.graph and self.loss_scaler is None:     # fp16's scaler reads every step back
             self.queue_step(batch)
         else:
             self.train_step(batch)
