@@ -35,8 +35,8 @@ def test_the_precision_is_checked_and_set():
 
 def test_a_training_config_checks_its_precision():
     from gdnflow.train import TrainConfig
-    with pytest.raises(ValueError, match="'fp16'"):
-        TrainConfig(precision="fp16").check()
+    with pytest.raises(ValueError, match="one of fp32, tf32, bf16, fp16, got 'fp8'"):
+        TrainConfig(precision="fp8").check()
 
 
 def _matmul(a, b, precision):
