@@ -78,7 +78,7 @@ def as_dtype(dtype):
 
 def is_half(dtype):
     """True for float16 and bfloat16."""
-    return dtype == FLOAT16 or dtype == BFLOAT16
+    return dtype in HALF_DTYPES
 
 
 def emulate(compute, *arrays, dtype=None):
@@ -152,11 +152,9 @@ def autocast_targets(rule, dtypes):
         return None
     if rule == "lower":
         wanted = [target if d == FLOAT32 or is_half(d) else d for d in dtypes]
-    elif rule == "same":
-        if all(d == dtypes[0] for d in dtypes):
-            return None
-        wanted = [FLOAT32 if is_half(d) else d for d in dtypes]
-    else:
+    elif rule == "same" and all(d == dtypes[0] for d in dtypes):
+        return None             # one dtype: the operator's own kernels take it
+    else:                       # "float32", or "same" with mixed dtypes: all float32
         wanted = [FLOAT32 if is_half(d) else d for d in dtypes]
     return None if list(wanted) == list(dtypes) else wanted
 

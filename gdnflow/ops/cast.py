@@ -4,9 +4,9 @@ Between float32 and the 16-bit floats (float16, bfloat16) on the GPU, and
 between any of the NumPy backend's dtypes (float64 too) on NumPy. Rounding to
 a narrower dtype is to nearest, ties to even, on both backends, so the GPU's
 results equal NumPy's bit for bit. (From float64, which only NumPy holds,
-ml_dtypes reaches bfloat16 through float32: two roundings.) The gradient is the output's gradient cast
-back to the input's dtype: a float32 parameter used in 16 bits under
-:func:`gdnflow.autocast` gets a float32 gradient.
+ml_dtypes reaches bfloat16 through float32: two roundings.) The gradient is
+the output's gradient cast back to the input's dtype: a float32 parameter
+used in 16 bits under :func:`gdnflow.autocast` gets a float32 gradient.
 """
 import numpy as np
 
@@ -65,7 +65,5 @@ def cast_array(array, dtype):
     """
     if array.dtype == dtype:
         return array
-    if isinstance(array, np.ndarray):
-        with np.errstate(over="ignore"):
-            return array.astype(dtype)
-    return CastOp(dtype).forward_cuda(array)
+    op = CastOp(dtype)
+    return op.forward_numpy(array) if isinstance(array, np.ndarray) else op.forward_cuda(array)

@@ -8,12 +8,10 @@ into the algorithm's forward where it can, else one epilogue pass after it
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
-from gdnflow.ops.cast import cast_array
 from gdnflow.ops.conv.epilogue import (activation_grad_cuda, activation_grad_numpy, bias_grad,
                                        epilogue_cuda, epilogue_numpy)
 from gdnflow.ops.conv.geometry import ACTIVATIONS, conv_geometry, conv_parameters
-from gdnflow.ops.conv.planning import conv_algorithm, run_stage, stage_algorithm
-from gdnflow.precision import FLOAT32
+from gdnflow.ops.conv.planning import run_stage
 from gdnflow.registry import register
 
 
@@ -32,9 +30,10 @@ class Conv2dOp(Operator):
 
     On 16-bit tensors (and under :func:`gdnflow.autocast`, which rounds
     float32 inputs to 16 bits: ``autocast = "lower"``) each stage runs as
-    16-bit GEMMs where :func:`~gdnflow.ops.conv.planning.half_conv_algorithm`
-    has an algorithm for it, else in float32 with its result rounded once
-    (depthwise layers; and always on NumPy, the emulation).
+    16-bit GEMMs or the 16-bit depthwise forward where
+    :func:`~gdnflow.ops.conv.planning.half_conv_algorithm` has an algorithm for
+    it, else in float32 with its result rounded once (the depthwise backward;
+    and always on NumPy, the emulation): :func:`~gdnflow.ops.conv.planning.run_stage`.
     """
 
     autocast = "lower"
@@ -66,13 +65,7 @@ class Conv2dOp(Operator):
                              f"got {extras[-1].shape}")
 
     def _forward(self, x, w, *extras):
-        algorithm = stage_algorithm(self.device, self.geometry, "forward", x.dtype)
-        if algorithm is None:       # 16-bit in and out, float32 inside
-            wide = [cast_array(a, FLOAT32) for a in (x, w, *extras)]
-            y = cast_array(self._convolve(conv_algorithm(self.device, self.geometry, "forward"),
-                                          *wide), x.dtype)
-        else:
-            y = self._convolve(algorithm, x, w, *extras)
+        y = run_stage(self.device, self.geometry, "forward", x, w, *extras, run=self._convolve)
         # x feeds gw and w feeds gx; y gives the fused activation's gradient.
         need = self.needs_grad or (False, False)
         self.save(x=x if need[1] else None, w=w if need[0] else None,

@@ -162,13 +162,18 @@ def stage_algorithm(device, g, stage, dtype):
     return None if device == "numpy" else half_conv_algorithm(g, stage)
 
 
-def run_stage(device, g, stage, a, b):
-    """``stage`` (``"forward"``, ``"backward_data"``, ``"backward_weight"``) of ``g`` on the
-    arrays a and b, in their dtype; a 16-bit stage without a 16-bit algorithm runs in
-    float32 and its result is rounded once."""
-    algorithm = stage_algorithm(device, g, stage, a.dtype)
+def run_stage(device, g, stage, *arrays, run=None):
+    """``stage`` (``"forward"``, ``"backward_data"``, ``"backward_weight"``) of ``g`` on
+    ``arrays``, in the first one's dtype: ``run(algorithm, *arrays)`` (default: the
+    algorithm's map of that name) with the algorithm :func:`stage_algorithm` picks; a
+    16-bit stage without a 16-bit algorithm runs in float32 on widened arrays and its
+    result is rounded once."""
+    if run is None:
+        def run(algorithm, *operands):
+            return getattr(algorithm, stage)(g, *operands)
+    dtype = arrays[0].dtype
+    algorithm = stage_algorithm(device, g, stage, dtype)
     if algorithm is not None:
-        return getattr(algorithm, stage)(g, a, b)
-    wide = getattr(conv_algorithm(device, g, stage), stage)(g, cast_array(a, FLOAT32),
-                                                           cast_array(b, FLOAT32))
-    return cast_array(wide, a.dtype)
+        return run(algorithm, *arrays)
+    wide = [cast_array(a, FLOAT32) for a in arrays]
+    return cast_array(run(conv_algorithm(device, g, stage), *wide), dtype)

@@ -17,11 +17,9 @@ transform); otherwise the bias is one pass after it.
 """
 from gdnflow.autograd import Operator
 from gdnflow.errors import ShapeError
-from gdnflow.ops.cast import cast_array
 from gdnflow.ops.conv.epilogue import bias_grad, epilogue_cuda, epilogue_numpy
 from gdnflow.ops.conv.geometry import conv_parameters, conv_transpose_geometry, int_tuple
-from gdnflow.ops.conv.planning import conv_algorithm, run_stage, stage_algorithm
-from gdnflow.precision import FLOAT32
+from gdnflow.ops.conv.planning import run_stage
 from gdnflow.registry import register
 
 
@@ -71,13 +69,8 @@ class ConvTranspose2dOp(Operator):
                              f"channel), got {extras[0].shape}")
 
     def _forward(self, x, w, *extras):
-        algorithm = stage_algorithm(self.device, self.geometry, "backward_data", x.dtype)
-        if algorithm is None:       # 16-bit in and out, float32 inside
-            wide = [cast_array(a, FLOAT32) for a in (x, w, *extras)]
-            y = cast_array(self._transpose(conv_algorithm(self.device, self.geometry,
-                                                          "backward_data"), *wide), x.dtype)
-        else:
-            y = self._transpose(algorithm, x, w, *extras)
+        y = run_stage(self.device, self.geometry, "backward_data", x, w, *extras,
+                      run=self._transpose)
         # x feeds gw and w feeds gx.
         need = self.needs_grad or (False, False)
         self.save(x=x if need[1] else None, w=w if need[0] else None)
