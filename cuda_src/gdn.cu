@@ -705,3 +705,346 @@ GDN_FUSED_KERNELS(gdn,             false, false)
 GDN_FUSED_KERNELS(igdn,            true,  false)
 GDN_FUSED_KERNELS(gdn_simplified,  false, true)
 GDN_FUSED_KERNELS(igdn_simplified, true,  true)
+
+// ---------------------------------------------------------------------------
+// 16-bit GDN on the tensor cores, in the modules built with -DSTORAGE_BF16 or
+// -DSTORAGE_FP16 (and GDN_CHANNELS = 64, 128 or 192):
+//   <variant>_half_forward    y = x D, D = (gamma @ s(x) + beta)^a
+//   <variant>_half_backward   gx = gy D + s'(x) (gamma^T @ U), U = dL/dn
+//   gdn_half_params           gamma rounded to bfloat16 (and effective beta)
+// x, y, gy, gx (NCHW) and the cached D (chunked [P/K][C][K]) are storage_t;
+// everything is computed in float32 but the channel products, whose operands
+// are rounded to bfloat16 (gamma, s(x), U; bfloat16 for fp16 storage too: x^2
+// of an fp16 value can pass fp16's largest, bfloat16 has float32's range) and
+// accumulated in float32 on the tensor cores (WMMA 16x16x16). S = s(x) and U
+// go out as bfloat16 too, chunked, for dL/dgamma's product (cuBLAS, bfloat16
+// operands, float32 sums). gdnflow/ops/gdn/operator.py's NumPy path rounds
+// the same values the same way (its 16-bit branch), so it is these kernels'
+// oracle.
+//
+// One block (8 warps) holds bfloat16 gamma in shared memory and walks over
+// tiles of 64 pixels of one image (all C channels): the threads turn the
+// tile's inputs into the bfloat16 operand [C][64] (8 values per 16-byte
+// access, 8 threads per channel row), then warp w multiplies pixel columns
+// 16 (w % 4) .. + 15 of it by row tiles w / 4, w / 4 + 2, ... of gamma (or
+// gamma^T), and stages each 16x16 result through its own shared slice to
+// the epilogue, where each lane finishes 8 pixels of one channel. The
+// epilogue reads its inputs again from global memory (L2 hits: the tile was
+// read microseconds before). Requirements checked by the caller:
+// H*W % 8 == 0, K % 8 == 0, 16-byte aligned arrays.
+#if defined(STORAGE_BF16) || defined(STORAGE_FP16)
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <type_traits>
+
+#define HALF_PIXELS 64
+#define HALF_THREADS 256
+#define HALF_WARPS (HALF_THREADS / 32)
+#define HALF_VECTOR 8                                    // values per 16-byte access
+#define HALF_ROW_LANES (HALF_PIXELS / HALF_VECTOR)       // threads per operand row
+#define HALF_PASSES (GDN_CHANNELS * HALF_ROW_LANES / HALF_THREADS)
+#define HALF_WARP_TILES (GDN_CHANNELS / 32)              // row tiles per warp
+#define HALF_GAMMA_LD (GDN_CHANNELS + 8)                 // padded rows: fewer bank conflicts
+#define HALF_OPERAND_LD (HALF_PIXELS + 8)
+#define HALF_STAGE_LD 20
+static_assert(HALF_THREADS / HALF_ROW_LANES * HALF_PASSES == GDN_CHANNELS,
+              "the operand rows split evenly over the passes");
+
+typedef __nv_bfloat16 operand_t;
+
+struct alignas(16) StorageVector {
+    storage_t v[HALF_VECTOR];
+};
+
+struct alignas(16) OperandVector {
+    operand_t v[HALF_VECTOR];
+};
+
+// Shared memory of the 16-bit kernels (dynamic: over 48 KB at C = 192).
+struct HalfShared {
+    operand_t gamma[GDN_CHANNELS][HALF_GAMMA_LD];        // [row k][column i] = gamma[k][i]
+    operand_t operand[GDN_CHANNELS][HALF_OPERAND_LD];    // [channel][pixel]: s(x) or U
+    float stage[HALF_WARPS][16][HALF_STAGE_LD];          // each warp's 16x16 result
+};
+
+__device__ __forceinline__ StorageVector load_vector(const storage_t* p) {
+    return *reinterpret_cast<const StorageVector*>(p);
+}
+
+__device__ __forceinline__ StorageVector zero_vector() {
+    StorageVector z;
+#pragma unroll
+    for (int e = 0; e < HALF_VECTOR; ++e) z.v[e] = store_value(0.0f);
+    return z;
+}
+
+// bfloat16 gamma [C][C] from global into sh.gamma, 16 bytes per copy.
+__device__ __forceinline__ void load_gamma(HalfShared& sh, const operand_t* __restrict__ gamma) {
+    constexpr int row_vectors = GDN_CHANNELS / HALF_VECTOR;
+    for (int i = threadIdx.x; i < GDN_CHANNELS * row_vectors; i += HALF_THREADS) {
+        const int k = i / row_vectors, c = (i - k * row_vectors) * HALF_VECTOR;
+        *reinterpret_cast<OperandVector*>(&sh.gamma[k][c]) =
+            reinterpret_cast<const OperandVector*>(gamma)[i];
+    }
+}
+
+// Where a thread's 8 pixels of a tile lie: image n, pixels p .. p + 7 (valid:
+// inside the image, which H*W % 8 == 0 makes all-or-none), the operand row
+// lane (row0 + HALF_THREADS / HALF_ROW_LANES * pass), and the chunked offset of
+// (channel 0, pixel p).
+struct HalfSlot {
+    int n, p, row0, column, chunked;
+    bool valid;
+};
+
+__device__ __forceinline__ HalfSlot half_slot(int n, int p0, int hw, int chunk) {
+    HalfSlot s;
+    s.n = n;
+    s.row0 = threadIdx.x / HALF_ROW_LANES;
+    s.column = (threadIdx.x % HALF_ROW_LANES) * HALF_VECTOR;
+    s.p = p0 + s.column;
+    s.valid = s.p < hw;
+    s.chunked = s.valid ? chunked_pixel(n, s.p, hw, chunk) : 0;
+    return s;
+}
+
+// The channel product of one tile: acc[t] = A @ operand for this warp's row
+// tiles (w / 4 + 2 t) and pixel columns (16 (w % 4)), with A = gamma
+// (GAMMA_T false: the forward's norm) or gamma^T (the backward's G).
+template <bool GAMMA_T, class Accumulators>
+__device__ __forceinline__ void tile_product(const HalfShared& sh, Accumulators& acc) {
+    using namespace nvcuda;
+    typedef typename std::conditional<GAMMA_T, wmma::col_major, wmma::row_major>::type ALayout;
+    const int warp = threadIdx.x / 32;
+    const int column = 16 * (warp % 4), row_group = warp / 4;
+#pragma unroll
+    for (int t = 0; t < HALF_WARP_TILES; ++t) wmma::fill_fragment(acc[t], 0.0f);
+#pragma unroll 2
+    for (int k = 0; k < GDN_CHANNELS; k += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, operand_t, wmma::row_major> b;
+        wmma::load_matrix_sync(b, &sh.operand[k][column], HALF_OPERAND_LD);
+#pragma unroll
+        for (int t = 0; t < HALF_WARP_TILES; ++t) {
+            const int row = 16 * (row_group + 2 * t);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, operand_t, ALayout> a;
+            // gamma^T's tile (row, k) is gamma's (k, row), read column-major.
+            wmma::load_matrix_sync(a, GAMMA_T ? &sh.gamma[k][row] : &sh.gamma[row][k],
+                                   HALF_GAMMA_LD);
+            wmma::mma_sync(acc[t], a, b, acc[t]);
+        }
+    }
+}
+
+// Hands each 16x16 result of the warp to epilogue(channel, pixel, values):
+// lane l gets channel row l / 2 of the tile, 8 consecutive pixels, as floats.
+template <class Accumulators, class Epilogue>
+__device__ __forceinline__ void tile_epilogue(HalfShared& sh, const Accumulators& acc, int p0,
+                                              Epilogue epilogue) {
+    using namespace nvcuda;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_group = warp / 4;
+    const int pixel = p0 + 16 * (warp % 4) + HALF_VECTOR * (lane % 2);
+    float* stage = &sh.stage[warp][0][0];
+#pragma unroll
+    for (int t = 0; t < HALF_WARP_TILES; ++t) {
+        wmma::store_matrix_sync(stage, acc[t], HALF_STAGE_LD, wmma::mem_row_major);
+        __syncwarp();
+        const float* row = &sh.stage[warp][lane / 2][HALF_VECTOR * (lane % 2)];
+        float values[HALF_VECTOR];
+        const float4 lo = *reinterpret_cast<const float4*>(row);
+        const float4 hi = *reinterpret_cast<const float4*>(row + 4);
+        values[0] = lo.x; values[1] = lo.y; values[2] = lo.z; values[3] = lo.w;
+        values[4] = hi.x; values[5] = hi.y; values[6] = hi.z; values[7] = hi.w;
+        epilogue(16 * (row_group + 2 * t) + lane / 2, pixel, values);
+        __syncwarp();   // before the next store_matrix_sync overwrites the stage
+    }
+}
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> HalfAccumulator;
+
+template <class V>
+__device__ void half_forward(const storage_t* __restrict__ x,
+                             const operand_t* __restrict__ gamma,
+                             const float* __restrict__ beta, storage_t* __restrict__ y,
+                             storage_t* __restrict__ d_out, int images, int hw, int chunk) {
+    extern __shared__ __align__(128) unsigned char half_shared[];
+    HalfShared& sh = *reinterpret_cast<HalfShared*>(half_shared);
+    load_gamma(sh, gamma);
+    const int tiles_per_image = (hw + HALF_PIXELS - 1) / HALF_PIXELS;
+    for (int tile = blockIdx.x; tile < images * tiles_per_image; tile += gridDim.x) {
+        const int n = tile / tiles_per_image;
+        const int p0 = (tile - n * tiles_per_image) * HALF_PIXELS;
+        const size_t image = (size_t)n * GDN_CHANNELS * hw;
+        const HalfSlot slot = half_slot(n, p0, hw, chunk);
+        // The operand: s(x) in bfloat16; zeros past the image's end.
+        StorageVector xv[HALF_PASSES];
+#pragma unroll
+        for (int i = 0; i < HALF_PASSES; ++i) {
+            const int c = slot.row0 + i * (HALF_THREADS / HALF_ROW_LANES);
+            xv[i] = slot.valid ? load_vector(x + image + (size_t)c * hw + slot.p) : zero_vector();
+        }
+#pragma unroll
+        for (int i = 0; i < HALF_PASSES; ++i) {
+            const int c = slot.row0 + i * (HALF_THREADS / HALF_ROW_LANES);
+            OperandVector s;
+#pragma unroll
+            for (int e = 0; e < HALF_VECTOR; ++e)
+                s.v[e] = __float2bfloat16_rn(V::statistic(load_value(xv[i].v[e])));
+            *reinterpret_cast<OperandVector*>(&sh.operand[c][slot.column]) = s;
+        }
+        __syncthreads();
+        HalfAccumulator acc[HALF_WARP_TILES];
+        tile_product<false>(sh, acc);
+        __syncthreads();    // every warp is done with the operand: the next tile may write it
+        tile_epilogue(sh, acc, p0, [&](int c, int p, const float (&norm)[HALF_VECTOR]) {
+            if (p >= hw) return;
+            const float b = beta[c];
+            const size_t at = image + (size_t)c * hw + p;
+            const StorageVector xs = load_vector(x + at);
+            StorageVector ys, ds;
+#pragma unroll
+            for (int e = 0; e < HALF_VECTOR; ++e) {
+                const float d = V::power(norm[e] + b);
+                ys.v[e] = store_value(load_value(xs.v[e]) * d);
+                ds.v[e] = store_value(d);
+            }
+            *reinterpret_cast<StorageVector*>(y + at) = ys;
+            if (d_out != nullptr)
+                *reinterpret_cast<StorageVector*>(
+                    d_out + chunked_pixel(n, p, hw, chunk) + (size_t)c * chunk) = ds;
+        });
+    }
+}
+
+// U (float32) from this thread's 8 pixels of channel c: a gy x D^((a-1)/a).
+template <class V>
+__device__ __forceinline__ void grad_norm8(const StorageVector& gv, const StorageVector& xv,
+                                           const StorageVector& dv, float (&u)[HALF_VECTOR]) {
+#pragma unroll
+    for (int e = 0; e < HALF_VECTOR; ++e)
+        u[e] = V::grad_norm(load_value(gv.v[e]), load_value(xv.v[e]), load_value(dv.v[e]));
+}
+
+// gx = gy D + s'(x) G for this block's tiles. Unless null: u_out and s_out get
+// U and S = s(x) in bfloat16, chunked; beta_sums gets U's float32 sum over
+// each tile's pixels per channel, beta_sums[(n C + c) tiles_per_image + tile].
+// gx == nullptr skips the product (parameter gradients only).
+template <class V>
+__device__ void half_backward(const storage_t* __restrict__ x, const storage_t* __restrict__ gy,
+                              const storage_t* __restrict__ d,
+                              const operand_t* __restrict__ gamma,
+                              operand_t* __restrict__ u_out, operand_t* __restrict__ s_out,
+                              float* __restrict__ beta_sums, storage_t* __restrict__ gx,
+                              int images, int hw, int chunk) {
+    extern __shared__ __align__(128) unsigned char half_shared[];
+    HalfShared& sh = *reinterpret_cast<HalfShared*>(half_shared);
+    if (gx != nullptr) load_gamma(sh, gamma);
+    const int tiles_per_image = (hw + HALF_PIXELS - 1) / HALF_PIXELS;
+    for (int tile = blockIdx.x; tile < images * tiles_per_image; tile += gridDim.x) {
+        const int n = tile / tiles_per_image, segment = tile - n * tiles_per_image;
+        const int p0 = segment * HALF_PIXELS;
+        const size_t image = (size_t)n * GDN_CHANNELS * hw;
+        const HalfSlot slot = half_slot(n, p0, hw, chunk);
+        StorageVector xv[HALF_PASSES], gv[HALF_PASSES], dv[HALF_PASSES];
+#pragma unroll
+        for (int i = 0; i < HALF_PASSES; ++i) {
+            const int c = slot.row0 + i * (HALF_THREADS / HALF_ROW_LANES);
+            const bool v = slot.valid;
+            xv[i] = v ? load_vector(x + image + (size_t)c * hw + slot.p) : zero_vector();
+            gv[i] = v ? load_vector(gy + image + (size_t)c * hw + slot.p) : zero_vector();
+            dv[i] = v ? load_vector(d + slot.chunked + (size_t)c * chunk) : zero_vector();
+        }
+#pragma unroll
+        for (int i = 0; i < HALF_PASSES; ++i) {
+            const int c = slot.row0 + i * (HALF_THREADS / HALF_ROW_LANES);
+            float u[HALF_VECTOR];
+            grad_norm8<V>(gv[i], xv[i], dv[i], u);
+            OperandVector ub, sb;
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < HALF_VECTOR; ++e) {
+                if (!slot.valid) u[e] = 0.0f;   // the inverse variants' U is 0/0 there
+                ub.v[e] = __float2bfloat16_rn(u[e]);
+                sb.v[e] = __float2bfloat16_rn(V::statistic(load_value(xv[i].v[e])));
+                sum += u[e];
+            }
+            *reinterpret_cast<OperandVector*>(&sh.operand[c][slot.column]) = ub;
+            if (slot.valid) {
+                const size_t at = slot.chunked + (size_t)c * chunk;
+                if (u_out != nullptr) *reinterpret_cast<OperandVector*>(u_out + at) = ub;
+                if (s_out != nullptr) *reinterpret_cast<OperandVector*>(s_out + at) = sb;
+            }
+            if (beta_sums != nullptr) {
+                // The row's HALF_ROW_LANES threads are consecutive lanes of one warp.
+#pragma unroll
+                for (int offset = HALF_ROW_LANES / 2; offset > 0; offset >>= 1)
+                    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+                if (slot.column == 0)
+                    beta_sums[((size_t)n * GDN_CHANNELS + c) * tiles_per_image + segment] = sum;
+            }
+        }
+        if (gx == nullptr) continue;
+        __syncthreads();
+        HalfAccumulator acc[HALF_WARP_TILES];
+        tile_product<true>(sh, acc);
+        __syncthreads();
+        tile_epilogue(sh, acc, p0, [&](int c, int p, const float (&g)[HALF_VECTOR]) {
+            if (p >= hw) return;
+            const size_t at = image + (size_t)c * hw + p;
+            const StorageVector xs = load_vector(x + at), gs = load_vector(gy + at);
+            const StorageVector ds = load_vector(d + chunked_pixel(n, p, hw, chunk) +
+                                                 (size_t)c * chunk);
+            StorageVector out;
+#pragma unroll
+            for (int e = 0; e < HALF_VECTOR; ++e)
+                out.v[e] = store_value(load_value(gs.v[e]) * load_value(ds.v[e]) +
+                                       V::statistic_grad(load_value(xs.v[e])) * g[e]);
+            *reinterpret_cast<StorageVector*>(gx + at) = out;
+        });
+    }
+}
+
+// gamma (C x C, float32) rounded to bfloat16 into gamma_half, one thread per
+// element; with PARAMETRIZED, gamma and beta are stored forms: gamma_half
+// gets the effective gamma and beta_eff the effective beta.
+extern "C" __global__ void gdn_half_params(const float* __restrict__ beta,
+                                           const float* __restrict__ gamma,
+                                           float* __restrict__ beta_eff,
+                                           operand_t* __restrict__ gamma_half, int channels,
+                                           int parametrized, float beta_bound,
+                                           float gamma_bound, float pedestal) {
+    const int weights = channels * channels;
+    GRID_STRIDE_LOOP(i, weights + channels) {
+        if (i < weights) {
+            const float v = parametrized ? nonnegative_value(gamma[i], gamma_bound, pedestal)
+                                         : gamma[i];
+            gamma_half[i] = __float2bfloat16_rn(v);
+        } else if (parametrized) {
+            beta_eff[i - weights] = nonnegative_value(beta[i - weights], beta_bound, pedestal);
+        }
+    }
+}
+
+#define GDN_HALF_KERNELS(NAME, INVERSE, SIMPLIFIED)                                       \
+extern "C" __global__ void __launch_bounds__(HALF_THREADS, 2) NAME##_half_forward(        \
+        const storage_t* __restrict__ x, const operand_t* __restrict__ gamma,             \
+        const float* __restrict__ beta, storage_t* __restrict__ y,                        \
+        storage_t* __restrict__ d_out, int images, int hw, int chunk) {                   \
+    half_forward<Variant<INVERSE, SIMPLIFIED>>(x, gamma, beta, y, d_out, images, hw,     \
+                                               chunk);                                    \
+}                                                                                         \
+extern "C" __global__ void __launch_bounds__(HALF_THREADS, 2) NAME##_half_backward(       \
+        const storage_t* __restrict__ x, const storage_t* __restrict__ gy,                \
+        const storage_t* __restrict__ d, const operand_t* __restrict__ gamma,             \
+        operand_t* __restrict__ u_out, operand_t* __restrict__ s_out,                     \
+        float* __restrict__ beta_sums, storage_t* __restrict__ gx, int images, int hw,    \
+        int chunk) {                                                                      \
+    half_backward<Variant<INVERSE, SIMPLIFIED>>(x, gy, d, gamma, u_out, s_out, beta_sums, \
+                                                gx, images, hw, chunk);                   \
+}
+
+GDN_HALF_KERNELS(gdn,             false, false)
+GDN_HALF_KERNELS(igdn,            true,  false)
+GDN_HALF_KERNELS(gdn_simplified,  false, true)
+GDN_HALF_KERNELS(igdn_simplified, true,  true)
+#endif  // STORAGE_BF16 || STORAGE_FP16

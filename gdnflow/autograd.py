@@ -164,7 +164,8 @@ class Operator:
     kernels; such inputs are refused, or widened under
     :func:`gdnflow.autocast`), ``"same"`` (it computes in its inputs' dtype),
     ``"lower"`` (a tensor-core product: under autocast its float32 inputs are
-    rounded to 16 bits) or ``"exempt"`` (autocast leaves its inputs alone);
+    rounded to 16 bits), ``"data"`` (16-bit kernels for the first input, float32
+    parameters after it) or ``"exempt"`` (autocast leaves its inputs alone);
     see :mod:`gdnflow.precision`. An operator with 16-bit kernels computes
     them on NumPy with :func:`gdnflow.precision.emulate`.
 
@@ -196,7 +197,7 @@ class Operator:
         first = inputs[0]
         for t in inputs:
             if (not isinstance(t, Tensor) or t.device != first.device
-                    or t.data.dtype != first.data.dtype):
+                    or t.data.dtype != first.data.dtype) and not self._mixed_dtypes_allowed(inputs):
                 self._explain_bad_inputs(inputs)
             if t.requires_grad:
                 record = True
@@ -242,11 +243,26 @@ class Operator:
                 raise DeviceMismatchError(
                     f"{self.label}: input 0 is on {first.device!r} but input {i} is on "
                     f"{t.device!r}; move them to one device with .to(device)")
+            if (self.autocast == "data" and precision.is_half(first.dtype)
+                    and t.dtype != precision.FLOAT32):
+                raise DTypeError(f"{self.label}: input {i} is {t.dtype}, but beside 16-bit "
+                                 f"data (input 0 is {first.dtype}) the inputs after the "
+                                 "first (parameters) must be float32")
             if t.dtype != first.dtype:
                 raise DTypeError(f"{self.label}: input 0 is {first.dtype} but input {i} is "
                                  f"{t.dtype}; convert one with .astype(), or compute under "
                                  "gdnflow.autocast(), which converts them")
         raise AssertionError("unreachable: inputs were valid")
+
+    def _mixed_dtypes_allowed(self, inputs):
+        """Whether inputs that differ in dtype are as an ``autocast = "data"`` operator
+        takes them: 16-bit data first, float32 parameters after it (one device)."""
+        if self.autocast != "data" or not all(isinstance(t, Tensor) for t in inputs):
+            return False
+        first = inputs[0]
+        return (precision.is_half(first.data.dtype)
+                and all(t.device == first.device and t.data.dtype == precision.FLOAT32
+                        for t in inputs[1:]))
 
     def _autocast_inputs(self, inputs):
         """``inputs`` converted to the dtypes autocast gives this operator (see gdnflow.precision)."""

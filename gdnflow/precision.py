@@ -23,6 +23,10 @@ Which operators run in 16 bits is each operator's class attribute
     products on the tensor cores (``matmul``, ``linear``, ``conv2d``,
     ``conv_transpose2d``): under :func:`autocast`, float32 inputs are rounded
     to the autocast dtype.
+``"data"``
+    16-bit kernels for the first input (the data), whose dtype the output
+    takes, with float32 parameters beside it (``gdn``): the other inputs must
+    be float32, and under :func:`autocast` 16-bit ones are widened to it.
 ``"exempt"``
     autocast leaves the inputs alone (``cast``, which does its conversions).
 
@@ -50,7 +54,7 @@ DTYPE_NAMES = {"fp32": FLOAT32, "float32": FLOAT32, "float": FLOAT32,
                "bf16": BFLOAT16, "bfloat16": BFLOAT16,
                "fp64": np.dtype(np.float64), "float64": np.dtype(np.float64)}
 #: The values of an operator's ``autocast`` attribute.
-AUTOCAST_RULES = ("float32", "same", "lower", "exempt")
+AUTOCAST_RULES = ("float32", "same", "lower", "data", "exempt")
 
 #: The innermost active autocast block's dtype, or None. Read it with
 #: :func:`autocast_dtype`; ``Operator.__call__`` reads the attribute itself (once per
@@ -154,6 +158,8 @@ def autocast_targets(rule, dtypes):
         wanted = [target if d == FLOAT32 or is_half(d) else d for d in dtypes]
     elif rule == "same" and all(d == dtypes[0] for d in dtypes):
         return None             # one dtype: the operator's own kernels take it
+    elif rule == "data":        # the data as it is, the parameters float32
+        wanted = dtypes[:1] + [FLOAT32 if is_half(d) else d for d in dtypes[1:]]
     else:                       # "float32", or "same" with mixed dtypes: all float32
         wanted = [FLOAT32 if is_half(d) else d for d in dtypes]
     return None if list(wanted) == list(dtypes) else wanted

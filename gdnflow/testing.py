@@ -169,7 +169,8 @@ def assert_backends_match(fn, inputs, *, rtol=1e-5, grad=True, seed=0, names=Non
 def _run_on_both_backends(fn, arrays, dtypes, grad, seed):
     """{device: (fn's output, [input gradients])} as NumPy arrays, on NumPy and on CUDA.
 
-    The inputs are ``arrays`` as ``dtypes[device]``; the gradients are those of
+    The inputs are ``arrays`` as ``dtypes[device]`` (one dtype, or a list of one
+    per input); the gradients are those of
     sum(w * fn(x)) for one random w (drawn from ``seed``), given in the
     output's dtype on each device. CUDA's new arrays are filled with NaN first.
     """
@@ -178,8 +179,10 @@ def _run_on_both_backends(fn, arrays, dtypes, grad, seed):
     for device in ("numpy", "cuda"):
         context = _poisoned_allocations() if device == "cuda" else contextlib.nullcontext()
         with context:
-            tensors = [Tensor(a, device=device, dtype=dtypes[device], requires_grad=grad)
-                       for a in arrays]
+            kinds = dtypes[device]
+            kinds = kinds if isinstance(kinds, list) else [kinds] * len(arrays)
+            tensors = [Tensor(a, device=device, dtype=kind, requires_grad=grad)
+                       for a, kind in zip(arrays, kinds)]
             out = fn(*tensors)
             if weight is None:
                 weight = rng.standard_normal(out.shape)
@@ -210,10 +213,11 @@ def _assert_results_match(results, differ, names, what):
 
 
 def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=True, seed=0,
-                               names=None):
+                               names=None, float32_inputs=()):
     """Assert that ``fn`` on 16-bit tensors gives the same on CUDA as NumPy's emulation.
 
-    Both backends get the inputs rounded to ``dtype`` (float16 or bfloat16);
+    Both backends get the inputs rounded to ``dtype`` (float16 or bfloat16),
+    but those at the indices ``float32_inputs`` (parameters) in float32;
     NumPy computes as the kernels do (:func:`gdnflow.precision.emulate`).
     Outputs and, with ``grad``, the gradients of sum(w * fn(x)) for a random
     16-bit w must agree within ``ulps`` units in the last place per element
@@ -225,8 +229,9 @@ def assert_half_backends_match(fn, inputs, dtype, *, ulps=None, rtol=None, grad=
     if (ulps is None) == (rtol is None):
         raise ValueError("assert_half_backends_match: give exactly one of ulps and rtol")
     dtype = precision.as_dtype(dtype)
-    arrays = [np.asarray(a, dtype=np.float32).astype(dtype) for a in inputs]
-    results = _run_on_both_backends(fn, arrays, {"numpy": dtype, "cuda": dtype}, grad, seed)
+    kinds = [precision.FLOAT32 if i in float32_inputs else dtype for i in range(len(inputs))]
+    arrays = [np.asarray(a, dtype=np.float32).astype(kind) for a, kind in zip(inputs, kinds)]
+    results = _run_on_both_backends(fn, arrays, {"numpy": kinds, "cuda": kinds}, grad, seed)
     if results["cuda"][0].dtype != results["numpy"][0].dtype:
         raise AssertionError(f"output is {results['cuda'][0].dtype} on cuda but "
                              f"{results['numpy'][0].dtype} on numpy")

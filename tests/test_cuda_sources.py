@@ -30,27 +30,41 @@ def kernel_declarations():
             for d in scan_declarations(file, package.parent)]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("path", source_files(), ids=lambda p: p.name)
-def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations):
-    # Compile exactly what the loader would hand to PyCUDA: the header expanded.
-    expanded = tmp_path / path.name
+#: Sources with kernels that only their 16-bit module variants hold.
+SIXTEEN_BIT_SECTIONS = {"gdn.cu"}
+
+
+def compiled_entries(path, tmp_path, defines=()):
+    """nvcc's kernel entries ({name: parameters}) of ``path`` as the loader builds it
+    (the header expanded), with ``-D`` ``defines``; fails the test on any warning."""
+    folder = tmp_path / "_".join(("plain",) + tuple(defines))
+    folder.mkdir()
+    expanded = folder / path.name
     expanded.write_text(expand_source(path))
     result = subprocess.run(
         [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings",
-         "-c", str(expanded), "-o", str(tmp_path / "out.o"), "--keep", "--keep-dir", str(tmp_path)],
+         *[f"-D{d}=1" for d in defines], "-c", str(expanded), "-o", str(folder / "out.o"),
+         "--keep", "--keep-dir", str(folder)],
         capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"nvcc failed on {path}:\n{result.stderr}"
+    assert result.returncode == 0, f"nvcc failed on {path} {defines}:\n{result.stderr}"
+    return ptx_entries(expanded.with_suffix(".ptx").read_text())
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("path", source_files(), ids=lambda p: p.name)
+def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations):
+    entries = compiled_entries(path, tmp_path)
+    if path.name in SIXTEEN_BIT_SECTIONS:
+        entries.update(compiled_entries(path, tmp_path, ("STORAGE_BF16",)))
     # The argument types gdnflow's Python declares for this file's kernels
     # (where they are string constants) against the parameters nvcc compiled.
-    entries = ptx_entries(expanded.with_suffix(".ptx").read_text())
     report = check_declarations(kernel_declarations, {path: entries}, complete=False)
     assert report.ok, "\n".join(report.problems)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
-@pytest.mark.parametrize("name", ["elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu"])
+@pytest.mark.parametrize("name", ["elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu", "gdn.cu"])
 def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_path):
     # The module variants gdnflow.backends.cuda.storage_defines builds for 16-bit tensors.
     expanded = tmp_path / name

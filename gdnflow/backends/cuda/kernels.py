@@ -88,6 +88,11 @@ class Kernel:
             raise overflow from None
         self.function._launch_kernel(grid, block, packed, shared_bytes, self.stream)
 
+    def allow_shared_bytes(self, size):
+        """Let launches of this kernel ask for ``size`` bytes of dynamic shared memory
+        (past 48 KB, CUDA wants this opt-in first)."""
+        self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, size)
+
     def launch(self, threads, *args, block=DEFAULT_BLOCK, blocks_per_sm=DEFAULT_BLOCKS_PER_SM):
         """Launch a grid-stride kernel meant to run ``threads`` threads in all."""
         self(launch_grid(threads, block, blocks_per_sm), (block, 1, 1), *args)

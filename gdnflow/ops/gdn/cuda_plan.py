@@ -84,6 +84,10 @@ cuda.declare_variants(SOURCE, (), *((("GDN_CHANNELS", c),) for c in FUSED_CHANNE
 FUSED_PIXELS = 64
 #: The fused kernels' grid has one row of blocks per image (gridDim.y's limit).
 MAX_GRID_Y = 65535
+#: Pixels per tile of the 16-bit kernels (HALF_PIXELS in gdn.cu) ...
+HALF_PIXELS = 64
+#: ... and their resident blocks per SM (each walks over tiles; __launch_bounds__ in gdn.cu).
+HALF_BLOCKS_PER_SM = 2
 #: Threads per block of the elementwise kernels.
 BLOCK = 256
 #: Warps per block of gdn_reduce_param_grads (GDN_REDUCE_ROWS in gdn.cu).
@@ -132,6 +136,13 @@ def choose_chunks(pixels, channels, sm_count, granule=1, request="auto"):
     return best
 
 
+def half_shared_bytes(channels):
+    """Dynamic shared memory of the 16-bit kernels at C = ``channels`` (gdn.cu's
+    HalfShared): bfloat16 gamma and operand tile, padded by 8 values per row,
+    and each of the 8 warps' 16 x 20 float32 stage."""
+    return 2 * channels * (channels + 8) + 2 * channels * (HALF_PIXELS + 8) + 8 * 16 * 20 * 4
+
+
 def beta_segments(hw, width):
     """How many segment sums of U per NCHW row the backward_norm kernel writes
     for dL/dbeta, with ``width`` floats per thread: H*W / (32 width) when that
@@ -170,8 +181,10 @@ class CudaPlan:
         self.pixels = batch * self.hw
         self.total = channels * self.pixels
         self.can_vectorize = self.hw % 4 == 0
-        self.chunks = choose_chunks(self.pixels, channels, cuda.sm_count(),
-                                    4 if self.can_vectorize else 1, chunks_request)
+        # K a multiple of 8 where H*W allows: the 16-bit kernels move 8 values at once.
+        granule = 8 if self.hw % 8 == 0 else 4 if self.can_vectorize else 1
+        self.chunks = choose_chunks(self.pixels, channels, cuda.sm_count(), granule,
+                                    chunks_request)
         self.chunk = self.pixels // self.chunks
         cuda.check_index_range(self.total + self.pixels, variant)
         cuda.check_index_range(self.chunks * channels * (channels + 1), variant)
@@ -200,6 +213,14 @@ class CudaPlan:
             #: Segment sums of U per NCHW row from the fused backward: one per block.
             self.fused_segments = -(-self.hw // FUSED_PIXELS)
             self.fused_grid = (self.fused_segments, batch, 1)
+        # The 16-bit kernels (built on first use, one module per storage dtype).
+        self.half_fusable = (channels in FUSED_CHANNELS and self.hw % 8 == 0
+                             and self.chunk % 8 == 0)
+        #: Segment sums of U per NCHW row from the 16-bit backward: one per tile.
+        self.half_segments = -(-self.hw // HALF_PIXELS)
+        self.half_tiles = batch * self.half_segments
+        self.half_grid = (min(self.half_tiles, HALF_BLOCKS_PER_SM * cuda.sm_count()), 1, 1)
+        self._half_kernels = {}
         self.params_kernel = cuda.kernel(SOURCE, "gdn_effective_params", "PPPPPifff")
         self.transpose_kernel = cuda.kernel(SOURCE, "gdn_transpose_gamma", "PPi")
         self.params_grid = cuda.launch_grid(channels * (channels + 1), BLOCK)
@@ -219,14 +240,64 @@ class CudaPlan:
         (:attr:`fusable`), and :meth:`vectorized` holds."""
         return settings.gdn_fused and self.fusable and self.vectorized(*arrays)
 
+    def half_fused(self, *arrays):
+        """Whether the 16-bit kernels may run on these arrays: ``settings.gdn_fused``
+        is on, C is one they are built for, H*W and K are multiples of 8 and
+        every array is 16-byte aligned."""
+        return (settings.gdn_fused and self.half_fusable
+                and not any(a.ptr & 15 for a in arrays))
+
+    def half_kernels(self, dtype):
+        """(forward, backward, parameters) kernels of the module built for ``dtype`` storage."""
+        kernels = self._half_kernels.get(dtype)
+        if kernels is None:
+            defines = (("GDN_CHANNELS", self.channels),) + cuda.storage_defines(dtype)
+            kernels = (cuda.kernel(SOURCE, f"{self.variant}_half_forward", "PPPPPiii", defines),
+                       cuda.kernel(SOURCE, f"{self.variant}_half_backward", "PPPPPPPPiii",
+                                   defines),
+                       cuda.kernel(SOURCE, "gdn_half_params", "PPPPiifff", defines))
+            for kernel in kernels[:2]:
+                kernel.allow_shared_bytes(half_shared_bytes(self.channels))
+            self._half_kernels[dtype] = kernels
+        return kernels
+
+    def half_params(self, beta, gamma, beta_eff, gamma_half, parametrized, dtype):
+        """gamma_half = gamma rounded to bfloat16, the 16-bit kernels' operand; with
+        ``parametrized`` = (beta_bound, gamma_bound, pedestal), ``beta`` and
+        ``gamma`` are stored forms: gamma_half gets the effective gamma and
+        ``beta_eff`` the effective beta (None: not written)."""
+        bounds = (1,) + tuple(parametrized) if parametrized is not None else (0, 0.0, 0.0, 0.0)
+        self.half_kernels(dtype)[2](self.params_grid, (BLOCK, 1, 1), beta.ptr, gamma.ptr,
+                                    0 if beta_eff is None else beta_eff.ptr, gamma_half.ptr,
+                                    self.channels, *bounds)
+
+    def half_forward(self, x, gamma_half, beta, y, d):
+        """y = x * D for 16-bit x and y, NORM = gamma @ s(x) on the tensor cores;
+        D (x's dtype, chunked) into ``d`` unless it is None."""
+        self.half_kernels(x.dtype)[0](
+            self.half_grid, (BLOCK, 1, 1), x.ptr, gamma_half.ptr, beta.ptr, y.ptr,
+            0 if d is None else d.ptr, self.shape[0], self.hw, self.chunk,
+            shared_bytes=half_shared_bytes(self.channels))
+
+    def half_backward(self, x, gy, d, gamma_half, u, s, beta_sums, gx):
+        """gx = gy D + s'(x) (gamma^T @ U) for 16-bit x, gy, D and gx, U = dL/dn;
+        unless None: U and S = s(x) in bfloat16 into ``u`` and ``s`` (chunked),
+        U's float32 sums over each 64-pixel tile into ``beta_sums``
+        (:attr:`half_segments` per NCHW row); gx None computes only those."""
+        self.half_kernels(x.dtype)[1](
+            self.half_grid, (BLOCK, 1, 1), x.ptr, gy.ptr, d.ptr, gamma_half.ptr,
+            0 if u is None else u.ptr, 0 if s is None else s.ptr,
+            0 if beta_sums is None else beta_sums.ptr, 0 if gx is None else gx.ptr,
+            self.shape[0], self.hw, self.chunk, shared_bytes=half_shared_bytes(self.channels))
+
     def beta_segments(self, vec):
         """Segment sums of U per NCHW row that the backward_norm kernel of width
         4 (``vec``) or 1 writes for dL/dbeta: :func:`beta_segments`."""
         return beta_segments(self.hw, 4 if vec else 1)
 
-    def empty(self, rows):
+    def empty(self, rows, dtype=np.float32):
         """An uninitialised chunked matrix [chunks, rows, K] (rows = C, or C + 1 for S1)."""
-        return cuda.empty((self.chunks, rows, self.chunk), np.float32)
+        return cuda.empty((self.chunks, rows, self.chunk), dtype)
 
     def _launch(self, stage, vec, *args):
         kernel, grid = self.kernels[stage, vec]
@@ -286,11 +357,13 @@ class CudaPlan:
                      *self.sizes)
 
     def param_gemm(self, u, s, partial, columns):
-        """partial[j] = U_j @ S_j^T, [chunks, C, columns]: columns = C + 1 when
-        ``s`` is S1 (the last column is then dL/dbeta's pixel sum)."""
+        """partial[j] = U_j @ S_j^T, [chunks, C, columns] in float32: columns = C + 1
+        when ``s`` is S1 (the last column is then dL/dbeta's pixel sum). U and S
+        are float32, or bfloat16 (the 16-bit kernels'; float32 sums)."""
         c, k = self.channels, self.chunk
         self.matmul(u.ptr, s.ptr, partial.ptr, c, columns, k, trans_b=True, batch=self.chunks,
-                    stride_a=c * k, stride_b=columns * k, stride_c=c * columns)
+                    stride_a=c * k, stride_b=columns * k, stride_c=c * columns, dtype=u.dtype,
+                    out_dtype=np.float32)
 
     def reduce_param_grads(self, partial, beta_sums, ggamma, gbeta, stored=None):
         """ggamma (and gbeta) = the sum of the partial products over the chunks;

@@ -54,6 +54,19 @@ v = max(p, bound)^2 - pedestal follows::
 (the gradient of :class:`~gdnflow.ops.gdn.parametrize.NonNegativeParametrizeOp`).
 Only the gradients asked for are computed.
 
+16 bits
+-------
+x (and so y, gy, gx) may be float16 or bfloat16; beta and gamma stay float32
+(``autocast = "data"``). Everything is computed in float32 except the three
+channel products (gamma s(x), gamma^T U and the pixel sum of U s(x)^T), whose
+operands are rounded to bfloat16 and summed in float32, as the tensor cores
+do (bfloat16 for float16 tensors too: x^2 may pass float16's largest value,
+never bfloat16's). D is cached in x's dtype; y and gx are rounded once. The
+NumPy path rounds the same values, so it is the GPU kernels' oracle. On the
+GPU the 16-bit kernels run where the fused float32 ones would and H*W is a
+multiple of 8; elsewhere the operator computes in float32 between two
+conversions (no operand rounding).
+
 Cache
 -----
 Kept from the forward to the backward, only when a backward can follow
@@ -70,6 +83,8 @@ from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.config import settings
 from gdnflow.errors import ShapeError
+from gdnflow.ops.cast import cast_array
+from gdnflow.precision import BFLOAT16, FLOAT32, is_half
 from gdnflow.ops.gdn.cuda_plan import cuda_plan
 from gdnflow.ops.gdn.parametrize import (NonNegativeParametrizeOp, nonnegative_value,
                                          nonnegative_value_grad)
@@ -82,6 +97,16 @@ VARIANTS = {
     (False, True): ("gdn_simplified", -1.0),
     (True, True): ("igdn_simplified", 1.0),
 }
+
+
+def bfloat16_operand(array):
+    """``array`` (float32) rounded to bfloat16 and back: a 16-bit GDN's product operand."""
+    return array.astype(BFLOAT16).astype(FLOAT32)
+
+
+def as_is(array):
+    """``array`` unchanged: a float32 or float64 GDN's product operand."""
+    return array
 
 
 def power_in_place(norm, exponent):
@@ -119,9 +144,11 @@ class GDNOp(Operator):
     inputs of the wrong shapes.
     """
 
-    #: How often this application's forward ran the fused kernel.
+    autocast = "data"       # 16-bit x (gdn.cu's tensor-core kernels); beta and gamma float32
+
+    #: How often this application's forward ran a fused kernel (float32 or 16-bit).
     fused_forward_runs = 0
-    #: How often this application's backward ran the fused kernel.
+    #: How often this application's backward ran a fused kernel (float32 or 16-bit).
     fused_backward_runs = 0
 
     def __init__(self, inverse=False, simplified=False, parametrized=None):
@@ -174,19 +201,29 @@ class GDNOp(Operator):
         return np.sign(x) if self.simplified else 2 * x
 
     def forward_numpy(self, x, beta, gamma):
+        storage = x.dtype if is_half(x.dtype) else None
+        operand = as_is
+        if storage is not None:     # as the 16-bit kernels compute (see "16 bits" above)
+            x, operand = x.astype(FLOAT32), bfloat16_operand
         stored = None
         if self.parametrized is not None:
             beta_bound, gamma_bound, pedestal = self.parametrized
             stored = (beta, gamma)
             beta = nonnegative_value(beta, beta_bound, pedestal)
             gamma = nonnegative_value(gamma, gamma_bound, pedestal)
+        gamma = operand(gamma)
         batch, channels, height, width = x.shape
-        s = self.statistic(x).reshape(batch, channels, height * width)
+        s = operand(self.statistic(x)).reshape(batch, channels, height * width)
         norm = np.matmul(gamma, s).reshape(x.shape)
         norm += beta[:, None, None]
         d = power_in_place(norm, self.exponent)
+        if storage is not None:
+            if self.recording:
+                self.save(x=x, gamma=gamma, d=d.astype(storage).astype(FLOAT32), stored=stored,
+                          storage=storage)
+            return (x * d).astype(storage)
         if self.recording:
-            self.save(x=x, gamma=gamma, d=d, stored=stored)
+            self.save(x=x, gamma=gamma, d=d, stored=stored, storage=None)
             return x * d
         return np.multiply(x, d, out=d)
 
@@ -196,20 +233,25 @@ class GDNOp(Operator):
 
     def backward_numpy(self, gy):
         saved = self.saved
-        x, gamma, d, stored = saved.x, saved.gamma, saved.d, saved.stored
+        x, gamma, d, stored, storage = saved.x, saved.gamma, saved.d, saved.stored, saved.storage
+        operand = as_is if storage is None else bfloat16_operand
+        if storage is not None:
+            gy = gy.astype(FLOAT32)
         a = self.exponent
         batch, channels, height, width = x.shape
         # dL/dn = a gy x n^(a-1), with n^(a-1) = D^((a-1)/a) from the cache.
         u = a * gy * x * np.power(d, x.dtype.type((a - 1) / a))
-        u3 = u.reshape(batch, channels, height * width)
+        u3 = operand(u.reshape(batch, channels, height * width))
         need_x, need_beta, need_gamma = self.needs_grad
         gx = gbeta = ggamma = None
         if need_x:
             gx = gy * d + self.statistic_grad(x) * (gamma.T @ u3).reshape(x.shape)
+            if storage is not None:
+                gx = gx.astype(storage)
         if need_beta:
-            gbeta = u.sum(axis=(0, 2, 3))
+            gbeta = u.sum(axis=(0, 2, 3))   # U's own values: the kernels add them in float32
         if need_gamma:
-            s3 = self.statistic(x).reshape(batch, channels, height * width)
+            s3 = operand(self.statistic(x)).reshape(batch, channels, height * width)
             ggamma = np.tensordot(u3, s3, axes=([0, 2], [0, 2]))
         if stored is not None:      # gradients of the stored forms
             beta_bound, gamma_bound, _ = self.parametrized
@@ -221,6 +263,8 @@ class GDNOp(Operator):
 
     # -------------------------------------------------------------- CUDA --
     def forward_cuda(self, x, beta, gamma):
+        if is_half(x.dtype):
+            return self.forward_half(x, beta, gamma)
         y = cuda.empty(x.shape, x.dtype)
         keep = self.recording
         stored = None if self.parametrized is None else (beta, gamma)
@@ -271,7 +315,52 @@ class GDNOp(Operator):
             self.save(x=x, gamma=gamma, d=d, s=s, plan=plan, stored=stored)
         return y
 
+    def forward_half(self, x, beta, gamma):
+        """The forward of a 16-bit x: the tensor-core kernel where it runs (after
+        rounding gamma to bfloat16), else in float32 between two conversions."""
+        y = cuda.empty(x.shape, x.dtype)
+        plan = cuda_plan(self.variant, x.shape, settings.gdn_param_gemm_chunks) if x.size else None
+        if plan is None or not plan.half_fused(x, y):
+            return cast_array(self.forward_cuda(cast_array(x, FLOAT32), beta, gamma), x.dtype)
+        keep = self.recording
+        stored = None if self.parametrized is None else (beta, gamma)
+        gamma_half = cuda.empty(gamma.shape, BFLOAT16)
+        beta_eff = None if stored is None else cuda.empty(beta.shape, beta.dtype)
+        plan.half_params(beta, gamma, beta_eff, gamma_half, self.parametrized, x.dtype)
+        d = plan.empty(plan.channels, x.dtype) if keep else None
+        plan.half_forward(x, gamma_half, beta if beta_eff is None else beta_eff, y, d)
+        self.fused_forward_runs += 1
+        if keep:
+            self.save(x=x, gamma=gamma_half, d=d, s=None, plan=plan, stored=stored)
+        return y
+
+    def backward_half(self, gy):
+        """The backward of a 16-bit forward: the tensor-core kernel, then dL/dgamma's
+        product of its bfloat16 U and S; in float32 where the forward was."""
+        saved = self.saved
+        x, gamma_half, d, plan = saved.x, saved.gamma, saved.d, saved.plan
+        if not is_half(x.dtype):    # the forward ran in float32: so does the backward
+            gx, gbeta, ggamma = self.backward_cuda(cast_array(gy, FLOAT32))
+            return (None if gx is None else cast_array(gx, gy.dtype)), gbeta, ggamma
+        if gy.ptr & 15:             # a view: the kernel reads 16 bytes at a time
+            gy = cuda.get_runtime().copy(gy)
+        need_x, need_beta, need_gamma = self.needs_grad
+        gx = cuda.empty(x.shape, x.dtype) if need_x else None
+        u = s = beta_sums = None
+        if need_beta or need_gamma:
+            u = plan.empty(plan.channels, BFLOAT16)
+            s = plan.empty(plan.channels, BFLOAT16)
+            beta_sums = cuda.empty((x.shape[0] * plan.channels * plan.half_segments,), FLOAT32)
+        plan.half_backward(x, gy, d, gamma_half, u, s, beta_sums, gx)
+        self.fused_backward_runs += 1
+        if u is None:
+            return gx, None, None
+        gbeta, ggamma = self.param_grads(plan, u, s, plan.channels, beta_sums)
+        return gx, gbeta if need_beta else None, ggamma if need_gamma else None
+
     def backward_cuda(self, gy):
+        if is_half(gy.dtype):
+            return self.backward_half(gy)
         saved = self.saved
         x, gamma, d, kept_s, plan = saved.x, saved.gamma, saved.d, saved.s, saved.plan
         channels = x.shape[1]
@@ -332,12 +421,12 @@ class GDNOp(Operator):
         """(dL/dbeta, dL/dgamma) from U and S (or S1, ``columns`` = C + 1) through
         the chunked product and its reduction; with stored parameters, with
         respect to the stored forms."""
-        x, stored = self.saved.x, self.saved.stored
+        stored = self.saved.stored
         channels = plan.channels
-        partial = cuda.empty((plan.chunks, channels, columns), x.dtype)
+        partial = cuda.empty((plan.chunks, channels, columns), FLOAT32)
         plan.param_gemm(u, s1, partial, columns)
-        ggamma = cuda.empty((channels, channels), x.dtype)
-        gbeta = cuda.empty((channels,), x.dtype)
+        ggamma = cuda.empty((channels, channels), FLOAT32)
+        gbeta = cuda.empty((channels,), FLOAT32)
         plan.reduce_param_grads(partial, beta_sums, ggamma, gbeta,
                                 None if stored is None else stored + self.parametrized[:2])
         return gbeta, ggamma

@@ -42,8 +42,11 @@ def test_auto_chunks_give_about_two_ctas_per_sm():
 
 @pytest.mark.gpu
 def test_cuda_plan_cuts_as_asked():
+    # H*W % 8 == 0: K a multiple of 8 (the 16-bit kernels'), so 3 chunks of 16, not 4 of 12.
     plan = cuda_plan("gdn", (3, 5, 4, 4), 4)
-    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (4, 12, True)
+    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (3, 16, True)
+    plan = cuda_plan("gdn", (3, 5, 2, 2), 4)
+    assert (plan.chunks, plan.chunk, plan.can_vectorize) == (3, 4, True)
     plan = cuda_plan("gdn", (3, 7, 9, 11), 9)
     assert (plan.chunks, plan.chunk, plan.can_vectorize) == (9, 33, False)
     plan = cuda_plan("gdn", (2, 6, 6, 6), 4)
