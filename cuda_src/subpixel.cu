@@ -7,7 +7,9 @@
 // w [CY, CX, KH, KW] its weight. x' = x split by phase is [N, SH*SW*CX, QH, QW]:
 // channel (rh * SW + rw) * CX + c, cell (qh, qw) holds x[n, c, qh*SH + rh,
 // qw*SW + rw] (zero past the edge). The inner weight w' is
-// [SH*SW*CX, CY, TH, TW].
+// [SH*SW*CX, CY, TH, TW]. Arrays are storage_t: float, or a 16-bit float in
+// the modules built with -DSTORAGE_BF16 / -DSTORAGE_FP16 (the kernels only
+// move values, so a 16-bit module changes none).
 #include "gdnflow_common.cuh"
 
 // The kernel tap that inner tap t of phase r carries along one axis, or -1.
@@ -24,7 +26,8 @@ __device__ __forceinline__ int phase_tap(int r, int t, int stride, int pad, int 
 
 // w' from w: one thread per element of w', zero where no tap lands.
 extern "C" __global__ void subpixel_weight(
-        const float* __restrict__ w, float* __restrict__ w_sub, int CY, int CX, int KH, int KW,
+        const storage_t* __restrict__ w, storage_t* __restrict__ w_sub, int CY, int CX, int KH,
+        int KW,
         int SH, int SW, int pad_top, int pad_left, int inner_top, int inner_left, int TH,
         int TW) {
     const int total = SH * SW * CX * CY * TH * TW;
@@ -40,14 +43,16 @@ extern "C" __global__ void subpixel_weight(
         const int phase = t / CX;
         const int kh = phase_tap(phase / SW, th, SH, pad_top, KH, inner_top);
         const int kw = phase_tap(phase % SW, tw, SW, pad_left, KW, inner_left);
-        w_sub[idx] = (kh < 0 || kw < 0) ? 0.0f : w[((o * CX + c) * KH + kh) * KW + kw];
+        w_sub[idx] = (kh < 0 || kw < 0) ? store_value(0.0f)
+                                        : w[((o * CX + c) * KH + kh) * KW + kw];
     }
 }
 
 // x [N, C, H, W] from x' (drops the cells past the edge). One thread per
 // element of x, so the writes are coalesced; a warp's reads fall on SW planes.
 extern "C" __global__ void subpixel_interleave(
-        const float* __restrict__ x_sub, float* __restrict__ x, int N, int C, int H, int W,
+        const storage_t* __restrict__ x_sub, storage_t* __restrict__ x, int N, int C, int H,
+        int W,
         int QH, int QW, int SH, int SW) {
     const int total = N * C * H * W;
     GRID_STRIDE_LOOP(idx, total) {
@@ -66,7 +71,8 @@ extern "C" __global__ void subpixel_interleave(
 // x' from x [N, C, H, W] (zeros in the cells past the edge). One thread per
 // element of x', so the writes are coalesced.
 extern "C" __global__ void subpixel_split(
-        const float* __restrict__ x, float* __restrict__ x_sub, int N, int C, int H, int W,
+        const storage_t* __restrict__ x, storage_t* __restrict__ x_sub, int N, int C, int H,
+        int W,
         int QH, int QW, int SH, int SW) {
     const int total = N * SH * SW * C * QH * QW;
     GRID_STRIDE_LOOP(idx, total) {
@@ -80,6 +86,7 @@ extern "C" __global__ void subpixel_split(
         const int phase = t % (SH * SW);
         const int n = t / (SH * SW);
         const int row = qh * SH + phase / SW, col = qw * SW + phase % SW;
-        x_sub[idx] = (row < H && col < W) ? x[((n * C + c) * H + row) * W + col] : 0.0f;
+        x_sub[idx] = (row < H && col < W) ? x[((n * C + c) * H + row) * W + col]
+                                          : store_value(0.0f);
     }
 }

@@ -62,6 +62,23 @@ def test_autocast_runs_conv2d_in_16_bits_with_float32_weight_gradients(rng):
     assert w.grad.dtype == np.float32 and np.abs(w.grad.numpy()).max() > 0
 
 
+def test_16_bit_strided_data_gradients_take_the_sub_pixel_rewrite():
+    # A codec's 5x5 / 2 layer: its data gradient (and so conv_transpose2d's forward)
+    # as a stride-1 3x3 im2col + GEMM on the phases, not im2col + GEMM + col2im.
+    from gdnflow.ops.conv.algorithms.subpixel import subpixel_plan
+    from gdnflow.ops.conv.geometry import ConvGeometry
+    from gdnflow.ops.conv.planning import half_conv_algorithm
+    g = ConvGeometry(16, 128, 128, 128, 128, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 1)
+    chosen = {stage: half_conv_algorithm(g, stage).name
+              for stage in ("forward", "backward_data", "backward_weight")}
+    assert chosen == {"forward": "im2col_gemm", "backward_data": "subpixel",
+                      "backward_weight": "im2col_gemm"}
+    inner = subpixel_plan(g).inner
+    assert (inner.kh, inner.kw, inner.stride) == (3, 3, (1, 1))
+    assert half_conv_algorithm(g, "backward_data").planner.choose(inner, "forward").name == \
+        "im2col_gemm"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", LAYERS)

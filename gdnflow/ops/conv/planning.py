@@ -141,16 +141,28 @@ def half_conv_algorithm(g, stage):
     """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
 
     The depthwise kernel's forward for the depthwise layers it supports; the
-    1x1 GEMM where it applies, else im2col + GEMM, for layers of at most
-    :data:`MAX_HALF_GROUPS` groups; None tells the operator to compute the
-    stage in float32 and round its result (depthwise backward, for now).
+    1x1 GEMM where it applies; the sub-pixel rewrite for a strided layer's
+    backward_data (its stride-1 convolution chosen here too: :class:`HalfPlanner`);
+    else im2col + GEMM, for layers of at most :data:`MAX_HALF_GROUPS` groups.
+    None tells the operator to compute the stage in float32 and round its
+    result (depthwise backward, for now).
     """
     if stage in Depthwise.half_precision_stages and Depthwise.supports(g):
         return Depthwise
     if g.groups > MAX_HALF_GROUPS:
         return None
-    return next(a for a in (Pointwise, Im2colGemm)
-                if stage in a.half_precision_stages and a.supports(g))
+    algorithm = next(a for a in (Pointwise, Subpixel, Im2colGemm)
+                     if stage in a.half_precision_stages and a.supports(g))
+    return bound(algorithm, HalfPlanner)
+
+
+class HalfPlanner:
+    """The chooser a 16-bit :class:`Subpixel` asks for its stride-1 convolution."""
+
+    @staticmethod
+    def choose(g, stage):
+        """:func:`half_conv_algorithm` of ``g`` and ``stage``."""
+        return half_conv_algorithm(g, stage)
 
 
 def stage_algorithm(device, g, stage, dtype):

@@ -119,8 +119,9 @@ def subpixel_weight(plan, g, w):
     rows, cols = plan.rows, plan.cols
 
     def rearrange():
-        w_sub = cuda.empty(plan.inner.w_shape)
-        cuda.kernel(SOURCE, "subpixel_weight", "PP" + "i" * 12).launch(
+        w_sub = cuda.empty(plan.inner.w_shape, w.dtype)
+        cuda.kernel(SOURCE, "subpixel_weight", "PP" + "i" * 12,
+                    cuda.storage_defines(w.dtype)).launch(
             w_sub.size, w.ptr, w_sub.ptr, g.c_out, g.c_in, g.kh, g.kw, rows.stride,
             cols.stride, rows.pad, cols.pad, rows.inner_pad, cols.inner_pad, rows.taps,
             cols.taps)
@@ -136,16 +137,18 @@ def _phase_args(plan, g):
 def split(plan, g, x):
     """x' (C's input split into its phases) from x [N, C_x, H, W]."""
     rows, cols = plan.rows, plan.cols
-    x_sub = cuda.empty((g.n, rows.stride * cols.stride * g.c_in, rows.cells, cols.cells))
-    cuda.kernel(SOURCE, "subpixel_split", "PP" + "i" * 8).launch(
+    x_sub = cuda.empty((g.n, rows.stride * cols.stride * g.c_in, rows.cells, cols.cells),
+                       x.dtype)
+    cuda.kernel(SOURCE, "subpixel_split", "PP" + "i" * 8, cuda.storage_defines(x.dtype)).launch(
         x_sub.size, x.ptr, x_sub.ptr, *_phase_args(plan, g))
     return x_sub
 
 
 def interleave(plan, g, x_sub):
     """x [N, C_x, H, W] from its phases x'."""
-    x = cuda.empty(g.x_shape)
-    cuda.kernel(SOURCE, "subpixel_interleave", "PP" + "i" * 8).launch(
+    x = cuda.empty(g.x_shape, x_sub.dtype)
+    cuda.kernel(SOURCE, "subpixel_interleave", "PP" + "i" * 8,
+                cuda.storage_defines(x_sub.dtype)).launch(
         x.size, x_sub.ptr, x.ptr, *_phase_args(plan, g))
     return x
 
@@ -180,6 +183,11 @@ class Subpixel:
 
     name = "subpixel"
     stages = ("forward", "backward_data")
+    #: On 16-bit tensors (split, interleave and the weight rearrangement move values of
+    #: any dtype): backward_data, so that a strided layer's data gradient and
+    #: conv_transpose2d's forward run C''s im2col (9 taps per pixel for 5x5 / 2) instead
+    #: of im2col + GEMM's col2im over 25.
+    half_precision_stages = ("backward_data",)
     fuses_bias_activation = True
     #: backward_data takes a bias too (conv_transpose2d's forward passes its own).
     backward_data_fuses_bias = True
