@@ -25,12 +25,15 @@ import onnx
 import torch
 
 # PyPI's torchvision 0.28.0 is a CUDA build: its C++ operators (detection's nms,
-# roi_align...) fail to load beside the CPU torch, and its import then stops
+# roi_align...) fail to load beside a CPU-only torch, and its import then stops
 # declaring fake kernels for two of them. Declaring their schemas first lets it
-# import; the classification and segmentation models never call them.
-_TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "DEF")
-for _name in ("nms", "qnms"):
-    _TORCHVISION_SCHEMAS.define(f"{_name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+# import; the classification and segmentation models never call them. (Beside a
+# CUDA torch the C++ operators load and declare them themselves.)
+if torch.version.cuda is None:
+    _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "DEF")
+    for _name in ("nms", "qnms"):
+        _TORCHVISION_SCHEMAS.define(
+            f"{_name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 import torchvision  # noqa: E402  (after the schemas above)
 from torchvision import models  # noqa: E402
 from torchvision.models import segmentation  # noqa: E402
