@@ -82,8 +82,6 @@ def time_family(family, batch, folder, repeats):
     error = relative_error(got, expected)
     ratio = t_graph / t_plan
     verdict = "met" if ratio >= GOAL else ("slower than PyTorch" if ratio < 1 else "missed")
-    del graph, static_output, static_input, model
-    torch.cuda.empty_cache()
     return row + [f"{t_graph:.3f}", f"{t_plan:.3f}", f"{ratio:.2f}", f"{error:.1e}", verdict]
 
 
@@ -108,6 +106,7 @@ def main(argv=None):
                             + ["-"] * 4 + [f"{type(error).__name__}: "
                                            f"{str(error).strip().splitlines()[0]}"])
             print(" | ".join(rows[-1]), flush=True)
+            torch.cuda.empty_cache()     # the last graph's memory, before the next family
     timed = [r for r in rows if r[5] != "-"]
     notes = [f"{len(timed)} of {len(rows)} (family, batch) pairs ran; goal met (>= {GOAL}x "
              f"PyTorch's CUDA graph) on {sum(r[-1] == 'met' for r in timed)}, slower than "
