@@ -248,7 +248,7 @@ def captured_graph(trainer, shape):
         return trainer._queued.compiled.graph_for(shape)
 
 
-def kernel_profile(torch, step, steps, top=45):
+def kernel_profile(torch, step, steps, top=45, title="gdnflow training step"):
     """A table of the GPU kernels (and copies) of ``steps`` calls of ``step``, by total time."""
     from torch.profiler import ProfilerActivity, profile
     step()
@@ -267,7 +267,7 @@ def kernel_profile(torch, step, steps, top=45):
              f"{100 * total / every:.1f}"]
             for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
     return harness.markdown_table(
-        "gdnflow training step: GPU kernels by total time", ["kernel", "ms per step",
+        f"{title}: GPU kernels by total time", ["kernel", "ms per step",
                                                              "launches per step", "% of GPU time"],
         rows, [f"all kernels: {every / steps / 1000:.3f} ms of GPU time per step "
                f"(over {steps} steps); top {top} shown"])

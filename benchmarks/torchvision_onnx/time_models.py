@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 import export_models     # this folder's exporter: FAMILIES, seeded_model, OutputOnly
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_train import kernel_profile  # noqa: E402  (benchmarks/, on the path above)
 import gdnflow as gf
 from gdnflow import benchmarking as harness
 from gdnflow import inference
@@ -51,8 +53,9 @@ def torch_model(family):
     return model
 
 
-def time_family(family, batch, folder, repeats):
-    """One row of the table: timings, ratio and error, or the reason it did not run."""
+def time_family(family, batch, folder, repeats, profiles=None):
+    """One row of the table: timings, ratio and error, or the reason it did not run.
+    With ``profiles`` (a list), the plan's kernels by time are appended to it."""
     name, _, shape = export_models.FAMILIES[family]
     shape = (batch,) + tuple(shape[1:])
     model = torch_model(family)
@@ -69,6 +72,9 @@ def time_family(family, batch, folder, repeats):
     x = gf.tensor(x_host, device="cuda")
     got = plan(x).numpy()
     t_plan = harness.time_gdnflow(lambda: plan(x), repeats=repeats)
+    if profiles is not None:
+        profiles.append(kernel_profile(torch, lambda: plan(x), 3, top=12,
+                                       title=f"{family} batch {batch}, gdnflow plan"))
     static_input = torch.from_numpy(x_host).cuda()
     graph, static_output = _torch_graph(torch, model, static_input)
     source = static_input.clone()
@@ -91,16 +97,17 @@ def main(argv=None):
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--families", nargs="*", default=list(export_models.FAMILIES))
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--profile", help="write each plan's kernels by time here")
     args = parser.parse_args(argv)
     os.makedirs(args.folder, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
-    rows = []
+    rows, profiles = [], [] if args.profile else None
     for family in args.families:
         for batch in BATCHES:
             try:
-                rows.append(time_family(family, batch, args.folder, args.repeats))
+                rows.append(time_family(family, batch, args.folder, args.repeats, profiles))
             except Exception as error:  # an export or PyTorch failure: one row, not the end
                 rows.append([family, export_models.FAMILIES[family][0], str(batch)]
                             + ["-"] * 4 + [f"{type(error).__name__}: "
