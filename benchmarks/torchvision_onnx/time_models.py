@@ -128,6 +128,9 @@ def main(argv=None):
         "torchvision families: gdnflow plans of the ONNX files against PyTorch CUDA graphs",
         ["family", "model", "batch", "torch graph ms", "gdnflow plan ms", "ratio", "error",
          "verdict"], rows, notes), args.out)
+    if profiles:
+        with open(args.profile, "w") as file:
+            file.write("\n".join(profiles))
     return 0
 
 
