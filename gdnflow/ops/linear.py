@@ -176,7 +176,13 @@ class MatMulOp(Operator):
         if k == 0:                      # an empty sum: cuBLAS would leave y unwritten
             return cuda.zeros(self.out_shape, a.dtype)
         y = cuda.empty(self.out_shape, a.dtype)
-        if y.size:
+        if not y.size:
+            return y
+        if self._b_serves_every_product():
+            # a [B, m, k] is [B*m, k] and y [B, m, n] is [B*m, n]: one GEMM, not B small
+            # ones (an ONNX MatMul of an N-D activation by a weight, as in ConvNeXt).
+            self._gemm(a, b, y, self.batch * m, n, k, False, False, 0, 0, 0, batch=1)
+        else:
             self._gemm(a, b, y, m, n, k, False, False, self._stride(a, m * k),
                        self._stride(b, k * n), m * n)
         return y
@@ -185,9 +191,16 @@ class MatMulOp(Operator):
         """The batch stride of an operand: 0 where one matrix serves the whole batch."""
         return matrix if array.ndim == 3 and array.shape[0] > 1 else 0
 
-    def _gemm(self, a, b, c, m, n, k, trans_a, trans_b, stride_a, stride_b, stride_c):
+    def _b_serves_every_product(self):
+        """Whether a is a batch and b one matrix used by all of its products."""
+        a_shape, b_shape = self.input_shapes
+        return self.batch > 1 and len(a_shape) == 3 and math.prod(b_shape) == self.k * self.n
+
+    def _gemm(self, a, b, c, m, n, k, trans_a, trans_b, stride_a, stride_b, stride_c,
+              batch=None):
         from gdnflow.backends.cuda import blas     # local import: PyCUDA on first use
-        blas.matmul(a.ptr, b.ptr, c.ptr, m, n, k, trans_a, trans_b, batch=self.batch,
+        blas.matmul(a.ptr, b.ptr, c.ptr, m, n, k, trans_a, trans_b,
+                    batch=self.batch if batch is None else batch,
                     stride_a=stride_a, stride_b=stride_b, stride_c=stride_c, dtype=a.dtype,
                     out_dtype=c.dtype)
 
@@ -226,6 +239,9 @@ class MatMulOp(Operator):
                 self._gemm(gy, b, terms, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)
                 ga = sum_cuda(terms, (0,), 1.0).reshape(a_shape)
                 ga = CastOp(dtype).forward_cuda(ga)
+            elif self._b_serves_every_product():
+                ga = cuda.empty(a_shape, dtype)     # [B*m, k] = gy [B*m, n] @ b^T, one GEMM
+                self._gemm(gy, b, ga, batch * m, k, n, False, True, 0, 0, 0, batch=1)
             else:
                 ga = cuda.empty(a_shape, dtype)
                 self._gemm(gy, b, ga, m, k, n, False, True, m * n, self._stride(b, k * n), m * k)

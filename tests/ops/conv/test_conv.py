@@ -118,6 +118,9 @@ CONV_CASES = {
     "channel_multiplier2": ((1, 3, 6, 7), (6, 1, 3, 3), dict(groups=3, padding=1)),
     "pointwise": ((2, 5, 7, 9), (6, 5, 1, 1), dict()),
     "pointwise_groups2": ((2, 4, 5, 3), (6, 2, 1, 1), dict(groups=2)),
+    # More groups than images: the GEMMs batch over the groups (im2col.grouped_matmul).
+    "pointwise_groups3_batch1": ((1, 6, 5, 3), (9, 2, 1, 1), dict(groups=3)),
+    "groups3_batch2": ((2, 6, 5, 7), (6, 2, 3, 3), dict(groups=3, padding=1)),
     "1x1_stride2": ((2, 3, 7, 5), (4, 3, 1, 1), dict(stride=2)),
 }
 

@@ -89,6 +89,28 @@ def gemm_backward_weight(g, x, gy, lower):
     return gw if dtype == FLOAT32 else CastOp(dtype).forward_cuda(gw)
 
 
+def grouped_matmul(a, b, c, m, n, k, groups, images, a_group, b_group, b_image, c_group,
+                   c_image, **options):
+    """C[i, grp] = op(A[grp]) @ B[i, grp] for ``images`` images and ``groups`` groups.
+
+    Strided-batched GEMMs (``cuda.matmul``, ``options`` passed on) over whichever of
+    the two is longer, one call per element of the other: a grouped layer at batch 1
+    is one call, not one per group. Strides in elements: ``a_group`` (A has no image
+    stride), ``b_group``, ``b_image``, ``c_group``, ``c_image``.
+    """
+    size = a.dtype.itemsize     # one dtype for the three (the product's)
+    if groups <= images:
+        for grp in range(groups):
+            cuda.matmul(a.ptr + grp * a_group * size, b.ptr + grp * b_group * size,
+                        c.ptr + grp * c_group * size, m, n, k, batch=images, stride_a=0,
+                        stride_b=b_image, stride_c=c_image, **options)
+    else:
+        for image in range(images):
+            cuda.matmul(a.ptr, b.ptr + image * b_image * size, c.ptr + image * c_image * size,
+                        m, n, k, batch=groups, stride_a=a_group, stride_b=b_group,
+                        stride_c=c_group, **options)
+
+
 def _lowering(g):
     """(OH*OW, floats of one image's column matrix, images per workspace chunk, output
     and column rows per group) of ``g``'s im2col lowering."""
@@ -103,7 +125,8 @@ class Im2colGemm:
     ================  ========================================================
     forward:          y[n, grp] = W[grp] @ cols[n, grp], strided-batched over
                       the images of a chunk (the weight's batch stride is 0),
-                      one call per group;
+                      one call per group, or over the groups, one call per
+                      image, where there are more groups (:func:`grouped_matmul`);
     backward_data:    gcols[n, grp] = W[grp]^T @ gy[n, grp], then col2im;
     backward_weight:  :func:`gemm_backward_weight` with im2col as the lowering.
     ================  ========================================================
@@ -129,12 +152,9 @@ class Im2colGemm:
             nb = min(chunk, g.n - n0)
             im2col(g, x.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), cols, nb, ohw,
                    per_image)
-            for grp in range(g.groups):
-                cuda.matmul(w.offset(grp * og * kg, (og, kg)).ptr,
-                            cols.offset(grp * kg * ohw, (kg, ohw)).ptr,
-                            y.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr, og, ohw, kg,
-                            batch=nb, stride_a=0, stride_b=per_image, stride_c=g.c_out * ohw,
-                            dtype=x.dtype)
+            grouped_matmul(w, cols, y.offset(n0 * g.c_out * ohw, (nb * g.c_out * ohw,)), og, ohw,
+                           kg, g.groups, nb, og * kg, kg * ohw, per_image, og * ohw,
+                           g.c_out * ohw, dtype=x.dtype)
         return y
 
     @staticmethod
@@ -145,12 +165,9 @@ class Im2colGemm:
         gcols = cuda.empty((chunk * per_image,), gy.dtype)
         for n0 in range(0, g.n, chunk):
             nb = min(chunk, g.n - n0)
-            for grp in range(g.groups):
-                cuda.matmul(w.offset(grp * og * kg, (og, kg)).ptr,
-                            gy.offset((n0 * g.c_out + grp * og) * ohw, (og, ohw)).ptr,
-                            gcols.offset(grp * kg * ohw, (kg, ohw)).ptr, kg, ohw, og,
-                            trans_a=True, batch=nb, stride_a=0, stride_b=g.c_out * ohw,
-                            stride_c=per_image, dtype=gy.dtype)
+            grouped_matmul(w, gy.offset(n0 * g.c_out * ohw, (nb * g.c_out * ohw,)), gcols, kg,
+                           ohw, og, g.groups, nb, og * kg, og * ohw, g.c_out * ohw, kg * ohw,
+                           per_image, trans_a=True, dtype=gy.dtype)
             col2im(g, gcols, gx.offset(n0 * g.c_in * g.h * g.w, (nb, g.c_in, g.h, g.w)), nb, ohw,
                    per_image)
         return gx
@@ -168,7 +185,7 @@ class Pointwise:
 
     Each image's input already is the column matrix X_n [C_in, H*W], so
     y_n = W [C_out, C_in] @ X_n is one strided-batched GEMM over the images
-    (weight stride 0), per group; gx_n = W^T @ gy_n likewise; the weight
+    (weight stride 0), per group (or over the groups, per image: :func:`grouped_matmul`); gx_n = W^T @ gy_n likewise; the weight
     gradient transposes x and gy to [C, N*H*W] and makes one GEMM of it.
     """
 
@@ -187,11 +204,8 @@ class Pointwise:
         """y_n[grp] = W[grp] @ x_n[grp] (bias and activation: the caller's epilogue)."""
         y = cuda.empty(g.y_shape, x.dtype)
         hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
-        for grp in range(g.groups):
-            cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
-                        x.offset(grp * cg * hw, (cg, hw)).ptr,
-                        y.offset(grp * og * hw, (og, hw)).ptr, og, hw, cg, batch=g.n,
-                        stride_a=0, stride_b=g.c_in * hw, stride_c=g.c_out * hw, dtype=x.dtype)
+        grouped_matmul(w, x, y, og, hw, cg, g.groups, g.n, og * cg, cg * hw, g.c_in * hw,
+                       og * hw, g.c_out * hw, dtype=x.dtype)
         return y
 
     @staticmethod
@@ -199,12 +213,8 @@ class Pointwise:
         """gx_n[grp] = W[grp]^T @ gy_n[grp]."""
         gx = cuda.empty(g.x_shape, gy.dtype)
         hw, og, cg = g.h * g.w, g.c_out // g.groups, g.c_in // g.groups
-        for grp in range(g.groups):
-            cuda.matmul(w.offset(grp * og * cg, (og, cg)).ptr,
-                        gy.offset(grp * og * hw, (og, hw)).ptr,
-                        gx.offset(grp * cg * hw, (cg, hw)).ptr, cg, hw, og, trans_a=True,
-                        batch=g.n, stride_a=0, stride_b=g.c_out * hw, stride_c=g.c_in * hw,
-                        dtype=gy.dtype)
+        grouped_matmul(w, gy, gx, cg, hw, og, g.groups, g.n, og * cg, og * hw, g.c_out * hw,
+                       cg * hw, g.c_in * hw, trans_a=True, dtype=gy.dtype)
         return gx
 
     @staticmethod
