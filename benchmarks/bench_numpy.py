@@ -7,7 +7,8 @@ network, and the shipped codec's compress/decompress, in one process.
 Both sides run the same ONNX file (built here with onnx.helper, random
 weights): onnxruntime with its CPUExecutionProvider, ``--threads`` intra-op
 threads (default: every core), and gdnflow through
-``gdnflow.io.onnx.load(path, device="numpy")`` under ``no_grad``. NumPy's BLAS
+``gdnflow.io.onnx.load(path, device="numpy")`` under ``no_grad``, and that module's
+inference plan on NumPy (``gdnflow.inference.compile(..., device="numpy")``). NumPy's BLAS
 uses its own thread pool (OpenBLAS: every core unless ``OPENBLAS_NUM_THREADS``
 says otherwise; on a shared machine its waiting threads dominate small products, and
 ``OPENBLAS_NUM_THREADS=1 ... --threads 1`` compares the code on one core). The codec is the shipped factorized prior q2 on a
@@ -27,6 +28,7 @@ import numpy as np
 
 import gdnflow as gf
 from gdnflow import benchmarking as harness
+from gdnflow import inference
 from gdnflow.codec import pretrained
 from gdnflow.io import onnx as gdnflow_onnx
 
@@ -77,8 +79,11 @@ def small_net_onnx(path, seed=0):
     return path
 
 
-def onnx_row(name, path, shape, threads, repeats):
-    """[name, gdnflow ms, onnxruntime ms, ratio] for the ONNX file at ``path``, on one input."""
+def onnx_rows(name, path, shape, threads, repeats):
+    """Two rows [name, gdnflow ms, onnxruntime ms, ratio, error] for the ONNX file at
+    ``path`` on one input: the module called eagerly (under no_grad), and its
+    inference plan on NumPy (``gdnflow.inference.compile``: batch norms folded,
+    activations and residual adds fused into the convolutions, no autograd)."""
     import onnxruntime  # local import: the baseline, optional
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -88,14 +93,18 @@ def onnx_row(name, path, shape, threads, repeats):
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     model = gdnflow_onnx.load(path, device="numpy")
     model.eval()
-    with gf.no_grad():
-        ours = model(x).numpy()
-        reference = session.run(None, {"input": x})[0]
-        error = float(np.abs(ours - reference).max() / (np.abs(reference).max() + 1e-12))
-        ours_ms = median_ms(lambda: model(x), repeats)
+    plan = inference.compile(model, shape, device="numpy")
+    reference = session.run(None, {"input": x})[0]
     theirs_ms = median_ms(lambda: session.run(None, {"input": x}), repeats)
-    return [name, f"{ours_ms:.2f}", f"{theirs_ms:.2f}", f"{ours_ms / theirs_ms:.1f}x",
-            f"{error:.1e}"]
+    rows = []
+    for label, run in (("", model), (", inference plan", plan)):
+        with gf.no_grad():
+            ours = run(gf.tensor(x, device="numpy")).numpy()
+            error = float(np.abs(ours - reference).max() / (np.abs(reference).max() + 1e-12))
+            ours_ms = median_ms(lambda: run(gf.tensor(x, device="numpy")), repeats)
+        rows.append([name.replace(" (ms)", label + " (ms)"), f"{ours_ms:.2f}",
+                     f"{theirs_ms:.2f}", f"{ours_ms / theirs_ms:.1f}x", f"{error:.1e}"])
+    return rows
 
 
 def photo_like(height=512, width=768, seed=0):
@@ -134,14 +143,14 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         folder = pathlib.Path(folder)
-        rows.append(onnx_row("MobileNetV2, batch 1, 224x224 (ms)",
-                             mobilenet_v2_onnx(folder / "mobilenet_v2.onnx"),
-                             (1, 3, 224, 224), args.threads, args.repeats))
-        print(" | ".join(rows[-1]), flush=True)
-        rows.append(onnx_row(f"three 3x3 convs {SMALL_CONVS}, batch 1, 24x24 (ms)",
-                             small_net_onnx(folder / "three_conv.onnx"),
-                             (1, 3, SMALL_SIZE, SMALL_SIZE), args.threads, args.repeats * 10))
-        print(" | ".join(rows[-1]), flush=True)
+        rows += onnx_rows("MobileNetV2, batch 1, 224x224 (ms)",
+                          mobilenet_v2_onnx(folder / "mobilenet_v2.onnx"),
+                          (1, 3, 224, 224), args.threads, args.repeats)
+        rows += onnx_rows(f"three 3x3 convs {SMALL_CONVS}, batch 1, 24x24 (ms)",
+                          small_net_onnx(folder / "three_conv.onnx"),
+                          (1, 3, SMALL_SIZE, SMALL_SIZE), args.threads, args.repeats * 10)
+        for row in rows:
+            print(" | ".join(row), flush=True)
     rows += codec_rows(max(args.repeats // 4, 3))
     harness.emit(harness.markdown_table(
         "NumPy backend against onnxruntime (CPU)",
