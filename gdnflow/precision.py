@@ -120,9 +120,10 @@ def autocast(dtype="bf16", enabled=True):
     or ``"fp16"`` (more mantissa, narrower range: train it with
     :class:`gdnflow.optim.DynamicLossScaler`). Matrix products take 16-bit
     operands (float32 inputs are rounded), operators with 16-bit kernels
-    run in their inputs' dtype, and every other operator (reductions,
-    softmax, normalisation, GDN) runs in float32, its 16-bit inputs
-    widened. Parameters stay float32 and get float32 gradients.
+    run in their inputs' dtype (GDN too, its parameters float32), and every
+    other operator (reductions, softmax, batch norm, the entropy model) runs
+    in float32, its 16-bit inputs widened. Parameters stay float32 and get
+    float32 gradients.
     ``enabled=False`` makes the block a no-op; blocks nest. The setting is
     the process's, as :func:`gdnflow.no_grad` is: run operators in one
     thread while a block is open.

@@ -77,6 +77,10 @@ def test_16_bit_strided_data_gradients_take_the_sub_pixel_rewrite():
     assert (inner.kh, inner.kw, inner.stride) == (3, 3, (1, 1))
     assert half_conv_algorithm(g, "backward_data").planner.choose(inner, "forward").name == \
         "im2col_gemm"
+    # A 1x1 / 2 shortcut's taps do not overlap: its col2im is a scatter, the rewrite
+    # would only multiply the product's work.
+    shortcut = ConvGeometry(16, 256, 56, 56, 512, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1)
+    assert half_conv_algorithm(shortcut, "backward_data").name == "im2col_gemm"
 
 
 @pytest.mark.gpu

@@ -145,6 +145,16 @@ def sm_count():
     return (_device or _loaded()).get_runtime().sm_count
 
 
+def compute_capability():
+    """The device's (major, minor) compute capability."""
+    return (_device or _loaded()).get_runtime().compute_capability
+
+
+def max_shared_bytes():
+    """The most dynamic shared memory one block of the device may opt in to, in bytes."""
+    return (_device or _loaded()).get_runtime().max_shared_bytes
+
+
 def launch_grid(threads, block=256, blocks_per_sm=16):
     """The grid a grid-stride kernel of ``threads`` threads is launched with."""
     return (_device or _loaded()).launch_grid(threads, block, blocks_per_sm)

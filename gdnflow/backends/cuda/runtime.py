@@ -53,6 +53,11 @@ class Runtime:
         self.pool = DeviceMemoryPool()
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
+        #: (major, minor) compute capability.
+        self.compute_capability = (major, minor)
+        #: The most dynamic shared memory one block may opt in to (bytes).
+        self.max_shared_bytes = self.device.get_attribute(
+            drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.name = self.device.name()
         #: When true, every new array is filled with NaN, so a kernel that

@@ -132,8 +132,9 @@ def conv_algorithm(device, g, stage):
     return bound(chooser.choose(g, stage), chooser)
 
 
-#: Groups a 16-bit convolution runs as GEMMs up to: each group is one product
-#: call, so other layers of many groups (the depthwise backward) compute in float32.
+#: Groups a 16-bit convolution runs as GEMMs up to: past it the per-group products
+#: are tiny (the depthwise backward: one channel a group), so such layers compute
+#: in float32 and round once.
 MAX_HALF_GROUPS = 4
 
 
@@ -141,8 +142,9 @@ def half_conv_algorithm(g, stage):
     """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
 
     The depthwise kernel's forward for the depthwise layers it supports; the
-    1x1 GEMM where it applies; the sub-pixel rewrite for a strided layer's
-    backward_data (its stride-1 convolution chosen here too: :class:`HalfPlanner`);
+    1x1 GEMM where it applies; the sub-pixel rewrite for the backward_data of a
+    strided layer whose kernel is wider than its stride (its stride-1 convolution
+    chosen here too: :class:`HalfPlanner`);
     else im2col + GEMM, for layers of at most :data:`MAX_HALF_GROUPS` groups.
     None tells the operator to compute the stage in float32 and round its
     result (depthwise backward, for now).
@@ -152,7 +154,8 @@ def half_conv_algorithm(g, stage):
     if g.groups > MAX_HALF_GROUPS:
         return None
     algorithm = next(a for a in (Pointwise, Subpixel, Im2colGemm)
-                     if stage in a.half_precision_stages and a.supports(g))
+                     if stage in a.half_precision_stages and a.supports(g)
+                     and (a is not Subpixel or Subpixel.half_preferred(g)))
     return bound(algorithm, HalfPlanner)
 
 

@@ -214,8 +214,11 @@ class CudaPlan:
             self.fused_segments = -(-self.hw // FUSED_PIXELS)
             self.fused_grid = (self.fused_segments, batch, 1)
         # The 16-bit kernels (built on first use, one module per storage dtype).
+        # bfloat16 WMMA needs sm_80; gamma in shared memory needs its opt-in (99 KB on
+        # sm_86/89 is less than C = 192's 112 KB).
         self.half_fusable = (channels in FUSED_CHANNELS and self.hw % 8 == 0
-                             and self.chunk % 8 == 0)
+                             and self.chunk % 8 == 0 and cuda.compute_capability() >= (8, 0)
+                             and cuda.max_shared_bytes() >= half_shared_bytes(channels))
         #: Segment sums of U per NCHW row from the 16-bit backward: one per tile.
         self.half_segments = -(-self.hw // HALF_PIXELS)
         self.half_tiles = batch * self.half_segments

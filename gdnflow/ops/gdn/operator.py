@@ -63,8 +63,9 @@ operands are rounded to bfloat16 and summed in float32, as the tensor cores
 do (bfloat16 for float16 tensors too: x^2 may pass float16's largest value,
 never bfloat16's). D is cached in x's dtype; y and gx are rounded once. The
 NumPy path rounds the same values, so it is the GPU kernels' oracle. On the
-GPU the 16-bit kernels run where the fused float32 ones would and H*W is a
-multiple of 8; elsewhere the operator computes in float32 between two
+GPU the 16-bit kernels run where the fused float32 ones would, H*W is a
+multiple of 8 and the GPU has bfloat16 tensor cores (sm_80 on) with enough
+shared memory; elsewhere the operator computes in float32 between two
 conversions (no operand rounding).
 
 Cache
@@ -218,10 +219,11 @@ class GDNOp(Operator):
         norm += beta[:, None, None]
         d = power_in_place(norm, self.exponent)
         if storage is not None:
-            if self.recording:
-                self.save(x=x, gamma=gamma, d=d.astype(storage).astype(FLOAT32), stored=stored,
-                          storage=storage)
-            return (x * d).astype(storage)
+            with np.errstate(over="ignore"):    # past float16's largest: infinity, as on the GPU
+                if self.recording:
+                    self.save(x=x, gamma=gamma, d=d.astype(storage).astype(FLOAT32),
+                              stored=stored, storage=storage)
+                return (x * d).astype(storage)
         if self.recording:
             self.save(x=x, gamma=gamma, d=d, stored=stored, storage=None)
             return x * d
@@ -247,7 +249,8 @@ class GDNOp(Operator):
         if need_x:
             gx = gy * d + self.statistic_grad(x) * (gamma.T @ u3).reshape(x.shape)
             if storage is not None:
-                gx = gx.astype(storage)
+                with np.errstate(over="ignore"):
+                    gx = gx.astype(storage)
         if need_beta:
             gbeta = u.sum(axis=(0, 2, 3))   # U's own values: the kernels add them in float32
         if need_gamma:

@@ -205,6 +205,13 @@ class Subpixel:
         return subpixel_plan(g) is not None
 
     @staticmethod
+    def half_preferred(g):
+        """Where a 16-bit data gradient should take the rewrite: kernels wider than their
+        stride, whose taps overlap (col2im then sums kh*kw columns per pixel; 1x1 / 2 would
+        only multiply the work of a scatter)."""
+        return g.kh > g.stride[0] or g.kw > g.stride[1]
+
+    @staticmethod
     def preferred(g):
         """Where C' would run Winograd F(4x4, 3x3) by the heuristic."""
         inner = subpixel_plan(g).inner
