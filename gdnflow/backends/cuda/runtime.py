@@ -55,15 +55,21 @@ class Runtime:
         self.arch = f"sm_{major}{minor}"
         #: (major, minor) compute capability.
         self.compute_capability = (major, minor)
-        #: The most dynamic shared memory one block may opt in to (bytes).
-        self.max_shared_bytes = self.device.get_attribute(
-            drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self._max_shared_bytes = None
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.name = self.device.name()
         #: When true, every new array is filled with NaN, so a kernel that
         #: leaves an output element unwritten shows in tests (gdnflow.testing).
         self.poison = False
         atexit.register(self.close)
+
+    @property
+    def max_shared_bytes(self):
+        """The most dynamic shared memory one block may opt in to (bytes; asked once)."""
+        if self._max_shared_bytes is None:
+            self._max_shared_bytes = self.device.get_attribute(
+                drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        return self._max_shared_bytes
 
     @contextlib.contextmanager
     def allocating_from(self, allocator):
