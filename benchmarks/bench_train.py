@@ -153,7 +153,8 @@ def main():
         ours, theirs = evaluation_terms_gdnflow(trainer, x), evaluation_terms_compressai(torch, net, tx)
         errors = ", ".join(f"{name} {abs(a - b) / abs(b):.1e}" for name, a, b in
                            zip(("loss", "bpp", "mse"), ours, theirs))
-        notes.append(f"same weights, evaluation mode (rounded latents), gdnflow in {precision}, "
+        evaluated = "fp32" if precision in ("bf16", "fp16") else precision  # evaluation: float32
+        notes.append(f"same weights, evaluation mode (rounded latents), gdnflow in {evaluated}, "
                      f"CompressAI in fp32: relative differences: {errors} (gdnflow loss "
                      f"{ours[0]:.5f}, CompressAI {theirs[0]:.5f})")
         step, forward = compressai_step(torch, net, tx)
