@@ -216,9 +216,10 @@ class CudaPlan:
         # The 16-bit kernels (built on first use, one module per storage dtype).
         # bfloat16 WMMA needs sm_80; gamma in shared memory needs its opt-in (99 KB on
         # sm_86/89 is less than C = 192's 112 KB).
+        self.half_shared_bytes = half_shared_bytes(channels)
         self.half_fusable = (channels in FUSED_CHANNELS and self.hw % 8 == 0
                              and self.chunk % 8 == 0 and cuda.compute_capability() >= (8, 0)
-                             and cuda.max_shared_bytes() >= half_shared_bytes(channels))
+                             and cuda.max_shared_bytes() >= self.half_shared_bytes)
         #: Segment sums of U per NCHW row from the 16-bit backward: one per tile.
         self.half_segments = -(-self.hw // HALF_PIXELS)
         self.half_tiles = batch * self.half_segments
@@ -260,7 +261,7 @@ class CudaPlan:
                                    defines),
                        cuda.kernel(SOURCE, "gdn_half_params", "PPPPiifff", defines))
             for kernel in kernels[:2]:
-                kernel.allow_shared_bytes(half_shared_bytes(self.channels))
+                kernel.allow_shared_bytes(self.half_shared_bytes)
             self._half_kernels[dtype] = kernels
         return kernels
 
@@ -280,7 +281,7 @@ class CudaPlan:
         self.half_kernels(x.dtype)[0](
             self.half_grid, (BLOCK, 1, 1), x.ptr, gamma_half.ptr, beta.ptr, y.ptr,
             0 if d is None else d.ptr, self.shape[0], self.hw, self.chunk,
-            shared_bytes=half_shared_bytes(self.channels))
+            shared_bytes=self.half_shared_bytes)
 
     def half_backward(self, x, gy, d, gamma_half, u, s, beta_sums, gx):
         """gx = gy D + s'(x) (gamma^T @ U) for 16-bit x, gy, D and gx, U = dL/dn;
@@ -291,7 +292,7 @@ class CudaPlan:
             self.half_grid, (BLOCK, 1, 1), x.ptr, gy.ptr, d.ptr, gamma_half.ptr,
             0 if u is None else u.ptr, 0 if s is None else s.ptr,
             0 if beta_sums is None else beta_sums.ptr, 0 if gx is None else gx.ptr,
-            self.shape[0], self.hw, self.chunk, shared_bytes=half_shared_bytes(self.channels))
+            self.shape[0], self.hw, self.chunk, shared_bytes=self.half_shared_bytes)
 
     def beta_segments(self, vec):
         """Segment sums of U per NCHW row that the backward_norm kernel of width

@@ -321,10 +321,10 @@ class GDNOp(Operator):
     def forward_half(self, x, beta, gamma):
         """The forward of a 16-bit x: the tensor-core kernel where it runs (after
         rounding gamma to bfloat16), else in float32 between two conversions."""
-        y = cuda.empty(x.shape, x.dtype)
         plan = cuda_plan(self.variant, x.shape, settings.gdn_param_gemm_chunks) if x.size else None
-        if plan is None or not plan.half_fused(x, y):
+        if plan is None or not plan.half_fused(x):     # (a new y is aligned: only x is checked)
             return cast_array(self.forward_cuda(cast_array(x, FLOAT32), beta, gamma), x.dtype)
+        y = cuda.empty(x.shape, x.dtype)
         keep = self.recording
         stored = None if self.parametrized is None else (beta, gamma)
         gamma_half = cuda.empty(gamma.shape, BFLOAT16)
