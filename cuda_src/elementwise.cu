@@ -76,30 +76,35 @@ extern "C" __global__ void NAME##_backward(                                   \
     });                                                                       \
 }
 
-UNARY_OPERATOR(neg,     -x,                          -gy)
-UNARY_OPERATOR(exp,     expf(x),                     gy * y)
-UNARY_OPERATOR(log,     logf(x),                     gy / x)
-UNARY_OPERATOR(sqrt,    sqrtf(x),                    gy * 0.5f / y)
-UNARY_OPERATOR(pow,     powf(x, p0),                 gy * p0 * powf(x, p0 - 1.0f))
-UNARY_OPERATOR(relu,    fmaxf(x, 0.0f),              x > 0.0f ? gy : 0.0f)
-UNARY_OPERATOR(relu6,   fminf(fmaxf(x, 0.0f), 6.0f), (x > 0.0f && x < 6.0f) ? gy : 0.0f)
-UNARY_OPERATOR(sigmoid, 1.0f / (1.0f + expf(-x)),    gy * y * (1.0f - y))
-UNARY_OPERATOR(clamp,   fminf(fmaxf(x, p0), p1),     (x >= p0 && x <= p1) ? gy : 0.0f)
-UNARY_OPERATOR(affine,  p0 * x + p1,                 p0 * gy)
-// The error function and the trigonometric and hyperbolic maps (Python side:
-// gdnflow/ops/special.py); 1.1283791671f is 2/sqrt(pi).
-UNARY_OPERATOR(erf,     erff(x),                     gy * 1.1283791671f * expf(-x * x))
-UNARY_OPERATOR(sin,     sinf(x),                     gy * cosf(x))
-UNARY_OPERATOR(cos,     cosf(x),                     -gy * sinf(x))
-UNARY_OPERATOR(tan,     tanf(x),                     gy * (1.0f + y * y))
-UNARY_OPERATOR(asin,    asinf(x),                    gy * rsqrtf(1.0f - x * x))
-UNARY_OPERATOR(acos,    acosf(x),                    -gy * rsqrtf(1.0f - x * x))
-UNARY_OPERATOR(atan,    atanf(x),                    gy / (1.0f + x * x))
-UNARY_OPERATOR(sinh,    sinhf(x),                    gy * coshf(x))
-UNARY_OPERATOR(cosh,    coshf(x),                    gy * sinhf(x))
-UNARY_OPERATOR(asinh,   asinhf(x),                   gy * rsqrtf(x * x + 1.0f))
-UNARY_OPERATOR(acosh,   acoshf(x),                   gy * rsqrtf((x - 1.0f) * (x + 1.0f)))
-UNARY_OPERATOR(atanh,   atanhf(x),                   gy / (1.0f - x * x))
+// The unary operators, one X(NAME, FORWARD, BACKWARD) each: expanded into
+// their kernels here and into the fused programs' opcodes below. erf and
+// the trigonometric and hyperbolic maps are gdnflow/ops/special.py's;
+// 1.1283791671f is 2/sqrt(pi).
+#define UNARY_OPERATORS(X)                                                        \
+    X(neg,     -x,                          -gy)                                  \
+    X(exp,     expf(x),                     gy * y)                               \
+    X(log,     logf(x),                     gy / x)                               \
+    X(sqrt,    sqrtf(x),                    gy * 0.5f / y)                        \
+    X(pow,     powf(x, p0),                 gy * p0 * powf(x, p0 - 1.0f))         \
+    X(relu,    fmaxf(x, 0.0f),              x > 0.0f ? gy : 0.0f)                 \
+    X(relu6,   fminf(fmaxf(x, 0.0f), 6.0f), (x > 0.0f && x < 6.0f) ? gy : 0.0f)   \
+    X(sigmoid, 1.0f / (1.0f + expf(-x)),    gy * y * (1.0f - y))                  \
+    X(clamp,   fminf(fmaxf(x, p0), p1),     (x >= p0 && x <= p1) ? gy : 0.0f)     \
+    X(affine,  p0 * x + p1,                 p0 * gy)                              \
+    X(erf,     erff(x),                     gy * 1.1283791671f * expf(-x * x))    \
+    X(sin,     sinf(x),                     gy * cosf(x))                         \
+    X(cos,     cosf(x),                     -gy * sinf(x))                        \
+    X(tan,     tanf(x),                     gy * (1.0f + y * y))                  \
+    X(asin,    asinf(x),                    gy * rsqrtf(1.0f - x * x))            \
+    X(acos,    acosf(x),                    -gy * rsqrtf(1.0f - x * x))           \
+    X(atan,    atanf(x),                    gy / (1.0f + x * x))                  \
+    X(sinh,    sinhf(x),                    gy * coshf(x))                        \
+    X(cosh,    coshf(x),                    gy * sinhf(x))                        \
+    X(asinh,   asinhf(x),                   gy * rsqrtf(x * x + 1.0f))            \
+    X(acosh,   acoshf(x),                   gy * rsqrtf((x - 1.0f) * (x + 1.0f))) \
+    X(atanh,   atanhf(x),                   gy / (1.0f - x * x))
+
+UNARY_OPERATORS(UNARY_OPERATOR)
 
 // --------------------------------------------------------------- binary ----
 // out = a OP b. NAME_same: a, b and out have one shape. NAME_broadcast: out
@@ -149,10 +154,9 @@ extern "C" __global__ void NAME##_broadcast(                                  \
     }                                                                         \
 }
 
-BINARY_OPERATOR(add, a + b)
-BINARY_OPERATOR(sub, a - b)
-BINARY_OPERATOR(mul, a * b)
-BINARY_OPERATOR(div, a / b)
+#define BINARY_OPERATORS(X) X(add, a + b) X(sub, a - b) X(mul, a * b) X(div, a / b)
+
+BINARY_OPERATORS(BINARY_OPERATOR)
 
 // out = x broadcast to out's shape (the backward of a reduction).
 extern "C" __global__ void broadcast_copy(
@@ -163,5 +167,78 @@ extern "C" __global__ void broadcast_copy(
         broadcast_offsets(i, d1, d2, d3, d4, d5, s0, s1, s2, s3, s4, s5,
                           0, 0, 0, 0, 0, 0, ox, unused);
         out[i] = x[ox];
+    }
+}
+
+// ------------------------------------------------------- fused programs ----
+// fused_elementwise: one pass for a chain of the operators above that an
+// inference plan fused (Python side: gdnflow/ops/fused_elementwise.py, which
+// builds the program; gdnflow/inference/passes.py, which finds the chains).
+// Registers 0 .. inputs-1 hold the inputs' elements: input k's element for
+// out index (i0, ..., i5) is at sum_j ij * strides[k][j], a stride 0 where
+// the input is broadcast and permuted where a transpose was folded in.
+// Register inputs + t holds instruction t's result, the last one is stored.
+// Interpreted rather than generated: one compiled kernel serves every
+// program, and the switch costs no divergence (every thread of the grid runs
+// the same program).
+#define PROGRAM_INPUTS 8
+#define PROGRAM_INSTRUCTIONS 16
+#define PROGRAM_DIMS 6
+
+// Opcodes: the unary operators in UNARY_OPERATORS' order, then the binary
+// ones (gdnflow/ops/fused_elementwise.py lists them in this order; a test
+// reads this file to check).
+#define UNARY_OPCODE(NAME, FORWARD, BACKWARD) OP_##NAME,
+#define BINARY_OPCODE(NAME, EXPR) OP_##NAME,
+enum Opcode { UNARY_OPERATORS(UNARY_OPCODE) BINARY_OPERATORS(BINARY_OPCODE) };
+
+// Passed by value (the host packs the same layout: all 4-byte fields).
+struct ElementwiseProgram {
+    int inputs, instructions;
+    int dims[PROGRAM_DIMS];                      // out's merged dimensions, outermost first
+    int strides[PROGRAM_INPUTS][PROGRAM_DIMS];   // element strides per input and dimension
+    int code[PROGRAM_INSTRUCTIONS][3];           // opcode, register of x or a, register of b
+    float params[PROGRAM_INSTRUCTIONS][2];       // p0, p1 of a unary operator
+};
+
+__device__ __forceinline__ float run_instruction(int op, float a, float b, float p0, float p1) {
+    const float x = a;
+    switch (op) {
+#define UNARY_CASE(NAME, FORWARD, BACKWARD) case OP_##NAME: return (FORWARD);
+#define BINARY_CASE(NAME, EXPR) case OP_##NAME: return (EXPR);
+    UNARY_OPERATORS(UNARY_CASE)
+    BINARY_OPERATORS(BINARY_CASE)
+    }
+    return 0.0f;
+}
+
+extern "C" __global__ void fused_elementwise(
+        storage_t* __restrict__ out, const storage_t* in0, const storage_t* in1,
+        const storage_t* in2, const storage_t* in3, const storage_t* in4,
+        const storage_t* in5, const storage_t* in6, const storage_t* in7, int n,
+        const ElementwiseProgram program) {
+    // A copy in shared memory: the loops below index it with run-time values.
+    __shared__ ElementwiseProgram p;
+    if (threadIdx.x == 0) p = program;
+    __syncthreads();
+    const storage_t* const in[PROGRAM_INPUTS] = {in0, in1, in2, in3, in4, in5, in6, in7};
+    GRID_STRIDE_LOOP(i, n) {
+        int offset[PROGRAM_INPUTS];
+        for (int k = 0; k < p.inputs; ++k) offset[k] = 0;
+        int rest = i;
+        for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
+            const int size = p.dims[d];
+            if (size == 1) continue;
+            const int index = rest % size;
+            rest /= size;
+            for (int k = 0; k < p.inputs; ++k) offset[k] += index * p.strides[k][d];
+        }
+        float r[PROGRAM_INPUTS + PROGRAM_INSTRUCTIONS];
+        for (int k = 0; k < p.inputs; ++k)
+            r[k] = load_value(in[k][offset[k] + rest * p.strides[k][0]]);
+        for (int t = 0; t < p.instructions; ++t)
+            r[p.inputs + t] = run_instruction(p.code[t][0], r[p.code[t][1]], r[p.code[t][2]],
+                                              p.params[t][0], p.params[t][1]);
+        out[i] = store_value(r[p.inputs + p.instructions - 1]);
     }
 }

@@ -13,6 +13,11 @@ the program returns, and folds only constants (weights):
   becomes conv2d with a fused ``residual``;
 - :func:`fuse_activations`: ``conv2d -> relu / relu6 / clamp(0, 6)`` becomes
   conv2d with a fused ``activation`` (applied after bias and residual);
+- :func:`fuse_elementwise`: chains of elementwise operators (the unary maps
+  and broadcasting arithmetic) of one output shape, linked through values
+  nothing else reads, become one
+  :class:`~gdnflow.ops.fused_elementwise.FusedElementwise` step, with the
+  transposes that feed them folded into how they read their inputs;
 - :func:`drop_unused`: steps whose results nothing reads are removed.
 """
 import dataclasses
@@ -23,7 +28,11 @@ from gdnflow.inference.program import FusedConv, Step
 from gdnflow.ops.arithmetic import AddOp
 from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
+from gdnflow.ops.broadcast import broadcast_strides
 from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
+from gdnflow.ops.fused_elementwise import (MAX_INPUTS, MAX_INSTRUCTIONS, FusedElementwise,
+                                           Instruction, fusible)
+from gdnflow.ops.shape import TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
 from gdnflow.precision import FLOAT32
 from gdnflow.tensor import Tensor
@@ -158,6 +167,168 @@ def fuse_activations(program):
     return _fuse_pass(program, match)
 
 
+class _Node:
+    """One instruction of a chain being fused: a traced operator and its operands, each
+    an input key (value, strides) or another :class:`_Node`."""
+
+    __slots__ = ("call", "operands")
+
+    def __init__(self, call, operands):
+        self.call, self.operands = call, list(operands)
+
+
+class _Chain:
+    """Elementwise steps being fused, ending at one step (``root``): a DAG of
+    :class:`_Node`, whose leaves read values through element strides over the
+    chain's output shape, and the steps it replaces (``members``)."""
+
+    def __init__(self, shape, root, member):
+        self.shape, self.root, self.members = shape, root, {member}
+
+    def nodes(self):
+        """The nodes in an order where each comes after its operands."""
+        order, seen = [], set()
+
+        def visit(node):
+            if id(node) in seen:
+                return
+            seen.add(id(node))
+            for operand in node.operands:
+                if isinstance(operand, _Node):
+                    visit(operand)
+            order.append(node)
+        visit(self.root)
+        return order
+
+    def inputs(self):
+        """The (value, strides) keys the nodes read, in first-read order."""
+        keys = []
+        for node in self.nodes():
+            keys += [k for k in node.operands if not isinstance(k, _Node) and k not in keys]
+        return keys
+
+    def reads(self, key):
+        """How many operands of the chain read input ``key``."""
+        return sum(operand == key for node in self.nodes() for operand in node.operands)
+
+    def fused(self):
+        """The :class:`FusedElementwise` of the chain."""
+        nodes, keys = self.nodes(), self.inputs()
+        register = {id(node): len(keys) + t for t, node in enumerate(nodes)}
+        return FusedElementwise(self.shape, [strides for _, strides in keys], [
+            Instruction(node.call, tuple(register[id(k)] if isinstance(k, _Node)
+                                         else keys.index(k) for k in node.operands))
+            for node in nodes])
+
+
+def _transposed(root, perm):
+    """Copies of the nodes under ``root`` whose inputs are read through the transpose ``perm``
+    of their output."""
+    copies = {}
+
+    def copy(node):
+        if id(node) not in copies:
+            copies[id(node)] = _Node(node.call, [
+                copy(k) if isinstance(k, _Node) else (k[0], tuple(k[1][p] for p in perm))
+                for k in node.operands])
+        return copies[id(node)]
+    return copy(root)
+
+
+def fuse_elementwise(program):
+    """Fuse chains of elementwise steps into one step each; returns how many steps it removed.
+
+    A fusible step (:func:`~gdnflow.ops.fused_elementwise.fusible`) joins the
+    chain of each input that another fusible step of the same output shape
+    produced, where every reader of that value is in the chain (a value read
+    twice inside the chain is computed once). An input that a transpose made,
+    read by nothing else, is read through the transpose instead (the
+    transpose step goes); a transposed chain joins with its inputs' strides
+    permuted. A chain stays within the kernel's limits; a chain of one
+    operator and no transpose stays as it was.
+    """
+    steps = program.steps
+    producer_of = {step.output: i for i, step in enumerate(steps)}
+    uses = program.uses()
+    chains, absorbed = {}, set()
+    for i, step in enumerate(steps):
+        if not fusible(step.call):
+            continue
+        shape = program.shapes[step.output]
+        node = _Node(step.call, [])
+        chain = _Chain(shape, node, i)
+        for v in step.inputs:
+            node.operands.append(_operand(chain, v, program, producer_of, uses, chains, absorbed))
+        # Inputs made by a chain of this shape that only this chain reads: fold them in
+        # (again after each: a folded chain may read what the rest of this one reads).
+        while _fold_one(chain, program, producer_of, uses, chains, absorbed):
+            pass
+        chains[i] = chain
+    removed = set()
+    for i, chain in chains.items():
+        if i in absorbed or len(chain.members) < 2:
+            continue
+        step = steps[i]
+        fused = chain.fused()
+        names = tuple(steps[j].name for j in sorted(chain.members))
+        steps[i] = Step(fused, tuple(v for v, _ in chain.inputs()), step.output,
+                        "fused_elementwise", names)
+        removed |= chain.members - {i}
+    program.steps = [s for j, s in enumerate(steps) if j not in removed]
+    program.refresh()
+    return len(removed)
+
+
+def _fold_one(chain, program, producer_of, uses, chains, absorbed):
+    """Fold into ``chain`` one chain whose result only ``chain`` reads; whether it did."""
+    contiguous = tuple(contiguous_strides(chain.shape))
+    for key in chain.inputs():
+        j = producer_of.get(key[0])
+        if (j in chains and j not in absorbed and program.shapes[key[0]] == chain.shape
+                and key[1] == contiguous and chain.reads(key) == uses[key[0]]
+                and _fits(chain, chains[j])):
+            _substitute(chain, key, chains[j].root)
+            chain.members |= chains[j].members
+            absorbed.add(j)
+            return True
+    return False
+
+
+def _fits(chain, other):
+    """Whether ``chain`` with ``other`` merged in stays within the kernel's limits."""
+    keys = set(chain.inputs()) | set(other.inputs())
+    return (len(keys) <= MAX_INPUTS
+            and len(chain.nodes()) + len(other.nodes()) <= MAX_INSTRUCTIONS)
+
+
+def _substitute(chain, key, node):
+    """Make every operand of ``chain`` reading input ``key`` read ``node`` instead."""
+    for n in chain.nodes():
+        n.operands = [node if operand == key else operand for operand in n.operands]
+
+
+def _operand(chain, value, program, producer_of, uses, chains, absorbed):
+    """The operand of ``chain``'s root for input ``value``: a read through a transpose
+    (or the transposed chain behind it), else a plain (broadcast) read; chains read
+    plainly are folded in afterwards."""
+    steps = program.steps
+    j = producer_of.get(value)
+    if j is not None and uses[value] == 1 and type(steps[j].call) is TransposeOp:
+        perm, source = steps[j].call.perm, steps[j].inputs[0]
+        absorbed.add(j)
+        chain.members.add(j)
+        k = producer_of.get(source)
+        if (k in chains and k not in absorbed and uses[source] == 1
+                and program.shapes[value] == chain.shape and _fits(chain, chains[k])):
+            absorbed.add(k)
+            chain.members |= chains[k].members
+            return _transposed(chains[k].root, perm)
+        strides = contiguous_strides(program.shapes[source])
+        return (source, tuple(broadcast_strides(chain.shape, program.shapes[value],
+                                                [strides[p] for p in perm])))
+    return (value, tuple(broadcast_strides(chain.shape, program.shapes[value])))
+
+
 def drop_unused(program):
     """Remove steps whose results nothing reads (inference operators have no side effects)."""
     needed = set(program.outputs)
@@ -250,4 +421,5 @@ def optimize(program):
             "folded_batch_norm": fold_batch_norms(program),
             "fused_residual": fuse_residuals(program),
             "fused_activation": fuse_activations(program),
+            "fused_elementwise": fuse_elementwise(program),
             "removed_unused": drop_unused(program)}

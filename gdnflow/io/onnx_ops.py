@@ -375,7 +375,15 @@ def normalized(x, axes, epsilon):
 def _layer_norm(node, inputs, device):
     x, scale, bias = (list(inputs) + [None, None])[:3]
     axis = node.attr("axis", -1) % x.ndim
-    y, mean, inv_std = normalized(x, tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5))
+    epsilon = node.attr("epsilon", 1e-5)
+    normalized_shape = x.shape[axis:]
+    if not any(node.outputs[1:]) and all(t is None or np.shape(t) == normalized_shape
+                                         for t in (scale, bias)):
+        # One operator where only y is asked for and scale and bias have the axes' shape.
+        bias = (Tensor(np.zeros(normalized_shape), device=device, dtype=x.dtype)
+                if bias is None else as_tensor(bias, device))
+        return [ops.layer_norm(x, as_tensor(scale, device), bias, axis, epsilon), None, None]
+    y, mean, inv_std = normalized(x, tuple(range(axis, x.ndim)), epsilon)
     y = y * operand(scale, device)
     return [y if bias is None else y + operand(bias, device), mean, inv_std]
 

@@ -22,6 +22,7 @@ from gdnflow.ops.reduction import broadcast_to, mean, sum, sum_to  # noqa: A004
 from gdnflow.ops.shape import concat, flatten, pad, reshape, slice_, transpose
 from gdnflow.ops.softmax import log_softmax, softmax
 from gdnflow.ops.batchnorm import batch_norm, fold_batch_norm
+from gdnflow.ops.layernorm import layer_norm
 from gdnflow.ops.dropout import dropout
 
 __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu", "relu6",
@@ -30,6 +31,6 @@ __all__ = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "pow", "relu
 __all__ += ["softplus", "tanh", "abs", "round", "uniform_noise", "sigmoid_difference",
             "gaussian_likelihood"]
 __all__ += ["linear", "matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm",
-            "fold_batch_norm", "softmax", "log_softmax", "dropout"]
+            "fold_batch_norm", "layer_norm", "softmax", "log_softmax", "dropout"]
 __all__ += ["erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
             "atanh"]

@@ -21,6 +21,21 @@ def broadcast_shape(op_name, *shapes):
     return tuple(out)
 
 
+def broadcast_strides(out_shape, shape, strides=None):
+    """Element strides of an array of ``shape`` (C-contiguous, or with element ``strides``)
+    read at each index of ``out_shape`` that it broadcasts to: 0 along a broadcast
+    dimension."""
+    if strides is None:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= size
+        strides = strides[::-1]
+    lead = len(out_shape) - len(shape)
+    return [0] * lead + [stride if size == out_size else 0 for size, stride, out_size
+                         in zip(shape, strides, out_shape[lead:])]
+
+
 def kernel_layout(out_shape, *in_shapes):
     """Describe broadcasting for the CUDA kernels.
 
@@ -30,16 +45,21 @@ def kernel_layout(out_shape, *in_shapes):
     merged wherever every input is contiguous across them, so per-channel
     vectors against NCHW tensors take three dimensions: (N, C, H*W).
     """
-    ndim = len(out_shape)
-    per_input = []
-    for shape in in_shapes:
-        shape = (1,) * (ndim - len(shape)) + tuple(shape)
-        strides, step = [], 1
-        for size, out_size in zip(reversed(shape), reversed(out_shape)):
-            strides.append(step if size == out_size else 0)
-            step *= size
-        per_input.append(strides[::-1])
-    dims, strides = [], [[] for _ in in_shapes]
+    dims, strides = merged_layout(out_shape, [broadcast_strides(out_shape, shape)
+                                              for shape in in_shapes])
+    return tuple(dims[1:]), strides
+
+
+def merged_layout(out_shape, per_input):
+    """``(dims, strides)`` of ``out_shape`` read through ``per_input`` (one list of element
+    strides over out's dimensions per input), merged and padded to :data:`KERNEL_DIMS`.
+
+    ``dims`` are the :data:`KERNEL_DIMS` sizes, outermost first (leading 1s
+    pad), and ``strides`` one tuple per input. Adjacent dimensions are merged
+    wherever every input steps across the two as one; NotImplementedError if
+    more than :data:`KERNEL_DIMS` remain.
+    """
+    dims, strides = [], [[] for _ in per_input]
     for k, d in enumerate(out_shape):
         if d == 1:
             continue        # a size-1 dimension adds nothing to an index
@@ -56,12 +76,10 @@ def kernel_layout(out_shape, *in_shapes):
                 st.append(s[k])
     if len(dims) > KERNEL_DIMS:
         raise NotImplementedError(
-            f"broadcasting {in_shapes} to {tuple(out_shape)} needs {len(dims)} index dimensions; "
-            f"the CUDA kernels handle {KERNEL_DIMS}")
+            f"reading {len(per_input)} inputs at shape {tuple(out_shape)} needs {len(dims)} "
+            f"index dimensions; the CUDA kernels handle {KERNEL_DIMS}")
     pad = KERNEL_DIMS - len(dims)
-    dims = [1] * pad + dims
-    strides = [tuple([0] * pad + st) for st in strides]
-    return tuple(dims[1:]), strides
+    return [1] * pad + dims, [tuple([0] * pad + st) for st in strides]
 
 
 def reduced_axes(shape, target):

@@ -1,5 +1,5 @@
 """The error function and the trigonometric and hyperbolic maps, elementwise.
-CUDA kernels: ``cuda_src/elementwise.cu`` (one ``UNARY_OPERATOR`` line each).
+CUDA kernels: ``cuda_src/elementwise.cu`` (one line each in ``UNARY_OPERATORS``).
 
 ``erf sin cos tan asin acos atan sinh cosh asinh acosh atanh``: y has x's
 shape, y_i = f(x_i), with the usual derivatives::

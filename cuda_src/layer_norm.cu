@@ -1,0 +1,105 @@
+// Layer normalisation over the last axes. Python side: gdnflow/ops/layernorm.py.
+//
+// x is seen as [rows, cols] (cols: the product of the normalised axes) and
+// each row is normalised over its cols values, with scale and bias [cols]:
+//   mean = (1/cols) sum x,   var = (1/cols) sum (x - mean)^2,   inv = 1 / sqrt(var + eps)
+//   xhat = (x - mean) inv,   y = xhat scale + bias
+// The variance is that of the centred values (a second pass over the row,
+// read again from cache), not E[x^2] - mean^2, whose cancellation loses
+// digits where |mean| >> std. Backward, with g = gy scale:
+//   gx = inv (g - mean_j(g) - xhat mean_j(g xhat))
+//   gscale = sum over rows of gy xhat,   gbias = sum over rows of gy
+// One warp per row (rows of a few hundred values: ConvNeXt's 96 to 768).
+#include "gdnflow_common.cuh"
+
+#define ROWS_PER_BLOCK 8        // warps per block of the row kernels (256 threads)
+#define PARAMETER_ROWS 8        // threadIdx.y extent of layer_norm_backward_params
+
+// The sum over the warp, in every lane (butterfly).
+__device__ __forceinline__ float warp_total(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+#define FOR_EACH_ROW(row)                                                     \
+    for (int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5); row < rows; \
+         row += gridDim.x * ROWS_PER_BLOCK)
+
+extern "C" __global__ void layer_norm_forward(
+        const float* __restrict__ x, const float* __restrict__ scale,
+        const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ mean_out,
+        float* __restrict__ inv_out, int rows, int cols, float eps) {
+    const int lane = threadIdx.x & 31;
+    FOR_EACH_ROW(row) {
+        const float* xr = x + static_cast<long long>(row) * cols;
+        float sum = 0.0f;
+        for (int c = lane; c < cols; c += 32) sum += xr[c];
+        const float mean = warp_total(sum) / cols;
+        float squares = 0.0f;
+        for (int c = lane; c < cols; c += 32) {
+            const float d = xr[c] - mean;
+            squares += d * d;
+        }
+        const float inv = 1.0f / sqrtf(warp_total(squares) / cols + eps);
+        float* yr = y + static_cast<long long>(row) * cols;
+        for (int c = lane; c < cols; c += 32) yr[c] = (xr[c] - mean) * inv * scale[c] + bias[c];
+        if (lane == 0) {
+            mean_out[row] = mean;
+            inv_out[row] = inv;
+        }
+    }
+}
+
+extern "C" __global__ void layer_norm_backward_data(
+        const float* __restrict__ x, const float* __restrict__ gy,
+        const float* __restrict__ scale, const float* __restrict__ mean,
+        const float* __restrict__ inv, float* __restrict__ gx, int rows, int cols) {
+    const int lane = threadIdx.x & 31;
+    FOR_EACH_ROW(row) {
+        const long long at = static_cast<long long>(row) * cols;
+        const float m = mean[row], s = inv[row];
+        float g_sum = 0.0f, g_xhat_sum = 0.0f;
+        for (int c = lane; c < cols; c += 32) {
+            const float g = gy[at + c] * scale[c];
+            g_sum += g;
+            g_xhat_sum += g * (x[at + c] - m) * s;
+        }
+        const float g_mean = warp_total(g_sum) / cols, g_xhat_mean = warp_total(g_xhat_sum) / cols;
+        for (int c = lane; c < cols; c += 32) {
+            const float xhat = (x[at + c] - m) * s;
+            gx[at + c] = s * (gy[at + c] * scale[c] - g_mean - xhat * g_xhat_mean);
+        }
+    }
+}
+
+// Column sums over the rows: block (32, PARAMETER_ROWS) covers 32 columns;
+// blockIdx.y picks a share of the rows. Each block adds its partial sums into
+// gscale and gbias, which the host zeroes first.
+extern "C" __global__ void layer_norm_backward_params(
+        const float* __restrict__ x, const float* __restrict__ gy,
+        const float* __restrict__ mean, const float* __restrict__ inv,
+        float* __restrict__ gscale, float* __restrict__ gbias, int rows, int cols) {
+    __shared__ float partial[2][PARAMETER_ROWS][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    float scale_sum = 0.0f, bias_sum = 0.0f;
+    if (c < cols) {
+        for (int row = blockIdx.y * PARAMETER_ROWS + threadIdx.y; row < rows;
+             row += gridDim.y * PARAMETER_ROWS) {
+            const long long at = static_cast<long long>(row) * cols + c;
+            scale_sum += gy[at] * (x[at] - mean[row]) * inv[row];
+            bias_sum += gy[at];
+        }
+    }
+    partial[0][threadIdx.y][threadIdx.x] = scale_sum;
+    partial[1][threadIdx.y][threadIdx.x] = bias_sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        for (int k = 1; k < PARAMETER_ROWS; ++k) {
+            scale_sum += partial[0][k][threadIdx.x];
+            bias_sum += partial[1][k][threadIdx.x];
+        }
+        atomicAdd(gscale + c, scale_sum);
+        atomicAdd(gbias + c, bias_sum);
+    }
+}

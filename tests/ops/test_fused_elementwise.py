@@ -1,0 +1,184 @@
+"""Fused elementwise programs (gdnflow.ops.fused_elementwise) and the plan pass that makes
+them (gdnflow.inference.passes.fuse_elementwise): what fuses, what must not, each plan
+checked against the eager model; the CUDA interpreter against the NumPy operators."""
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import nn, ops, registry
+from gdnflow.inference import InferencePlan
+from gdnflow.nn.module import Module, Parameter
+from gdnflow.ops.fused_elementwise import OPCODES, FusedElementwise, Instruction
+from gdnflow.ops.arithmetic import AddOp, MulOp
+from gdnflow.ops.elementwise import AffineOp
+from gdnflow.ops.special import ErfOp
+from gdnflow.testing import relative_error
+
+SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "cuda_src", "elementwise.cu")
+
+
+def test_opcodes_follow_the_kernel_lists():
+    text = open(SOURCE).read()
+
+    def names(macro):
+        body = text[text.index(f"#define {macro}(X)"):]
+        body = body[:body.index("\n\n")]
+        return re.findall(r"X\((\w+),", body)
+    assert OPCODES == tuple(names("UNARY_OPERATORS") + names("BINARY_OPERATORS"))
+
+
+class ConvNeXtBlock(Module):
+    """ConvNeXt's block as the ONNX exporter writes it: NHWC in the middle, GELU as
+    erf, a per-channel layer scale after the transpose back, a residual add."""
+
+    def __init__(self, channels, rng):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, rng=rng)
+        self.w1 = Parameter(rng.standard_normal((channels, 3 * channels)) / math.sqrt(channels))
+        self.b1 = Parameter(rng.standard_normal(3 * channels))
+        self.w2 = Parameter(rng.standard_normal((3 * channels, channels)) / 3)
+        self.b2 = Parameter(rng.standard_normal(channels))
+        self.scale = Parameter(rng.uniform(0.5, 1.5, (channels, 1, 1)))
+
+    def forward(self, x):
+        h = ops.transpose(self.conv(x), (0, 2, 3, 1))
+        h = ops.matmul(h, self.w1) + self.b1
+        h = h * (ops.erf(h / math.sqrt(2)) + 1) * 0.5
+        h = ops.matmul(h, self.w2) + self.b2
+        return x + ops.transpose(h, (0, 3, 1, 2)) * self.scale
+
+
+def block_plan(rng, shape=(2, 5, 7, 9), device="numpy"):
+    model = ConvNeXtBlock(shape[1], rng).to(device).eval()
+    x = gf.tensor(rng.standard_normal(shape), device=device)
+    return model, x, InferencePlan(model, x.shape, device=device)
+
+
+def test_convnext_block_fuses_bias_gelu_and_the_transposed_epilogue(rng):
+    model, x, plan = block_plan(rng)
+    fused = [s for s in plan.program.steps if s.name == "fused_elementwise"]
+    assert [s.fused for s in fused] == [
+        ("add", "affine", "erf", "affine", "mul", "affine"),
+        ("add", "transpose", "mul", "add")]
+    # bias + GELU reads the product and b1; the epilogue the product, b2, the scale, x.
+    assert [len(s.inputs) for s in fused] == [2, 4]
+    assert "transpose" in [s.name for s in plan.program.steps]   # the first one feeds a matmul
+    with gf.no_grad():
+        expected = model(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) < 1e-6
+
+
+def test_a_value_read_outside_the_chain_is_computed_and_kept(rng):
+    class Shared(Module):
+        def forward(self, x):
+            y = ops.exp(x) * 2
+            return ops.sigmoid(y) + y, y
+    x = gf.tensor(rng.standard_normal((3, 4)))
+    plan = InferencePlan(Shared().eval(), x.shape)
+    # y is an output too: it is made once, and the sigmoid chain reads it.
+    assert [s.fused for s in plan.program.steps] == [("exp", "affine"), ("sigmoid", "add")]
+    got = plan(x)
+    y = np.exp(x.numpy()) * 2
+    assert relative_error(got[0].numpy(), 1 / (1 + np.exp(-y)) + y) < 1e-6
+    assert relative_error(got[1].numpy(), y) < 1e-6
+
+
+def test_chains_of_other_shapes_stay_apart(rng):
+    class Broadcast(Module):
+        def forward(self, x):
+            row = ops.exp(ops.mean(x, (0,), True))     # (1, 5): broadcast by the add
+            return ops.relu(x + row * 3)
+    x = gf.tensor(rng.standard_normal((4, 5)))
+    plan = InferencePlan(Broadcast().eval(), x.shape)
+    assert [s.fused for s in plan.program.steps if s.name == "fused_elementwise"] == [
+        ("exp", "affine"), ("add", "relu")]
+    with gf.no_grad():
+        expected = Broadcast()(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) < 1e-6
+
+
+def test_long_chains_split_at_the_kernel_limit(rng):
+    class Long(Module):
+        def forward(self, x):
+            for _ in range(40):
+                x = ops.affine(ops.sigmoid(x), 2.0, -1.0)
+            return x
+    x = gf.tensor(rng.standard_normal((3, 4)))
+    plan = InferencePlan(Long().eval(), x.shape)
+    lengths = [len(s.call.instructions) for s in plan.program.steps]
+    assert max(lengths) <= 16 and sum(lengths) == 80
+    with gf.no_grad():
+        expected = Long()(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) < 1e-6
+
+
+def test_program_limits_are_refused_by_name():
+    with pytest.raises(ValueError, match="fused_elementwise: 9 inputs"):
+        FusedElementwise((2,), [(1,)] * 9, [Instruction(AddOp(), (0, 1))])
+    with pytest.raises(ValueError, match="fused_elementwise: 0 instructions"):
+        FusedElementwise((2,), [(1,)], [])
+
+
+def gelu_program(shape):
+    """x * 0.5 * (1 + erf((x + bias) / sqrt 2)), bias broadcast along the last axis,
+    x read transposed: a (shape[0], shape[2], shape[1]) array seen as ``shape``."""
+    n, rows, cols = shape
+    return FusedElementwise(shape, [(rows * cols, 1, rows), (0, 0, 1)], [
+        Instruction(AddOp(), (0, 1)),                       # r2 = x + bias
+        Instruction(AffineOp(1 / math.sqrt(2), 0.0), (2,)),
+        Instruction(ErfOp(), (3,)),
+        Instruction(AffineOp(0.5, 0.5), (4,)),
+        Instruction(MulOp(), (2, 5))])
+
+
+def test_numpy_program_reads_through_its_strides(rng):
+    x = rng.standard_normal((2, 7, 5)).astype(np.float32)
+    bias = rng.standard_normal(7).astype(np.float32)
+    got = gelu_program((2, 5, 7))(gf.tensor(x), gf.tensor(bias)).numpy()
+    h = np.transpose(x, (0, 2, 1)) + bias
+    erf = np.vectorize(math.erf)
+    assert relative_error(got, h * 0.5 * (1 + erf(h / math.sqrt(2)))) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 5, 7), (3, 33, 65), (1, 1, 1)])
+def test_cuda_program_matches_the_numpy_operators(rng, shape):
+    n, rows, cols = shape
+    x = rng.standard_normal((n, cols, rows)).astype(np.float32)
+    bias = rng.standard_normal(cols).astype(np.float32)
+    program = gelu_program(shape)
+    expected = program(gf.tensor(x), gf.tensor(bias)).numpy()
+    got = program(gf.tensor(x, device="cuda"), gf.tensor(bias, device="cuda"))
+    assert got.device == "cuda" and got.shape == shape
+    assert relative_error(got.numpy(), expected) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_cuda_program_covers_every_opcode(rng):
+    x = gf.tensor(rng.uniform(0.2, 0.8, (3, 37)))
+    y = gf.tensor(rng.uniform(1.1, 1.9, (3, 37)))
+    for name in OPCODES:
+        if name in ("add", "sub", "mul", "div"):
+            call, operands = registry.get(name)(), (0, 1)
+        elif name in ("pow", "clamp", "affine"):
+            call, operands = registry.get(name)(*{"pow": (1.5,), "clamp": (0.3, 0.6),
+                                                  "affine": (2.0, -1.0)}[name]), (0,)
+        else:
+            call, operands = registry.get(name)(), ((1,) if name == "acosh" else (0,))
+        program = FusedElementwise((3, 37), [(37, 1), (37, 1)], [Instruction(call, operands)])
+        expected = program(x, y).numpy()
+        got = program(x.to("cuda"), y.to("cuda")).numpy()
+        assert relative_error(got, expected) <= 1e-5, name
+
+
+@pytest.mark.gpu
+def test_convnext_block_plan_on_cuda_matches_numpy(rng):
+    model, x, plan = block_plan(rng, shape=(3, 6, 11, 13))
+    expected = plan(x).numpy()
+    cuda_plan = InferencePlan(model.to("cuda"), x.shape, device="cuda")
+    assert [s.name for s in cuda_plan.program.steps].count("fused_elementwise") == 2
+    assert relative_error(cuda_plan(x.to("cuda")).numpy(), expected) <= 1e-5

@@ -1,0 +1,56 @@
+"""Layer normalisation (gdnflow.ops.layernorm): forward against the float64 formula,
+gradients against finite differences, CUDA against NumPy at odd sizes, shape errors."""
+import numpy as np
+import pytest
+
+import gdnflow as gf
+from gdnflow import ops
+from gdnflow.errors import ShapeError
+from gdnflow.testing import assert_backends_match, gradcheck, relative_error
+
+
+def reference(x, scale, bias, axis, eps):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def inputs(rng, shape, axis):
+    normalized = shape[axis % len(shape):]
+    # An offset mean: the centred variance must not lose digits to it.
+    return [rng.standard_normal(shape) * 3 + 5, rng.uniform(0.5, 1.5, normalized),
+            rng.standard_normal(normalized)]
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 7), -1), ((2, 3, 5), 1), ((6,), 0),
+                                        ((2, 5, 5, 96), 3)])
+def test_forward_matches_the_float64_formula(rng, shape, axis):
+    x, scale, bias = inputs(rng, shape, axis)
+    got = ops.layer_norm(*(gf.tensor(a, dtype=np.float64) for a in (x, scale, bias)),
+                         axis=axis, eps=1e-6).numpy()
+    assert relative_error(got, reference(x, scale, bias, axis, 1e-6)) < 1e-12
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 5), -1), ((2, 3, 4), 1)])
+def test_gradients_match_finite_differences(rng, shape, axis):
+    gradcheck(lambda x, s, b: ops.layer_norm(x, s, b, axis=axis), inputs(rng, shape, axis),
+              names=["x", "scale", "bias"])
+
+
+def test_wrong_parameter_shapes_and_axis_are_refused(rng):
+    x = gf.tensor(rng.standard_normal((2, 3, 4)))
+    with pytest.raises(ShapeError, match=r"scale must have the normalised axes' shape \(4,\)"):
+        ops.layer_norm(x, gf.ones((3,)), gf.zeros((4,)))
+    with pytest.raises(ShapeError, match="axis 3 is out of range"):
+        ops.layer_norm(x, gf.ones((4,)), gf.zeros((4,)), axis=3)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        ops.layer_norm(x, gf.ones((4,)), gf.zeros((4,)), eps=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,axis", [((5, 7), -1), ((3, 9, 11, 96), 3), ((37, 769), 1),
+                                        ((2, 3, 33), 1), ((1, 1), -1)], ids=str)
+def test_cuda_matches_numpy(rng, shape, axis):
+    assert_backends_match(lambda x, s, b: ops.layer_norm(x, s, b, axis=axis),
+                          inputs(rng, shape, axis), rtol=1e-4, names=["x", "scale", "bias"])
