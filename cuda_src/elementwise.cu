@@ -104,7 +104,9 @@ extern "C" __global__ void NAME##_backward(                                   \
     X(acosh,   acoshf(x),                   gy * rsqrtf((x - 1.0f) * (x + 1.0f))) \
     X(atanh,   atanhf(x),                   gy / (1.0f - x * x))
 
+#ifndef FUSED_PROGRAM      // a fused program's module holds its kernel alone (section below)
 UNARY_OPERATORS(UNARY_OPERATOR)
+#endif
 
 // --------------------------------------------------------------- binary ----
 // out = a OP b. NAME_same: a, b and out have one shape. NAME_broadcast: out
@@ -156,6 +158,7 @@ extern "C" __global__ void NAME##_broadcast(                                  \
 
 #define BINARY_OPERATORS(X) X(add, a + b) X(sub, a - b) X(mul, a * b) X(div, a / b)
 
+#ifndef FUSED_PROGRAM
 BINARY_OPERATORS(BINARY_OPERATOR)
 
 // out = x broadcast to out's shape (the backward of a reduction).
@@ -169,76 +172,66 @@ extern "C" __global__ void broadcast_copy(
         out[i] = x[ox];
     }
 }
+#endif
 
 // ------------------------------------------------------- fused programs ----
-// fused_elementwise: one pass for a chain of the operators above that an
+// fused_program: one pass for a chain of the operators above that an
 // inference plan fused (Python side: gdnflow/ops/fused_elementwise.py, which
-// builds the program; gdnflow/inference/passes.py, which finds the chains).
-// Registers 0 .. inputs-1 hold the inputs' elements: input k's element for
-// out index (i0, ..., i5) is at sum_j ij * strides[k][j], a stride 0 where
-// the input is broadcast and permuted where a transpose was folded in.
-// Register inputs + t holds instruction t's result, the last one is stored.
-// Interpreted rather than generated: one compiled kernel serves every
-// program, and the switch costs no divergence (every thread of the grid runs
-// the same program).
+// writes the program; gdnflow/inference/passes.py, which finds the chains).
+// A module built with -DFUSED_PROGRAM=<statements> -DFUSED_INPUTS=<k> holds
+// this kernel only: each program is compiled once (and cached on disk like
+// every module), its operators inlined, its values in registers. Input k's
+// element for out index (i0, ..., i5) is at sum_j ij * strides[k][j], a
+// stride 0 where the input is broadcast and permuted where a transpose was
+// folded in. The statements read input0 ... input<k-1> (the inputs' elements),
+// define more r's with the op_* functions, and assign the out value to
+// `result`.
+#ifdef FUSED_PROGRAM
 #define PROGRAM_INPUTS 8
-#define PROGRAM_INSTRUCTIONS 16
 #define PROGRAM_DIMS 6
 
-// Opcodes: the unary operators in UNARY_OPERATORS' order, then the binary
-// ones (gdnflow/ops/fused_elementwise.py lists them in this order; a test
-// reads this file to check).
-#define UNARY_OPCODE(NAME, FORWARD, BACKWARD) OP_##NAME,
-#define BINARY_OPCODE(NAME, EXPR) OP_##NAME,
-enum Opcode { UNARY_OPERATORS(UNARY_OPCODE) BINARY_OPERATORS(BINARY_OPCODE) };
+#define UNARY_FUNCTION(NAME, FORWARD, BACKWARD)                               \
+    __device__ __forceinline__ float op_##NAME(float x, float p0, float p1) { \
+        return (FORWARD);                                                     \
+    }
+#define BINARY_FUNCTION(NAME, EXPR)                                           \
+    __device__ __forceinline__ float op_##NAME(float a, float b) { return (EXPR); }
+UNARY_OPERATORS(UNARY_FUNCTION)
+BINARY_OPERATORS(BINARY_FUNCTION)
 
-// Passed by value (the host packs the same layout: all 4-byte fields).
-struct ElementwiseProgram {
-    int inputs, instructions;
+// Passed by value (the host packs the same layout: 4-byte fields).
+struct ProgramLayout {
     int dims[PROGRAM_DIMS];                      // out's merged dimensions, outermost first
     int strides[PROGRAM_INPUTS][PROGRAM_DIMS];   // element strides per input and dimension
-    int code[PROGRAM_INSTRUCTIONS][3];           // opcode, register of x or a, register of b
-    float params[PROGRAM_INSTRUCTIONS][2];       // p0, p1 of a unary operator
 };
 
-__device__ __forceinline__ float run_instruction(int op, float a, float b, float p0, float p1) {
-    const float x = a;
-    switch (op) {
-#define UNARY_CASE(NAME, FORWARD, BACKWARD) case OP_##NAME: return (FORWARD);
-#define BINARY_CASE(NAME, EXPR) case OP_##NAME: return (EXPR);
-    UNARY_OPERATORS(UNARY_CASE)
-    BINARY_OPERATORS(BINARY_CASE)
-    }
-    return 0.0f;
-}
+#define LOAD_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(in##k[offset[k]]) : 0.0f;
 
-extern "C" __global__ void fused_elementwise(
-        storage_t* __restrict__ out, const storage_t* in0, const storage_t* in1,
-        const storage_t* in2, const storage_t* in3, const storage_t* in4,
-        const storage_t* in5, const storage_t* in6, const storage_t* in7, int n,
-        const ElementwiseProgram program) {
-    // A copy in shared memory: the loops below index it with run-time values.
-    __shared__ ElementwiseProgram p;
-    if (threadIdx.x == 0) p = program;
-    __syncthreads();
-    const storage_t* const in[PROGRAM_INPUTS] = {in0, in1, in2, in3, in4, in5, in6, in7};
+extern "C" __global__ void fused_program(
+        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
+        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
+        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
+        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
+        const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
     GRID_STRIDE_LOOP(i, n) {
-        int offset[PROGRAM_INPUTS];
-        for (int k = 0; k < p.inputs; ++k) offset[k] = 0;
+        int offset[PROGRAM_INPUTS] = {0, 0, 0, 0, 0, 0, 0, 0};
         int rest = i;
+#pragma unroll
         for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
-            const int size = p.dims[d];
+            const int size = layout.dims[d];
             if (size == 1) continue;
             const int index = rest % size;
             rest /= size;
-            for (int k = 0; k < p.inputs; ++k) offset[k] += index * p.strides[k][d];
+#pragma unroll
+            for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += index * layout.strides[k][d];
         }
-        float r[PROGRAM_INPUTS + PROGRAM_INSTRUCTIONS];
-        for (int k = 0; k < p.inputs; ++k)
-            r[k] = load_value(in[k][offset[k] + rest * p.strides[k][0]]);
-        for (int t = 0; t < p.instructions; ++t)
-            r[p.inputs + t] = run_instruction(p.code[t][0], r[p.code[t][1]], r[p.code[t][2]],
-                                              p.params[t][0], p.params[t][1]);
-        out[i] = store_value(r[p.inputs + p.instructions - 1]);
+#pragma unroll
+        for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += rest * layout.strides[k][0];
+        LOAD_INPUT(0) LOAD_INPUT(1) LOAD_INPUT(2) LOAD_INPUT(3)
+        LOAD_INPUT(4) LOAD_INPUT(5) LOAD_INPUT(6) LOAD_INPUT(7)
+        float result;
+        FUSED_PROGRAM
+        out[i] = store_value(result);
     }
 }
+#endif

@@ -1,7 +1,7 @@
 """One kernel for a chain of elementwise operators: what an inference plan's
 elementwise fusion (:func:`gdnflow.inference.passes.fuse_elementwise`) runs.
 
-CUDA kernel: ``fused_elementwise`` in ``cuda_src/elementwise.cu`` (section
+CUDA kernel: ``fused_program`` in ``cuda_src/elementwise.cu`` (section
 "fused programs"). A :class:`FusedElementwise` is a straight-line program over
 registers: registers 0 ... k-1 hold its k inputs, each read through element
 strides over the output's shape (0 where the input is broadcast, permuted
@@ -9,8 +9,11 @@ where a transpose was folded in), and each :class:`Instruction` applies one
 of the unary operators of :mod:`gdnflow.ops.elementwise` and
 :mod:`gdnflow.ops.special` or the binary arithmetic of
 :mod:`gdnflow.ops.arithmetic` to earlier registers; the last register is the
-result. The kernel interprets the program, so that one compiled kernel
-serves every chain (no compilation at plan build).
+result. The program is written out as C statements
+(:meth:`FusedElementwise.program_source`) and compiled into a module of its
+own with ``-DFUSED_PROGRAM`` (once per program and dtype; the cubin cache
+keeps it across processes): an interpreted version, one kernel for every
+program, ran 5-7x slower on the H200 (its registers in local memory).
 
 Elsewhere, and where the inputs' dtypes differ, the program runs as what it
 replaced: each instruction's original operator in turn, on the inputs
@@ -19,6 +22,7 @@ against). It is an inference rewrite: it computes no gradients (the plans
 it appears in record none); training runs the original operators.
 """
 import dataclasses
+import math
 
 import numpy as np
 
@@ -31,25 +35,26 @@ from gdnflow.ops.shape import contiguous_strides, cuda_gather
 from gdnflow.tensor import Tensor
 
 SOURCE = "elementwise.cu"
-#: The kernel's opcodes, in the order of elementwise.cu's ``UNARY_OPERATORS``
-#: then ``BINARY_OPERATORS`` lists (tests/ops/test_fused_elementwise.py checks it).
+#: The operators a program may use: elementwise.cu's ``UNARY_OPERATORS`` then
+#: ``BINARY_OPERATORS`` (its ``op_<name>`` functions; tests/ops/test_fused_elementwise.py
+#: checks the lists agree).
 OPCODES = ("neg", "exp", "log", "sqrt", "pow", "relu", "relu6", "sigmoid", "clamp", "affine",
            "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
            "acosh", "atanh", "add", "sub", "mul", "div")
-#: The kernel's limits (``PROGRAM_INPUTS``, ``PROGRAM_INSTRUCTIONS``, ``PROGRAM_DIMS``).
-MAX_INPUTS, MAX_INSTRUCTIONS, DIMS = 8, 16, 6
-_OPCODE = {name: code for code, name in enumerate(OPCODES)}
-# The ElementwiseProgram struct: inputs, instructions, dims, strides, code, params.
-_PROGRAM_WORDS = 2 + DIMS + MAX_INPUTS * DIMS + MAX_INSTRUCTIONS * 3 + MAX_INSTRUCTIONS * 2
-_ARGUMENTS = "P" * (1 + MAX_INPUTS) + "i" + f"{_PROGRAM_WORDS * 4}s"
+#: The kernel's inputs and index dimensions (``PROGRAM_INPUTS``, ``PROGRAM_DIMS``), and
+#: the longest program the pass writes (one kernel's worth of registers).
+MAX_INPUTS, DIMS, MAX_INSTRUCTIONS = 8, 6, 16
+_OPCODES = frozenset(OPCODES)
+# The ProgramLayout struct: dims, then strides per input.
+_ARGUMENTS = "P" * (1 + MAX_INPUTS) + "i" + f"{(1 + MAX_INPUTS) * DIMS * 4}s"
 
 
 def fusible(call):
     """Whether the traced operator ``call`` can be an :class:`Instruction`: a unary operator
     or binary arithmetic running its elementwise.cu kernels."""
     if isinstance(call, UnaryOp):
-        return call.kernel in _OPCODE and type(call).forward_cuda is UnaryOp.forward_cuda
-    return isinstance(call, BinaryOp) and call.kernel in _OPCODE
+        return call.kernel in _OPCODES and type(call).forward_cuda is UnaryOp.forward_cuda
+    return isinstance(call, BinaryOp) and call.kernel in _OPCODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +83,9 @@ class FusedElementwise:
             raise ValueError(f"fused_elementwise: {len(self.strides)} inputs; the kernel takes "
                              f"1 to {MAX_INPUTS}")
         if not 0 < len(self.instructions) <= MAX_INSTRUCTIONS:
-            raise ValueError(f"fused_elementwise: {len(self.instructions)} instructions; the "
-                             f"kernel takes 1 to {MAX_INSTRUCTIONS}")
-        self._program = None
+            raise ValueError(f"fused_elementwise: {len(self.instructions)} instructions; a "
+                             f"program has 1 to {MAX_INSTRUCTIONS}")
+        self._launch = None         # (kernel, packed layout), made on the first CUDA run
 
     def __repr__(self):
         names = " ".join(_name(i.call) for i in self.instructions)
@@ -115,35 +120,46 @@ class FusedElementwise:
             array, self.shape, [s * array.itemsize for s in strides])
         return Tensor.wrap(np.ascontiguousarray(view), x.device)
 
-    def program_bytes(self):
-        """The kernel's ElementwiseProgram argument, packed (built once)."""
-        if self._program is None:
-            dims, strides = merged_layout(self.shape, [list(s) for s in self.strides])
-            words = np.zeros(_PROGRAM_WORDS, np.int32)
-            words[0], words[1] = len(strides), len(self.instructions)
-            words[2:2 + DIMS] = dims
-            at = 2 + DIMS
-            for k, st in enumerate(strides):
-                words[at + k * DIMS:at + (k + 1) * DIMS] = st
-            at += MAX_INPUTS * DIMS
-            code = words[at:at + MAX_INSTRUCTIONS * 3].reshape(MAX_INSTRUCTIONS, 3)
-            params = np.zeros((MAX_INSTRUCTIONS, 2), np.float32)
-            for t, instruction in enumerate(self.instructions):
-                operands = tuple(instruction.operands) * (3 - len(instruction.operands))
-                code[t] = (_OPCODE[instruction.call.kernel],) + operands[:2]
-                if isinstance(instruction.call, UnaryOp):
-                    params[t] = instruction.call.params
-            words[at + MAX_INSTRUCTIONS * 3:] = params.ravel().view(np.int32)
-            self._program = words.tobytes()
-        return self._program
+    def program_source(self):
+        """The statements of the compiled kernel (``-DFUSED_PROGRAM``; see elementwise.cu)."""
+        count = len(self.strides)
+        lines = [f"const float r{k} = input{k};" for k in range(count)]
+        for t, instruction in enumerate(self.instructions):
+            call = instruction.call
+            arguments = [f"r{r}" for r in instruction.operands]
+            if isinstance(call, UnaryOp):
+                arguments += [_float_literal(p) for p in call.params]
+            lines.append(f"const float r{count + t} = op_{call.kernel}({', '.join(arguments)});")
+        lines.append(f"result = r{count + len(self.instructions) - 1};")
+        return " ".join(lines)
+
+    def layout_bytes(self):
+        """The kernel's ProgramLayout argument: merged dimensions and strides, packed."""
+        dims, strides = merged_layout(self.shape, [list(s) for s in self.strides])
+        words = np.zeros((1 + MAX_INPUTS, DIMS), np.int32)
+        words[0] = dims
+        words[1:1 + len(strides)] = strides
+        return words.tobytes()
 
     def _run_kernel(self, arrays):
+        if self._launch is None:
+            defines = (("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
+            self._launch = (cuda.kernel(SOURCE, "fused_program", _ARGUMENTS,
+                                        tuple(cuda.storage_defines(arrays[0].dtype)) + defines),
+                            self.layout_bytes())
+        kernel, layout = self._launch
         out = cuda.empty(self.shape, arrays[0].dtype)
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
-        cuda.kernel(SOURCE, "fused_elementwise", _ARGUMENTS,
-                    cuda.storage_defines(out.dtype)).launch(
-            out.size, out.ptr, *pointers, out.size, self.program_bytes())
+        kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+
+def _float_literal(value):
+    """``value`` as a CUDA float literal (infinities by name)."""
+    value = float(value)
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    return f"{value!r}f"
 
 
 def _name(call):

@@ -4,12 +4,15 @@ checked against the eager model; the CUDA interpreter against the NumPy operator
 import math
 import os
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 import gdnflow as gf
 from gdnflow import nn, ops, registry
+from gdnflow.backends.cuda.kernel_cache import expand_source, nvcc_options
 from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.ops.fused_elementwise import OPCODES, FusedElementwise, Instruction
@@ -142,6 +145,21 @@ def test_numpy_program_reads_through_its_strides(rng):
     h = np.transpose(x, (0, 2, 1)) + bias
     erf = np.vectorize(math.erf)
     assert relative_error(got, h * 0.5 * (1 + erf(h / math.sqrt(2)))) < 1e-6
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("storage", [(), (("STORAGE_BF16", 1),)], ids=["float32", "bf16"])
+def test_generated_program_compiles_without_warnings(tmp_path, storage):
+    program = gelu_program((2, 5, 7))
+    assert "op_erf(r3, 0.0f, 0.0f)" in program.program_source()
+    source = tmp_path / "elementwise.cu"
+    source.write_text(expand_source(SOURCE))
+    defines = storage + (("FUSED_INPUTS", 2), ("FUSED_PROGRAM", program.program_source()))
+    result = subprocess.run(
+        ["nvcc", "-arch=sm_90", "--cubin", "-Werror", "all-warnings", *nvcc_options(defines),
+         "-o", str(tmp_path / "out.cubin"), str(source)], capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.gpu

@@ -87,7 +87,9 @@ def nvcc_identity(nvcc):
 
 def nvcc_options(defines):
     """The nvcc options of a module built with ``defines`` ((NAME, value) pairs)."""
-    return list(NVCC_OPTIONS) + [f"-D{name}={value}" for name, value in defines]
+    # nvcc splits an option's value at commas: a comma within a define's value is escaped.
+    return list(NVCC_OPTIONS) + [f"-D{name}={str(value).replace(',', chr(92) + ',')}"
+                                 for name, value in defines]
 
 
 class NvccRunner:
