@@ -483,3 +483,19 @@ def test_frozen_weights_on_the_gpu(rng):
     np.testing.assert_array_equal(first, second)
     want = NumpyConv.forward(g, x.numpy().astype(np.float64), w.numpy().astype(np.float64))
     assert relative_error(first, want) <= 1e-4
+
+
+def _three_by_three(x_shape, c_out):
+    return conv_geometry("conv2d", x_shape, (c_out, x_shape[1], 3, 3), (1, 1), (1, 1, 1, 1),
+                         (1, 1), 1)
+
+
+def test_narrow_layers_prefer_f4_only_on_many_pixels():
+    # DenseNet-121's 128 -> 32 growth layers at batch 32 (measured: winograd.NARROW_*).
+    assert WinogradF4.preferred(_three_by_three((32, 128, 56, 56), 32))
+    assert WinogradF4.preferred(_three_by_three((32, 128, 28, 28), 32))
+    assert not WinogradF4.preferred(_three_by_three((32, 128, 14, 14), 32))
+    assert not WinogradF4.preferred(_three_by_three((1, 128, 56, 56), 32))
+    assert not WinogradF4.preferred(_three_by_three((32, 16, 56, 56), 32))   # too few channels
+    assert ConvPlanner.supported(_three_by_three((32, 128, 56, 56), 32), "forward")[0] \
+        is WinogradF4

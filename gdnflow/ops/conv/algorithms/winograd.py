@@ -53,6 +53,14 @@ MIN_CHANNEL_PRODUCT = 64 * 64
 #: 4x the weight) is not paid back by the GEMM saved: batch-1 14x14 layers stay
 #: on im2col.
 MIN_PIXELS = 512
+#: Narrower layers (min(C_in, C_out) >= NARROW_CHANNELS) on at least NARROW_PIXELS
+#: output pixels prefer F(4x4) too: measured on the H200 (batch 32, autotune
+#: against the heuristic's im2col choices), DenseNet-121's 128->32 layers took
+#: 160 µs in F(4x4) against 579 µs at 56x56 (100,352 pixels) and 112 against
+#: 160 at 28x28 (25,088), Inception v3's 32->32 at 149x149 350 against 1102;
+#: at 14x14 (6,272 pixels) im2col kept the lead (61 against 101).
+NARROW_CHANNELS = 32
+NARROW_PIXELS = 24576
 
 #: m -> (B^T, G, A^T) of F(m x m, 3 x 3), float64; cuda_src/winograd.cu writes
 #: the same matrices out as code. Points 0, 1, -1 (and 2, -2 for m = 4) and
@@ -291,10 +299,12 @@ class WinogradF4(_Winograd):
 
     @staticmethod
     def preferred(g):
-        """Enough channels and pixels to pay for the transforms (see MIN_* above)."""
-        return (min(g.c_in, g.c_out) >= MIN_CHANNELS
-                and g.c_in * g.c_out >= MIN_CHANNEL_PRODUCT
-                and g.n * g.oh * g.ow >= MIN_PIXELS)
+        """Enough channels and pixels to pay for the transforms (see MIN_* and NARROW_*
+        above)."""
+        pixels = g.n * g.oh * g.ow
+        wide = (min(g.c_in, g.c_out) >= MIN_CHANNELS
+                and g.c_in * g.c_out >= MIN_CHANNEL_PRODUCT and pixels >= MIN_PIXELS)
+        return wide or (min(g.c_in, g.c_out) >= NARROW_CHANNELS and pixels >= NARROW_PIXELS)
 
 
 class WinogradF2(_Winograd):
