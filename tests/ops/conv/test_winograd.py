@@ -497,5 +497,6 @@ def test_narrow_layers_prefer_f4_only_on_many_pixels():
     assert not WinogradF4.preferred(_three_by_three((32, 128, 14, 14), 32))
     assert not WinogradF4.preferred(_three_by_three((1, 128, 56, 56), 32))
     assert not WinogradF4.preferred(_three_by_three((32, 16, 56, 56), 32))   # too few channels
-    assert ConvPlanner.supported(_three_by_three((32, 128, 56, 56), 32), "forward")[0] \
-        is WinogradF4
+    planner = ConvPlanner(autotune=False)
+    assert planner.choose(_three_by_three((32, 128, 56, 56), 32), "forward") is WinogradF4
+    assert planner.choose(_three_by_three((32, 128, 14, 14), 32), "forward") is Im2colDirect
