@@ -38,3 +38,35 @@ extern "C" __global__ void strided_scatter(
         VIEW_DIMS, VIEW_STRIDES) {
     GRID_STRIDE_LOOP(i, n) out[view_offset(i, base, d1, d2, d3, d4, d5, s0, s1, s2, s3, s4, s5)] = x[i];
 }
+
+// Concatenation, up to CONCAT_INPUTS inputs a launch: out is [outer, total,
+// inner] (total: the concatenated axis), and input k fills its rows
+// [start[k], start[k + 1]) of that axis, itself [outer, start[k + 1] -
+// start[k], inner]. One launch writes every row from start[0] to
+// start[count], each output element once, reading the input it belongs to:
+// one launch for a DenseNet concatenation of up to 32 inputs, where one view
+// copy per input took 597 launches per image.
+#define CONCAT_INPUTS 32
+
+struct ConcatInputs {                       // passed by value (the host packs it)
+    const float* x[CONCAT_INPUTS];
+    int start[CONCAT_INPUTS + 1];
+};
+
+extern "C" __global__ void concat_inputs(
+        float* __restrict__ out, int outer, int total, int inner, int count,
+        const ConcatInputs inputs) {
+    // In shared memory: the loop indexes the table with run-time values.
+    __shared__ ConcatInputs table;
+    if (threadIdx.x == 0) table = inputs;
+    __syncthreads();
+    const int first = table.start[0], rows = table.start[count] - first;
+    GRID_STRIDE_LOOP(i, outer * rows * inner) {
+        const int column = i % inner, row = first + (i / inner) % rows, o = i / (inner * rows);
+        int k = 0;
+        while (row >= table.start[k + 1]) ++k;
+        const int width = table.start[k + 1] - table.start[k];
+        out[(o * total + row) * inner + column] =
+            table.x[k][(o * width + row - table.start[k]) * inner + column];
+    }
+}

@@ -13,6 +13,9 @@ the program returns, and folds only constants (weights):
   becomes conv2d with a fused ``residual``;
 - :func:`fuse_activations`: ``conv2d -> relu / relu6 / clamp(0, 6)`` becomes
   conv2d with a fused ``activation`` (applied after bias and residual);
+- :func:`batch_norms_as_affine`: a batch norm (inference) that no convolution
+  took (one after a concatenation, as in DenseNet) becomes ``x * s + t``
+  with per-channel constants, which the next pass joins to what follows;
 - :func:`fuse_elementwise`: chains of elementwise operators (the unary maps
   and broadcasting arithmetic) of one output shape, linked through values
   nothing else reads, become one
@@ -23,9 +26,11 @@ the program returns, and folds only constants (weights):
 import dataclasses
 import math
 
+import numpy as np
+
 from gdnflow.autograd import Operator, no_grad
 from gdnflow.inference.program import FusedConv, Step
-from gdnflow.ops.arithmetic import AddOp
+from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.broadcast import broadcast_strides
@@ -123,6 +128,34 @@ def fold_batch_norms(program):
                        conv_step.fused + ("batch_norm",))
 
     return _fuse_pass(program, match)
+
+
+def batch_norms_as_affine(program):
+    """Each batch norm (inference) left after :func:`fold_batch_norms` becomes a multiply and
+    an add by per-channel constants (the fold of an identity layer); returns the count."""
+    steps, count = [], 0
+    for step in program.steps:
+        op = step.call
+        if (type(op) is not BatchNormOp or op.training
+                or any(v not in program.constants for v in step.inputs[1:3])):
+            steps.append(step)
+            continue
+        x, gamma, beta = step.inputs
+        shape, like = program.shapes[x], program.constants[gamma]
+        scale, shift = fold_batch_norm(np.ones(shape[1], like.numpy().dtype), None,
+                                       like, program.constants[beta], op.running_mean,
+                                       op.running_var, op.eps)
+        per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+        s = _new_constant(program, scale.reshape(per_channel), like)
+        t = _new_constant(program, shift.reshape(per_channel), like)
+        scaled = max(program.shapes) + 1
+        program.shapes[scaled] = shape
+        steps += [Step(MulOp(), (x, s), scaled, "mul", ("batch_norm",)),
+                  Step(AddOp(), (scaled, t), step.output, "add", ("batch_norm",))]
+        count += 1
+    program.steps = steps
+    program.refresh()
+    return count
 
 
 def fuse_residuals(program):
@@ -421,5 +454,6 @@ def optimize(program):
             "folded_batch_norm": fold_batch_norms(program),
             "fused_residual": fuse_residuals(program),
             "fused_activation": fuse_activations(program),
+            "batch_norm_as_affine": batch_norms_as_affine(program),
             "fused_elementwise": fuse_elementwise(program),
             "removed_unused": drop_unused(program)}

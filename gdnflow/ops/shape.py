@@ -55,6 +55,11 @@ def flatten(x, start_dim=1):
 # more launches of strided_gather / strided_scatter (cuda_src/shape.cu),
 # which pair a dense array with a strided view of another.
 SOURCE = "shape.cu"
+#: Inputs one concat_inputs launch takes (``CONCAT_INPUTS`` in shape.cu).
+CONCAT_INPUTS = 32
+# out, outer, total, inner, count, then the ConcatInputs table: 32 pointers, 33 starts
+# (padded to 8 bytes).
+_CONCAT_ARGUMENTS = "Piiii" + f"{8 * (CONCAT_INPUTS + (CONCAT_INPUTS + 2) // 2)}s"
 VIEW_DIMS = 6
 
 
@@ -198,11 +203,21 @@ class ConcatOp(Operator):
 
     def forward_cuda(self, *xs):
         out = cuda.empty(self.out_shape, xs[0].dtype)
-        strides = contiguous_strides(self.out_shape)
-        offset = 0
-        for x in xs:
-            cuda_scatter(x, out, offset * strides[self.axis], strides)
-            offset += x.shape[self.axis]
+        outer = math.prod(self.out_shape[:self.axis])
+        inner = math.prod(self.out_shape[self.axis + 1:])
+        starts = np.cumsum([0] + [x.shape[self.axis] for x in xs])
+        kernel = cuda.kernel(SOURCE, "concat_inputs", _CONCAT_ARGUMENTS)
+        for first in range(0, len(xs), CONCAT_INPUTS):
+            group = [x for x in xs[first:first + CONCAT_INPUTS] if x.size]
+            if not group:
+                continue
+            table = np.zeros(CONCAT_INPUTS + (CONCAT_INPUTS + 2) // 2, np.uint64)
+            table[:len(group)] = [x.ptr for x in group]
+            rows = [starts[first]] + [starts[first] + sum(x.shape[self.axis] for x in group[:k + 1])
+                                      for k in range(len(group))]
+            table[CONCAT_INPUTS:].view(np.int32)[:len(rows)] = rows
+            kernel.launch(outer * (rows[-1] - rows[0]) * inner, out.ptr, outer,
+                          self.out_shape[self.axis], inner, len(group), table.tobytes())
         return out
 
     def backward(self, gy):

@@ -126,3 +126,25 @@ def test_weight_only_subexpressions_become_constants(rng):
     assert plan.stats["folded_constants"] > 0
     assert [s.name for s in plan.program.steps] == ["conv2d", "gdn"]
     assert relative_error(plan(x).numpy(), eager(model, x)) < 1e-6
+
+
+def test_batch_norm_after_a_concat_becomes_one_kernel_with_its_relu(rng):
+    class DenseLayer(Module):
+        """DenseNet's pre-activation: concat -> batch norm -> relu -> conv."""
+
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(6)
+            self.conv = nn.Conv2d(6, 3, 3, padding=1, rng=rng)
+
+        def forward(self, x):
+            return self.conv(ops.relu(self.bn(ops.concat([x, x * 2], 1))))
+    model = randomize_batch_norms(DenseLayer().to("numpy"), rng).eval()
+    x = tensor(rng, (2, 3, 5, 7))
+    plan = InferencePlan(model, x.shape)
+    assert plan.stats["batch_norm_as_affine"] == 1
+    # The batch norm's multiply and add, and the relu: one step.
+    assert [s.fused for s in plan.program.steps if s.name == "fused_elementwise"] == [
+        ("mul", "add", "relu")]
+    assert "batch_norm" not in [s.name for s in plan.program.steps]
+    assert relative_error(plan(x).numpy(), eager(model, x)) < 1e-5

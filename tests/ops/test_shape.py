@@ -113,3 +113,19 @@ def test_shape_op_cuda_matches_numpy(name, shape, rng):
 def test_concat_distinct_cuda(rng):
     assert_backends_match(lambda a, b: ops.concat([a, b], axis=0),
                           [rng.standard_normal((2, 7, 3)), rng.standard_normal((5, 7, 3))], rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [0, 1, 3])
+def test_concat_of_many_inputs_cuda(rng, axis):
+    # 70 inputs: three launches of concat_inputs (32 a launch), widths 1 to 5, one empty.
+    widths = [int(w) for w in rng.integers(1, 6, 70)]
+    widths[40] = 0
+    shapes = []
+    for w in widths:
+        shape = [3, 4, 5, 6]
+        shape[axis] = w
+        shapes.append(tuple(shape))
+    arrays = [rng.standard_normal(s) for s in shapes]
+    got = ops.concat([gf.tensor(a, device="cuda") for a in arrays], axis=axis).numpy()
+    np.testing.assert_array_equal(got, np.concatenate(arrays, axis=axis).astype(np.float32))
