@@ -1,6 +1,7 @@
 """Shape operators. reshape and flatten need no kernel (a reshape of a
 contiguous array is a view on both backends); transpose, slice, concat and
 pad move data with the kernels of ``cuda_src/shape.cu``."""
+import itertools
 import math
 
 import numpy as np
@@ -205,7 +206,7 @@ class ConcatOp(Operator):
         out = cuda.empty(self.out_shape, xs[0].dtype)
         outer = math.prod(self.out_shape[:self.axis])
         inner = math.prod(self.out_shape[self.axis + 1:])
-        starts = np.cumsum([0] + [x.shape[self.axis] for x in xs])
+        starts = [0] + list(itertools.accumulate(x.shape[self.axis] for x in xs))
         kernel = cuda.kernel(SOURCE, "concat_inputs", _CONCAT_ARGUMENTS)
         for first in range(0, len(xs), CONCAT_INPUTS):
             group = [x for x in xs[first:first + CONCAT_INPUTS] if x.size]
@@ -213,8 +214,8 @@ class ConcatOp(Operator):
                 continue
             table = np.zeros(CONCAT_INPUTS + (CONCAT_INPUTS + 2) // 2, np.uint64)
             table[:len(group)] = [x.ptr for x in group]
-            rows = [starts[first]] + [starts[first] + sum(x.shape[self.axis] for x in group[:k + 1])
-                                      for k in range(len(group))]
+            rows = list(itertools.accumulate((x.shape[self.axis] for x in group),
+                                             initial=starts[first]))
             table[CONCAT_INPUTS:].view(np.int32)[:len(rows)] = rows
             kernel.launch(outer * (rows[-1] - rows[0]) * inner, out.ptr, outer,
                           self.out_shape[self.axis], inner, len(group), table.tobytes())
