@@ -199,10 +199,15 @@ extern "C" __global__ void broadcast_copy(
 UNARY_OPERATORS(UNARY_FUNCTION)
 BINARY_OPERATORS(BINARY_FUNCTION)
 
-// Passed by value (the host packs the same layout: 4-byte fields).
+// Passed by value (the host packs the same layout: 4-byte fields). An index
+// is split by each dimension d with a multiply and a shift: q = (umulhi(i,
+// magic[d]) + i) >> shift[d] is i / dims[d] for i < 2^31, where a division
+// by a run-time value costs a few dozen instructions.
 struct ProgramLayout {
     int dims[PROGRAM_DIMS];                      // out's merged dimensions, outermost first
     int strides[PROGRAM_INPUTS][PROGRAM_DIMS];   // element strides per input and dimension
+    unsigned magic[PROGRAM_DIMS];
+    unsigned shift[PROGRAM_DIMS];
 };
 
 #define LOAD_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(in##k[offset[k]]) : 0.0f;
@@ -215,13 +220,13 @@ extern "C" __global__ void fused_program(
         const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
     GRID_STRIDE_LOOP(i, n) {
         int offset[PROGRAM_INPUTS] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int rest = i;
+        unsigned rest = i;
 #pragma unroll
         for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
-            const int size = layout.dims[d];
-            if (size == 1) continue;
-            const int index = rest % size;
-            rest /= size;
+            if (layout.dims[d] == 1) continue;
+            const unsigned quotient = (__umulhi(rest, layout.magic[d]) + rest) >> layout.shift[d];
+            const int index = rest - quotient * layout.dims[d];
+            rest = quotient;
 #pragma unroll
             for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += index * layout.strides[k][d];
         }

@@ -45,8 +45,8 @@ OPCODES = ("neg", "exp", "log", "sqrt", "pow", "relu", "relu6", "sigmoid", "clam
 #: the longest program the pass writes (one kernel's worth of registers).
 MAX_INPUTS, DIMS, MAX_INSTRUCTIONS = 8, 6, 16
 _OPCODES = frozenset(OPCODES)
-# The ProgramLayout struct: dims, then strides per input.
-_ARGUMENTS = "P" * (1 + MAX_INPUTS) + "i" + f"{(1 + MAX_INPUTS) * DIMS * 4}s"
+# The ProgramLayout struct: dims, strides per input, magic numbers, shifts.
+_ARGUMENTS = "P" * (1 + MAX_INPUTS) + "i" + f"{(3 + MAX_INPUTS) * DIMS * 4}s"
 
 
 def fusible(call):
@@ -134,12 +134,14 @@ class FusedElementwise:
         return " ".join(lines)
 
     def layout_bytes(self):
-        """The kernel's ProgramLayout argument: merged dimensions and strides, packed."""
+        """The kernel's ProgramLayout argument: merged dimensions, strides and the dimensions'
+        division constants (:func:`division_constants`), packed."""
         dims, strides = merged_layout(self.shape, [list(s) for s in self.strides])
-        words = np.zeros((1 + MAX_INPUTS, DIMS), np.int32)
+        words = np.zeros((3 + MAX_INPUTS, DIMS), np.int64)
         words[0] = dims
         words[1:1 + len(strides)] = strides
-        return words.tobytes()
+        words[1 + MAX_INPUTS:] = np.transpose([division_constants(d) for d in dims])
+        return words.astype(np.uint32).tobytes()
 
     def _run_kernel(self, arrays):
         if self._launch is None:
@@ -152,6 +154,14 @@ class FusedElementwise:
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+
+def division_constants(divisor):
+    """(magic, shift) such that q = (umulhi(n, magic) + n) >> shift is n // divisor for every
+    0 <= n < 2^31 (the kernel's index split; 1 <= divisor < 2^31)."""
+    shift = (divisor - 1).bit_length()
+    magic = ((1 << 32) * ((1 << shift) - divisor)) // divisor + 1
+    return magic, shift
 
 
 def _float_literal(value):

@@ -217,8 +217,10 @@ class ConcatOp(Operator):
             rows = list(itertools.accumulate((x.shape[self.axis] for x in group),
                                              initial=starts[first]))
             table[CONCAT_INPUTS:].view(np.int32)[:len(rows)] = rows
-            kernel.launch(outer * (rows[-1] - rows[0]) * inner, out.ptr, outer,
-                          self.out_shape[self.axis], inner, len(group), table.tobytes())
+            lines = outer * (rows[-1] - rows[0])    # a block per line (shape.cu)
+            block = 128 if inner >= 512 else 64 if inner >= 128 else 32
+            kernel((max(1, min(lines, 64 * cuda.sm_count())), 1, 1), (block, 1, 1), out.ptr,
+                   outer, self.out_shape[self.axis], inner, len(group), table.tobytes())
         return out
 
     def backward(self, gy):

@@ -15,7 +15,8 @@ from gdnflow import nn, ops, registry
 from gdnflow.backends.cuda.kernel_cache import expand_source, nvcc_options
 from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
-from gdnflow.ops.fused_elementwise import OPCODES, FusedElementwise, Instruction
+from gdnflow.ops.fused_elementwise import (OPCODES, FusedElementwise, Instruction,
+                                           division_constants)
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
 from gdnflow.ops.special import ErfOp
@@ -124,6 +125,18 @@ def test_program_limits_are_refused_by_name():
         FusedElementwise((2,), [(1,)] * 9, [Instruction(AddOp(), (0, 1))])
     with pytest.raises(ValueError, match="fused_elementwise: 0 instructions"):
         FusedElementwise((2,), [(1,)], [])
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, 49, 96, 3136, 65535, 100003, 2 ** 30 + 3,
+                                     2 ** 31 - 1])
+def test_division_constants_split_every_index(rng, divisor):
+    magic, shift = division_constants(divisor)
+    assert 0 < magic < 2 ** 32
+    n = np.concatenate([rng.integers(0, 2 ** 31, 4000), [0, 1, divisor - 1, divisor, 2 ** 31 - 1,
+                                                         (2 ** 31 - 1) // divisor * divisor]])
+    n = n[n < 2 ** 31].astype(object)       # exact integers: the kernel's 32-bit arithmetic
+    quotient = [((x * magic >> 32) + x) % 2 ** 32 >> shift for x in n]
+    assert quotient == [x // divisor for x in n]
 
 
 def gelu_program(shape):
