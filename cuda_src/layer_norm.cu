@@ -103,3 +103,77 @@ extern "C" __global__ void layer_norm_backward_params(
         atomicAdd(gbias + c, bias_sum);
     }
 }
+
+// Channels first: x is [N, C, S] (S: the product of the spatial axes) and
+// the rows are its N * S columns (n, s), each normalised over its C values;
+// y is written [N, S, C], as the layer norm of x moved to channels last (the
+// transpose that ConvNeXt's exported block puts before it, fused). A block
+// of 32 x 8 threads takes 32 consecutive s of one n: the statistics read x
+// along s (coalesced), each of the 8 thread rows summing every 8th channel;
+// y goes out through a shared tile 32 channels at a time, so that its rows
+// are written along c (coalesced too). Statistics are saved per row (n, s).
+#define TILE 32
+#define TILE_ROWS 8
+
+extern "C" __global__ void layer_norm_channels_first_forward(
+        const float* __restrict__ x, const float* __restrict__ scale,
+        const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ mean_out,
+        float* __restrict__ inv_out, int channels, int spatial, float eps) {
+    __shared__ float partial[TILE_ROWS][TILE];
+    __shared__ float row_mean[TILE], row_inv[TILE];
+    __shared__ float tile[TILE][TILE + 1];
+    const int n = blockIdx.y, s0 = blockIdx.x * TILE, lane = threadIdx.x, ty = threadIdx.y;
+    const int s = s0 + lane;
+    const float* xn = x + static_cast<long long>(n) * channels * spatial;
+    float sum = 0.0f;
+    if (s < spatial)
+        for (int c = ty; c < channels; c += TILE_ROWS) sum += xn[static_cast<long long>(c) * spatial + s];
+    partial[ty][lane] = sum;
+    __syncthreads();
+    if (ty == 0) {
+        float total = 0.0f;
+        for (int k = 0; k < TILE_ROWS; ++k) total += partial[k][lane];
+        row_mean[lane] = total / channels;
+    }
+    __syncthreads();
+    const float mean = row_mean[lane];
+    float squares = 0.0f;
+    if (s < spatial)
+        for (int c = ty; c < channels; c += TILE_ROWS) {
+            const float d = xn[static_cast<long long>(c) * spatial + s] - mean;
+            squares += d * d;
+        }
+    partial[ty][lane] = squares;
+    __syncthreads();
+    if (ty == 0) {
+        float total = 0.0f;
+        for (int k = 0; k < TILE_ROWS; ++k) total += partial[k][lane];
+        const float inv = 1.0f / sqrtf(total / channels + eps);
+        row_inv[lane] = inv;
+        if (s < spatial) {
+            mean_out[static_cast<long long>(n) * spatial + s] = mean;
+            inv_out[static_cast<long long>(n) * spatial + s] = inv;
+        }
+    }
+    __syncthreads();
+    const float inv = row_inv[lane];
+    float* yn = y + static_cast<long long>(n) * spatial * channels;
+    for (int c0 = 0; c0 < channels; c0 += TILE) {
+        // tile[c - c0][s - s0]: read along s ...
+        for (int k = ty; k < TILE; k += TILE_ROWS) {
+            const int c = c0 + k;
+            tile[k][lane] = (s < spatial && c < channels)
+                ? (xn[static_cast<long long>(c) * spatial + s] - mean) * inv : 0.0f;
+        }
+        __syncthreads();
+        // ... written along c.
+        const int c = c0 + lane;
+        if (c < channels)
+            for (int k = ty; k < TILE; k += TILE_ROWS) {
+                const int row = s0 + k;
+                if (row < spatial)
+                    yn[static_cast<long long>(row) * channels + c] = tile[lane][k] * scale[c] + bias[c];
+            }
+        __syncthreads();
+    }
+}

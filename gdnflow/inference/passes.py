@@ -16,6 +16,8 @@ the program returns, and folds only constants (weights):
 - :func:`batch_norms_as_affine`: a batch norm (inference) that no convolution
   took (one after a concatenation, as in DenseNet) becomes ``x * s + t``
   with per-channel constants, which the next pass joins to what follows;
+- :func:`fuse_transposed_layer_norms`: ``transpose(0, 2, ..., 1) -> layer_norm``
+  over the last axis becomes one channels-first layer norm;
 - :func:`fuse_elementwise`: chains of elementwise operators (the unary maps
   and broadcasting arithmetic) of one output shape, linked through values
   nothing else reads, become one
@@ -39,6 +41,7 @@ from gdnflow.ops.fused_elementwise import (MAX_INPUTS, MAX_INSTRUCTIONS, FusedEl
                                            Instruction, fusible)
 from gdnflow.ops.shape import TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
+from gdnflow.ops.layernorm import LayerNormOp
 from gdnflow.precision import FLOAT32
 from gdnflow.tensor import Tensor
 
@@ -196,6 +199,27 @@ def fuse_activations(program):
         fused = dataclasses.replace(conv, activation=activation)
         return j, Step(fused, conv_step.inputs, step.output, "conv2d",
                        conv_step.fused + (activation,))
+
+    return _fuse_pass(program, match)
+
+
+def fuse_transposed_layer_norms(program):
+    """A layer norm over the last axis of a transpose that moved the channels (axis 1) last,
+    the transpose read by nothing else, becomes a channels-first layer norm; returns the count."""
+    def match(step, producer_of, uses):
+        op = step.call
+        if type(op) is not LayerNormOp or op.channels_first:
+            return None
+        x = step.inputs[0]
+        j = producer_of(x)
+        ndim = len(program.shapes[x])
+        if (j is None or uses[x] != 1 or type(program.steps[j].call) is not TransposeOp
+                or op.axis % ndim != ndim - 1 or ndim < 3
+                or program.steps[j].call.perm != (0,) + tuple(range(2, ndim)) + (1,)):
+            return None
+        fused = LayerNormOp(-1, op.eps, channels_first=True)
+        return j, Step(fused, (program.steps[j].inputs[0],) + tuple(step.inputs[1:]),
+                       step.output, "layer_norm", ("transpose", "layer_norm"))
 
     return _fuse_pass(program, match)
 
@@ -455,5 +479,6 @@ def optimize(program):
             "fused_residual": fuse_residuals(program),
             "fused_activation": fuse_activations(program),
             "batch_norm_as_affine": batch_norms_as_affine(program),
+            "fused_transposed_layer_norm": fuse_transposed_layer_norms(program),
             "fused_elementwise": fuse_elementwise(program),
             "removed_unused": drop_unused(program)}

@@ -15,6 +15,13 @@ Gradients, with g = gy scale and means over each row::
 ONNX's ``LayerNormalization`` and Keras's ``LayerNormalization`` (over the
 last axes) map here; ConvNeXt's block has one after each depthwise
 convolution. Computed in float32 (``autocast`` "float32").
+
+``channels_first=True`` takes x as [N, C, spatial...] and computes the layer
+norm over C of x moved to channels last, [N, spatial..., C]: what the
+exported ConvNeXt block computes with a transpose first, in one pass (the
+inference plans fuse the pair, :func:`gdnflow.inference.passes.fuse_transposed_layer_norms`).
+Its CUDA backward moves x and the gradient with transposes around the
+row kernels.
 """
 import math
 
@@ -23,11 +30,13 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
+from gdnflow.ops.shape import contiguous_strides, cuda_gather
 from gdnflow.registry import register
 
 SOURCE = "layer_norm.cu"
 ROWS_PER_BLOCK = 8      # warps per block of the row kernels (layer_norm.cu)
 PARAMETER_ROWS = 8      # threadIdx.y extent of layer_norm_backward_params
+TILE, TILE_ROWS = 32, 8  # the channels-first kernel's block (32 positions x 8 thread rows)
 
 
 @register("layer_norm")
@@ -37,12 +46,23 @@ class LayerNormOp(Operator):
     Inputs: x, scale and bias (each of shape ``x.shape[axis:]``).
     """
 
-    def __init__(self, axis=-1, eps=1e-5):
-        self.axis, self.eps = int(axis), float(eps)
+    def __init__(self, axis=-1, eps=1e-5, channels_first=False):
+        self.axis, self.eps, self.channels_first = int(axis), float(eps), bool(channels_first)
         if not self.eps > 0:
             raise ValueError(f"layer_norm: eps must be positive, got {eps}")
+        if self.channels_first and self.axis != -1:
+            raise ValueError(f"layer_norm: channels_first normalises the channels alone "
+                             f"(axis -1 of the channels-last tensor), got axis {axis}")
 
     def check(self, x, scale, bias):
+        if self.channels_first:
+            if x.ndim < 2 or scale.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
+                raise ShapeError(f"{self.label}: channels_first takes x [N, C, ...] and scale "
+                                 f"and bias [C]; got x {x.shape}, scale {scale.shape}, bias "
+                                 f"{bias.shape}")
+            self.cols, self.rows = x.shape[1], x.size // x.shape[1] if x.shape[1] else 0
+            self.moved_shape = (x.shape[0],) + x.shape[2:] + (x.shape[1],)
+            return
         if not -x.ndim <= self.axis < x.ndim:
             raise ShapeError(f"{self.label}: axis {self.axis} is out of range for an input of "
                              f"shape {x.shape}")
@@ -55,7 +75,12 @@ class LayerNormOp(Operator):
         self.rows = x.size // self.cols if self.cols else 0
 
     # ------------------------------------------------------------- NumPy --
+    def _channels_last(self, x):
+        """x moved to channels last (channels_first) or x, as a NumPy array."""
+        return np.moveaxis(x, 1, -1) if self.channels_first else x
+
     def forward_numpy(self, x, scale, bias):
+        x = self._channels_last(x)
         rows = x.reshape(self.rows, self.cols)
         mean = rows.mean(axis=1, keepdims=True)
         centred = rows - mean
@@ -72,15 +97,22 @@ class LayerNormOp(Operator):
         g = gy * scale.reshape(-1)
         gx = inv * (g - g.mean(axis=1, keepdims=True)
                     - xhat * (g * xhat).mean(axis=1, keepdims=True))
+        if self.channels_first:
+            gx = np.moveaxis(gx.reshape(self.moved_shape), -1, 1)
         return (gx.reshape(self.input_shapes[0]), (gy * xhat).sum(axis=0).reshape(scale.shape),
                 gy.sum(axis=0).reshape(scale.shape))
 
     # -------------------------------------------------------------- CUDA --
     def forward_cuda(self, x, scale, bias):
-        y = cuda.empty(x.shape)
+        y = cuda.empty(self.moved_shape if self.channels_first else x.shape)
         statistics = cuda.empty((2, self.rows))        # mean and 1/std per row
         mean, inv = (statistics.offset(k * self.rows, (self.rows,)) for k in range(2))
-        if self.rows:
+        if self.rows and self.channels_first:
+            spatial = self.rows // x.shape[0]
+            cuda.kernel(SOURCE, "layer_norm_channels_first_forward", "PPPPPPiif")(
+                (-(-spatial // TILE), x.shape[0], 1), (TILE, TILE_ROWS, 1), x.ptr, scale.ptr,
+                bias.ptr, y.ptr, mean.ptr, inv.ptr, self.cols, spatial, self.eps)
+        elif self.rows:
             cuda.kernel(SOURCE, "layer_norm_forward", "PPPPPPiif").launch(
                 self.rows * 32, x.ptr, scale.ptr, bias.ptr, y.ptr, mean.ptr, inv.ptr,
                 self.rows, self.cols, self.eps, block=32 * ROWS_PER_BLOCK)
@@ -90,6 +122,9 @@ class LayerNormOp(Operator):
 
     def backward_cuda(self, gy):
         x, scale, statistics = self.saved.x, self.saved.scale, self.saved.statistics
+        if self.channels_first:
+            # The row kernels on x moved to channels last; gx moved back.
+            x = cuda_gather(x, self.moved_shape, 0, _moved_strides(x.shape))
         mean, inv = (statistics.offset(k * self.rows, (self.rows,)) for k in range(2))
         gx = cuda.empty(x.shape)
         gscale, gbias = cuda.zeros(scale.shape), cuda.zeros(scale.shape)
@@ -103,11 +138,25 @@ class LayerNormOp(Operator):
             cuda.kernel(SOURCE, "layer_norm_backward_params", "PPPPPPii")(
                 (column_tiles, shares, 1), (32, PARAMETER_ROWS, 1), x.ptr, gy.ptr, mean.ptr,
                 inv.ptr, gscale.ptr, gbias.ptr, self.rows, self.cols)
+        if self.channels_first:
+            gx = cuda_gather(gx, self.input_shapes[0], 0, _channels_first_strides(gx.shape))
         return gx, gscale, gbias
 
     def backward(self, grad_output):
         return tuple(self.wrap(g) if wanted else None for g, wanted in
                      zip(self.dispatch("backward", grad_output.data), self.needs_grad))
+
+
+def _moved_strides(shape):
+    """Element strides reading an array of ``shape`` [N, C, ...] as [N, ..., C]."""
+    strides = contiguous_strides(shape)
+    return [strides[0]] + strides[2:] + [strides[1]]
+
+
+def _channels_first_strides(shape):
+    """Element strides reading an array of ``shape`` [N, ..., C] as [N, C, ...]."""
+    strides = contiguous_strides(shape)
+    return [strides[0], strides[-1]] + strides[1:-1]
 
 
 def layer_norm(x, scale, bias, axis=-1, eps=1e-5):

@@ -36,8 +36,9 @@ def test_opcodes_follow_the_kernel_lists():
 
 
 class ConvNeXtBlock(Module):
-    """ConvNeXt's block as the ONNX exporter writes it: NHWC in the middle, GELU as
-    erf, a per-channel layer scale after the transpose back, a residual add."""
+    """ConvNeXt's block as the ONNX exporter writes it: NHWC in the middle (a layer norm
+    after the transpose), GELU as erf, a per-channel layer scale after the transpose
+    back, a residual add."""
 
     def __init__(self, channels, rng):
         super().__init__()
@@ -47,9 +48,12 @@ class ConvNeXtBlock(Module):
         self.w2 = Parameter(rng.standard_normal((3 * channels, channels)) / 3)
         self.b2 = Parameter(rng.standard_normal(channels))
         self.scale = Parameter(rng.uniform(0.5, 1.5, (channels, 1, 1)))
+        self.norm_scale = Parameter(rng.uniform(0.5, 1.5, channels))
+        self.norm_bias = Parameter(rng.standard_normal(channels))
 
     def forward(self, x):
         h = ops.transpose(self.conv(x), (0, 2, 3, 1))
+        h = ops.layer_norm(h, self.norm_scale, self.norm_bias, eps=1e-6)
         h = ops.matmul(h, self.w1) + self.b1
         h = h * (ops.erf(h / math.sqrt(2)) + 1) * 0.5
         h = ops.matmul(h, self.w2) + self.b2
@@ -70,7 +74,10 @@ def test_convnext_block_fuses_bias_gelu_and_the_transposed_epilogue(rng):
         ("add", "transpose", "mul", "add")]
     # bias + GELU reads the product and b1; the epilogue the product, b2, the scale, x.
     assert [len(s.inputs) for s in fused] == [2, 4]
-    assert "transpose" in [s.name for s in plan.program.steps]   # the first one feeds a matmul
+    # The first transpose went into the layer norm, the second into the epilogue.
+    assert "transpose" not in [s.name for s in plan.program.steps]
+    assert [s.fused for s in plan.program.steps if s.name == "layer_norm"] == [
+        ("transpose", "layer_norm")]
     with gf.no_grad():
         expected = model(x).numpy()
     assert relative_error(plan(x).numpy(), expected) < 1e-6
@@ -211,5 +218,6 @@ def test_convnext_block_plan_on_cuda_matches_numpy(rng):
     model, x, plan = block_plan(rng, shape=(3, 6, 11, 13))
     expected = plan(x).numpy()
     cuda_plan = InferencePlan(model.to("cuda"), x.shape, device="cuda")
-    assert [s.name for s in cuda_plan.program.steps].count("fused_elementwise") == 2
+    names = [s.name for s in cuda_plan.program.steps]
+    assert names.count("fused_elementwise") == 2 and "transpose" not in names
     assert relative_error(cuda_plan(x.to("cuda")).numpy(), expected) <= 1e-5

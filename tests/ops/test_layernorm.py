@@ -6,6 +6,7 @@ import pytest
 import gdnflow as gf
 from gdnflow import ops
 from gdnflow.errors import ShapeError
+from gdnflow.ops.layernorm import LayerNormOp
 from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 
@@ -54,3 +55,33 @@ def test_wrong_parameter_shapes_and_axis_are_refused(rng):
 def test_cuda_matches_numpy(rng, shape, axis):
     assert_backends_match(lambda x, s, b: ops.layer_norm(x, s, b, axis=axis),
                           inputs(rng, shape, axis), rtol=1e-4, names=["x", "scale", "bias"])
+
+
+def test_channels_first_is_the_layer_norm_of_x_moved_last(rng):
+    x, scale, bias = rng.standard_normal((2, 5, 3, 4)) + 2, rng.uniform(0.5, 1.5, 5), \
+        rng.standard_normal(5)
+    got = LayerNormOp(eps=1e-6, channels_first=True)(
+        *(gf.tensor(a, dtype=np.float64) for a in (x, scale, bias))).numpy()
+    assert got.shape == (2, 3, 4, 5)
+    assert relative_error(got, reference(np.moveaxis(x, 1, -1), scale, bias, -1, 1e-6)) < 1e-12
+
+
+def test_channels_first_gradients_match_finite_differences(rng):
+    gradcheck(lambda x, s, b: LayerNormOp(channels_first=True)(x, s, b),
+              [rng.standard_normal((2, 4, 3, 2)), rng.uniform(0.5, 1.5, 4),
+               rng.standard_normal(4)], names=["x", "scale", "bias"])
+
+
+def test_channels_first_refuses_parameters_of_another_width(rng):
+    with pytest.raises(ShapeError, match="channels_first takes x"):
+        LayerNormOp(channels_first=True)(gf.tensor(rng.standard_normal((2, 3, 4))),
+                                         gf.ones((4,)), gf.zeros((4,)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (3, 96, 11, 13), (1, 40, 33), (2, 3, 1, 1)],
+                         ids=str)
+def test_channels_first_cuda_matches_numpy(rng, shape):
+    assert_backends_match(lambda x, s, b: LayerNormOp(channels_first=True)(x, s, b),
+                          [rng.standard_normal(shape) * 3 + 5, rng.uniform(0.5, 1.5, shape[1]),
+                           rng.standard_normal(shape[1])], rtol=1e-4, names=["x", "scale", "bias"])
