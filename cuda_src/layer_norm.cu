@@ -108,7 +108,8 @@ extern "C" __global__ void layer_norm_backward_params(
 // the rows are its N * S columns (n, s), each normalised over its C values;
 // y is written [N, S, C], as the layer norm of x moved to channels last (the
 // transpose that ConvNeXt's exported block puts before it, fused). A block
-// of 32 x 8 threads takes 32 consecutive s of one n: the statistics read x
+// of 32 x 8 threads takes 32 consecutive s of one n (a one-dimensional grid
+// of N times the tiles of S): the statistics read x
 // along s (coalesced), each of the 8 thread rows summing every 8th channel;
 // y goes out through a shared tile 32 channels at a time, so that its rows
 // are written along c (coalesced too). Statistics are saved per row (n, s).
@@ -122,7 +123,10 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     __shared__ float partial[TILE_ROWS][TILE];
     __shared__ float row_mean[TILE], row_inv[TILE];
     __shared__ float tile[TILE][TILE + 1];
-    const int n = blockIdx.y, s0 = blockIdx.x * TILE, lane = threadIdx.x, ty = threadIdx.y;
+    // blockIdx.x = n * tiles + tile: any batch (gridDim.y would stop at 65535).
+    const int tiles = (spatial + TILE - 1) / TILE;
+    const int n = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * TILE;
+    const int lane = threadIdx.x, ty = threadIdx.y;
     const int s = s0 + lane;
     const float* xn = x + static_cast<long long>(n) * channels * spatial;
     float sum = 0.0f;

@@ -312,6 +312,7 @@ def fuse_elementwise(program):
         if not fusible(step.call):
             continue
         shape = program.shapes[step.output]
+        before = set(absorbed)
         node = _Node(step.call, [])
         chain = _Chain(shape, node, i)
         for v in step.inputs:
@@ -320,6 +321,11 @@ def fuse_elementwise(program):
         # (again after each: a folded chain may read what the rest of this one reads).
         while _fold_one(chain, program, producer_of, uses, chains, absorbed):
             pass
+        if len(chain.inputs()) > MAX_INPUTS or len(chain.nodes()) > MAX_INSTRUCTIONS:
+            # Its own operands did not fit beside what it took in: it takes nothing in.
+            absorbed.intersection_update(before)
+            chain = _Chain(shape, _Node(step.call, [
+                (v, tuple(broadcast_strides(shape, program.shapes[v]))) for v in step.inputs]), i)
         chains[i] = chain
     removed = set()
     for i, chain in chains.items():
@@ -343,7 +349,7 @@ def _fold_one(chain, program, producer_of, uses, chains, absorbed):
         j = producer_of.get(key[0])
         if (j in chains and j not in absorbed and program.shapes[key[0]] == chain.shape
                 and key[1] == contiguous and chain.reads(key) == uses[key[0]]
-                and _fits(chain, chains[j])):
+                and _fits(chain, chains[j], replacing=key)):
             _substitute(chain, key, chains[j].root)
             chain.members |= chains[j].members
             absorbed.add(j)
@@ -351,9 +357,10 @@ def _fold_one(chain, program, producer_of, uses, chains, absorbed):
     return False
 
 
-def _fits(chain, other):
-    """Whether ``chain`` with ``other`` merged in stays within the kernel's limits."""
-    keys = set(chain.inputs()) | set(other.inputs())
+def _fits(chain, other, replacing=None):
+    """Whether ``chain`` with ``other`` merged in (for its input ``replacing``, if given)
+    stays within the kernel's limits."""
+    keys = (set(chain.inputs()) - {replacing}) | set(other.inputs())
     return (len(keys) <= MAX_INPUTS
             and len(chain.nodes()) + len(other.nodes()) <= MAX_INSTRUCTIONS)
 
@@ -376,10 +383,12 @@ def _operand(chain, value, program, producer_of, uses, chains, absorbed):
         chain.members.add(j)
         k = producer_of.get(source)
         if (k in chains and k not in absorbed and uses[source] == 1
-                and program.shapes[value] == chain.shape and _fits(chain, chains[k])):
-            absorbed.add(k)
-            chain.members |= chains[k].members
-            return _transposed(chains[k].root, perm)
+                and program.shapes[value] == chain.shape):
+            moved = _Chain(chain.shape, _transposed(chains[k].root, perm), k)
+            if _fits(chain, moved):
+                absorbed.add(k)
+                chain.members |= chains[k].members
+                return moved.root
         strides = contiguous_strides(program.shapes[source])
         return (source, tuple(broadcast_strides(chain.shape, program.shapes[value],
                                                 [strides[p] for p in perm])))

@@ -15,10 +15,12 @@ own with ``-DFUSED_PROGRAM`` (once per program and dtype; the cubin cache
 keeps it across processes): an interpreted version, one kernel for every
 program, ran 5-7x slower on the H200 (its registers in local memory).
 
-Elsewhere, and where the inputs' dtypes differ, the program runs as what it
-replaced: each instruction's original operator in turn, on the inputs
-viewed as the strides say (on NumPy, the reference the GPU tests compare
-against). It is an inference rewrite: it computes no gradients (the plans
+On the GPU, inputs of mixed dtypes (a 16-bit activation beside a float32
+constant, in a 16-bit plan) are widened and the program runs in float32,
+as the operators it replaces compute mixed inputs. On NumPy (and past 2^31
+elements) the program runs as what it replaced: each instruction's original
+operator in turn, on the inputs viewed as the strides say (the reference
+the GPU tests compare against). It is an inference rewrite: it computes no gradients (the plans
 it appears in record none); training runs the original operators.
 """
 import dataclasses
@@ -30,8 +32,10 @@ from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.ops.arithmetic import BinaryOp
 from gdnflow.ops.broadcast import merged_layout
+from gdnflow.ops.cast import cast_array
 from gdnflow.ops.elementwise import UnaryOp
 from gdnflow.ops.shape import contiguous_strides, cuda_gather
+from gdnflow.precision import FLOAT32
 from gdnflow.tensor import Tensor
 
 SOURCE = "elementwise.cu"
@@ -85,20 +89,33 @@ class FusedElementwise:
         if not 0 < len(self.instructions) <= MAX_INSTRUCTIONS:
             raise ValueError(f"fused_elementwise: {len(self.instructions)} instructions; a "
                              f"program has 1 to {MAX_INSTRUCTIONS}")
-        self._launch = None         # (kernel, packed layout), made on the first CUDA run
+        for k, st in enumerate(self.strides):
+            if len(st) != len(self.shape):
+                raise ValueError(f"fused_elementwise: input {k} has {len(st)} strides for an "
+                                 f"output of shape {self.shape}")
+        for t, instruction in enumerate(self.instructions):
+            if not all(0 <= r < len(self.strides) + t for r in instruction.operands):
+                raise ValueError(f"fused_elementwise: instruction {t} reads registers "
+                                 f"{instruction.operands}; only 0 to "
+                                 f"{len(self.strides) + t - 1} are written before it")
+        self._launches = {}         # dtype -> (kernel, packed layout), made on first use
 
     def __repr__(self):
         names = " ".join(_name(i.call) for i in self.instructions)
         return f"FusedElementwise({names} over {len(self.strides)} inputs)"
 
     def __call__(self, *inputs):
-        if (inputs[0].device == "cuda" and len({x.dtype for x in inputs}) == 1
-                and self._fits_int32()):
-            return Tensor.wrap(self._run_kernel([x.data for x in inputs]), "cuda")
+        if len(inputs) != len(self.strides):
+            raise TypeError(f"fused_elementwise: expected {len(self.strides)} input tensors, "
+                            f"got {len(inputs)}")
+        if inputs[0].device == "cuda" and math.prod(self.shape) < 2 ** 31:
+            arrays = [x.data for x in inputs]
+            if len({a.dtype for a in arrays}) > 1:
+                # Mixed dtypes (a 16-bit activation and a float32 constant, in a 16-bit
+                # plan): float32 throughout, as the operators compute mixed inputs.
+                arrays = [cast_array(a, FLOAT32) for a in arrays]
+            return Tensor.wrap(self._run_kernel(arrays), "cuda")
         return self.reference(*inputs)
-
-    def _fits_int32(self):
-        return int(np.prod(self.shape)) < 2 ** 31
 
     def reference(self, *inputs):
         """The program as the original operators, one after the other."""
@@ -114,7 +131,9 @@ class FusedElementwise:
         if list(strides) == contiguous_strides(self.shape):
             return x
         if x.device == "cuda":
-            return Tensor.wrap(cuda_gather(x.data, self.shape, 0, strides), "cuda")
+            # The view kernels move float32: a 16-bit input is widened first.
+            return Tensor.wrap(cuda_gather(cast_array(x.data, FLOAT32), self.shape, 0, strides),
+                               "cuda")
         array = np.ascontiguousarray(x.data)
         view = np.lib.stride_tricks.as_strided(
             array, self.shape, [s * array.itemsize for s in strides])
@@ -144,13 +163,16 @@ class FusedElementwise:
         return words.astype(np.uint32).tobytes()
 
     def _run_kernel(self, arrays):
-        if self._launch is None:
+        dtype = arrays[0].dtype
+        out = cuda.empty(self.shape, dtype)
+        if out.size == 0:
+            return out
+        if dtype not in self._launches:
             defines = (("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
-            self._launch = (cuda.kernel(SOURCE, "fused_program", _ARGUMENTS,
-                                        tuple(cuda.storage_defines(arrays[0].dtype)) + defines),
-                            self.layout_bytes())
-        kernel, layout = self._launch
-        out = cuda.empty(self.shape, arrays[0].dtype)
+            self._launches[dtype] = (cuda.kernel(SOURCE, "fused_program", _ARGUMENTS,
+                                                 tuple(cuda.storage_defines(dtype)) + defines),
+                                     self.layout_bytes())
+        kernel, layout = self._launches[dtype]
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
@@ -169,6 +191,8 @@ def _float_literal(value):
     value = float(value)
     if math.isinf(value):
         return "INFINITY" if value > 0 else "-INFINITY"
+    if math.isnan(value):
+        return "__int_as_float(0x7fc00000)"
     return f"{value!r}f"
 
 

@@ -110,7 +110,7 @@ class LayerNormOp(Operator):
         if self.rows and self.channels_first:
             spatial = self.rows // x.shape[0]
             cuda.kernel(SOURCE, "layer_norm_channels_first_forward", "PPPPPPiif")(
-                (-(-spatial // TILE), x.shape[0], 1), (TILE, TILE_ROWS, 1), x.ptr, scale.ptr,
+                (-(-spatial // TILE) * x.shape[0], 1, 1), (TILE, TILE_ROWS, 1), x.ptr, scale.ptr,
                 bias.ptr, y.ptr, mean.ptr, inv.ptr, self.cols, spatial, self.eps)
         elif self.rows:
             cuda.kernel(SOURCE, "layer_norm_forward", "PPPPPPiif").launch(

@@ -127,11 +127,46 @@ def test_long_chains_split_at_the_kernel_limit(rng):
     assert relative_error(plan(x).numpy(), expected) < 1e-6
 
 
+def test_a_chain_whose_own_operands_do_not_fit_takes_nothing_in(rng):
+    class Wide(Module):
+        """Six products, then an add through a transpose: eight inputs fuse; the last add
+        (a ninth input) cannot join them and stays on its own."""
+
+        def __init__(self):
+            super().__init__()
+            self.factors = [Parameter(rng.standard_normal((4, 5))) for _ in range(6)]
+            for k, p in enumerate(self.factors):
+                setattr(self, f"factor{k}", p)
+            self.q1 = Parameter(rng.standard_normal((5, 4)))
+            self.q2 = Parameter(rng.standard_normal((4, 5)))
+
+        def forward(self, x):
+            for p in self.factors:
+                x = x * p
+            y = ops.transpose(x, (1, 0)) + self.q1
+            return ops.transpose(y, (1, 0)) + self.q2
+    model = Wide().eval()
+    x = gf.tensor(rng.standard_normal((4, 5)))
+    plan = InferencePlan(model, x.shape)
+    assert [(s.name, len(s.inputs)) for s in plan.program.steps] == [
+        ("fused_elementwise", 8), ("transpose", 1), ("add", 2)]
+    with gf.no_grad():
+        expected = model(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) < 1e-6
+
+
 def test_program_limits_are_refused_by_name():
     with pytest.raises(ValueError, match="fused_elementwise: 9 inputs"):
         FusedElementwise((2,), [(1,)] * 9, [Instruction(AddOp(), (0, 1))])
     with pytest.raises(ValueError, match="fused_elementwise: 0 instructions"):
         FusedElementwise((2,), [(1,)], [])
+    with pytest.raises(ValueError, match="input 0 has 1 strides for an output of shape"):
+        FusedElementwise((2, 3), [(1,)], [Instruction(AddOp(), (0, 0))])
+    with pytest.raises(ValueError, match=r"instruction 0 reads registers \(0, 1\)"):
+        FusedElementwise((2,), [(1,)], [Instruction(AddOp(), (0, 1))])
+    program = FusedElementwise((2,), [(1,), (1,)], [Instruction(AddOp(), (0, 1))])
+    with pytest.raises(TypeError, match="expected 2 input tensors, got 1"):
+        program(gf.zeros((2,)))
 
 
 @pytest.mark.parametrize("divisor", [1, 2, 3, 7, 49, 96, 3136, 65535, 100003, 2 ** 30 + 3,
@@ -211,6 +246,23 @@ def test_cuda_program_covers_every_opcode(rng):
         expected = program(x, y).numpy()
         got = program(x.to("cuda"), y.to("cuda")).numpy()
         assert relative_error(got, expected) <= 1e-5, name
+
+
+@pytest.mark.gpu
+def test_empty_output_on_cuda_launches_nothing():
+    program = FusedElementwise((0, 3), [(3, 1)], [Instruction(AffineOp(2.0, 1.0), (0,))])
+    got = program(gf.zeros((0, 3), device="cuda"))
+    assert got.device == "cuda" and got.shape == (0, 3)
+
+
+@pytest.mark.gpu
+def test_convnext_block_bf16_plan_fuses_and_stays_near_float32(rng):
+    model, x, plan = block_plan(rng, shape=(2, 8, 9, 11))
+    model = model.to("cuda")
+    expected = InferencePlan(model, x.shape, device="cuda")(x.to("cuda")).numpy()
+    half = InferencePlan(model, x.shape, device="cuda", dtype="bf16")
+    assert [s.name for s in half.program.steps].count("fused_elementwise") == 2
+    assert relative_error(half(x.to("cuda")).numpy(), expected) <= 1e-2
 
 
 @pytest.mark.gpu

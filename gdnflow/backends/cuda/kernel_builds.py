@@ -210,7 +210,9 @@ class Builds:
             known = key in self._known
             self._known.add(key)
         name = variant_journal.own_source_name(file)
-        if not known and name is not None:
+        # A fused elementwise program is a variant of one plan's, not worth compiling ahead
+        # in every later process (and there is no bound on how many a machine sees).
+        if not known and name is not None and "FUSED_PROGRAM" not in dict(defines):
             variant_journal.append(path, name, defines)
 
     def _start_workers(self):

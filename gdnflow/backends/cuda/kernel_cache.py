@@ -176,7 +176,8 @@ class KernelCache:
     def key(self, file, defines, arch):
         """The hex SHA-256 naming the module of ``file`` built with ``defines`` for ``arch``."""
         digest = hashlib.sha256()
-        for part in (expand_source(file), " ".join(nvcc_options(defines)), arch, self.identity):
+        # Options joined by NUL: a define's value may hold spaces (a fused program's text).
+        for part in (expand_source(file), "\0".join(nvcc_options(defines)), arch, self.identity):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
