@@ -30,21 +30,24 @@ def kernel_declarations():
             for d in scan_declarations(file, package.parent)]
 
 
-#: Sources with kernels that only their 16-bit module variants hold.
-SIXTEEN_BIT_SECTIONS = {"gdn.cu"}
+#: Sources with kernels that only some module variants hold, and the defines of one such
+#: variant: gdn.cu's 16-bit section; elementwise.cu's fused program (any program will do).
+VARIANT_SECTIONS = {"gdn.cu": (("STORAGE_BF16", 1),),
+                    "elementwise.cu": (("FUSED_INPUTS", 1), ("FUSED_PROGRAM", "result = input0;"))}
 
 
 def compiled_entries(path, tmp_path, defines=()):
     """nvcc's kernel entries ({name: parameters}) of ``path`` as the loader builds it
-    (the header expanded), with ``-D`` ``defines``; fails the test on any warning."""
-    folder = tmp_path / "_".join(("plain",) + tuple(defines))
+    (the header expanded), with ``-D`` ``defines`` ((name, value) pairs); fails the test on
+    any warning."""
+    folder = tmp_path / ("plain" if not defines else "variant")
     folder.mkdir()
     expanded = folder / path.name
     expanded.write_text(expand_source(path))
     result = subprocess.run(
         [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings",
-         *[f"-D{d}=1" for d in defines], "-c", str(expanded), "-o", str(folder / "out.o"),
-         "--keep", "--keep-dir", str(folder)],
+         *[f"-D{name}={value}" for name, value in defines], "-c", str(expanded),
+         "-o", str(folder / "out.o"), "--keep", "--keep-dir", str(folder)],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"nvcc failed on {path} {defines}:\n{result.stderr}"
     return ptx_entries(expanded.with_suffix(".ptx").read_text())
@@ -54,8 +57,8 @@ def compiled_entries(path, tmp_path, defines=()):
 @pytest.mark.parametrize("path", source_files(), ids=lambda p: p.name)
 def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations):
     entries = compiled_entries(path, tmp_path)
-    if path.name in SIXTEEN_BIT_SECTIONS:
-        entries.update(compiled_entries(path, tmp_path, ("STORAGE_BF16",)))
+    if path.name in VARIANT_SECTIONS:
+        entries.update(compiled_entries(path, tmp_path, VARIANT_SECTIONS[path.name]))
     # The argument types gdnflow's Python declares for this file's kernels
     # (where they are string constants) against the parameters nvcc compiled.
     report = check_declarations(kernel_declarations, {path: entries}, complete=False)

@@ -516,6 +516,8 @@ def test_ptx_parameter_lists():
         "'k' parameter 1 is a 8-byte float (d) in k.cu; m.py:3 declares 'f' (4-byte float) in "
         "'Pfdddh'"]
     assert problems("Pd" + "dq" + "h")[0].startswith("'k' takes 4 parameters (P d {24 bytes} h)")
+    assert problems("Pd" + "24s" + "h") == []        # the struct packed as bytes: one argument
+    assert problems("Pd" + "16s" + "h")[0].startswith("'k' takes 4 parameters (P d {24 bytes} h)")
 
 
 @needs_nvcc

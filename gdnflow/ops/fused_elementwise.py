@@ -49,8 +49,10 @@ OPCODES = ("neg", "exp", "log", "sqrt", "pow", "relu", "relu6", "sigmoid", "clam
 #: the longest program the pass writes (one kernel's worth of registers).
 MAX_INPUTS, DIMS, MAX_INSTRUCTIONS = 8, 6, 16
 _OPCODES = frozenset(OPCODES)
-# The ProgramLayout struct: dims, strides per input, magic numbers, shifts.
-_ARGUMENTS = "P" * (1 + MAX_INPUTS) + "i" + f"{(3 + MAX_INPUTS) * DIMS * 4}s"
+# out, the inputs, n, then the ProgramLayout struct (dims, strides per input, magic numbers,
+# shifts: (3 + MAX_INPUTS) * DIMS 4-byte fields); a constant, so that
+# tests/test_cuda_sources.py checks it against the compiled kernel.
+_ARGUMENTS = "PPPPPPPPPi264s"
 
 
 def fusible(call):

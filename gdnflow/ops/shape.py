@@ -59,8 +59,10 @@ SOURCE = "shape.cu"
 #: Inputs one concat_inputs launch takes (``CONCAT_INPUTS`` in shape.cu).
 CONCAT_INPUTS = 32
 # out, outer, total, inner, count, then the ConcatInputs table: 32 pointers, 33 starts
-# (padded to 8 bytes).
-_CONCAT_ARGUMENTS = "Piiii" + f"{8 * (CONCAT_INPUTS + (CONCAT_INPUTS + 2) // 2)}s"
+# (392 bytes with the padding to 8); a constant, so that tests/test_cuda_sources.py checks it
+# against the compiled kernel.
+_CONCAT_ARGUMENTS = "Piiii392s"
+_CONCAT_TABLE_WORDS = 49        # the table in 8-byte words
 VIEW_DIMS = 6
 
 
@@ -212,7 +214,7 @@ class ConcatOp(Operator):
             group = [x for x in xs[first:first + CONCAT_INPUTS] if x.size]
             if not group:
                 continue
-            table = np.zeros(CONCAT_INPUTS + (CONCAT_INPUTS + 2) // 2, np.uint64)
+            table = np.zeros(_CONCAT_TABLE_WORDS, np.uint64)
             table[:len(group)] = [x.ptr for x in group]
             rows = list(itertools.accumulate((x.shape[self.axis] for x in group),
                                              initial=starts[first]))

@@ -50,9 +50,13 @@ _INTEGER_CODES = {"b": ("signed char", True), "B": ("unsigned char", False),
 
 
 def format_codes(arg_format):
-    """The one-letter codes of a struct format, repeat counts expanded ("2iP" -> i, i, P)."""
+    """The codes of a struct format, one per argument: repeat counts expanded ("2iP" -> i, i,
+    P), a byte string kept whole ("392s": one argument of 392 bytes, a struct by value)."""
     for count, code in re.findall(r"(\d*)([a-zA-Z?])", arg_format):
-        yield from code * int(count or 1)
+        if code == "s":
+            yield f"{count or 1}s"
+        else:
+            yield from code * int(count or 1)
 
 
 def argument_overflow(kernel_name, arg_format, args):
