@@ -151,8 +151,7 @@ def batch_norms_as_affine(program):
         per_channel = (shape[1],) + (1,) * (len(shape) - 2)
         s = _new_constant(program, scale.reshape(per_channel), like)
         t = _new_constant(program, shift.reshape(per_channel), like)
-        scaled = max(program.shapes) + 1
-        program.shapes[scaled] = shape
+        scaled = _new_value(program, shape)
         steps += [Step(MulOp(), (x, s), scaled, "mul", ("batch_norm",)),
                   Step(AddOp(), (scaled, t), step.output, "add", ("batch_norm",))]
         count += 1
@@ -414,11 +413,17 @@ def _new_constant(program, array, like):
     return _add_constant(program, Tensor(array, device=like.device, dtype=like.dtype))
 
 
+def _new_value(program, shape):
+    """A new value number, of ``shape``."""
+    v = max(program.shapes) + 1
+    program.shapes[v] = tuple(shape)
+    return v
+
+
 def _add_constant(program, tensor):
     """A new constant value holding ``tensor``."""
-    v = max(program.shapes) + 1
+    v = _new_value(program, tensor.shape)
     program.constants[v] = tensor
-    program.shapes[v] = tuple(tensor.shape)
     return v
 
 

@@ -20,8 +20,9 @@ constant, in a 16-bit plan) are widened and the program runs in float32,
 as the operators it replaces compute mixed inputs. On NumPy (and past 2^31
 elements) the program runs as what it replaced: each instruction's original
 operator in turn, on the inputs viewed as the strides say (the reference
-the GPU tests compare against). It is an inference rewrite: it computes no gradients (the plans
-it appears in record none); training runs the original operators.
+the GPU tests compare against). It is an inference rewrite: it computes no
+gradients (the plans it appears in record none); training runs the original
+operators.
 """
 import dataclasses
 import math

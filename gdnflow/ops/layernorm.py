@@ -30,7 +30,7 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
-from gdnflow.ops.shape import contiguous_strides, cuda_gather
+from gdnflow.ops.shape import cuda_transpose
 from gdnflow.registry import register
 
 SOURCE = "layer_norm.cu"
@@ -124,7 +124,7 @@ class LayerNormOp(Operator):
         x, scale, statistics = self.saved.x, self.saved.scale, self.saved.statistics
         if self.channels_first:
             # The row kernels on x moved to channels last; gx moved back.
-            x = cuda_gather(x, self.moved_shape, 0, _moved_strides(x.shape))
+            x = cuda_transpose(x, (0,) + tuple(range(2, x.ndim)) + (1,))
         mean, inv = (statistics.offset(k * self.rows, (self.rows,)) for k in range(2))
         gx = cuda.empty(x.shape)
         gscale, gbias = cuda.zeros(scale.shape), cuda.zeros(scale.shape)
@@ -139,24 +139,12 @@ class LayerNormOp(Operator):
                 (column_tiles, shares, 1), (32, PARAMETER_ROWS, 1), x.ptr, gy.ptr, mean.ptr,
                 inv.ptr, gscale.ptr, gbias.ptr, self.rows, self.cols)
         if self.channels_first:
-            gx = cuda_gather(gx, self.input_shapes[0], 0, _channels_first_strides(gx.shape))
+            gx = cuda_transpose(gx, (0, gx.ndim - 1) + tuple(range(1, gx.ndim - 1)))
         return gx, gscale, gbias
 
     def backward(self, grad_output):
         return tuple(self.wrap(g) if wanted else None for g, wanted in
                      zip(self.dispatch("backward", grad_output.data), self.needs_grad))
-
-
-def _moved_strides(shape):
-    """Element strides reading an array of ``shape`` [N, C, ...] as [N, ..., C]."""
-    strides = contiguous_strides(shape)
-    return [strides[0]] + strides[2:] + [strides[1]]
-
-
-def _channels_first_strides(shape):
-    """Element strides reading an array of ``shape`` [N, ..., C] as [N, C, ...]."""
-    strides = contiguous_strides(shape)
-    return [strides[0], strides[-1]] + strides[1:-1]
 
 
 def layer_norm(x, scale, bias, axis=-1, eps=1e-5):

@@ -110,6 +110,12 @@ def cuda_gather(x, shape, base, strides):
     return out
 
 
+def cuda_transpose(x, perm):
+    """The dense device array ``numpy.transpose(x, perm)`` (float32)."""
+    strides = contiguous_strides(x.shape)
+    return cuda_gather(x, [x.shape[p] for p in perm], 0, [strides[p] for p in perm])
+
+
 def cuda_scatter(x, out, base, strides):
     """Write the dense ``x`` into ``out`` through the view (base, strides)."""
     _launch_view_kernel("strided_scatter", x, out, base, x.shape, strides)
@@ -131,8 +137,7 @@ class TransposeOp(Operator):
         return np.ascontiguousarray(np.transpose(x, self.perm))
 
     def forward_cuda(self, x):
-        strides = contiguous_strides(x.shape)
-        return cuda_gather(x, [x.shape[p] for p in self.perm], 0, [strides[p] for p in self.perm])
+        return cuda_transpose(x, self.perm)
 
     def backward(self, gy):
         return (TransposeOp(np.argsort(self.perm))(gy),)
