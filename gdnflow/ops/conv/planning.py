@@ -19,6 +19,7 @@ import numpy as np
 from gdnflow.backends import cuda
 from gdnflow.config import settings
 from gdnflow.ops.conv.algorithms.depthwise import Depthwise
+from gdnflow.ops.conv.algorithms.grouped import GroupedDirect
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
 from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
 from gdnflow.ops.conv.algorithms.subpixel import Subpixel
@@ -35,7 +36,8 @@ class ConvPlanner:
     ``stage`` is ``"forward"``, ``"backward_data"`` or ``"backward_weight"``.
     By default the choice is a heuristic: the first algorithm of
     :meth:`candidates` that supports the geometry and stage and is
-    ``preferred`` for it, in the order depthwise (direct kernel), pointwise
+    ``preferred`` for it, in the order depthwise (direct kernel), grouped
+    direct kernel (forward of groups of few channels), pointwise
     direct kernel (memory-bound 1x1 layers), pointwise (GEMM, no lowering),
     Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
     never preferred), the sub-pixel rewrite (strided layers whose stride-1
@@ -59,8 +61,8 @@ class ConvPlanner:
     @staticmethod
     def candidates():
         """Every algorithm class, in the heuristic's order of preference."""
-        return (Depthwise, PointwiseDirect, Pointwise, WinogradF4, WinogradF2, Subpixel,
-                Im2colDirect, Im2colGemm)
+        return (Depthwise, GroupedDirect, PointwiseDirect, Pointwise, WinogradF4, WinogradF2,
+                Subpixel, Im2colDirect, Im2colGemm)
 
     @staticmethod
     def supported(g, stage):

@@ -14,6 +14,7 @@ from gdnflow.config import override
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.conv.algorithms import depthwise as depthwise_module
 from gdnflow.ops.conv.algorithms.depthwise import Depthwise
+from gdnflow.ops.conv.algorithms.grouped import GroupedDirect
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
 from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect
 from gdnflow.ops.conv.algorithms.winograd import WinogradF4
@@ -349,9 +350,10 @@ def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
     (((1, 8, 20, 20), (8, 1, 5, 5), 2, 2, 1, 8), Depthwise),
     (((1, 8, 20, 20), (8, 1, 9, 9), 1, 4, 1, 8), Im2colGemm),        # kernel too large
     (((1, 8, 20, 20), (8, 1, 3, 3), 3, 1, 1, 8), Im2colGemm),        # stride 3
-    (((1, 8, 20, 20), (16, 1, 3, 3), 1, 1, 1, 8), Im2colGemm),       # channel multiplier 2
+    # Grouped, few channels per group: the direct kernel's forward, the GEMM's gradients.
+    (((1, 8, 20, 20), (16, 1, 3, 3), 1, 1, 1, 8), (GroupedDirect, Im2colGemm)),  # multiplier 2
     (((64, 960, 7, 7), (320, 960, 1, 1), 1, 0, 1, 1), Pointwise),   # compute-bound 1x1
-    (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), Pointwise),
+    (((1, 8, 20, 20), (16, 4, 1, 1), 1, 0, 1, 2), (GroupedDirect, Pointwise)),
     # Memory-bound products with groups 1: the forward after im2col by the direct kernel.
     (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), (Im2colDirect, Im2colGemm)),   # strided 1x1
     (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),   # padded 1x1

@@ -18,6 +18,7 @@ from gdnflow import ops
 from gdnflow.backends import cuda
 from gdnflow.config import override
 from gdnflow.ops.conv.algorithms import pointwise, pointwise_tiles
+from gdnflow.ops.conv.algorithms.grouped import GroupedDirect
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
 from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
 from gdnflow.ops.conv.algorithms.pointwise_tiles import PointwiseConfig
@@ -71,7 +72,9 @@ def test_memory_bound_mobilenet_layers_are_the_narrow_ones():
 def test_grouped_and_strided_1x1_stay_elsewhere():
     planner = ConvPlanner(autotune=False)
     grouped = _geometry((2, 8, 5, 5), 4, groups=2)
-    assert not PointwiseDirect.supports(grouped) and planner.choose(grouped, "forward") is Pointwise
+    assert not PointwiseDirect.supports(grouped)
+    assert planner.choose(grouped, "forward") is GroupedDirect       # few channels per group
+    assert planner.choose(grouped, "backward_data") is Pointwise
     strided = conv_geometry("conv2d", (1, 8, 9, 9), (4, 8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1)
     assert not PointwiseDirect.supports(strided)
     assert planner.choose(strided, "forward") is Im2colDirect        # after im2col

@@ -1,0 +1,96 @@
+"""Grouped convolutions with few channels per group: a direct kernel (``cuda_src/grouped.cu``).
+
+For x [N, C_in, H, W] and w [C_out, CG, kh, kw] with ``groups`` > 1 and
+CG = C_in / groups (not depthwise: that is :mod:`.depthwise`'s)::
+
+    y[n, o, p, q] = act(b[o] + residual[n, o, p, q]
+                        + sum_{c < CG, i, j} w[o, c, i, j] x[n, g(o)*CG + c, p*sh - top + i*dh, q*sw - left + j*dw])
+
+with g(o) = o // (C_out / groups). RegNet's 3x3 layers (8 channels per group)
+and ResNeXt's (4 to 32) have products too small per group for a GEMM: the
+im2col path runs hundreds of tiny cuBLAS calls per network. Forward only; the
+gradients stay with im2col + GEMM (training such layers is not what this
+kernel is for).
+"""
+import functools
+
+from gdnflow.backends import cuda
+
+SOURCE = "grouped.cu"
+cuda.declare_variants(SOURCE)   # every module is built for a shape: none known ahead
+#: Threads per block at most (GROUPED_MAX_THREADS in grouped.cu).
+MAX_THREADS = 256
+#: Shared memory a block may take without opting in (the chunk's weights).
+SHARED_LIMIT = 48 * 1024
+MAX_KERNEL = 7                  # taps per side unrolled in the kernel
+MAX_STRIDE = 2
+MAX_DILATION = 2
+#: Output channels per thread at most: the accumulators a thread keeps in registers.
+MAX_OUTPUTS_PER_THREAD = 8
+#: The heuristic prefers the kernel for groups of at most this many input
+#: channels; wider groups are products a GEMM fills the GPU with.
+PREFERRED_GROUP_CHANNELS = 16
+
+
+def outputs_per_thread(g):
+    """OPT: the most of 8, 4, 2, 1 output channels per thread that divides C_out / groups
+    and whose weights (CG*kh*kw*OPT floats) fit a block's shared memory; None if none does."""
+    og, cg = g.c_out // g.groups, g.c_in // g.groups
+    for opt in (8, 4, 2, 1):
+        if opt <= MAX_OUTPUTS_PER_THREAD and og % opt == 0 \
+                and 4 * cg * g.kh * g.kw * opt <= SHARED_LIMIT:
+            return opt
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def pixel_tiling(pixels):
+    """(threads per block, blocks per output plane) for an output plane of ``pixels``:
+    as few tiles of at most :data:`MAX_THREADS` pixels as cover the plane, evened out,
+    the threads rounded up to whole warps (a 7x7 plane: one block of 64 threads)."""
+    tiles = max(1, -(-pixels // MAX_THREADS))
+    threads = -(-pixels // tiles)
+    return -(-threads // 32) * 32, tiles
+
+
+class GroupedDirect:
+    """Direct grouped convolution, forward only, bias, residual and activation fused."""
+
+    name = "grouped_direct"
+    stages = ("forward",)
+    fuses_bias_activation = True
+    fuses_residual = True
+
+    @staticmethod
+    def supports(g):
+        """Grouped, not depthwise; kernels up to 7x7, strides and dilations up to 2, and a
+        chunk of output channels whose weights fit in shared memory."""
+        return (g.groups > 1 and not g.is_depthwise and g.kh <= MAX_KERNEL
+                and g.kw <= MAX_KERNEL and max(g.stride) <= MAX_STRIDE
+                and max(g.dilation) <= MAX_DILATION and outputs_per_thread(g) is not None)
+
+    @staticmethod
+    def preferred(g):
+        """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels."""
+        return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
+
+    @staticmethod
+    def forward(g, x, w, bias=None, activation=0, residual=None):
+        """y = act(grouped_conv(x, w) + bias + residual): one launch."""
+        y = cuda.empty(g.y_shape, x.dtype)
+        pixels = g.oh * g.ow
+        opt = outputs_per_thread(g)
+        threads, tiles = pixel_tiling(pixels)
+        blocks = g.n * (g.c_out // opt) * tiles
+        if blocks == 0 or pixels == 0:
+            return y
+        cuda.check_index_range(blocks, "grouped_conv_forward blocks")
+        defines = (("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
+                   ("DH", g.dilation[0]), ("DW", g.dilation[1]),
+                   ("CG", g.c_in // g.groups), ("OPT", opt))
+        kernel = cuda.kernel(SOURCE, "grouped_conv_forward", "PPPPP" + "i" * 11, defines)
+        kernel((blocks, 1, 1), (threads, 1, 1), x.ptr, w.ptr,
+               0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
+               g.c_in, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
+               g.c_out // g.groups, tiles, activation)
+        return y
