@@ -31,9 +31,12 @@ def kernel_declarations():
 
 
 #: Sources with kernels that only some module variants hold, and the defines of one such
-#: variant: gdn.cu's 16-bit section; elementwise.cu's fused program (any program will do).
+#: variant: gdn.cu's 16-bit section; elementwise.cu's fused program (any program will do);
+#: pool.cu's fixed-window forward (the max pool of a 3x3 window at stride 1).
+POOL_WINDOW = (("POOL_KH", 3), ("POOL_KW", 3), ("POOL_SH", 1), ("POOL_SW", 1))
 VARIANT_SECTIONS = {"gdn.cu": (("STORAGE_BF16", 1),),
-                    "elementwise.cu": (("FUSED_INPUTS", 1), ("FUSED_PROGRAM", "result = input0;"))}
+                    "elementwise.cu": (("FUSED_INPUTS", 1), ("FUSED_PROGRAM", "result = input0;")),
+                    "pool.cu": POOL_WINDOW + (("POOL_MAX", 1),)}
 
 
 def compiled_entries(path, tmp_path, defines=()):
@@ -78,6 +81,16 @@ def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_pat
          "-c", str(expanded), "-o", str(tmp_path / "out.o")],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"nvcc failed on {name} with {storage}:\n{result.stderr}"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("storage", [(), (("STORAGE_BF16", 1),)], ids=["float", "bf16"])
+@pytest.mark.parametrize("window", [POOL_WINDOW, (("POOL_KH", 2), ("POOL_KW", 5), ("POOL_SH", 3),
+                                                  ("POOL_SW", 2))], ids=["3x3s1", "2x5s3x2"])
+@pytest.mark.parametrize("kind", [(), (("POOL_MAX", 1),)], ids=["average", "maximum"])
+def test_fixed_window_pool_variants_compile_without_warnings(kind, window, storage, tmp_path):
+    entries = compiled_entries(source_dir() / "pool.cu", tmp_path, window + kind + storage)
+    assert "pool_forward_fixed" in entries
 
 
 @pytest.mark.skipif(not os.environ.get("CI"), reason="only CI runs from a non-editable install")

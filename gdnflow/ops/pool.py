@@ -12,6 +12,12 @@ bottom, left, right), output (p, q) of each plane pools the window of rows
 
     global_avg_pool2d:  y[n, c, 0, 0] = mean over h, w of x[n, c, h, w]
 
+On the GPU the forward of windows up to 5x5 at strides up to 3 (the max
+pool's only where no argmax is kept: inference) runs a kernel built for the
+window (``pool_forward_fixed``: each thread four outputs of a row, each input
+read once per row); other windows, and the max pool under a graph, run the
+general kernels.
+
 Gradients: the max routes gy[p, q] to the argmax of its window, which the
 forward saves as int32 indices (h*W + w within the plane; the first maximum
 on ties); the average spreads gy[p, q] / d over its window. Padding must be
@@ -30,6 +36,11 @@ from gdnflow.precision import emulate
 from gdnflow.registry import register
 
 SOURCE = "pool.cu"
+#: Windows pool_forward_fixed is built for: taps and stride per side at most these.
+FIXED_MAX_KERNEL = 5
+FIXED_MAX_STRIDE = 3
+#: Outputs of a row each thread of pool_forward_fixed computes (POOL_Q in pool.cu).
+FIXED_OUTPUTS_PER_THREAD = 4
 
 
 def _pair(op, name, value, minimum):
@@ -92,6 +103,22 @@ class Pool2dOp(Operator):
         return (n * c, h, w, *self.out_hw, *self.kernel, *self.stride,
                 self.padding[0], self.padding[2])
 
+    def _forward_fixed(self, x, maximum, include_pad=False):
+        """y by pool.cu's pool_forward_fixed (the window compiled in, no argmax), or None
+        for windows past :data:`FIXED_MAX_KERNEL` taps or :data:`FIXED_MAX_STRIDE`."""
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        if max(kh, kw) > FIXED_MAX_KERNEL or max(sh, sw) > FIXED_MAX_STRIDE:
+            return None
+        y = cuda.empty(self.out_shape, x.dtype)
+        planes, h, w, oh, ow = self._kernel_args()[:5]
+        q_groups = -(-ow // FIXED_OUTPUTS_PER_THREAD)
+        defines = (("POOL_KH", kh), ("POOL_KW", kw), ("POOL_SH", sh), ("POOL_SW", sw)) + (
+            (("POOL_MAX", 1),) if maximum else ()) + cuda.storage_defines(x.dtype)
+        cuda.kernel(SOURCE, "pool_forward_fixed", "PP" + "i" * 9, defines).launch(
+            planes * oh * q_groups, x.ptr, y.ptr, planes, h, w, oh, ow, self.padding[0],
+            self.padding[2], int(include_pad), q_groups)
+        return y
+
     def _windows(self, x, fill):
         """x padded with ``fill`` and viewed as [N, C, OH, OW, kh, kw] windows (no copy)."""
         top, bottom, left, right = self.padding
@@ -127,6 +154,10 @@ class MaxPool2dOp(Pool2dOp):
         return np.ascontiguousarray(y)
 
     def forward_cuda(self, x):
+        if not self.recording:          # no argmax to keep: the faster kernel where it applies
+            y = self._forward_fixed(x, maximum=True)
+            if y is not None:
+                return y
         y = cuda.empty(self.out_shape, x.dtype)
         argmax = cuda.empty(self.out_shape, np.int32) if self.recording else None
         cuda.kernel(SOURCE, "max_pool_forward", "PPP" + "i" * 11,
@@ -184,6 +215,9 @@ class AvgPool2dOp(Pool2dOp):
                                                       / self.divisors(x.dtype)), x)
 
     def forward_cuda(self, x):
+        y = self._forward_fixed(x, maximum=False, include_pad=self.count_include_pad)
+        if y is not None:
+            return y
         y = cuda.empty(self.out_shape, x.dtype)
         cuda.kernel(SOURCE, "avg_pool_forward", "PP" + "i" * 12,
                     cuda.storage_defines(x.dtype)).launch(

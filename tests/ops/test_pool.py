@@ -175,3 +175,37 @@ def test_max_pool_cuda_at_vgg16_shapes(shape, rng):
                          ids=str)
 def test_global_avg_pool_cuda_matches_numpy(shape, rng):
     assert_backends_match(ops.global_avg_pool2d, [rng.standard_normal(shape)], rtol=1e-5)
+
+
+# The fixed-window forward (pool_forward_fixed): both pools without a graph, every window
+# of CASES plus the networks' (Inception's and GoogLeNet's 3x3 stride-1 branch pools,
+# SqueezeNet's 3x3 stride-2, DenseNet's 2x2 transitions), rows of 1 to 4 outputs past the
+# last whole group of four.
+FIXED_CASES = CASES + [((3, 5, 33, 17), 3, 2, 1), ((2, 7, 35, 35), 3, 1, 1),
+                       ((2, 9, 17, 17), 3, 1, 1), ((1, 6, 55, 55), 3, 2, 0),
+                       ((2, 4, 28, 28), 2, 2, 0), ((1, 3, 9, 10), (5, 4), (3, 2), (2, 1))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, kernel, stride, padding", FIXED_CASES, ids=str)
+def test_fixed_window_pools_cuda_match_numpy(shape, kernel, stride, padding, rng):
+    x = rng.standard_normal(shape)
+    for fn in (lambda t: ops.max_pool2d(t, kernel, stride, padding),
+               lambda t: ops.avg_pool2d(t, kernel, stride, padding),
+               lambda t: ops.avg_pool2d(t, kernel, stride, padding, False)):
+        assert_backends_match(fn, [x], rtol=1e-5, grad=False)
+
+
+@pytest.mark.gpu
+def test_fixed_window_max_pool_keeps_nan_and_infinities(rng):
+    # As the NumPy reference (and the argmax kernel): a NaN in a window wins, -inf
+    # loses to any number, padding never wins.
+    x = rng.standard_normal((2, 3, 11, 13)).astype(np.float32)
+    x[0, 0, 4, 5] = np.nan
+    x[1, 2, :3, :] = -np.inf
+    x[0, 1, :, :2] = np.inf
+    with gf.no_grad():
+        want = ops.max_pool2d(gf.tensor(x, device="numpy"), 3, 1, 1).numpy()
+        got = ops.max_pool2d(gf.tensor(x, device="cuda"), 3, 1, 1).numpy()
+    assert np.isnan(want).sum() == 9
+    np.testing.assert_array_equal(got, want)
