@@ -113,13 +113,20 @@ extern "C" __global__ void nchw_to_cnhw(
 // The fused epilogue, one pass over the convolution's output y [N, C, HW]:
 //     out = act(y + bias[c] + residual)
 // bias and residual may be null (0). out may be y itself (in place), so the
-// two are not __restrict__.
+// two are not __restrict__. The channel of element idx is (idx / HW) % C, each
+// division a multiply and a shift (quotient_of; (magic, shift) of HW and of C):
+// with two run-time divisions per element the pass was bound by its integer
+// instructions, not by memory.
 extern "C" __global__ void conv_epilogue(
         const storage_t* y, const storage_t* __restrict__ bias,
-        const storage_t* __restrict__ residual, storage_t* out, int total, int C, int HW, int act) {
+        const storage_t* __restrict__ residual, storage_t* out, int total, int C,
+        unsigned hw_magic, unsigned hw_shift, unsigned c_magic, unsigned c_shift, int act) {
     GRID_STRIDE_LOOP(idx, total) {
         float v = load_value(y[idx]);
-        if (bias) v += load_value(bias[(idx / HW) % C]);
+        if (bias) {
+            const unsigned plane = quotient_of(idx, hw_magic, hw_shift);
+            v += load_value(bias[plane - quotient_of(plane, c_magic, c_shift) * C]);
+        }
         if (residual) v += load_value(residual[idx]);
         out[idx] = store_value(activate(v, act));
     }

@@ -224,7 +224,7 @@ extern "C" __global__ void fused_program(
 #pragma unroll
         for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
             if (layout.dims[d] == 1) continue;
-            const unsigned quotient = (__umulhi(rest, layout.magic[d]) + rest) >> layout.shift[d];
+            const unsigned quotient = quotient_of(rest, layout.magic[d], layout.shift[d]);
             const int index = rest - quotient * layout.dims[d];
             rest = quotient;
 #pragma unroll

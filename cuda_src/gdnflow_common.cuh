@@ -12,6 +12,13 @@
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
          i += gridDim.x * blockDim.x)
 
+// n / d for 0 <= n < 2^31 by a multiply and a shift, where a division by a run-time
+// value costs a few dozen instructions: (magic, shift) of d from the host
+// (gdnflow.backends.cuda.limits.division_constants).
+__device__ __forceinline__ unsigned quotient_of(unsigned n, unsigned magic, unsigned shift) {
+    return (__umulhi(n, magic) + n) >> shift;
+}
+
 // Sum of v over the 32 lanes of a warp; lane 0 holds the result.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = 16; offset > 0; offset >>= 1)

@@ -31,6 +31,7 @@ import numpy as np
 
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.limits import division_constants
 from gdnflow.ops.arithmetic import BinaryOp
 from gdnflow.ops.broadcast import merged_layout
 from gdnflow.ops.cast import cast_array
@@ -179,14 +180,6 @@ class FusedElementwise:
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
-
-
-def division_constants(divisor):
-    """(magic, shift) such that q = (umulhi(n, magic) + n) >> shift is n // divisor for every
-    0 <= n < 2^31 (the kernel's index split; 1 <= divisor < 2^31)."""
-    shift = (divisor - 1).bit_length()
-    magic = ((1 << 32) * ((1 << shift) - divisor)) // divisor + 1
-    return magic, shift
 
 
 def _float_literal(value):

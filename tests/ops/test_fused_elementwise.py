@@ -15,8 +15,8 @@ from gdnflow import nn, ops, registry
 from gdnflow.backends.cuda.kernel_cache import expand_source, nvcc_options
 from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
-from gdnflow.ops.fused_elementwise import (OPCODES, FusedElementwise, Instruction,
-                                           division_constants)
+from gdnflow.backends.cuda.limits import division_constants
+from gdnflow.ops.fused_elementwise import OPCODES, FusedElementwise, Instruction
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
 from gdnflow.ops.special import ErfOp

@@ -32,6 +32,15 @@ def check_elements(n, what):
             "kernels index with 32-bit ints; use a smaller batch or split the input")
 
 
+def division_constants(divisor):
+    """(magic, shift) such that q = (umulhi(n, magic) + n) >> shift is n // divisor for every
+    0 <= n < 2^31 (``quotient_of`` in cuda_src/gdnflow_common.cuh: the kernels' index
+    split by a run-time divisor; 1 <= divisor < 2^31)."""
+    shift = (divisor - 1).bit_length()
+    magic = ((1 << 32) * ((1 << shift) - divisor)) // divisor + 1
+    return magic, shift
+
+
 def out_of_memory(nbytes, what):
     """The :class:`DeviceMemoryError` for a failed allocation of ``nbytes`` bytes for ``what``."""
     return DeviceMemoryError(

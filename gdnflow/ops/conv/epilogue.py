@@ -8,6 +8,7 @@ leave it to the operator. ``activation`` is a code of
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.limits import division_constants
 from gdnflow.ops.cast import CastOp
 from gdnflow.ops.reduction import sum_cuda
 from gdnflow.precision import FLOAT32, emulate
@@ -41,9 +42,12 @@ def activation_grad_numpy(gy, y, activation):
 def epilogue_cuda(y, bias, residual, activation):
     """y <- act(y + bias[c] + residual) in one pass, in place; returns y."""
     n, c = y.shape[:2]
-    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiii", cuda.storage_defines(y.dtype)).launch(
+    if y.size == 0:
+        return y
+    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiIIIIi", cuda.storage_defines(y.dtype)).launch(
         y.size, y.ptr, 0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr,
-        y.ptr, y.size, c, y.size // max(n * c, 1), activation)
+        y.ptr, y.size, c, *division_constants(y.size // (n * c)), *division_constants(c),
+        activation)
     return y
 
 
