@@ -239,4 +239,61 @@ extern "C" __global__ void fused_program(
         out[i] = store_value(result);
     }
 }
+
+// fused_concat_program (a module built with -DFUSED_CONCAT=<r> as well): the
+// same program where input r is a concatenation, read from its parts instead
+// of from a copy. out is [outer, total, inner] (total: the concatenated axis,
+// a row of it being one channel in DenseNet's concatenations, which this
+// serves); part k fills rows [start[k], start[k + 1]) and is itself [outer,
+// start[k + 1] - start[k], inner]. The other inputs are read through one
+// stride per axis of out (0 where broadcast). A block takes one (outer index,
+// row) line at a time, as concat_inputs (shape.cu) does: the part, the
+// line's source and the other inputs' offsets are found once per line, not
+// per element. The concatenation's copy, a write and a read of the whole
+// tensor, is gone (DenseNet's plan made 62 of them per forward).
+#ifdef FUSED_CONCAT
+#define CONCAT_PARTS 64
+
+struct ConcatProgramLayout {                         // passed by value (the host packs it)
+    const storage_t* part[CONCAT_PARTS];
+    int start[CONCAT_PARTS + 1];
+    int strides[PROGRAM_INPUTS][3];                  // per input: outer, row, inner
+};
+
+#define LOAD_CONCAT_INPUT(k) [[maybe_unused]] const float input##k = k >= FUSED_INPUTS ? 0.0f \
+    : load_value(k == FUSED_CONCAT ? source[j] : in##k[base[k] + j * table.strides[k][2]]);
+
+extern "C" __global__ void fused_concat_program(
+        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
+        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
+        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
+        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
+        const storage_t* __restrict__ in7, int outer, int total, int inner, int count,
+        const ConcatProgramLayout layout) {
+    // In shared memory: the line loop indexes the table with run-time values.
+    __shared__ ConcatProgramLayout table;
+    if (threadIdx.x == 0) table = layout;
+    __syncthreads();
+    for (int line = blockIdx.x; line < outer * total; line += gridDim.x) {
+        const int o = line / total, row = line - o * total;
+        int part = 0;
+        while (part + 1 < count && row >= table.start[part + 1]) ++part;
+        const int width = table.start[part + 1] - table.start[part];
+        const storage_t* source =
+            table.part[part] + ((size_t)o * width + row - table.start[part]) * inner;
+        int base[PROGRAM_INPUTS];
+#pragma unroll
+        for (int q = 0; q < PROGRAM_INPUTS; ++q)
+            base[q] = o * table.strides[q][0] + row * table.strides[q][1];
+        storage_t* destination = out + (size_t)line * inner;
+        for (int j = threadIdx.x; j < inner; j += blockDim.x) {
+            LOAD_CONCAT_INPUT(0) LOAD_CONCAT_INPUT(1) LOAD_CONCAT_INPUT(2) LOAD_CONCAT_INPUT(3)
+            LOAD_CONCAT_INPUT(4) LOAD_CONCAT_INPUT(5) LOAD_CONCAT_INPUT(6) LOAD_CONCAT_INPUT(7)
+            float result;
+            FUSED_PROGRAM
+            destination[j] = store_value(result);
+        }
+    }
+}
+#endif
 #endif

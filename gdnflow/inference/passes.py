@@ -23,6 +23,9 @@ the program returns, and folds only constants (weights):
   nothing else reads, become one
   :class:`~gdnflow.ops.fused_elementwise.FusedElementwise` step, with the
   transposes that feed them folded into how they read their inputs;
+- :func:`fuse_concatenations`: a concatenation that only such a step reads,
+  as it lies, becomes that step's concatenated input (DenseNet: the batch
+  norm and ReLU after each concatenation read the parts in place);
 - :func:`drop_unused`: steps whose results nothing reads are removed.
 """
 import dataclasses
@@ -37,9 +40,10 @@ from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.broadcast import broadcast_strides
 from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
-from gdnflow.ops.fused_elementwise import (MAX_INPUTS, MAX_INSTRUCTIONS, FusedElementwise,
-                                           Instruction, fusible)
-from gdnflow.ops.shape import TransposeOp, contiguous_strides
+from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, MAX_INPUTS, MAX_INSTRUCTIONS,
+                                           ConcatInput, FusedElementwise, Instruction,
+                                           axis_strides, fusible)
+from gdnflow.ops.shape import ConcatOp, TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.layernorm import LayerNormOp
 from gdnflow.precision import FLOAT32
@@ -394,6 +398,33 @@ def _operand(chain, value, program, producer_of, uses, chains, absorbed):
     return (value, tuple(broadcast_strides(chain.shape, program.shapes[value])))
 
 
+def fuse_concatenations(program):
+    """A concatenation read only by a fused elementwise step, contiguously and at the step's
+    shape, becomes the step's concatenated input (:class:`ConcatInput`: the kernel reads
+    the parts, and the concatenated tensor is never made); returns the count."""
+    def match(step, producer_of, uses):
+        fused = step.call
+        if not isinstance(fused, FusedElementwise) or fused.concat is not None:
+            return None
+        for r, v in enumerate(step.inputs):
+            j = producer_of(v)
+            if j is None or uses[v] != 1 or type(program.steps[j].call) is not ConcatOp:
+                continue
+            parts, axis = program.steps[j].inputs, program.steps[j].call.axis % len(fused.shape)
+            if (program.shapes[v] != fused.shape or len(parts) > MAX_CONCAT_PARTS
+                    or list(fused.strides[r]) != contiguous_strides(fused.shape)
+                    or any(axis_strides(fused.shape, st, axis) is None for st in fused.strides)):
+                continue
+            concat = ConcatInput(r, axis, tuple(program.shapes[p][axis] for p in parts),
+                                 program.steps[j].call)
+            replacement = FusedElementwise(fused.shape, fused.strides, fused.instructions, concat)
+            return j, Step(replacement, step.inputs[:r] + step.inputs[r + 1:] + tuple(parts),
+                           step.output, step.name, ("concat",) + step.fused)
+        return None
+
+    return _fuse_pass(program, match)
+
+
 def drop_unused(program):
     """Remove steps whose results nothing reads (inference operators have no side effects)."""
     needed = set(program.outputs)
@@ -495,4 +526,5 @@ def optimize(program):
             "batch_norm_as_affine": batch_norms_as_affine(program),
             "fused_transposed_layer_norm": fuse_transposed_layer_norms(program),
             "fused_elementwise": fuse_elementwise(program),
+            "fused_concatenation": fuse_concatenations(program),
             "removed_unused": drop_unused(program)}

@@ -15,6 +15,12 @@ own with ``-DFUSED_PROGRAM`` (once per program and dtype; the cubin cache
 keeps it across processes): an interpreted version, one kernel for every
 program, ran 5-7x slower on the H200 (its registers in local memory).
 
+A program may read one of its inputs as a concatenation of several arrays
+(:class:`ConcatInput`: DenseNet's batch norm and ReLU after each
+concatenation): the kernel ``fused_concat_program`` reads that register from
+the parts themselves, a line of one part at a time, so the concatenated
+tensor is never written.
+
 On the GPU, inputs of mixed dtypes (a 16-bit activation beside a float32
 constant, in a 16-bit plan) are widened and the program runs in float32,
 as the operators it replaces compute mixed inputs. On NumPy (and past 2^31
@@ -55,6 +61,12 @@ _OPCODES = frozenset(OPCODES)
 # shifts: (3 + MAX_INPUTS) * DIMS 4-byte fields); a constant, so that
 # tests/test_cuda_sources.py checks it against the compiled kernel.
 _ARGUMENTS = "PPPPPPPPPi264s"
+#: Parts a concatenated input may have (CONCAT_PARTS in elementwise.cu), and
+#: fused_concat_program's arguments: out, the inputs, outer, total, inner, the part
+#: count, then the ConcatProgramLayout struct (part pointers, start rows, three strides
+#: per input: 872 bytes with its padding).
+MAX_CONCAT_PARTS = 64
+_CONCAT_ARGUMENTS = "PPPPPPPPPiiii872s"
 
 
 def fusible(call):
@@ -63,6 +75,18 @@ def fusible(call):
     if isinstance(call, UnaryOp):
         return call.kernel in _OPCODES and type(call).forward_cuda is UnaryOp.forward_cuda
     return isinstance(call, BinaryOp) and call.kernel in _OPCODES
+
+
+@dataclasses.dataclass(frozen=True)
+class ConcatInput:
+    """Register ``register`` of a program is the concatenation of parts along ``axis`` of
+    the output, part k being ``widths[k]`` long there; ``call`` is the traced concat
+    operator (the reference runs it)."""
+
+    register: int
+    axis: int
+    widths: tuple
+    call: Operator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +103,16 @@ class FusedElementwise:
 
     ``shape``: the output's shape; ``strides``: per input, its element
     strides over the output's dimensions (of the input's contiguous array);
-    ``instructions``: the program, in order. Called with the input tensors;
-    returns a new tensor of ``shape``.
+    ``instructions``: the program, in order; ``concat``: a :class:`ConcatInput`
+    or None. Called with the input tensors (with ``concat``: those of the other
+    registers in order, then the parts); returns a new tensor of ``shape``.
     """
 
-    def __init__(self, shape, strides, instructions):
+    def __init__(self, shape, strides, instructions, concat=None):
         self.shape = tuple(shape)
         self.strides = tuple(tuple(int(s) for s in st) for st in strides)
         self.instructions = tuple(instructions)
+        self.concat = concat
         if not 0 < len(self.strides) <= MAX_INPUTS:
             raise ValueError(f"fused_elementwise: {len(self.strides)} inputs; the kernel takes "
                              f"1 to {MAX_INPUTS}")
@@ -102,15 +128,37 @@ class FusedElementwise:
                 raise ValueError(f"fused_elementwise: instruction {t} reads registers "
                                  f"{instruction.operands}; only 0 to "
                                  f"{len(self.strides) + t - 1} are written before it")
+        if concat is not None:
+            self._check_concat(concat)
         self._launches = {}         # dtype -> (kernel, packed layout), made on first use
+
+    def _check_concat(self, concat):
+        r, axis = concat.register, concat.axis
+        if not 0 <= r < len(self.strides) or not 0 <= axis < len(self.shape):
+            raise ValueError(f"fused_elementwise: a concatenated input at register {r}, axis "
+                             f"{axis}: the program has {len(self.strides)} inputs and "
+                             f"{len(self.shape)} dimensions")
+        if not 0 < len(concat.widths) <= MAX_CONCAT_PARTS \
+                or sum(concat.widths) != self.shape[axis]:
+            raise ValueError(f"fused_elementwise: a concatenation of {len(concat.widths)} parts "
+                             f"{concat.widths} along axis {axis} of {self.shape}; the kernel "
+                             f"takes 1 to {MAX_CONCAT_PARTS} parts filling the axis")
+        if list(self.strides[r]) != contiguous_strides(self.shape):
+            raise ValueError("fused_elementwise: a concatenated input is read as it lies "
+                             f"(contiguous strides), not through {self.strides[r]}")
+        if any(axis_strides(self.shape, st, axis) is None for st in self.strides):
+            raise ValueError(f"fused_elementwise: with a concatenation along axis {axis}, every "
+                             f"input must step over the axes before it and after it as one")
 
     def __repr__(self):
         names = " ".join(_name(i.call) for i in self.instructions)
         return f"FusedElementwise({names} over {len(self.strides)} inputs)"
 
     def __call__(self, *inputs):
-        if len(inputs) != len(self.strides):
-            raise TypeError(f"fused_elementwise: expected {len(self.strides)} input tensors, "
+        expected = len(self.strides) + (0 if self.concat is None
+                                        else len(self.concat.widths) - 1)
+        if len(inputs) != expected:
+            raise TypeError(f"fused_elementwise: expected {expected} input tensors, "
                             f"got {len(inputs)}")
         if inputs[0].device == "cuda" and math.prod(self.shape) < 2 ** 31:
             arrays = [x.data for x in inputs]
@@ -118,12 +166,27 @@ class FusedElementwise:
                 # Mixed dtypes (a 16-bit activation and a float32 constant, in a 16-bit
                 # plan): float32 throughout, as the operators compute mixed inputs.
                 arrays = [cast_array(a, FLOAT32) for a in arrays]
-            return Tensor.wrap(self._run_kernel(arrays), "cuda")
+            if self.concat is None:
+                return Tensor.wrap(self._run_kernel(arrays), "cuda")
+            return Tensor.wrap(self._run_concat_kernel(arrays), "cuda")
         return self.reference(*inputs)
+
+    def _registers(self, inputs):
+        """The register inputs from the call's: with a concatenation, the other registers'
+        in order, then the parts (their concatenation goes in its register)."""
+        if self.concat is None:
+            return list(inputs)
+        r, others = self.concat.register, len(self.strides) - 1
+        return list(inputs[:r]) + [list(inputs[others:])] + list(inputs[r:others])
 
     def reference(self, *inputs):
         """The program as the original operators, one after the other."""
-        registers = [self._view(x, strides) for x, strides in zip(inputs, self.strides)]
+        registers = self._registers(inputs)
+        if self.concat is not None:
+            r = self.concat.register
+            registers[r] = self.concat.call(*registers[r])
+            self.concat.call.release()
+        registers = [self._view(x, strides) for x, strides in zip(registers, self.strides)]
         for instruction in self.instructions:
             call = instruction.call
             registers.append(call(*[registers[r] for r in instruction.operands]))
@@ -166,6 +229,39 @@ class FusedElementwise:
         words[1 + MAX_INPUTS:] = np.transpose([division_constants(d) for d in dims])
         return words.astype(np.uint32).tobytes()
 
+    def _run_concat_kernel(self, arrays):
+        """fused_concat_program: the concatenated register read from its parts."""
+        registers = self._registers(arrays)
+        parts = registers[self.concat.register]
+        dtype = parts[0].dtype
+        out = cuda.empty(self.shape, dtype)
+        axis = self.concat.axis
+        outer, total = math.prod(self.shape[:axis]), self.shape[axis]
+        inner = math.prod(self.shape[axis + 1:])
+        if out.size == 0:
+            return out
+        if ("concat", dtype) not in self._launches:
+            defines = (("FUSED_INPUTS", len(self.strides)), ("FUSED_CONCAT", self.concat.register),
+                       ("FUSED_PROGRAM", self.program_source()))
+            self._launches["concat", dtype] = cuda.kernel(
+                SOURCE, "fused_concat_program", _CONCAT_ARGUMENTS,
+                tuple(cuda.storage_defines(dtype)) + defines)
+        kernel = self._launches["concat", dtype]
+        layout = np.zeros(872, np.uint8)
+        layout[:8 * len(parts)].view(np.uint64)[:] = [a.ptr for a in parts]
+        starts = np.cumsum((0,) + self.concat.widths)
+        layout[512:512 + 4 * len(starts)].view(np.int32)[:] = starts
+        strides = [axis_strides(self.shape, st, axis) for st in self.strides]
+        layout[772:772 + 12 * len(strides)].view(np.int32)[:] = np.ravel(strides)
+        pointers = [out.ptr if k == self.concat.register else a.ptr
+                    for k, a in enumerate(registers)]
+        pointers += [out.ptr] * (MAX_INPUTS - len(pointers))
+        lines = outer * total
+        block = 256 if inner >= 1024 else 128 if inner >= 128 else 64 if inner >= 64 else 32
+        kernel((max(1, min(lines, 64 * cuda.sm_count())), 1, 1), (block, 1, 1), out.ptr,
+               *pointers, outer, total, inner, len(parts), layout.tobytes())
+        return out
+
     def _run_kernel(self, arrays):
         dtype = arrays[0].dtype
         out = cuda.empty(self.shape, dtype)
@@ -180,6 +276,21 @@ class FusedElementwise:
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+
+def axis_strides(shape, strides, axis):
+    """(outer, axis, inner): one element stride each for the axes of ``shape`` before
+    ``axis``, ``axis`` itself and the axes after it, read through ``strides``; None where
+    the axes before it (or after it) are not stepped over as one."""
+    def merged(dims, steps):
+        kept = [(d, s) for d, s in zip(dims, steps) if d != 1]
+        for (_, outer_step), (d, inner_step) in zip(kept, kept[1:]):
+            if outer_step != inner_step * d:
+                return None
+        return kept[-1][1] if kept else 0
+    outer = merged(shape[:axis], strides[:axis])
+    inner = merged(shape[axis + 1:], strides[axis + 1:])
+    return None if outer is None or inner is None else (outer, strides[axis], inner)
 
 
 def _float_literal(value):

@@ -143,8 +143,31 @@ def test_batch_norm_after_a_concat_becomes_one_kernel_with_its_relu(rng):
     x = tensor(rng, (2, 3, 5, 7))
     plan = InferencePlan(model, x.shape)
     assert plan.stats["batch_norm_as_affine"] == 1
-    # The batch norm's multiply and add, and the relu: one step.
+    assert plan.stats["fused_concatenation"] == 1
+    # The concatenation, the batch norm's multiply and add, and the relu: one step, which
+    # reads the concatenation's two parts.
     assert [s.fused for s in plan.program.steps if s.name == "fused_elementwise"] == [
-        ("mul", "add", "relu")]
-    assert "batch_norm" not in [s.name for s in plan.program.steps]
+        ("concat", "mul", "add", "relu")]
+    names = [s.name for s in plan.program.steps]
+    assert "batch_norm" not in names and "concat" not in names
+    assert relative_error(plan(x).numpy(), eager(model, x)) < 1e-5
+
+
+def test_a_concatenation_read_elsewhere_too_stays(rng):
+    class TwoReaders(Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(6)
+
+        def forward(self, x):
+            c = ops.concat([x, x * 2], 1)
+            return self.conv(c) + ops.relu(self.bn(c))
+    model = TwoReaders()
+    model.conv = nn.Conv2d(6, 6, 1, rng=rng)
+    model = randomize_batch_norms(model.to("numpy"), rng).eval()
+    x = tensor(rng, (2, 3, 5, 7))
+    plan = InferencePlan(model, x.shape)
+    # The convolution reads the concatenation too: it is made, and read by both.
+    assert plan.stats["fused_concatenation"] == 0
+    assert "concat" in [s.name for s in plan.program.steps]
     assert relative_error(plan(x).numpy(), eager(model, x)) < 1e-5

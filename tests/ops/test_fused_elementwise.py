@@ -16,7 +16,9 @@ from gdnflow.backends.cuda.kernel_cache import expand_source, nvcc_options
 from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.backends.cuda.limits import division_constants
-from gdnflow.ops.fused_elementwise import OPCODES, FusedElementwise, Instruction
+from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, OPCODES, ConcatInput,
+                                           FusedElementwise, Instruction, axis_strides)
+from gdnflow.ops.shape import ConcatOp, contiguous_strides
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
 from gdnflow.ops.special import ErfOp
@@ -273,3 +275,141 @@ def test_convnext_block_plan_on_cuda_matches_numpy(rng):
     names = [s.name for s in cuda_plan.program.steps]
     assert names.count("fused_elementwise") == 2 and "transpose" not in names
     assert relative_error(cuda_plan(x.to("cuda")).numpy(), expected) <= 1e-5
+
+
+# ----------------------------------------------------- a concatenated input --
+def concat_program(shape, widths, axis=1, register=1):
+    """relu(x * s + t) with x the concatenation of parts of ``widths`` along ``axis`` (at
+    ``register``), s broadcast along ``axis`` only and t a full array: DenseNet's batch norm
+    and ReLU after a concatenation, plus an input read at every element."""
+    along = [0] * len(shape)
+    along[axis] = 1
+    strides = [along, contiguous_strides(shape)]
+    strides.insert(register, contiguous_strides(shape))
+    s_register, t_register = [k for k in range(3) if k != register]
+    n = 3
+    return FusedElementwise(shape, strides, [
+        Instruction(MulOp(), (register, s_register)),
+        Instruction(AddOp(), (n, t_register)),
+        Instruction(registry.get("relu")(), (n + 1,))],
+        ConcatInput(register, axis, tuple(widths), ConcatOp(axis)))
+
+
+def concat_case(rng, shape, widths, axis=1, register=1, device="numpy"):
+    """The program, its inputs (the other registers', then the parts) and the expected result."""
+    parts = []
+    for w in widths:
+        part_shape = list(shape)
+        part_shape[axis] = w
+        parts.append(rng.standard_normal(part_shape).astype(np.float32))
+    s = rng.standard_normal(shape[axis]).astype(np.float32)
+    t = rng.standard_normal(shape).astype(np.float32)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    expected = np.maximum(np.concatenate(parts, axis) * s.reshape(view) + t, 0)
+    others = [s.reshape(view), t]
+    inputs = [gf.tensor(a, device=device) for a in others + parts]
+    return concat_program(shape, widths, axis, register), inputs, expected
+
+
+@pytest.mark.parametrize("register", [0, 1, 2])
+def test_numpy_program_with_a_concatenated_input(rng, register):
+    program, inputs, expected = concat_case(rng, (2, 9, 5, 3), (3, 4, 2), register=register)
+    assert relative_error(program(*inputs).numpy(), expected) < 1e-6
+
+
+def test_concatenated_input_limits_are_refused_by_name():
+    shape = (2, 6, 3)
+    with pytest.raises(ValueError, match=r"a concatenation of 2 parts \(2, 3\) along axis 1"):
+        concat_program(shape, (2, 3))
+    with pytest.raises(ValueError, match="1 to 64 parts"):
+        concat_program((2, MAX_CONCAT_PARTS + 1, 3), (1,) * (MAX_CONCAT_PARTS + 1))
+    with pytest.raises(ValueError, match="read as it lies"):
+        FusedElementwise(shape, [(1, 2, 12)], [Instruction(registry.get("relu")(), (0,))],
+                         ConcatInput(0, 1, (6,), ConcatOp(1)))
+    image = (2, 6, 5, 3)          # another input with its inner axes transposed
+    with pytest.raises(ValueError, match="must step over the axes before it and after it"):
+        FusedElementwise(image, [contiguous_strides(image), (90, 15, 1, 5)],
+                         [Instruction(AddOp(), (0, 1))], ConcatInput(0, 1, (6,), ConcatOp(1)))
+    program, inputs, _ = concat_case(np.random.default_rng(0), shape, (2, 4))
+    with pytest.raises(TypeError, match="expected 4 input tensors, got 3"):
+        program(*inputs[:3])
+
+
+@pytest.mark.parametrize("shape,strides,axis,expected", [
+    ((2, 6, 5, 3), (90, 15, 3, 1), 1, (90, 15, 1)),      # contiguous
+    ((2, 6, 5, 3), (0, 1, 0, 0), 1, (0, 1, 0)),          # per channel
+    ((1, 6, 5, 3), (7, 15, 3, 1), 1, (0, 15, 1)),        # a size-1 axis takes no step
+    ((2, 6, 5, 3), (90, 15, 1, 5), 1, None),             # the inner axes transposed
+    ((2, 3, 4, 6), (1, 2, 6, 24), 3, None),              # the outer axes transposed
+    ((4, 3, 6), (18, 6, 1), 0, (0, 18, 1)),
+    ((4, 3, 6), (18, 6, 1), 2, (6, 1, 0)),
+])
+def test_axis_strides(shape, strides, axis, expected):
+    assert axis_strides(shape, strides, axis) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,widths,axis,register", [
+    ((2, 9, 5, 3), (3, 4, 2), 1, 1),
+    ((3, 70, 7, 7), (6, 32, 32), 1, 0),                   # DenseNet-like, odd planes
+    ((2, 64, 13, 11), (1,) * 64, 1, 2),                   # the most parts a kernel takes
+    ((5, 33, 65), (10, 23), 2, 1),                        # the last axis: lines of one
+    ((7, 3, 37), (2, 5), 0, 1),                           # the first axis: one line
+    ((1, 40, 56, 56), (24, 16), 1, 1),                    # long lines
+])
+def test_cuda_program_with_a_concatenated_input_matches_numpy(rng, shape, widths, axis,
+                                                            register):
+    program, inputs, expected = concat_case(rng, shape, widths, axis, register)
+    assert relative_error(program(*inputs).numpy(), expected) < 1e-6
+    got = program(*[x.to("cuda") for x in inputs])
+    assert got.device == "cuda" and got.shape == shape
+    assert relative_error(got.numpy(), expected) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mixed", [False, True], ids=["bf16", "bf16_parts_float32_constants"])
+def test_cuda_program_with_a_concatenated_16_bit_input(rng, mixed):
+    # All bf16 (the kernel built for 16-bit storage), or bf16 parts beside float32
+    # constants (widened, computed in float32): within bf16 rounding of float32.
+    program, inputs, expected = concat_case(rng, (2, 12, 9, 7), (4, 8))
+    cuda_inputs = [x.to("cuda") if mixed and k < 2 else x.to("cuda").astype("bf16")
+                   for k, x in enumerate(inputs)]
+    got = program(*cuda_inputs)
+    assert got.dtype == (np.float32 if mixed else cuda_inputs[0].dtype)
+    assert relative_error(got.numpy().astype(np.float32), expected) <= 2e-2
+
+
+class DenseBlock(Module):
+    """Three DenseNet layers: concat -> batch norm -> relu -> conv, the features growing."""
+
+    def __init__(self, rng):
+        super().__init__()
+        for k in range(3):
+            norm = nn.BatchNorm2d(8 + 4 * k)
+            norm.running_mean.data = rng.standard_normal(8 + 4 * k)
+            norm.running_var.data = rng.uniform(0.5, 2.0, 8 + 4 * k)
+            setattr(self, f"norm{k}", norm)
+            setattr(self, f"conv{k}", nn.Conv2d(8 + 4 * k, 4, 3, padding=1, rng=rng))
+
+    def forward(self, x):
+        features = [x]
+        for k in range(3):
+            norm, conv = getattr(self, f"norm{k}"), getattr(self, f"conv{k}")
+            features.append(conv(ops.relu(norm(ops.concat(features, 1)))))
+        return ops.concat(features, 1)
+
+
+@pytest.mark.parametrize("device", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_densenet_like_plan_reads_the_parts(rng, device):
+    model = DenseBlock(rng).eval()
+    x = rng.standard_normal((3, 8, 11, 9))
+    with gf.no_grad():
+        expected = model(gf.tensor(x, device="numpy")).numpy()
+    model = model.to(device)
+    plan = InferencePlan(model, x.shape, device=device)
+    # Each layer's concatenation is read in place by its batch norm and relu; the block's
+    # output concatenation is the plan's result and stays.
+    assert plan.stats["fused_concatenation"] == 3
+    assert [s.name for s in plan.program.steps].count("concat") == 1
+    assert relative_error(plan(gf.tensor(x, device=device)).numpy(), expected) <= 1e-5
