@@ -57,11 +57,10 @@ struct ConcatInputs {                       // passed by value (the host packs i
 
 extern "C" __global__ void concat_inputs(
         float* __restrict__ out, int outer, int total, int inner, int count,
-        const ConcatInputs inputs) {
-    // In shared memory: the loop indexes the table with run-time values.
-    __shared__ ConcatInputs table;
-    if (threadIdx.x == 0) table = inputs;
-    __syncthreads();
+        const __grid_constant__ ConcatInputs table) {
+    // __grid_constant__: the loop indexes the table with run-time values in place
+    // (constant bank loads); a copy into shared memory by one thread per block cost
+    // each block a serial 392-byte copy first.
     const int first = table.start[0], rows = table.start[count] - first;
     for (int line = blockIdx.x; line < outer * rows; line += gridDim.x) {
         const int o = line / rows, row = first + line % rows;

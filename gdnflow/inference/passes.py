@@ -40,9 +40,9 @@ from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.broadcast import broadcast_strides
 from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
-from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, MAX_INPUTS, MAX_INSTRUCTIONS,
-                                           ConcatInput, FusedElementwise, Instruction,
-                                           axis_strides, fusible)
+from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, MAX_CONCAT_ROWS, MAX_INPUTS,
+                                           MAX_INSTRUCTIONS, ConcatInput, FusedElementwise,
+                                           Instruction, axis_strides, fusible)
 from gdnflow.ops.shape import ConcatOp, TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.layernorm import LayerNormOp
@@ -412,6 +412,7 @@ def fuse_concatenations(program):
                 continue
             parts, axis = program.steps[j].inputs, program.steps[j].call.axis % len(fused.shape)
             if (program.shapes[v] != fused.shape or len(parts) > MAX_CONCAT_PARTS
+                    or fused.shape[axis] > MAX_CONCAT_ROWS
                     or list(fused.strides[r]) != contiguous_strides(fused.shape)
                     or any(axis_strides(fused.shape, st, axis) is None for st in fused.strides)):
                 continue

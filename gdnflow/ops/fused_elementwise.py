@@ -18,8 +18,8 @@ program, ran 5-7x slower on the H200 (its registers in local memory).
 A program may read one of its inputs as a concatenation of several arrays
 (:class:`ConcatInput`: DenseNet's batch norm and ReLU after each
 concatenation): the kernel ``fused_concat_program`` reads that register from
-the parts themselves, a line of one part at a time, so the concatenated
-tensor is never written.
+the parts themselves (each element's part from a table of rows in shared
+memory), so the concatenated tensor is never written.
 
 On the GPU, inputs of mixed dtypes (a 16-bit activation beside a float32
 constant, in a 16-bit plan) are widened and the program runs in float32,
@@ -61,12 +61,14 @@ _OPCODES = frozenset(OPCODES)
 # shifts: (3 + MAX_INPUTS) * DIMS 4-byte fields); a constant, so that
 # tests/test_cuda_sources.py checks it against the compiled kernel.
 _ARGUMENTS = "PPPPPPPPPi264s"
-#: Parts a concatenated input may have (CONCAT_PARTS in elementwise.cu), and
-#: fused_concat_program's arguments: out, the inputs, outer, total, inner, the part
-#: count, then the ConcatProgramLayout struct (part pointers, start rows, three strides
-#: per input: 872 bytes with its padding).
+#: Parts a concatenated input may have, and rows (its length along the concatenated
+#: axis): CONCAT_PARTS and CONCAT_ROWS in elementwise.cu. fused_concat_program's
+#: arguments: out, the inputs, the element count, total, inner, the part count, then the
+#: ConcatProgramLayout struct (part pointers, start rows, three strides per input, the
+#: division constants of inner and total: 888 bytes with its padding).
 MAX_CONCAT_PARTS = 64
-_CONCAT_ARGUMENTS = "PPPPPPPPPiiii872s"
+MAX_CONCAT_ROWS = 4096
+_CONCAT_ARGUMENTS = "PPPPPPPPPiiii888s"
 
 
 def fusible(call):
@@ -139,10 +141,11 @@ class FusedElementwise:
                              f"{axis}: the program has {len(self.strides)} inputs and "
                              f"{len(self.shape)} dimensions")
         if not 0 < len(concat.widths) <= MAX_CONCAT_PARTS \
-                or sum(concat.widths) != self.shape[axis]:
+                or sum(concat.widths) != self.shape[axis] or self.shape[axis] > MAX_CONCAT_ROWS:
             raise ValueError(f"fused_elementwise: a concatenation of {len(concat.widths)} parts "
                              f"{concat.widths} along axis {axis} of {self.shape}; the kernel "
-                             f"takes 1 to {MAX_CONCAT_PARTS} parts filling the axis")
+                             f"takes 1 to {MAX_CONCAT_PARTS} parts filling an axis of at most "
+                             f"{MAX_CONCAT_ROWS}")
         if list(self.strides[r]) != contiguous_strides(self.shape):
             raise ValueError("fused_elementwise: a concatenated input is read as it lies "
                              f"(contiguous strides), not through {self.strides[r]}")
@@ -236,8 +239,7 @@ class FusedElementwise:
         dtype = parts[0].dtype
         out = cuda.empty(self.shape, dtype)
         axis = self.concat.axis
-        outer, total = math.prod(self.shape[:axis]), self.shape[axis]
-        inner = math.prod(self.shape[axis + 1:])
+        total, inner = self.shape[axis], math.prod(self.shape[axis + 1:])
         if out.size == 0:
             return out
         if ("concat", dtype) not in self._launches:
@@ -247,19 +249,18 @@ class FusedElementwise:
                 SOURCE, "fused_concat_program", _CONCAT_ARGUMENTS,
                 tuple(cuda.storage_defines(dtype)) + defines)
         kernel = self._launches["concat", dtype]
-        layout = np.zeros(872, np.uint8)
+        layout = np.zeros(888, np.uint8)
         layout[:8 * len(parts)].view(np.uint64)[:] = [a.ptr for a in parts]
         starts = np.cumsum((0,) + self.concat.widths)
         layout[512:512 + 4 * len(starts)].view(np.int32)[:] = starts
         strides = [axis_strides(self.shape, st, axis) for st in self.strides]
         layout[772:772 + 12 * len(strides)].view(np.int32)[:] = np.ravel(strides)
+        layout[868:884].view(np.uint32)[:] = division_constants(inner) + division_constants(total)
         pointers = [out.ptr if k == self.concat.register else a.ptr
                     for k, a in enumerate(registers)]
         pointers += [out.ptr] * (MAX_INPUTS - len(pointers))
-        lines = outer * total
-        block = 256 if inner >= 1024 else 128 if inner >= 128 else 64 if inner >= 64 else 32
-        kernel((max(1, min(lines, 64 * cuda.sm_count())), 1, 1), (block, 1, 1), out.ptr,
-               *pointers, outer, total, inner, len(parts), layout.tobytes())
+        kernel.launch(out.size, out.ptr, *pointers, out.size, total, inner, len(parts),
+                      layout.tobytes())
         return out
 
     def _run_kernel(self, arrays):

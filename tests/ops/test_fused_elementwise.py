@@ -325,6 +325,8 @@ def test_concatenated_input_limits_are_refused_by_name():
         concat_program(shape, (2, 3))
     with pytest.raises(ValueError, match="1 to 64 parts"):
         concat_program((2, MAX_CONCAT_PARTS + 1, 3), (1,) * (MAX_CONCAT_PARTS + 1))
+    with pytest.raises(ValueError, match="an axis of at most 4096"):
+        concat_program((1, 4097, 2), (4000, 97))
     with pytest.raises(ValueError, match="read as it lies"):
         FusedElementwise(shape, [(1, 2, 12)], [Instruction(registry.get("relu")(), (0,))],
                          ConcatInput(0, 1, (6,), ConcatOp(1)))
