@@ -245,8 +245,9 @@ extern "C" __global__ void fused_program(
 // of from a copy. out is [outer, total, inner] (total: the concatenated axis,
 // a row of it being one channel in DenseNet's concatenations, which this
 // serves); part k fills rows [start[k], start[k + 1]) and is itself [outer,
-// start[k + 1] - start[k], inner]. The other inputs are read through one
-// stride per axis of out (0 where broadcast). A block first writes, in shared
+// start[k + 1] - start[k], inner]. The other inputs are read through three
+// strides, over out's outer, row and inner axes (0 where broadcast; the host
+// refuses an input whose axes before or after the row axis do not merge). A block first writes, in shared
 // memory, which part each row is in (one byte a row, at most CONCAT_ROWS
 // rows); then each element finds its line and row with two multiply-shift
 // divisions and its part with one shared-memory read. (A line per block, as

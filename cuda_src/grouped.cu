@@ -7,8 +7,9 @@
 // cuBLAS call per group or per image (hundreds of tiny launches per network)
 // and writes the column matrix besides. Here each thread computes OPT output
 // channels of one group at one output pixel from the CG*KH*KW inputs under
-// its window, so x is read about once per OG/OPT chunks (from L1/L2 where
-// windows overlap) and y is written once, bias and activation fused.
+// its window, so each group's input planes are read OG/OPT times, once per
+// chunk of output channels (from L1/L2 where windows overlap), and y is
+// written once, bias and activation fused.
 //
 // A block takes one image, one chunk of OPT consecutive output channels (all
 // in one group: OPT divides OG) and a run of `blockDim.x` consecutive output

@@ -38,6 +38,7 @@ import numpy as np
 from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.backends.cuda.limits import division_constants
+from gdnflow.errors import ShapeError
 from gdnflow.ops.arithmetic import BinaryOp
 from gdnflow.ops.broadcast import merged_layout
 from gdnflow.ops.cast import cast_array
@@ -140,7 +141,7 @@ class FusedElementwise:
             raise ValueError(f"fused_elementwise: a concatenated input at register {r}, axis "
                              f"{axis}: the program has {len(self.strides)} inputs and "
                              f"{len(self.shape)} dimensions")
-        if not 0 < len(concat.widths) <= MAX_CONCAT_PARTS \
+        if not 0 < len(concat.widths) <= MAX_CONCAT_PARTS or min(concat.widths) < 0 \
                 or sum(concat.widths) != self.shape[axis] or self.shape[axis] > MAX_CONCAT_ROWS:
             raise ValueError(f"fused_elementwise: a concatenation of {len(concat.widths)} parts "
                              f"{concat.widths} along axis {axis} of {self.shape}; the kernel "
@@ -155,7 +156,9 @@ class FusedElementwise:
 
     def __repr__(self):
         names = " ".join(_name(i.call) for i in self.instructions)
-        return f"FusedElementwise({names} over {len(self.strides)} inputs)"
+        concat = "" if self.concat is None else (
+            f", input {self.concat.register} a concatenation of {len(self.concat.widths)} parts")
+        return f"FusedElementwise({names} over {len(self.strides)} inputs{concat})"
 
     def __call__(self, *inputs):
         expected = len(self.strides) + (0 if self.concat is None
@@ -171,6 +174,10 @@ class FusedElementwise:
                 arrays = [cast_array(a, FLOAT32) for a in arrays]
             if self.concat is None:
                 return Tensor.wrap(self._run_kernel(arrays), "cuda")
+            if arrays[0].dtype != FLOAT32:
+                # The concatenation it replaces computes in float32 (16-bit parts are
+                # widened under autocast): the program does too, so its dtype is the same.
+                arrays = [cast_array(a, FLOAT32) for a in arrays]
             return Tensor.wrap(self._run_concat_kernel(arrays), "cuda")
         return self.reference(*inputs)
 
@@ -179,8 +186,14 @@ class FusedElementwise:
         in order, then the parts (their concatenation goes in its register)."""
         if self.concat is None:
             return list(inputs)
-        r, others = self.concat.register, len(self.strides) - 1
-        return list(inputs[:r]) + [list(inputs[others:])] + list(inputs[r:others])
+        r, others, axis = self.concat.register, len(self.strides) - 1, self.concat.axis
+        parts = list(inputs[others:])
+        for k, (part, width) in enumerate(zip(parts, self.concat.widths)):
+            expected = self.shape[:axis] + (width,) + self.shape[axis + 1:]
+            if tuple(part.shape) != expected:
+                raise ShapeError(f"fused_elementwise: concatenated part {k} has shape "
+                                 f"{tuple(part.shape)}, expected {expected}")
+        return list(inputs[:r]) + [parts] + list(inputs[r:others])
 
     def reference(self, *inputs):
         """The program as the original operators, one after the other."""
@@ -235,10 +248,9 @@ class FusedElementwise:
     def _run_concat_kernel(self, arrays):
         """fused_concat_program: the concatenated register read from its parts."""
         registers = self._registers(arrays)
-        parts = registers[self.concat.register]
+        parts, axis = registers[self.concat.register], self.concat.axis
         dtype = parts[0].dtype
         out = cuda.empty(self.shape, dtype)
-        axis = self.concat.axis
         total, inner = self.shape[axis], math.prod(self.shape[axis + 1:])
         if out.size == 0:
             return out

@@ -90,6 +90,8 @@ class Pool2dOp(Operator):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw) = self.kernel, self.stride
         top, bottom, left, right = self.padding
+        if h == 0 or w == 0:
+            raise ShapeError(f"{self.label}: input has no pixels to pool: shape {x.shape}")
         if h + top + bottom < kh or w + left + right < kw:
             raise ShapeError(f"{self.label}: kernel {kh}x{kw} is larger than the padded input "
                              f"{h + top + bottom}x{w + left + right} (input {x.shape}, padding "

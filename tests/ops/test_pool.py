@@ -132,6 +132,15 @@ def test_no_argmax_is_kept_without_a_graph(rng):
     assert op.saved == ()
 
 
+def test_an_input_without_pixels_is_refused():
+    # Windows of padding only: no input element to pool (the kernels assume one).
+    with pytest.raises(gf.ShapeError, match=r"max_pool2d: input has no pixels to pool: "
+                                            r"shape \(1, 1, 0, 4\)"):
+        ops.max_pool2d(gf.zeros((1, 1, 0, 4), device="numpy"), 3, 1, 2)
+    with pytest.raises(gf.ShapeError, match="avg_pool2d: input has no pixels"):
+        ops.avg_pool2d(gf.zeros((2, 3, 5, 0), device="numpy"), 2, 1, 1)
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda x: ops.max_pool2d(x, 3, 1, 3), ValueError,
      r"max_pool2d: padding \(3, 3, 3, 3\) must be smaller than the kernel \(3, 3\)"),
