@@ -70,6 +70,12 @@ _ARGUMENTS = "PPPPPPPPPi264s"
 MAX_CONCAT_PARTS = 64
 MAX_CONCAT_ROWS = 4096
 _CONCAT_ARGUMENTS = "PPPPPPPPPiiii888s"
+#: ConcatProgramLayout as the host packs it: NumPy's ``align=True`` lays fields out by C's
+#: rules (tests/ops/test_fused_elementwise.py checks the size against _CONCAT_ARGUMENTS).
+CONCAT_LAYOUT = np.dtype([("part", np.uint64, (MAX_CONCAT_PARTS,)),
+                          ("start", np.int32, (MAX_CONCAT_PARTS + 1,)),
+                          ("strides", np.int32, (MAX_INPUTS, 3)),
+                          ("division", np.uint32, (4,))], align=True)
 
 
 def fusible(call):
@@ -133,7 +139,8 @@ class FusedElementwise:
                                  f"{len(self.strides) + t - 1} are written before it")
         if concat is not None:
             self._check_concat(concat)
-        self._launches = {}         # dtype -> (kernel, packed layout), made on first use
+        # dtype -> (kernel, packed layout); ("concat", dtype) -> kernel: made on first use
+        self._launches = {}
 
     def _check_concat(self, concat):
         r, axis = concat.register, concat.axis
@@ -261,13 +268,12 @@ class FusedElementwise:
                 SOURCE, "fused_concat_program", _CONCAT_ARGUMENTS,
                 tuple(cuda.storage_defines(dtype)) + defines)
         kernel = self._launches["concat", dtype]
-        layout = np.zeros(888, np.uint8)
-        layout[:8 * len(parts)].view(np.uint64)[:] = [a.ptr for a in parts]
-        starts = np.cumsum((0,) + self.concat.widths)
-        layout[512:512 + 4 * len(starts)].view(np.int32)[:] = starts
-        strides = [axis_strides(self.shape, st, axis) for st in self.strides]
-        layout[772:772 + 12 * len(strides)].view(np.int32)[:] = np.ravel(strides)
-        layout[868:884].view(np.uint32)[:] = division_constants(inner) + division_constants(total)
+        layout = np.zeros((), CONCAT_LAYOUT)
+        layout["part"][:len(parts)] = [a.ptr for a in parts]
+        layout["start"][:len(parts) + 1] = np.cumsum((0,) + self.concat.widths)
+        layout["strides"][:len(self.strides)] = [axis_strides(self.shape, st, axis)
+                                                 for st in self.strides]
+        layout["division"] = division_constants(inner) + division_constants(total)
         pointers = [out.ptr if k == self.concat.register else a.ptr
                     for k, a in enumerate(registers)]
         pointers += [out.ptr] * (MAX_INPUTS - len(pointers))

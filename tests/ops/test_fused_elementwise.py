@@ -16,8 +16,9 @@ from gdnflow.backends.cuda.kernel_cache import expand_source, nvcc_options
 from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.backends.cuda.limits import division_constants
-from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, OPCODES, ConcatInput,
-                                           FusedElementwise, Instruction, axis_strides)
+from gdnflow.ops.fused_elementwise import (_CONCAT_ARGUMENTS, CONCAT_LAYOUT, MAX_CONCAT_PARTS,
+                                           OPCODES, ConcatInput, FusedElementwise, Instruction,
+                                           axis_strides)
 from gdnflow.ops.shape import ConcatOp, contiguous_strides
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
@@ -342,6 +343,15 @@ def test_concatenated_input_limits_are_refused_by_name():
         program(*inputs[:3], gf.zeros((2, 3, 3)))
     with pytest.raises(ValueError, match="a concatenation of 2 parts"):
         concat_program(shape, (7, -1))
+
+
+def test_concat_layout_is_the_c_struct():
+    # struct ConcatProgramLayout in elementwise.cu: 64 pointers, 65 ints, 8x3 ints, 4
+    # unsigned; 868 bytes of fields, padded to the pointers' 8-byte alignment.
+    fields = CONCAT_LAYOUT.fields
+    assert [fields[name][1] for name in ("part", "start", "strides", "division")] == [
+        0, 512, 772, 868]
+    assert CONCAT_LAYOUT.itemsize == 888 and _CONCAT_ARGUMENTS.endswith("888s")
 
 
 @pytest.mark.parametrize("shape,strides,axis,expected", [
