@@ -395,17 +395,18 @@ def test_light_model_matches_its_reference_output(name):
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["light_inception_v1", "light_resnet50", "light_shufflenet"])
-def test_light_model_with_random_weights_matches_onnxruntime(name, rng):
-    """The light models' weights are constant fills (their reference output is a uniform
-    softmax, 0.001 everywhere): here each fill is scaled elementwise by U(0.5, 1.5) and
-    the logits (the Softmax's input) are compared with onnxruntime's. Covers LRN,
-    Dropout's mask and Sum inside real graphs."""
+def light_model_with_random_weights(name, rng):
+    """(model, input, onnxruntime's logits) of light model ``name`` with random weights.
+
+    The light models' weights are constant fills (their reference output is a uniform
+    softmax, 0.001 everywhere): here each fill is scaled elementwise by U(0.5, 1.5), and
+    the graph ends at the logits (the Softmax's input, where there is one).
+    """
     ort = pytest.importorskip("onnxruntime")
     from onnx import numpy_helper
     model = onnx.load(str(LIGHT / f"{name}.onnx"))
     shapes = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    kept = []
+    kept, logits = [], model.graph.output[0].name      # DenseNet's ends at its logits
     for n in model.graph.node:
         if n.op_type == "ConstantOfShape":
             fill = numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0]
@@ -425,8 +426,34 @@ def test_light_model_with_random_weights_matches_onnxruntime(name, rng):
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     expected = session.run(None, {session.get_inputs()[0].name: x})[0]
-    got = OnnxModule(model, device="numpy", source=name)(x).numpy()
     assert np.ptp(expected) > 1e-3 * np.max(np.abs(expected))      # not a constant output
+    return model, x, expected
+
+
+@pytest.mark.parametrize("name", ["light_inception_v1", "light_resnet50", "light_shufflenet"])
+def test_light_model_with_random_weights_matches_onnxruntime(name, rng):
+    """The logits of three light models with random weights against onnxruntime's. Covers
+    LRN, Dropout's mask and Sum inside real graphs."""
+    model, x, expected = light_model_with_random_weights(name, rng)
+    got = OnnxModule(model, device="numpy", source=name)(x).numpy()
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+def test_densenet_light_model_plan_reads_its_concatenations_in_place(rng):
+    """DenseNet-121 (Caffe2's, random weights) through an inference plan on NumPy. Its
+    layers concatenate incrementally (each concatenation feeds the next one and a batch
+    norm + scale + ReLU), so only the four block outputs, read by the transitions alone,
+    are read in place by their fused step (passes.fuse_concatenations); the other 54 are
+    made. The logits match onnxruntime's."""
+    from gdnflow import inference
+    model, x, expected = light_model_with_random_weights("light_densenet121", rng)
+    module = OnnxModule(model, device="numpy", source="light_densenet121").eval()
+    plan = inference.compile(module, x.shape, device="numpy")
+    built = plan.plans[next(iter(plan.plans))]
+    assert built.stats["fused_concatenation"] == 4
+    assert [step.name for step in built.program.steps].count("concat") == 54
+    with gf.no_grad():
+        got = plan(gf.tensor(x, device="numpy")).numpy()
     assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
 
 
