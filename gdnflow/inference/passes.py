@@ -40,9 +40,9 @@ from gdnflow.ops.batchnorm import BatchNormOp, fold_batch_norm
 from gdnflow.ops.conv import Conv2dOp
 from gdnflow.ops.broadcast import broadcast_strides
 from gdnflow.ops.elementwise import ClampOp, ReLUOp, ReLU6Op
-from gdnflow.ops.fused_elementwise import (MAX_CONCAT_PARTS, MAX_CONCAT_ROWS, MAX_INPUTS,
-                                           MAX_INSTRUCTIONS, ConcatInput, FusedElementwise,
-                                           Instruction, axis_strides, fusible)
+from gdnflow.ops.fused_elementwise import (MAX_INPUTS, MAX_INSTRUCTIONS, ConcatInput,
+                                           FusedElementwise, Instruction, concat_input_problem,
+                                           fusible)
 from gdnflow.ops.shape import ConcatOp, TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.layernorm import LayerNormOp
@@ -411,13 +411,11 @@ def fuse_concatenations(program):
             if j is None or uses[v] != 1 or type(program.steps[j].call) is not ConcatOp:
                 continue
             parts, axis = program.steps[j].inputs, program.steps[j].call.axis % len(fused.shape)
-            if (program.shapes[v] != fused.shape or len(parts) > MAX_CONCAT_PARTS
-                    or fused.shape[axis] > MAX_CONCAT_ROWS
-                    or list(fused.strides[r]) != contiguous_strides(fused.shape)
-                    or any(axis_strides(fused.shape, st, axis) is None for st in fused.strides)):
+            widths = tuple(program.shapes[p][axis] for p in parts)
+            if program.shapes[v] != fused.shape or concat_input_problem(
+                    fused.shape, fused.strides, r, axis, widths) is not None:
                 continue
-            concat = ConcatInput(r, axis, tuple(program.shapes[p][axis] for p in parts),
-                                 program.steps[j].call)
+            concat = ConcatInput(r, axis, widths, program.steps[j].call)
             replacement = FusedElementwise(fused.shape, fused.strides, fused.instructions, concat)
             return j, Step(replacement, step.inputs[:r] + step.inputs[r + 1:] + tuple(parts),
                            step.output, step.name, ("concat",) + step.fused)

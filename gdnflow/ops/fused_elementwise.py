@@ -137,29 +137,12 @@ class FusedElementwise:
                 raise ValueError(f"fused_elementwise: instruction {t} reads registers "
                                  f"{instruction.operands}; only 0 to "
                                  f"{len(self.strides) + t - 1} are written before it")
-        if concat is not None:
-            self._check_concat(concat)
+        problem = None if concat is None else concat_input_problem(
+            self.shape, self.strides, concat.register, concat.axis, concat.widths)
+        if problem is not None:
+            raise ValueError(f"fused_elementwise: {problem}")
         # dtype -> (kernel, packed layout); ("concat", dtype) -> kernel: made on first use
         self._launches = {}
-
-    def _check_concat(self, concat):
-        r, axis = concat.register, concat.axis
-        if not 0 <= r < len(self.strides) or not 0 <= axis < len(self.shape):
-            raise ValueError(f"fused_elementwise: a concatenated input at register {r}, axis "
-                             f"{axis}: the program has {len(self.strides)} inputs and "
-                             f"{len(self.shape)} dimensions")
-        if not 0 < len(concat.widths) <= MAX_CONCAT_PARTS or min(concat.widths) < 0 \
-                or sum(concat.widths) != self.shape[axis] or self.shape[axis] > MAX_CONCAT_ROWS:
-            raise ValueError(f"fused_elementwise: a concatenation of {len(concat.widths)} parts "
-                             f"{concat.widths} along axis {axis} of {self.shape}; the kernel "
-                             f"takes 1 to {MAX_CONCAT_PARTS} parts filling an axis of at most "
-                             f"{MAX_CONCAT_ROWS}")
-        if list(self.strides[r]) != contiguous_strides(self.shape):
-            raise ValueError("fused_elementwise: a concatenated input is read as it lies "
-                             f"(contiguous strides), not through {self.strides[r]}")
-        if any(axis_strides(self.shape, st, axis) is None for st in self.strides):
-            raise ValueError(f"fused_elementwise: with a concatenation along axis {axis}, every "
-                             f"input must step over the axes before it and after it as one")
 
     def __repr__(self):
         names = " ".join(_name(i.call) for i in self.instructions)
@@ -175,17 +158,15 @@ class FusedElementwise:
                             f"got {len(inputs)}")
         if inputs[0].device == "cuda" and math.prod(self.shape) < 2 ** 31:
             arrays = [x.data for x in inputs]
-            if len({a.dtype for a in arrays}) > 1:
-                # Mixed dtypes (a 16-bit activation and a float32 constant, in a 16-bit
-                # plan): float32 throughout, as the operators compute mixed inputs.
+            dtypes = {a.dtype for a in arrays}
+            if len(dtypes) > 1 or (self.concat is not None and dtypes != {FLOAT32}):
+                # float32 throughout for mixed dtypes (a 16-bit activation and a float32
+                # constant, in a 16-bit plan), as the operators compute mixed inputs; and
+                # for 16-bit parts of a concatenation, which computes in float32 (its
+                # 16-bit inputs are widened under autocast).
                 arrays = [cast_array(a, FLOAT32) for a in arrays]
-            if self.concat is None:
-                return Tensor.wrap(self._run_kernel(arrays), "cuda")
-            if arrays[0].dtype != FLOAT32:
-                # The concatenation it replaces computes in float32 (16-bit parts are
-                # widened under autocast): the program does too, so its dtype is the same.
-                arrays = [cast_array(a, FLOAT32) for a in arrays]
-            return Tensor.wrap(self._run_concat_kernel(arrays), "cuda")
+            run = self._run_kernel if self.concat is None else self._run_concat_kernel
+            return Tensor.wrap(run(arrays), "cuda")
         return self.reference(*inputs)
 
     def _registers(self, inputs):
@@ -295,6 +276,27 @@ class FusedElementwise:
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+
+def concat_input_problem(shape, strides, register, axis, widths):
+    """Why register ``register`` (read through ``strides``, one tuple per input) cannot be
+    a :class:`ConcatInput` of parts ``widths`` long along ``axis`` of ``shape``, or None
+    if it can: the checks of :class:`FusedElementwise` and of the pass that makes them."""
+    if not 0 <= register < len(strides) or not 0 <= axis < len(shape):
+        return (f"a concatenated input at register {register}, axis {axis}: the program has "
+                f"{len(strides)} inputs and {len(shape)} dimensions")
+    if not 0 < len(widths) <= MAX_CONCAT_PARTS or min(widths) < 0 \
+            or sum(widths) != shape[axis] or shape[axis] > MAX_CONCAT_ROWS:
+        return (f"a concatenation of {len(widths)} parts {tuple(widths)} along axis {axis} of "
+                f"{tuple(shape)}; the kernel takes 1 to {MAX_CONCAT_PARTS} parts filling an axis "
+                f"of at most {MAX_CONCAT_ROWS}")
+    if list(strides[register]) != contiguous_strides(shape):
+        return ("a concatenated input is read as it lies (contiguous strides), not through "
+                f"{tuple(strides[register])}")
+    if any(axis_strides(shape, st, axis) is None for st in strides):
+        return (f"with a concatenation along axis {axis}, every input must step over the axes "
+                "before it and after it as one")
+    return None
 
 
 def axis_strides(shape, strides, axis):

@@ -78,19 +78,26 @@ class GroupedDirect:
     def forward(g, x, w, bias=None, activation=0, residual=None):
         """y = act(grouped_conv(x, w) + bias + residual): one launch."""
         y = cuda.empty(g.y_shape, x.dtype)
-        pixels = g.oh * g.ow
-        opt = outputs_per_thread(g)
-        threads, tiles = pixel_tiling(pixels)
-        blocks = g.n * (g.c_out // opt) * tiles
-        if blocks == 0 or pixels == 0:
+        blocks, threads, tiles, defines = _launch(g)
+        if blocks == 0:
             return y
-        cuda.check_index_range(blocks, "grouped_conv_forward blocks")
-        defines = (("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
-                   ("DH", g.dilation[0]), ("DW", g.dilation[1]),
-                   ("CG", g.c_in // g.groups), ("OPT", opt))
         kernel = cuda.kernel(SOURCE, "grouped_conv_forward", "PPPPP" + "i" * 11, defines)
         kernel((blocks, 1, 1), (threads, 1, 1), x.ptr, w.ptr,
                0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
                g.c_in, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
                g.c_out // g.groups, tiles, activation)
         return y
+
+
+@functools.lru_cache(maxsize=256)
+def _launch(g):
+    """(blocks, threads per block, blocks per output plane, -D defines) of ``g``'s launch,
+    worked out once per geometry (not on every call)."""
+    opt = outputs_per_thread(g)
+    threads, tiles = pixel_tiling(g.oh * g.ow)
+    blocks = g.n * (g.c_out // opt) * tiles if g.oh * g.ow else 0
+    cuda.check_index_range(blocks, "grouped_conv_forward blocks")
+    defines = (("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
+               ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("CG", g.c_in // g.groups),
+               ("OPT", opt))
+    return blocks, threads, tiles, defines
