@@ -11,7 +11,9 @@ Layout (format version 1)::
                             model_config    JSON: getattr(model, "config", {})
                             extra           JSON: the caller's dict (step, RNG state, ...)
     /parameters/<name>    one dataset per parameter, by dotted name
-                          ("encoder.0.weight"), in the parameter's dtype
+                          ("encoder.0.weight"), in the parameter's dtype (or in
+                          ``storage_dtype``: float16 halves a shipped model;
+                          loading converts back to the model's dtype)
     /buffers/<name>       one dataset per buffer (model.named_buffers(), if any)
     /optimizer            only with an optimiser; attributes:
                             type            the optimiser's class name
@@ -74,21 +76,30 @@ def optimizer_state_from_json(data):
                       for i, entry in data["state"].items()}}
 
 
-def save_checkpoint(path, model, optimizer=None, extra=None):
+def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None):
     """Write ``model``'s parameters and buffers, ``optimizer``'s state and ``extra`` to ``path``.
 
     ``extra`` is a dict of JSON-able data (the step, an RNG state as lists of
-    ints, the data order...). The write is atomic (see the module docstring):
-    on any error the previous file at ``path`` is unchanged and no temporary
-    file is left.
+    ints, the data order...). ``storage_dtype`` (``"float16"``, say) stores the
+    floating-point parameters and buffers rounded to that dtype, for a smaller
+    file of weights; loading gives the model those rounded values in its own
+    dtype. Refused with an optimiser (a run's state must stay exact) and for
+    values the dtype cannot hold (ValueError naming the array). The write is
+    atomic (see the module docstring): on any error the previous file at
+    ``path`` is unchanged and no temporary file is left.
     """
     path = os.fspath(path)
     if not isinstance(extra, (dict, type(None))):
         raise TypeError(f"save_checkpoint: extra must be a dict, got {type(extra).__name__}")
+    if storage_dtype is not None and optimizer is not None:
+        raise ValueError("save_checkpoint: storage_dtype is for weights only: a checkpoint "
+                         "with optimiser state is stored exactly")
     # Gather and encode everything before creating a file, so that a bad
     # config or extra fails without touching the disk.
-    parameters = {name: _host_array(p) for name, p in model.named_parameters()}
-    buffers = {name: _host_array(b) for name, b in _named_buffers(model)}
+    parameters = {name: _stored(name, _host_array(p), storage_dtype)
+                  for name, p in model.named_parameters()}
+    buffers = {name: _stored(name, _host_array(b), storage_dtype)
+               for name, b in _named_buffers(model)}
     config = getattr(model, "config", {})
     config = config() if callable(config) else config
     header = {
@@ -297,6 +308,17 @@ def _named_buffers(model):
         return []
     buffers = named_buffers() if callable(named_buffers) else named_buffers
     return list(buffers.items() if isinstance(buffers, dict) else buffers)
+
+
+def _stored(name, array, storage_dtype):
+    """``array`` as saved: floating point rounded to ``storage_dtype`` (None: unchanged)."""
+    if storage_dtype is None or not np.issubdtype(array.dtype, np.floating):
+        return array
+    stored = array.astype(storage_dtype)
+    if not np.array_equal(np.isfinite(stored), np.isfinite(array)):
+        raise ValueError(f"save_checkpoint: {name} has values outside {np.dtype(storage_dtype)}'s "
+                         f"range (largest magnitude {np.nanmax(np.abs(array)):.4g})")
+    return stored
 
 
 def _host_array(value):
