@@ -314,7 +314,8 @@ def _stored(name, array, storage_dtype):
     """``array`` as saved: floating point rounded to ``storage_dtype`` (None: unchanged)."""
     if storage_dtype is None or not np.issubdtype(array.dtype, np.floating):
         return array
-    stored = array.astype(storage_dtype)
+    with np.errstate(over="ignore"):        # reported below, by name
+        stored = array.astype(storage_dtype)
     if not np.array_equal(np.isfinite(stored), np.isfinite(array)):
         raise ValueError(f"save_checkpoint: {name} has values outside {np.dtype(storage_dtype)}'s "
                          f"range (largest magnitude {np.nanmax(np.abs(array)):.4g})")

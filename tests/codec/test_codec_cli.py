@@ -211,3 +211,21 @@ def test_eval_names_a_runs_checkpoint_by_its_folder(model, small_image, tmp_path
     # 40x56: JPEG's smallest file is larger than the model's, and MS-SSIM needs 161 pixels.
     assert results["rows"][0]["references"]["JPEG"] is None and "out of JPEG's range" in (
         tmp_path / "out" / "eval.md").read_text()
+
+
+def test_float16_weights_decode_exactly_and_are_found_by_id(model, image_files, tmp_path,
+                                                            monkeypatch):
+    """A checkpoint stored in float16 names the weights the codec runs with (their float32
+    values), so decompress finds it by the file's model id and decodes what compress saw."""
+    from gdnflow.io.checkpoint import save_checkpoint
+    half = tmp_path / "half" / "model.h5"
+    half.parent.mkdir()
+    save_checkpoint(half, model, storage_dtype="float16")
+    out = tmp_path / "x.gdn"
+    assert run("compress", image_files["png"], "-o", out, "--checkpoint", half,
+               "--device", "numpy") == 0
+    monkeypatch.setenv("GDNFLOW_CHECKPOINTS", str(half.parent))
+    assert run("decompress", out, "-o", tmp_path / "x.png", "--device", "numpy") == 0
+    codec = Codec.from_checkpoint(half, device="numpy")
+    expected = codec.decompress(codec.compress(read_image(image_files["png"])))
+    np.testing.assert_array_equal(read_image(tmp_path / "x.png"), expected)

@@ -185,6 +185,37 @@ def test_large_extra_fits(tmp_path, rng):
     assert load_checkpoint(tmp_path / "x.h5")["extra"] == extra
 
 
+# --------------------------------------------------------- float16 weights --
+def test_float16_storage_halves_the_weights_and_loads_them_rounded(tmp_path):
+    model = NetWithBuffers(np.random.default_rng(2))
+    exact, half = tmp_path / "exact.h5", tmp_path / "half.h5"
+    save_checkpoint(exact, model)
+    save_checkpoint(half, model, extra={"step": 3}, storage_dtype="float16")
+    with h5py.File(half) as f:
+        assert f["parameters/layers.0.weight"].dtype == np.float16
+        assert f["buffers/running_mean"].dtype == np.float16
+    assert os.path.getsize(half) < os.path.getsize(exact)
+    loaded = NetWithBuffers(np.random.default_rng(9))
+    load_checkpoint(half, loaded)
+    for name, p in model.named_parameters():
+        got = dict(loaded.named_parameters())[name]
+        assert got.dtype == p.dtype == np.float32
+        np.testing.assert_array_equal(got.numpy(), p.numpy().astype(np.float16).astype(np.float32))
+        assert not np.array_equal(got.numpy(), p.numpy())     # really rounded
+    assert read_checkpoint_info(half)["extra"] == {"step": 3}
+
+
+def test_float16_storage_refuses_optimizer_state_and_values_out_of_range(tmp_path):
+    model = Net(np.random.default_rng(2))
+    with pytest.raises(ValueError, match="weights only"):
+        save_checkpoint(tmp_path / "a.h5", model, Adam(model.parameters()), storage_dtype="float16")
+    big = Net(np.random.default_rng(2))
+    big.load_state_dict({**big.state_dict(), "layers.1.bias": np.array([1e6, 1.0], np.float32)})
+    with pytest.raises(ValueError, match=r"layers\.1\.bias .*float16.*1e\+06"):
+        save_checkpoint(tmp_path / "b.h5", big, storage_dtype="float16")
+    assert not (tmp_path / "a.h5").exists() and not (tmp_path / "b.h5").exists()
+
+
 # ------------------------------------------------------------ atomicity --
 # A write that fails part way, for real: a value HDF5 cannot store (NumPy
 # objects) makes h5py raise at that dataset, after the ones before it were
