@@ -31,7 +31,7 @@ from gdnflow.codec.cli import unused_folder
 from gdnflow.codec.codec import Codec, read_image
 from gdnflow.codec.evaluate import image_bytes
 from gdnflow.codec.references import JPEG, WEBP, RateSweep, decode_image, quality_metrics
-from gdnflow.codec.zoo import pretrained
+from gdnflow.codec.zoo import SHIPPED, pretrained
 from gdnflow.commandline import positive_int
 from gdnflow.data.images import ImageFolder, NoImagesError, sample_photos
 from gdnflow.io.files import write_bytes_atomic
@@ -41,6 +41,9 @@ from gdnflow.train.trainer import TrainConfig, Trainer
 
 #: scikit-image's photos that the shipped models were not trained on.
 HELD_OUT = ("coffee.png", "chelsea.png")
+#: The qualities of the shipped factorized priors that the demo fine-tunes.
+SHIPPED_QUALITIES = tuple(sorted(e.quality for e in SHIPPED
+                                 if e.architecture == "factorized_prior"))
 #: Fine-tuning: steps, crop side and batch per device, and the learning rate.
 SETTINGS = {"numpy": (200, 64, 4), "cuda": (1000, 256, 8)}
 FINE_TUNE_LR = 1e-5
@@ -96,8 +99,9 @@ def run_demo(out=None, quality=2, steps=None, device=None, log=print, photos=Non
     (default: scikit-image's sample photos; the held-out ones are those named
     as in :data:`HELD_OUT`).
     """
-    if quality not in (1, 2, 3):
-        raise ValueError(f"gdnflow demo: --quality must be 1, 2 or 3 (the shipped "
+    if quality not in SHIPPED_QUALITIES:
+        raise ValueError(f"gdnflow demo: --quality must be one of "
+                         f"{', '.join(map(str, SHIPPED_QUALITIES))} (the shipped "
                          f"factorized-prior models), got {quality}")
     device = device or default_device()
     default_steps, crop, batch = SETTINGS[device]
@@ -200,7 +204,7 @@ def add_demo_parser(subparsers):
         "a GPU. Needs scikit-image's sample photos (pip install 'gdnflow[data]').")
     parser.add_argument("--out", metavar="DIR", help="folder for everything it writes "
                         "(default: runs/demo, or runs/demo-2, -3, ... if taken)")
-    parser.add_argument("--quality", type=int, choices=(1, 2, 3), default=2,
+    parser.add_argument("--quality", type=int, choices=SHIPPED_QUALITIES, default=2,
                         help="the shipped factorized-prior model to start from (default 2)")
     parser.add_argument("--steps", type=positive_int, help="fine-tuning steps (default: "
                         f"{SETTINGS['numpy'][0]} on NumPy, {SETTINGS['cuda'][0]} on a GPU)")

@@ -59,6 +59,6 @@ def test_the_demo_trains_codes_held_out_photos_and_compares_at_the_same_size(pho
 def test_the_demo_needs_both_held_out_photos(photos, tmp_path):
     with pytest.raises(Exception, match="needs scikit-image's coffee.png and chelsea.png"):
         split_photos(photos[:3])
-    with pytest.raises(ValueError, match="--quality must be 1, 2 or 3"):
-        run_demo(tmp_path / "x", quality=4, device="numpy", photos=photos)
+    with pytest.raises(ValueError, match="--quality must be one of 1, 2, 3, 4"):
+        run_demo(tmp_path / "x", quality=5, device="numpy", photos=photos)
     assert not (tmp_path / "x").exists()

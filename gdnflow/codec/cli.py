@@ -28,7 +28,7 @@ from gdnflow.codec.eval_report import markdown_table
 from gdnflow.codec.evaluate import evaluate, image_bytes
 from gdnflow.codec.references import REFERENCE_CODECS, quality_metrics
 from gdnflow.codec.format import CodecError
-from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint, shipped_folders
+from gdnflow.codec.zoo import DEFAULT_SHIPPED_MODEL, SHIPPED, shipped_checkpoint, shipped_folders
 from gdnflow.commandline import add_max_pixels_option, command_parser, run
 from gdnflow.io.files import check_inputs, check_outputs, output_paths, write_bytes_atomic
 from gdnflow.io.formats import require_checkpoint
@@ -56,14 +56,17 @@ def save_image(path, image, overwrite=False):
 def cmd_compress(args):
     """Compress each image to a ``.gdn`` file; print its size, bpp and the PSNR of its decoding.
 
-    Without ``--checkpoint`` the shipped model of ``--quality`` (default 2) codes them."""
+    Without ``--checkpoint`` the shipped ``--model`` of ``--quality`` (default: the scale
+    hyperprior of quality 2) codes them."""
     check_inputs(args.images, "image")
     if args.checkpoint is None:
-        checkpoint = shipped_checkpoint("factorized_prior", args.quality or 2)
-        print(f"the shipped factorized prior of quality {args.quality or 2} ({checkpoint.name})")
+        model, quality = args.model or DEFAULT_SHIPPED_MODEL, args.quality or 2
+        checkpoint = shipped_checkpoint(model, quality)
+        print(f"the shipped {model.replace('_', ' ')} of quality {quality} ({checkpoint.name})")
     else:
-        if args.quality is not None:
-            raise CodecError("--quality chooses a shipped model: give it or --checkpoint, not both")
+        if args.quality is not None or args.model is not None:
+            raise CodecError("--model and --quality choose a shipped model: give them or "
+                             "--checkpoint, not both")
         checkpoint = args.checkpoint
         require_checkpoint(checkpoint, "gdnflow compress")
     outputs = check_outputs(output_paths(args.images, args.output, ".gdn"),
@@ -171,10 +174,13 @@ def add_codec_parsers(subparsers):
                           "IMAGE with the suffix .gdn")
     compress.add_argument("--checkpoint", metavar="CKPT",
                           help="a gdnflow checkpoint of a factorized prior or a scale hyperprior "
-                          "(gdnflow train); default: a shipped model (--quality)")
+                          "(gdnflow train); default: a shipped model (--model, --quality)")
+    compress.add_argument("--model", choices=sorted({e.architecture for e in SHIPPED}),
+                          help="the shipped model's architecture (default "
+                          f"{DEFAULT_SHIPPED_MODEL} when no --checkpoint is given)")
     compress.add_argument("--quality", type=int, choices=sorted({e.quality for e in SHIPPED}),
-                          help="the shipped factorized prior of this quality (CompressAI's "
-                          "lambdas; default 2 when no --checkpoint is given)")
+                          help="the shipped model's quality (CompressAI's lambdas; default 2 "
+                          "when no --checkpoint is given)")
     compress.add_argument("--force", action="store_true", help="overwrite existing files")
     add_max_pixels_option(compress)
     _device_option(compress)

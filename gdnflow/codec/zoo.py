@@ -5,6 +5,7 @@
     image_hat = codec.decompress(codec.compress(image))
 
     gdnflow compress photo.png --quality 3               # no --checkpoint needed
+    gdnflow compress photo.png --model factorized_prior --quality 4
 
 :data:`SHIPPED` lists them (CompressAI's qualities and lambdas; ``checkpoints/README.md``
 says how they were trained and how they do). The files are installed with
@@ -34,14 +35,28 @@ class ShippedModel:
     sha256: str
 
 
+#: The architecture ``gdnflow compress`` uses without --model or --checkpoint: the
+#: better of the two on held-out photos (checkpoints/README.md).
+DEFAULT_SHIPPED_MODEL = "hyperprior"
+
 #: The shipped checkpoints, one :class:`ShippedModel` each.
 SHIPPED = (
     ShippedModel("factorized_prior", 1, 0.0018, "codec_q1.h5",
-                 "23108933bafd18a485ce2aee69cc134ecb6055a4258899158114ea4858aa8d1f"),
+                 "3a129d84fe9a2509c4bdd67001e23b4bc36dc6b18d7c6b3a973ddbded3fef3d3"),
     ShippedModel("factorized_prior", 2, 0.0035, "codec_q2.h5",
-                 "d73b127a008096684e056575dcaf036d4ca11df88f84cbcbc4c0c10813a63f02"),
+                 "4f27dcd1c9c3a357d0765b92d42c81dbdea6e7fc59123ee010fc493c7e4e6906"),
     ShippedModel("factorized_prior", 3, 0.0067, "codec_q3.h5",
-                 "c5d674a29418ac8c10db88d0c9fb58671c52163d87c7f27b2906653de49daf7c"),
+                 "aa4cfb0acdb8d62eb0a012e98117c2865b3c0b05f3d3bd7892d6970c5ab2632f"),
+    ShippedModel("factorized_prior", 4, 0.013, "codec_q4.h5",
+                 "bbddf34156336a06441381302548419c1afce989fd9ba3d4a7307689b1b45362"),
+    ShippedModel("hyperprior", 1, 0.0018, "hyperprior_q1.h5",
+                 "b18d60213f1085d2ea89aca0a88d05592e4c842267f38077f5b9a6fb2e56ba67"),
+    ShippedModel("hyperprior", 2, 0.0035, "hyperprior_q2.h5",
+                 "3e604013aa648248f3cff35cbcd97c4c945e640b3e2d03e8dea9d5b88926ba4e"),
+    ShippedModel("hyperprior", 3, 0.0067, "hyperprior_q3.h5",
+                 "cef7f9651cc6e51d143dcada5a90cd6bdb3ba9680c88264819667c57651e5a34"),
+    ShippedModel("hyperprior", 4, 0.013, "hyperprior_q4.h5",
+                 "b4f2dd016839ee190f423b662c0116122b2df1d113586bc2f5fbc8af46cce611"),
 )
 
 

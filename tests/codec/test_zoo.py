@@ -18,8 +18,9 @@ def test_each_shipped_model_is_found_and_matches_its_hash():
         assert path.name == entry.file
 
 
-def test_pretrained_codec_round_trips(tmp_path):
-    codec = pretrained("factorized_prior", quality=1, device="numpy")
+@pytest.mark.parametrize("architecture", ["factorized_prior", "hyperprior"])
+def test_pretrained_codec_round_trips(architecture):
+    codec = pretrained(architecture, quality=1, device="numpy")
     assert (codec.model.N, codec.model.M) == (128, 192)
     image = smooth_image(np.random.default_rng(2), 48, 64)
     decoded = codec.decompress(codec.compress(image))
@@ -29,7 +30,8 @@ def test_pretrained_codec_round_trips(tmp_path):
 
 def test_unknown_models_and_damaged_files_are_refused(tmp_path):
     with pytest.raises(CodecError, match="no shipped factorized_prior model of quality 9; "
-                       "shipped: factorized_prior quality 1, 2, 3"):
+                       "shipped: factorized_prior quality 1, 2, 3, 4; hyperprior quality 1, "
+                       "2, 3, 4"):
         zoo.shipped_checkpoint("factorized_prior", 9)
     entry = zoo.SHIPPED[0]
     damaged = tmp_path / entry.file
@@ -49,11 +51,16 @@ def test_compress_with_a_quality_and_decompress_without_a_checkpoint(tmp_path, c
     monkeypatch.chdir(tmp_path)          # no ./checkpoints: the shipped folders are searched
     Image.fromarray(smooth_image(np.random.default_rng(3), 40, 56)).save(tmp_path / "a.png")
     assert main(["compress", "a.png", "--quality", "3", "--device", "numpy"]) == 0
-    assert "the shipped factorized prior of quality 3 (codec_q3.h5)" in capsys.readouterr().out
-    assert main(["decompress", "a.gdn", "-o", "b.png", "--device", "numpy"]) == 0
-    expected = pretrained("factorized_prior", 3, device="numpy").decompress(
-        (tmp_path / "a.gdn").read_bytes())
-    assert np.array_equal(read_image(tmp_path / "b.png"), expected)
+    assert "the shipped hyperprior of quality 3 (hyperprior_q3.h5)" in capsys.readouterr().out
+    assert main(["compress", "a.png", "-o", "f.gdn", "--model", "factorized_prior",
+                 "--device", "numpy"]) == 0
+    assert "the shipped factorized prior of quality 2 (codec_q2.h5)" in capsys.readouterr().out
+    for stem, architecture, quality in (("a", "hyperprior", 3), ("f", "factorized_prior", 2)):
+        assert main(["decompress", f"{stem}.gdn", "-o", f"{stem}_hat.png",
+                     "--device", "numpy"]) == 0
+        expected = pretrained(architecture, quality, device="numpy").decompress(
+            (tmp_path / f"{stem}.gdn").read_bytes())
+        assert np.array_equal(read_image(tmp_path / f"{stem}_hat.png"), expected)
     assert main(["compress", "a.png", "-o", "c.gdn", "--quality", "3", "--checkpoint",
                  str(zoo.shipped_checkpoint("factorized_prior", 3)), "--device", "numpy"]) == 1
-    assert "give it or --checkpoint, not both" in capsys.readouterr().err
+    assert "give them or --checkpoint, not both" in capsys.readouterr().err
