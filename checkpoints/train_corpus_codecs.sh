@@ -36,7 +36,8 @@
 # LR (3e-4, cosine decay to 0 at STEPS after WARMUP=1000 steps), SCALE_RANGE ("0.25 1"),
 # FLIP (both), PRECISION (tf32), WORKERS (data threads per run, 6), EVAL_EVERY (5000),
 # PILOT_STEPS (300), PART_BYTES (15728640), STORAGE (the exported weights' dtype,
-# float16), DEVICE (cuda), PYTHON (python3).
+# float16), DEVICE (cuda), PYTHON (python3), EXTRA_ARGS (more `gdnflow train`
+# arguments for every run, e.g. "--N 8 --M 8" for a quick try).
 set -uo pipefail
 
 DATA=${DATA:-corpus/train}
@@ -69,7 +70,7 @@ fi
 TRAIN=("$PYTHON" -m gdnflow.cli train --data "$DATA" --eval-data "$HELDOUT" --eval-images 4
   --batch-size "$BATCH" --crop "$CROP" --flip "$FLIP" --scale-range $SCALE_RANGE
   --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --precision "$PRECISION"
-  --workers "$WORKERS" --device "$DEVICE" --quiet)
+  --workers "$WORKERS" --device "$DEVICE" --quiet ${EXTRA_ARGS:-})
 
 # The runs as "index name model quality" lines.
 runs() {
