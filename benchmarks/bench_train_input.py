@@ -2,10 +2,10 @@
 
     python benchmarks/bench_train_input.py --data corpus/train --out results.md
 
-The shipped codecs trained at about 35 steps/s on an H200 (checkpoints/README.md)
-where ``benchmarks/bench_train.py`` times the captured step at about 120 steps/s
-back to back. This script measures, in one process and one run, the rows that
-separate the two:
+The shipped codecs' runs trained well below the rate at which
+``benchmarks/bench_train.py`` times the captured step back to back
+(checkpoints/README.md has both). This script measures, in one process and
+one run, the rows that separate the two:
 
 1. **loader alone**: ``ImageFolder.batch`` through the trainer's
    ``BackgroundLoader`` (``--workers`` threads), no training: batches/s;
@@ -89,7 +89,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device = args.device or default_device()
 
-    scratch = tempfile.mkdtemp(prefix="bench_train_input_")     # nothing is written there
+    with tempfile.TemporaryDirectory(prefix="bench_train_input_") as scratch:
+        return measure(args, device, scratch)
+
+
+def measure(args, device, scratch):
+    """Time the rows (``scratch``: the trainer's run folder, never written) and emit the table."""
     data = ImageFolder(args.data, crop=args.crop)
     for index in range(len(data)):          # decoded once, as a long run has them
         data.pixels(index)

@@ -1,6 +1,6 @@
 """Draw the training curves of the shipped codecs' runs into one figure.
 
-    python checkpoints/plot_runs.py RUN_FOLDER... --out checkpoints/results/curves.png
+    python checkpoints/plot_runs.py RUN_FOLDER... --out checkpoints/results/runs/curves.png --every 100
 
 Each RUN_FOLDER is a ``gdnflow train`` run folder (its ``history.jsonl`` and
 ``eval.jsonl``), named after the run (``fp1``, ``hp3``...). The figure has three

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Train the shipped codecs on the photo corpus, as a chain of segments that resume exactly.
 #
-#   bash checkpoints/train_corpus_codecs.sh pilot               compile the kernels, time the runs
+#   bash checkpoints/train_corpus_codecs.sh pilot               compile the kernels, time a run
 #   STEPS=K bash checkpoints/train_corpus_codecs.sh segment SECONDS
-#   bash checkpoints/train_corpus_codecs.sh export DEST         weights-only checkpoints into DEST
-#                                                               (float16: exact decoding, see below)
+#   bash checkpoints/train_corpus_codecs.sh export DEST         float16 weights into DEST
 #   bash checkpoints/train_corpus_codecs.sh split DEST          each run's whole state as parts
 #   bash checkpoints/train_corpus_codecs.sh join SOURCE         rebuild the state from the parts
 #
@@ -12,32 +11,36 @@
 # --download` (DATA=corpus/train, HELDOUT=corpus/heldout). RUNS lists the runs as
 # NAME:MODEL:QUALITY (default: the factorized prior and the scale hyperprior at
 # CompressAI's qualities 1-4, each quality's lambda, N=128, M=192); each run is one
-# `gdnflow train` in STATE/NAME, on GPU (index mod GPUS), so with 4 GPUs every GPU
-# trains one factorized prior and one hyperprior of the same quality side by side.
+# `gdnflow train` in STATE/NAME, on GPU (its index in RUNS mod GPUS). Two runs on one
+# GPU are slower than one after the other (checkpoints/README.md): on 4 GPUs, give
+# RUNS four runs per call.
 #
-# - `pilot` trains every model kind for a few steps alone (so that each kernel is
-#   compiled once into the shared kernel cache), then one factorized prior and one
-#   hyperprior side by side on one GPU for PILOT_STEPS steps, as the segments will run
-#   them, and prints their steps/s: choose STEPS from it.
+# - `pilot` trains each model kind of RUNS for two steps (so that every kernel is
+#   compiled once into the shared kernel cache), then one run alone for PILOT_STEPS
+#   steps, and prints its steps/s (start-up included): choose STEPS from it.
 # - `segment SECONDS` starts each run (the first time) or resumes it (`--resume`:
 #   same step, optimiser state and random streams) and stops it after SECONDS with
 #   SIGTERM, on which `gdnflow train` checkpoints its last finished step. Segments
-#   chain: each continues where the last one stopped, on this machine's disk.
-#   Every run of the chain must be given the same STEPS (the cosine schedule's length).
+#   chain: each continues where the last one stopped. Every segment of a run must
+#   be given the same STEPS (the cosine schedule's length): STATE/NAME.steps keeps it,
+#   and another STEPS is refused. Exits 1 if a run failed (not stopped by SIGTERM).
+# - `export DEST` writes each run's weights as DEST/codec_qQ.h5 (factorized prior) or
+#   DEST/hyperprior_qQ.h5, the shipped names, stored in float16 (the encoder and the
+#   decoder both load the same float32 values from it, so decoding stays exact).
 # - `split DEST` cuts each run's checkpoint (weights, both Adam moments, schedule,
 #   random streams: 36 MiB for a factorized prior, 58 MiB for a hyperprior) into
-#   parts of at most PART_BYTES (15 MiB), with their SHA-256 sums, so that the state
-#   can leave a machine whose files travel at 16 MiB at most; `join SOURCE` checks
-#   the sums and puts the checkpoints back into STATE on the next machine, after
-#   which `segment` resumes them.
+#   parts of at most PART_BYTES (15 MiB) in DEST/NAME/, with their SHA-256 sums, so
+#   that the state can leave a machine whose files travel at 16 MiB at most;
+#   `join SOURCE` checks the sums and puts the checkpoints back into STATE on the
+#   next machine, after which `segment` resumes them.
 #
 # Settings (environment): DATA, HELDOUT, RUNS, STEPS, GPUS (default: every GPU
 # nvidia-smi lists), STATE (/tmp/gdnflow_corpus_runs), BATCH (16), CROP (256),
 # LR (3e-4, cosine decay to 0 at STEPS after WARMUP=1000 steps), SCALE_RANGE ("0.25 1"),
-# FLIP (both), PRECISION (tf32), WORKERS (data threads per run, 6), EVAL_EVERY (5000),
-# PILOT_STEPS (300), PART_BYTES (15728640), STORAGE (the exported weights' dtype,
-# float16), DEVICE (cuda), PYTHON (python3), EXTRA_ARGS (more `gdnflow train`
-# arguments for every run, e.g. "--N 8 --M 8" for a quick try).
+# FLIP (both), PRECISION (tf32), WORKERS (data threads per run, 12), EVAL_EVERY (5000),
+# PILOT_STEPS (300), PART_BYTES (15728640), DEVICE (cuda), PYTHON (python3),
+# EXTRA_ARGS (more `gdnflow train` arguments for every run, e.g. "--N 8 --M 8").
+# Needs bash 4.4 or later.
 set -uo pipefail
 
 DATA=${DATA:-corpus/train}
@@ -52,21 +55,22 @@ WARMUP=${WARMUP:-1000}
 SCALE_RANGE=${SCALE_RANGE:-"0.25 1"}
 FLIP=${FLIP:-both}
 PRECISION=${PRECISION:-tf32}
-WORKERS=${WORKERS:-6}
+WORKERS=${WORKERS:-12}
 EVAL_EVERY=${EVAL_EVERY:-5000}
 PILOT_STEPS=${PILOT_STEPS:-300}
 PART_BYTES=${PART_BYTES:-15728640}
-STORAGE=${STORAGE:-float16}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 
+mkdir -p "$STATE" && STATE=$(cd "$STATE" && pwd) || exit 1
 if [ -z "${GPUS:-}" ]; then
   GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
   [ "$GPUS" -ge 1 ] || GPUS=1
 fi
 
 # `gdnflow train`'s arguments shared by every run of the chain.
+# shellcheck disable=SC2206  # SCALE_RANGE and EXTRA_ARGS are meant to split into words
 TRAIN=("$PYTHON" -m gdnflow.cli train --data "$DATA" --eval-data "$HELDOUT" --eval-images 4
   --batch-size "$BATCH" --crop "$CROP" --flip "$FLIP" --scale-range $SCALE_RANGE
   --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --precision "$PRECISION"
@@ -74,7 +78,7 @@ TRAIN=("$PYTHON" -m gdnflow.cli train --data "$DATA" --eval-data "$HELDOUT" --ev
 
 # The runs as "index name model quality" lines.
 runs() {
-  local i=0 entry
+  local i=0 entry name model quality
   for entry in $RUNS; do
     IFS=: read -r name model quality <<< "$entry"
     echo "$i $name $model $quality"
@@ -82,33 +86,37 @@ runs() {
   done
 }
 
+# The last line of a run's log (its result, or its error).
+last_line() { tail -n 1 "$1" 2>/dev/null; }
+
 pilot() {
-  local model pids=() names=() name
+  local model first log
   mkdir -p "$STATE/pilot" || return 1
   for model in $(runs | awk '{print $3}' | sort -u); do
     echo "== compiling: $model, 2 steps"
-    CUDA_VISIBLE_DEVICES=0 "${TRAIN[@]}" --model "$model" --quality 3 --steps 2 --eval-every 0 \
-      --checkpoint-every 0 --force --out "$STATE/pilot/compile_$model" \
-      > "$STATE/pilot/compile_$model.log" 2>&1 || { tail -20 "$STATE/pilot/compile_$model.log"; return 1; }
+    log="$STATE/pilot/compile_$model.log"
+    CUDA_VISIBLE_DEVICES=0 "${TRAIN[@]}" --model "$model" --quality 3 --steps 2 --warmup-steps 0 \
+      --eval-every 0 --checkpoint-every 0 --force --out "$STATE/pilot/compile_$model" \
+      > "$log" 2>&1 || { tail -20 "$log"; return 1; }
   done
-  for model in $(runs | awk '{print $3}' | sort -u); do
-    name="side_by_side_$model"
-    CUDA_VISIBLE_DEVICES=0 "${TRAIN[@]}" --model "$model" --quality 3 --steps "$PILOT_STEPS" --eval-every 0 \
-      --checkpoint-every 0 --force --out "$STATE/pilot/$name" > "$STATE/pilot/$name.log" 2>&1 &
-    pids+=($!); names+=("$name")
-  done
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || echo "${names[$i]}: exit $?"
-    echo "${names[$i]}: $(grep -o '[0-9.]* steps/s' "$STATE/pilot/${names[$i]}.log" 2>/dev/null \
-      || tail -3 "$STATE/pilot/${names[$i]}.log")"
-  done
+  first=$(runs | awk 'NR == 1 {print $3}')
+  log="$STATE/pilot/alone.log"
+  CUDA_VISIBLE_DEVICES=0 "${TRAIN[@]}" --model "$first" --quality 3 --steps "$PILOT_STEPS" \
+    --warmup-steps 0 --eval-every 0 --checkpoint-every 0 --force --out "$STATE/pilot/alone" \
+    > "$log" 2>&1 || { tail -20 "$log"; return 1; }
+  echo "$first alone: $(last_line "$log")"
 }
 
 segment() {
-  local seconds=$1 index name model quality resume gpu pids=() names=() status
-  [ -n "${STEPS:-}" ] || { echo "segment: set STEPS (the same for every segment of the chain)"; return 2; }
-  mkdir -p "$STATE" || return 1
+  local seconds=$1 index name model quality gpu saved status rc=0 pids=() names=() resume
+  [ -n "${STEPS:-}" ] || { echo "segment: set STEPS (the same for every segment of a run)"; return 2; }
   while read -r index name model quality; do
+    saved=$(cat "$STATE/$name.steps" 2>/dev/null)
+    if [ -n "$saved" ] && [ "$saved" != "$STEPS" ]; then
+      echo "$name: its segments ran with STEPS=$saved, not $STEPS (the schedule's length)"
+      return 2
+    fi
+    echo "$STEPS" > "$STATE/$name.steps" || return 1
     resume=()
     [ -f "$STATE/$name/checkpoint.h5" ] && resume=(--resume)
     gpu=$((index % GPUS))
@@ -122,53 +130,66 @@ segment() {
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}"; status=$?
     name=${names[$i]}
-    # 124: stopped by timeout's SIGTERM, checkpointed; 143: the same seen from inside.
-    echo "== $name: exit $status; $(grep -E 'step [0-9]+|steps/s|checkpoint' "$STATE/$name.log" | tail -1)"
+    # 124: timeout's SIGTERM stopped the run, which checkpointed its last step.
+    case $status in 0 | 124) ;; *) rc=1 ;; esac
+    echo "== $name: exit $status; $(last_line "$STATE/$name.log")"
   done
+  return $rc
 }
 
 export_weights() {
-  local dest=$1 index name model quality
+  local dest=$1 index name model quality prefix count=0
   mkdir -p "$dest" || return 1
   while read -r index name model quality; do
-    [ -f "$STATE/$name/checkpoint.h5" ] || { echo "$name: no checkpoint"; continue; }
-    STORAGE=$STORAGE "$PYTHON" - "$STATE/$name/checkpoint.h5" "$dest/codec_$name.h5" <<'EOF' || return 1
+    [ -f "$STATE/$name/checkpoint.h5" ] || { echo "$name: no checkpoint in $STATE/$name"; return 1; }
+    prefix=codec; [ "$model" = hyperprior ] && prefix=hyperprior
+    "$PYTHON" - "$STATE/$name/checkpoint.h5" "$dest/${prefix}_q$quality.h5" <<'EOF' || return 1
 import os, sys
 from gdnflow.codec.codec import load_model
 from gdnflow.io.checkpoint import read_checkpoint_info, save_checkpoint
 source, target = sys.argv[1:3]
 extra = read_checkpoint_info(source)["extra"]
 extra = {key: extra[key] for key in ("step", "train_config") if key in extra}
-save_checkpoint(target, load_model(source, device="numpy"), extra=extra, storage_dtype=os.environ["STORAGE"])
+save_checkpoint(target, load_model(source, device="numpy"), extra=extra, storage_dtype="float16")
 print(f"{target}: step {extra.get('step')}, {os.path.getsize(target) / 2**20:.2f} MiB")
 EOF
+    count=$((count + 1))
   done < <(runs)
+  [ "$count" -gt 0 ] || { echo "export: RUNS names no run"; return 1; }
 }
 
 split_state() {
-  local dest=$1 index name model quality
+  local dest index name model quality
+  mkdir -p "$1" && dest=$(cd "$1" && pwd) || return 1
   while read -r index name model quality; do
-    [ -f "$STATE/$name/checkpoint.h5" ] || { echo "$name: no checkpoint"; continue; }
-    mkdir -p "$dest/$name" || return 1
-    cp "$STATE/$name/"*.jsonl "$STATE/$name/"*.json "$dest/$name/" 2>/dev/null
+    [ -f "$STATE/$name/checkpoint.h5" ] || { echo "$name: no checkpoint in $STATE/$name"; return 1; }
+    mkdir -p "$dest/$name" && rm -f "$dest/$name"/checkpoint.h5.part* || return 1
+    cp "$STATE/$name/"*.jsonl "$dest/$name/" 2>/dev/null
     (cd "$dest/$name" && split -b "$PART_BYTES" -d "$STATE/$name/checkpoint.h5" checkpoint.h5.part \
-      && sha256sum "$STATE/$name/checkpoint.h5" | sed "s#  .*#  checkpoint.h5#" > SHA256SUMS \
-      && sha256sum checkpoint.h5.part* >> SHA256SUMS) || return 1
-    echo "$name: $(ls "$dest/$name" | wc -l) files"
+      && { sha256sum < "$STATE/$name/checkpoint.h5" | sed 's#-$#checkpoint.h5#'
+           sha256sum checkpoint.h5.part*; } > SHA256SUMS) || return 1
+    echo "$name: $(ls "$dest/$name"/checkpoint.h5.part* | wc -l) parts"
   done < <(runs)
 }
 
 join_state() {
-  local source=$1 name
+  local source dir name parts whole
+  source=$(cd "$1" && pwd) || return 1
+  ls "$source"/*/SHA256SUMS > /dev/null 2>&1 || { echo "join: no NAME/SHA256SUMS in $source"; return 1; }
   for dir in "$source"/*/; do
-    name=$(basename "$dir")
+    dir=${dir%/}; name=$(basename "$dir")
+    parts=$(awk '$2 ~ /\.part[0-9]+$/ {print $2}' "$dir/SHA256SUMS")
+    whole=$(awk '$2 == "checkpoint.h5" {print $1}' "$dir/SHA256SUMS")
+    (cd "$dir" && grep '\.part[0-9]*$' SHA256SUMS | sha256sum -c --quiet) \
+      || { echo "$name: a part is damaged or missing"; return 1; }
     mkdir -p "$STATE/$name" || return 1
-    (cd "$dir" && grep part SHA256SUMS | sha256sum -c --quiet) || { echo "$name: a part is damaged"; return 1; }
-    cat "$dir"/checkpoint.h5.part* > "$STATE/$name/checkpoint.h5.tmp" || return 1
-    (cd "$STATE/$name" && grep -v part "$dir/SHA256SUMS" | sed 's#checkpoint.h5$#checkpoint.h5.tmp#' \
-      | sha256sum -c --quiet) || { echo "$name: the joined checkpoint does not match"; return 1; }
-    mv "$STATE/$name/checkpoint.h5.tmp" "$STATE/$name/checkpoint.h5"
-    cp "$dir"/*.jsonl "$dir"/*.json "$STATE/$name/" 2>/dev/null
+    (cd "$dir" && cat $parts) > "$STATE/$name/checkpoint.h5.tmp" || return 1
+    if [ "$(sha256sum < "$STATE/$name/checkpoint.h5.tmp" | cut -d' ' -f1)" != "$whole" ]; then
+      rm -f "$STATE/$name/checkpoint.h5.tmp"
+      echo "$name: the joined checkpoint does not match its SHA-256"; return 1
+    fi
+    mv "$STATE/$name/checkpoint.h5.tmp" "$STATE/$name/checkpoint.h5" || return 1
+    cp "$dir"/*.jsonl "$STATE/$name/" 2>/dev/null
     echo "$name: joined"
   done
 }

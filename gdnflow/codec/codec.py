@@ -334,15 +334,10 @@ def load_model(path, device=None):
 
 
 def checkpoint_id(path):
-    """:func:`~gdnflow.codec.tables.model_id` of a checkpoint file's weights (no model built).
-
-    Weights stored in float16 (``save_checkpoint(..., storage_dtype="float16")``) are
-    hashed as the float32 values a model holds once it has loaded them.
-    """
+    """:func:`~gdnflow.codec.tables.model_id` of a checkpoint file's weights (no model built):
+    as a model holds them once loaded (float16-stored weights as their float32 values)."""
     saved = load_checkpoint(path)
-    arrays = {**saved["parameters"], **saved["buffers"]}
-    return model_id({name: a.astype(np.float32) if a.dtype == np.float16 else a
-                     for name, a in arrays.items()})
+    return model_id({**saved["parameters"], **saved["buffers"]})
 
 
 def read_header(data, source="<bytes>"):

@@ -1,7 +1,7 @@
 """The trained codecs shipped with gdnflow, by architecture and quality::
 
     from gdnflow.codec import pretrained
-    codec = pretrained("factorized_prior", quality=2)    # a Codec, ready to use
+    codec = pretrained("hyperprior", quality=2)          # a codec, ready to use
     image_hat = codec.decompress(codec.compress(image))
 
     gdnflow compress photo.png --quality 3               # no --checkpoint needed
@@ -42,21 +42,21 @@ DEFAULT_SHIPPED_MODEL = "hyperprior"
 #: The shipped checkpoints, one :class:`ShippedModel` each.
 SHIPPED = (
     ShippedModel("factorized_prior", 1, 0.0018, "codec_q1.h5",
-                 "3a129d84fe9a2509c4bdd67001e23b4bc36dc6b18d7c6b3a973ddbded3fef3d3"),
+                 "15598728656ed0e12d8f32965ff52d292581c575dd7f3eee5ab4b85f8973d318"),
     ShippedModel("factorized_prior", 2, 0.0035, "codec_q2.h5",
-                 "4f27dcd1c9c3a357d0765b92d42c81dbdea6e7fc59123ee010fc493c7e4e6906"),
+                 "a8b21e02672af8f88e2caf1df62805005c01a6a8f3ffbac5411fdd9371579263"),
     ShippedModel("factorized_prior", 3, 0.0067, "codec_q3.h5",
-                 "aa4cfb0acdb8d62eb0a012e98117c2865b3c0b05f3d3bd7892d6970c5ab2632f"),
+                 "ac1bef604439028d8cfb417f9c17f46d0761414ed76bb94486026b07dafe9920"),
     ShippedModel("factorized_prior", 4, 0.013, "codec_q4.h5",
-                 "bbddf34156336a06441381302548419c1afce989fd9ba3d4a7307689b1b45362"),
+                 "6a60711da3d203b1a5000817a67aa5535b8b993bea675bf86b06e6a5f7715fd8"),
     ShippedModel("hyperprior", 1, 0.0018, "hyperprior_q1.h5",
-                 "b18d60213f1085d2ea89aca0a88d05592e4c842267f38077f5b9a6fb2e56ba67"),
+                 "52421a3d328e44cb3fa946d40be6116b82db103235947446d2a52afbd7ff66f9"),
     ShippedModel("hyperprior", 2, 0.0035, "hyperprior_q2.h5",
-                 "3e604013aa648248f3cff35cbcd97c4c945e640b3e2d03e8dea9d5b88926ba4e"),
+                 "d56fd4f60617909e721857f4ff07ea14fc85b86a5c53816074615c907c8362c2"),
     ShippedModel("hyperprior", 3, 0.0067, "hyperprior_q3.h5",
-                 "cef7f9651cc6e51d143dcada5a90cd6bdb3ba9680c88264819667c57651e5a34"),
+                 "ca5b0c609cbc41b2d0c4da6f3998e33b9449fce8aa2dded8030e00028f01a376"),
     ShippedModel("hyperprior", 4, 0.013, "hyperprior_q4.h5",
-                 "b4f2dd016839ee190f423b662c0116122b2df1d113586bc2f5fbc8af46cce611"),
+                 "b9603a1e90f016de5c26e07b83e4dcee77fdb7eb508b8810d3d0efcc979766f4"),
 )
 
 
@@ -66,14 +66,15 @@ def shipped_folders():
 
 
 def describe_shipped():
-    """"factorized_prior quality 1, 2, 3": what :data:`SHIPPED` holds, for messages."""
+    """"factorized_prior quality 1, 2, 3, 4; hyperprior ...": what :data:`SHIPPED` holds,
+    for messages."""
     kinds = {}
     for entry in SHIPPED:
         kinds.setdefault(entry.architecture, []).append(str(entry.quality))
     return "; ".join(f"{kind} quality {', '.join(qualities)}" for kind, qualities in kinds.items())
 
 
-def shipped_checkpoint(architecture="factorized_prior", quality=2, folders=None):
+def shipped_checkpoint(architecture=DEFAULT_SHIPPED_MODEL, quality=2, folders=None):
     """The path of the shipped checkpoint of ``architecture`` at ``quality``, its hash checked.
 
     ``folders``: where to look (default :func:`shipped_folders`). Raises
@@ -99,6 +100,6 @@ def shipped_checkpoint(architecture="factorized_prior", quality=2, folders=None)
     return path
 
 
-def pretrained(architecture="factorized_prior", quality=2, device=None, tile=TILE):
+def pretrained(architecture=DEFAULT_SHIPPED_MODEL, quality=2, device=None, tile=TILE):
     """The codec of a shipped model (:func:`shipped_checkpoint`), on ``device``."""
     return Codec.from_checkpoint(shipped_checkpoint(architecture, quality), device, tile)

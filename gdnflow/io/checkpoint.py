@@ -11,9 +11,10 @@ Layout (format version 1)::
                             model_config    JSON: getattr(model, "config", {})
                             extra           JSON: the caller's dict (step, RNG state, ...)
     /parameters/<name>    one dataset per parameter, by dotted name
-                          ("encoder.0.weight"), in the parameter's dtype (or in
-                          ``storage_dtype``: float16 halves a shipped model;
-                          loading converts back to the model's dtype)
+                          ("encoder.0.weight"), in the parameter's dtype; or
+                          rounded to float16 (``storage_dtype``: half the size
+                          of a shipped model), with an attribute ``dtype``
+                          naming the dtype it is read back as
     /buffers/<name>       one dataset per buffer (model.named_buffers(), if any)
     /optimizer            only with an optimiser; attributes:
                             type            the optimiser's class name
@@ -80,26 +81,31 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     """Write ``model``'s parameters and buffers, ``optimizer``'s state and ``extra`` to ``path``.
 
     ``extra`` is a dict of JSON-able data (the step, an RNG state as lists of
-    ints, the data order...). ``storage_dtype`` (``"float16"``, say) stores the
-    floating-point parameters and buffers rounded to that dtype, for a smaller
-    file of weights; loading gives the model those rounded values in its own
-    dtype. Refused with an optimiser (a run's state must stay exact) and for
-    values the dtype cannot hold (ValueError naming the array). The write is
-    atomic (see the module docstring): on any error the previous file at
-    ``path`` is unchanged and no temporary file is left.
+    ints, the data order...). ``storage_dtype="float16"`` stores the
+    floating-point parameters rounded to float16, for a file of weights half
+    the size (buffers stay exact); reading gives those rounded values back in
+    the parameters' own dtype (magnitudes below float16's smallest subnormal,
+    6e-8, read back as 0). Refused with an optimiser (a run's state must stay
+    exact) and for values float16 cannot hold (ValueError naming the
+    parameter). The write is atomic (see the module docstring): on any error
+    the previous file at ``path`` is unchanged and no temporary file is left.
     """
     path = os.fspath(path)
     if not isinstance(extra, (dict, type(None))):
         raise TypeError(f"save_checkpoint: extra must be a dict, got {type(extra).__name__}")
-    if storage_dtype is not None and optimizer is not None:
-        raise ValueError("save_checkpoint: storage_dtype is for weights only: a checkpoint "
-                         "with optimiser state is stored exactly")
+    if storage_dtype is not None:
+        if np.dtype(storage_dtype) != np.float16:
+            raise ValueError(f"save_checkpoint: storage_dtype must be 'float16' (or None: "
+                             f"exact), got {storage_dtype!r}")
+        if optimizer is not None:
+            raise ValueError("save_checkpoint: storage_dtype is for weights only: a checkpoint "
+                             "with optimiser state is stored exactly")
     # Gather and encode everything before creating a file, so that a bad
     # config or extra fails without touching the disk.
-    parameters = {name: _stored(name, _host_array(p), storage_dtype)
-                  for name, p in model.named_parameters()}
-    buffers = {name: _stored(name, _host_array(b), storage_dtype)
-               for name, b in _named_buffers(model)}
+    parameters = {name: _host_array(p) for name, p in model.named_parameters()}
+    read_dtypes = {name: array.dtype for name, array in parameters.items()}
+    parameters = {name: _stored(name, array, storage_dtype) for name, array in parameters.items()}
+    buffers = {name: _host_array(b) for name, b in _named_buffers(model)}
     config = getattr(model, "config", {})
     config = config() if callable(config) else config
     header = {
@@ -119,7 +125,7 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     image = io.BytesIO()
     with h5py.File(image, "w", libver=_LIBVER) as f:
         f.attrs.update(header)
-        _write_arrays(f.create_group("parameters"), parameters)
+        _write_arrays(f.create_group("parameters"), parameters, read_dtypes)
         _write_arrays(f.create_group("buffers"), buffers)
         if optimizer_state is not None:
             group = f.create_group("optimizer")
@@ -136,20 +142,30 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     write_bytes_atomic(path, image.getvalue(), overwrite=True)
 
 
-def _write_arrays(group, arrays):
+def _write_arrays(group, arrays, read_dtypes=None):
     for name, array in arrays.items():
-        _write_array(group, name, array)
+        _write_array(group, name, array, (read_dtypes or {}).get(name))
 
 
-def _write_array(group, name, array):
+def _write_array(group, name, array, read_dtype=None):
+    """One dataset; ``read_dtype``: the dtype it is read back as, if not its own."""
     # Chunked storage (which the checksum needs) exists only for non-empty
     # arrays of at least one dimension.
     checksum = array.ndim > 0 and array.size > 0
     # One chunk per array: h5py's automatic chunk shapes pad small kernels
     # (5x5) by ~40% on disk. HDF5 caps a chunk at 4 GiB.
     chunks = array.shape if checksum and array.nbytes < (1 << 31) else None
-    group.create_dataset(name, data=array, fletcher32=checksum,
-                         chunks=chunks if chunks else (True if checksum else None))
+    dataset = group.create_dataset(name, data=array, fletcher32=checksum,
+                                   chunks=chunks if chunks else (True if checksum else None))
+    if read_dtype is not None and np.dtype(read_dtype) != array.dtype:
+        dataset.attrs["dtype"] = np.dtype(read_dtype).str
+
+
+def _read_array(dataset):
+    """A dataset's values, in the dtype they were saved from (see ``storage_dtype``)."""
+    values = dataset[()]
+    read_dtype = dataset.attrs.get("dtype")
+    return values if read_dtype is None else values.astype(str(read_dtype))
 
 
 def load_checkpoint(path, model=None, optimizer=None):
@@ -233,7 +249,7 @@ def _read(path, arrays):
             for kind in ("parameters", "buffers"):
                 group = f[kind]
                 if arrays:
-                    result[kind] = {name: group[name][()] for name in group}
+                    result[kind] = {name: _read_array(group[name]) for name in group}
                 else:
                     result[kind[:-1] + "_shapes"] = {name: tuple(group[name].shape)
                                                      for name in group}

@@ -64,3 +64,7 @@ def test_compress_with_a_quality_and_decompress_without_a_checkpoint(tmp_path, c
     assert main(["compress", "a.png", "-o", "c.gdn", "--quality", "3", "--checkpoint",
                  str(zoo.shipped_checkpoint("factorized_prior", 3)), "--device", "numpy"]) == 1
     assert "give them or --checkpoint, not both" in capsys.readouterr().err
+    assert main(["compress", "a.png", "-o", "c.gdn", "--model", "hyperprior", "--checkpoint",
+                 str(zoo.shipped_checkpoint("factorized_prior", 3)), "--device", "numpy"]) == 1
+    assert "give them or --checkpoint, not both" in capsys.readouterr().err
+    assert not (tmp_path / "c.gdn").exists()

@@ -193,8 +193,11 @@ def test_float16_storage_halves_the_weights_and_loads_them_rounded(tmp_path):
     save_checkpoint(half, model, extra={"step": 3}, storage_dtype="float16")
     with h5py.File(half) as f:
         assert f["parameters/layers.0.weight"].dtype == np.float16
-        assert f["buffers/running_mean"].dtype == np.float16
+        assert f["buffers/running_mean"].dtype == np.float32      # buffers stay exact
     assert os.path.getsize(half) < os.path.getsize(exact)
+    saved = load_checkpoint(half)           # the raw arrays too, as the model will hold them
+    assert saved["parameters"]["layers.0.weight"].dtype == np.float32
+    np.testing.assert_array_equal(saved["buffers"]["running_mean"], model.running_mean.numpy())
     loaded = NetWithBuffers(np.random.default_rng(9))
     load_checkpoint(half, loaded)
     for name, p in model.named_parameters():
@@ -205,10 +208,21 @@ def test_float16_storage_halves_the_weights_and_loads_them_rounded(tmp_path):
     assert read_checkpoint_info(half)["extra"] == {"step": 3}
 
 
+def test_float16_storage_flushes_tiny_values_to_zero_as_documented(tmp_path):
+    model = Net(np.random.default_rng(2))
+    model.load_state_dict({**model.state_dict(),
+                           "layers.1.bias": np.array([1e-9, 1e-6], np.float32)})
+    save_checkpoint(tmp_path / "w.h5", model, storage_dtype="float16")
+    bias = load_checkpoint(tmp_path / "w.h5")["parameters"]["layers.1.bias"]
+    assert bias[0] == 0 and bias[1] == pytest.approx(1e-6, rel=0.05)
+
+
 def test_float16_storage_refuses_optimizer_state_and_values_out_of_range(tmp_path):
     model = Net(np.random.default_rng(2))
     with pytest.raises(ValueError, match="weights only"):
         save_checkpoint(tmp_path / "a.h5", model, Adam(model.parameters()), storage_dtype="float16")
+    with pytest.raises(ValueError, match="storage_dtype must be 'float16'.*'int8'"):
+        save_checkpoint(tmp_path / "a.h5", model, storage_dtype="int8")
     big = Net(np.random.default_rng(2))
     big.load_state_dict({**big.state_dict(), "layers.1.bias": np.array([1e6, 1.0], np.float32)})
     with pytest.raises(ValueError, match=r"layers\.1\.bias .*float16.*1e\+06"):
