@@ -97,7 +97,7 @@ def measure(args, device, scratch):
     """Time the rows (``scratch``: the trainer's run folder, never written) and emit the table."""
     data = ImageFolder(args.data, crop=args.crop)
     for index in range(len(data)):          # decoded once, as a long run has them
-        data.pixels(index)
+        data.picture(index)
     rows = []
 
     def config(low):

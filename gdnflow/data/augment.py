@@ -18,9 +18,10 @@ noise and JPEG artefacts of the source. :class:`Augmentation` says what is done:
 
 The downscale is Pillow's antialiased Lanczos resampling (its filter widened by
 the factor, so every source pixel counts: no aliasing) in 8 bits per channel,
-as a photo downscaled and saved would be. Only the region under the crop, with
-the filter's reach around it, is resampled (:func:`resampled_crop`): the same
-pixels as resizing the whole image and cropping it, at the cost of the crop.
+as a photo downscaled and saved would be. Only the crop is computed
+(:func:`resampled_crop`: Pillow's resize of the whole image to the crop's box,
+which reads only the rows and columns under the filter): the pixels of
+resizing the whole image and cropping it, at the cost of the crop.
 
 Every draw is a function of the run's seed, the step and the sample's place in
 the batch (see :mod:`gdnflow.data.images`), so a resumed run sees exactly the
@@ -30,7 +31,6 @@ own, so a run with the default augmentation draws exactly the crops it drew
 before these options existed.
 """
 import dataclasses
-import math
 
 import numpy as np
 from PIL import Image
@@ -39,9 +39,6 @@ from PIL import Image
 FLIPS = ("none", "horizontal", "both")
 #: Bits of a sample's flip code: mirrored left to right, upside down.
 HORIZONTAL, VERTICAL = 1, 2
-#: Half-width of Pillow's Lanczos filter in output pixels (its reach is this many
-#: output pixels on each side, that is LANCZOS_SUPPORT / s source pixels).
-LANCZOS_SUPPORT = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,27 +91,20 @@ def scaled_size(height, width, scale):
     return round(height * scale), round(width * scale)
 
 
-def resampled_crop(pixels, scale, top, left, crop):
-    """The ``crop`` x ``crop`` patch at (``top``, ``left``) of ``pixels`` downscaled by ``scale``.
+def resampled_crop(picture, scale, top, left, crop):
+    """The ``crop`` x ``crop`` patch at (``top``, ``left``) of ``picture`` downscaled by ``scale``.
 
-    ``pixels``: uint8 (H, W, 3); the scaled image is :func:`scaled_size` and must
-    hold the patch. Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of the
-    patch's source region, with the filter's reach around it, so the result is that
-    of resizing the whole image and cropping it.
+    ``picture``: a Pillow RGB image; the scaled image is :func:`scaled_size` and
+    must hold the patch. Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of
+    the whole picture to the patch's box, so the result is that of resizing the
+    whole image and cropping it. Pillow works outside Python's lock there, so
+    threads resample in parallel.
     """
-    height, width = pixels.shape[:2]
+    width, height = picture.size
     scaled_height, scaled_width = scaled_size(height, width, scale)
     if top + crop > scaled_height or left + crop > scaled_width or min(top, left) < 0:
         raise ValueError(f"a {crop}x{crop} crop at ({top}, {left}) is outside the "
                          f"{scaled_height}x{scaled_width} image scaled by {scale:g}")
     step_y, step_x = height / scaled_height, width / scaled_width
     box = (left * step_x, top * step_y, (left + crop) * step_x, (top + crop) * step_y)
-    # Pillow clips the filter at the edges of what it is given: give it the whole
-    # reach of the filter (and a pixel more for rounding), clipped only where the image ends.
-    reach_x, reach_y = LANCZOS_SUPPORT * step_x + 2, LANCZOS_SUPPORT * step_y + 2
-    x0, y0 = max(0, math.floor(box[0] - reach_x)), max(0, math.floor(box[1] - reach_y))
-    x1 = min(width, math.ceil(box[2] + reach_x))
-    y1 = min(height, math.ceil(box[3] + reach_y))
-    region = Image.fromarray(np.ascontiguousarray(pixels[y0:y1, x0:x1]))
-    inner = (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0)
-    return np.asarray(region.resize((crop, crop), Image.LANCZOS, box=inner))
+    return np.asarray(picture.resize((crop, crop), Image.LANCZOS, box=box))

@@ -17,9 +17,11 @@ flip, when asked for, from a second generator of (seed, step): see
 any order, and a resumed run needs only its step to see exactly the batches of
 the uninterrupted one.
 
-Decoded images are kept as uint8 (H, W, 3), a quarter of float32's memory (a
-corpus of 300 megapixels fits the default 2 GiB cache); each crop becomes
-float32 k / 255 on its own, the values the whole image would have given.
+Decoded images are kept as Pillow RGB images (4 bytes a pixel, a third of
+float32's memory: a corpus of 300 megapixels fits the default 2 GiB cache), so
+that a crop, scaled or not, is cut and resampled by Pillow outside Python's
+lock and threads build a batch in parallel; each crop becomes float32 k / 255
+on its own, the values the whole image would have given.
 
 Data-parallel training shards each batch, not the folder: every process
 draws the whole batch's plan (indices, crops, flips: no pixels) and reads
@@ -174,6 +176,11 @@ def rgb8_to_float(rgb):
     return np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
 
 
+def _picture_bytes(picture):
+    """The memory of a Pillow RGB image's pixels (4 bytes each)."""
+    return 4 * picture.width * picture.height
+
+
 def image_size(path, max_pixels=None):
     """(height, width) of the image at ``path``, read from its header only (see :func:`open_image`)."""
     with open_image(path, max_pixels) as image:
@@ -268,7 +275,8 @@ class ImageFolder:
     ``crop`` on either side are padded by reflection (``small="pad"``) or
     left out (``small="skip"``); either way one line says how many.
     ``cache_bytes`` bounds the memory of decoded images kept for reuse, as
-    uint8 (least recently used are dropped; all of a small data set stays).
+    Pillow images of 4 bytes a pixel (least recently used are dropped; all of a
+    small data set stays).
 
     :meth:`batch` gives training batches (see the module docstring), varied
     as an :class:`~gdnflow.data.augment.Augmentation` says;
@@ -325,21 +333,27 @@ class ImageFolder:
         return f"ImageFolder({self.source!r}, {len(self)} images, crop={self.crop})"
 
     # -------------------------------------------------------------- images --
-    def pixels(self, index):
-        """Image ``index`` as uint8 (H, W, 3) RGB (cached; do not modify it)."""
+    def picture(self, index):
+        """Image ``index`` as a Pillow RGB image (cached, shared: do not modify it)."""
         with self._lock:
             if index in self._cache:
                 self._cache.move_to_end(index)
                 return self._cache[index]
-        pixels = read_rgb8(self.paths[index])      # decoded outside the lock: threads overlap
+        # Decoded outside the lock: threads overlap.
+        picture = Image.fromarray(read_rgb8(self.paths[index]))
+        size = _picture_bytes(picture)
         with self._lock:
-            if index not in self._cache and pixels.nbytes <= self._cache_limit:
-                self._cache[index] = pixels
-                self._cache_bytes += pixels.nbytes
+            if index not in self._cache and size <= self._cache_limit:
+                self._cache[index] = picture
+                self._cache_bytes += size
                 while self._cache_bytes > self._cache_limit:
                     _, dropped = self._cache.popitem(last=False)
-                    self._cache_bytes -= dropped.nbytes
-        return pixels
+                    self._cache_bytes -= _picture_bytes(dropped)
+        return picture
+
+    def pixels(self, index):
+        """Image ``index`` as uint8 (H, W, 3) RGB (a new array)."""
+        return np.asarray(self.picture(index))
 
     def image(self, index):
         """Image ``index`` as (3, H, W) float32 in [0, 1] (a new array, from :meth:`pixels`)."""
@@ -396,15 +410,16 @@ class ImageFolder:
         as ``flip`` says (True or the HORIZONTAL bit: left to right; the
         VERTICAL bit: upside down).
         """
-        pixels = self.pixels(index)
-        h, w = pixels.shape[:2]
+        picture = self.picture(index)
+        w, h = picture.size
         if scale != 1.0:
-            patch = resampled_crop(pixels, scale, top, left, self.crop)
-        else:
-            if h < self.crop or w < self.crop:
-                pads = ((0, max(self.crop - h, 0)), (0, max(self.crop - w, 0)), (0, 0))
-                pixels = np.pad(pixels, pads, mode="reflect")
+            patch = resampled_crop(picture, scale, top, left, self.crop)
+        elif h < self.crop or w < self.crop:
+            pads = ((0, max(self.crop - h, 0)), (0, max(self.crop - w, 0)), (0, 0))
+            pixels = np.pad(np.asarray(picture), pads, mode="reflect")
             patch = pixels[top:top + self.crop, left:left + self.crop]
+        else:
+            patch = np.asarray(picture.crop((left, top, left + self.crop, top + self.crop)))
         flip = int(flip)
         if flip & HORIZONTAL:
             patch = patch[:, ::-1]

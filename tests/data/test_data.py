@@ -157,6 +157,21 @@ def test_batches_are_a_function_of_seed_and_step(folder):
     assert not np.array_equal(a, data.batch(2, 5, 4))
 
 
+def test_the_cache_keeps_what_fits_and_crops_read_the_file_s_pixels(folder):
+    data = ImageFolder(folder, crop=32, cache_bytes=4 * 64 * 64)     # the 64x64 image alone
+    paths = {p.name: i for i, p in enumerate(data.paths)}
+    big, other = paths["im2.png"], paths["im0.png"]
+    expected = read_rgb8(folder / "im2.png")
+    np.testing.assert_array_equal(data.pixels(big), expected)
+    first = data.picture(big)
+    assert data.picture(big) is first                                # cached
+    data.pixels(other)                                               # evicts it
+    assert len(data._cache) == 1 and data._cache_bytes == 4 * 52 * 40
+    assert data.picture(big) is not first                            # decoded again
+    crop = data.crop_sample(big, 5, 9, False)
+    np.testing.assert_array_equal(crop, expected[5:37, 9:41].transpose(2, 0, 1) / np.float32(255))
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_shards_of_a_batch_are_disjoint_and_make_the_whole_batch(folder, ranks):
     data = ImageFolder(folder, crop=32)
