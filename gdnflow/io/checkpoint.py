@@ -103,8 +103,6 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     # Gather and encode everything before creating a file, so that a bad
     # config or extra fails without touching the disk.
     parameters = {name: _host_array(p) for name, p in model.named_parameters()}
-    read_dtypes = {name: array.dtype for name, array in parameters.items()}
-    parameters = {name: _stored(name, array, storage_dtype) for name, array in parameters.items()}
     buffers = {name: _host_array(b) for name, b in _named_buffers(model)}
     config = getattr(model, "config", {})
     config = config() if callable(config) else config
@@ -125,7 +123,7 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     image = io.BytesIO()
     with h5py.File(image, "w", libver=_LIBVER) as f:
         f.attrs.update(header)
-        _write_arrays(f.create_group("parameters"), parameters, read_dtypes)
+        _write_arrays(f.create_group("parameters"), parameters, storage_dtype)
         _write_arrays(f.create_group("buffers"), buffers)
         if optimizer_state is not None:
             group = f.create_group("optimizer")
@@ -142,23 +140,26 @@ def save_checkpoint(path, model, optimizer=None, extra=None, storage_dtype=None)
     write_bytes_atomic(path, image.getvalue(), overwrite=True)
 
 
-def _write_arrays(group, arrays, read_dtypes=None):
+def _write_arrays(group, arrays, storage_dtype=None):
+    """One dataset per array; rounded ones (``storage_dtype``) record the dtype they are
+    read back as."""
     for name, array in arrays.items():
-        _write_array(group, name, array, (read_dtypes or {}).get(name))
+        stored = _stored(name, array, storage_dtype)
+        dataset = _write_array(group, name, stored)
+        if stored.dtype != array.dtype:
+            dataset.attrs["dtype"] = array.dtype.str
 
 
-def _write_array(group, name, array, read_dtype=None):
-    """One dataset; ``read_dtype``: the dtype it is read back as, if not its own."""
+def _write_array(group, name, array):
+    """One dataset (checksummed where HDF5 allows), returned."""
     # Chunked storage (which the checksum needs) exists only for non-empty
     # arrays of at least one dimension.
     checksum = array.ndim > 0 and array.size > 0
     # One chunk per array: h5py's automatic chunk shapes pad small kernels
     # (5x5) by ~40% on disk. HDF5 caps a chunk at 4 GiB.
     chunks = array.shape if checksum and array.nbytes < (1 << 31) else None
-    dataset = group.create_dataset(name, data=array, fletcher32=checksum,
-                                   chunks=chunks if chunks else (True if checksum else None))
-    if read_dtype is not None and np.dtype(read_dtype) != array.dtype:
-        dataset.attrs["dtype"] = np.dtype(read_dtype).str
+    return group.create_dataset(name, data=array, fletcher32=checksum,
+                                chunks=chunks if chunks else (True if checksum else None))
 
 
 def _read_array(dataset):
