@@ -141,6 +141,13 @@ class ConvGeometry:
         """One filter per channel: groups == C_in == C_out."""
         return self.groups == self.c_in == self.c_out
 
+    @property
+    def window_defines(self):
+        """The kernel window as compile-time defines (-D): KH, KW (taps), SH, SW (strides),
+        DH, DW (dilations), as depthwise.cu and grouped.cu take them."""
+        return (("KH", self.kh), ("KW", self.kw), ("SH", self.stride[0]),
+                ("SW", self.stride[1]), ("DH", self.dilation[0]), ("DW", self.dilation[1]))
+
 
 @functools.lru_cache(maxsize=1024)
 def conv_geometry(op, x_shape, w_shape, stride, padding, dilation, groups):

@@ -230,9 +230,7 @@ def _gy_extent(tile, k, s, d):
 
 
 def _defines(g, rpt=None):
-    defines = (("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
-               ("DH", g.dilation[0]), ("DW", g.dilation[1]))
-    return defines + ((("RPT", rpt),) if rpt is not None else ())
+    return g.window_defines + ((("RPT", rpt),) if rpt is not None else ())
 
 
 def _backward_shared_bytes(g, bx, by, bz, rpt):

@@ -97,7 +97,5 @@ def _launch(g):
     threads, tiles = pixel_tiling(g.oh * g.ow)
     blocks = g.n * (g.c_out // opt) * tiles if g.oh * g.ow else 0
     cuda.check_index_range(blocks, "grouped_conv_forward blocks")
-    defines = (("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
-               ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("CG", g.c_in // g.groups),
-               ("OPT", opt))
+    defines = g.window_defines + (("CG", g.c_in // g.groups), ("OPT", opt))
     return blocks, threads, tiles, defines
