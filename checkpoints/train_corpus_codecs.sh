@@ -24,6 +24,9 @@
 #   chain: each continues where the last one stopped. Every segment of a run must
 #   be given the same STEPS (the cosine schedule's length): STATE/NAME.steps keeps it,
 #   and another STEPS is refused. Exits 1 if a run failed (not stopped by SIGTERM).
+#   With INIT_DIR set, a run's first segment starts from the weights of its shipped
+#   file in INIT_DIR (`gdnflow train --init`: fine-tuning with fresh optimisers and a
+#   schedule of STEPS more steps).
 # - `export DEST` writes each run's weights as DEST/codec_qQ.h5 (factorized prior) or
 #   DEST/hyperprior_qQ.h5, the shipped names, stored in float16 (the encoder and the
 #   decoder both load the same float32 values from it, so decoding stays exact).
@@ -38,7 +41,7 @@
 # nvidia-smi lists), STATE (/tmp/gdnflow_corpus_runs), BATCH (16), CROP (256),
 # LR (3e-4, cosine decay to 0 at STEPS after WARMUP=1000 steps), SCALE_RANGE ("0.25 1"),
 # FLIP (both), PRECISION (tf32), WORKERS (data threads per run, 12), EVAL_EVERY (5000),
-# PILOT_STEPS (300), PART_BYTES (15728640), DEVICE (cuda), PYTHON (python3),
+# PILOT_STEPS (300), PART_BYTES (15728640), DEVICE (cuda), PYTHON (python3), INIT_DIR,
 # EXTRA_ARGS (more `gdnflow train` arguments for every run, e.g. "--N 8 --M 8").
 # Needs bash 4.4 or later.
 set -uo pipefail
@@ -86,6 +89,9 @@ runs() {
   done
 }
 
+# The shipped file name of a model and quality: codec_qQ.h5 or hyperprior_qQ.h5.
+shipped_name() { if [ "$1" = hyperprior ]; then echo "hyperprior_q$2.h5"; else echo "codec_q$2.h5"; fi; }
+
 # The last line of a run's log (its result, or its error).
 last_line() { tail -n 1 "$1" 2>/dev/null; }
 
@@ -108,7 +114,7 @@ pilot() {
 }
 
 segment() {
-  local seconds=$1 index name model quality gpu saved status rc=0 pids=() names=() resume
+  local seconds=$1 index name model quality gpu saved status rc=0 pids=() names=() start note
   [ -n "${STEPS:-}" ] || { echo "segment: set STEPS (the same for every segment of a run)"; return 2; }
   while read -r index name model quality; do
     saved=$(cat "$STATE/$name.steps" 2>/dev/null)
@@ -117,15 +123,19 @@ segment() {
       return 2
     fi
     echo "$STEPS" > "$STATE/$name.steps" || return 1
-    resume=()
-    [ -f "$STATE/$name/checkpoint.h5" ] && resume=(--resume)
+    start=() note=
+    if [ -f "$STATE/$name/checkpoint.h5" ]; then
+      start=(--resume) note=" (resumed)"
+    elif [ -n "${INIT_DIR:-}" ]; then
+      start=(--init "$INIT_DIR/$(shipped_name "$model" "$quality")") note=" (from ${start[1]})"
+    fi
     gpu=$((index % GPUS))
     CUDA_VISIBLE_DEVICES=$gpu timeout -k 120 "$seconds" "${TRAIN[@]}" \
       --model "$model" --quality "$quality" --steps "$STEPS" --eval-every "$EVAL_EVERY" \
-      --checkpoint-every 5000 --out "$STATE/$name" "${resume[@]}" \
+      --checkpoint-every 5000 --out "$STATE/$name" "${start[@]}" \
       >> "$STATE/$name.log" 2>&1 &
     pids+=($!); names+=("$name")
-    echo "$name: $model quality $quality on GPU $gpu${resume:+ (resumed)}"
+    echo "$name: $model quality $quality on GPU $gpu$note"
   done < <(runs)
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}"; status=$?
@@ -138,12 +148,11 @@ segment() {
 }
 
 export_weights() {
-  local dest=$1 index name model quality prefix count=0
+  local dest=$1 index name model quality count=0
   mkdir -p "$dest" || return 1
   while read -r index name model quality; do
     [ -f "$STATE/$name/checkpoint.h5" ] || { echo "$name: no checkpoint in $STATE/$name"; return 1; }
-    prefix=codec; [ "$model" = hyperprior ] && prefix=hyperprior
-    "$PYTHON" - "$STATE/$name/checkpoint.h5" "$dest/${prefix}_q$quality.h5" <<'EOF' || return 1
+    "$PYTHON" - "$STATE/$name/checkpoint.h5" "$dest/$(shipped_name "$model" "$quality")" <<'EOF' || return 1
 import os, sys
 from gdnflow.codec.codec import load_model
 from gdnflow.io.checkpoint import read_checkpoint_info, save_checkpoint

@@ -114,6 +114,10 @@ def add_arguments(parser):
     run.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                      help="continue the run from its checkpoint (DIR/checkpoint.h5, or the "
                      "file given): same step, optimiser state and random streams")
+    run.add_argument("--init", metavar="CHECKPOINT",
+                     help="start from the weights of this checkpoint of the same model and size "
+                     "(fine-tuning, e.g. from checkpoints/hyperprior_q3.h5); the optimisers, the "
+                     "learning-rate schedule and the step count start afresh")
     run.add_argument("--force", action="store_true",
                      help="start a new run in a folder that holds one: the old run's files move "
                      "into DIR/previous-<n>/ (nothing is deleted)")

@@ -37,7 +37,9 @@ class TrainConfig:
     steps without stopping the GPU; False: the eager step, read back every step).
     Bookkeeping: ``out_dir``, ``eval_every``, ``checkpoint_every`` (0:
     only at the end), ``seed``, ``device`` (None: the default device),
-    ``quiet`` (no progress bar).
+    ``quiet`` (no progress bar), ``init`` (a checkpoint of the same model and size whose
+    weights start the run: fine-tuning, e.g. from a shipped codec; the optimisers, the
+    schedule and the step start afresh; None: ``seed``'s random weights).
     """
 
     data: str = None
@@ -68,6 +70,7 @@ class TrainConfig:
     graph: bool = True
     flip: str = "horizontal"
     scale_range: tuple = (1.0, 1.0)
+    init: str = None
 
     #: Fields a resumed run must share with its checkpoint: they decide the
     #: data, the noise and the shapes, so a change would not continue the run.

@@ -98,6 +98,8 @@ class Trainer:
             raise ValueError(f"Trainer: a {type(model).__name__} given for model={config.model!r}")
         self.model = model if model is not None else CODEC_MODELS[config.model](
             config.N, config.M, seed=config.seed, device=self.device)
+        if config.init is not None:
+            self.load_initial_weights(config.init)
         # Optimisers hold Parameter objects: build them after the move.
         self.model.to(self.device)
         self.model.train()
@@ -120,6 +122,20 @@ class Trainer:
         self._saved = (None, None)      # (step, path) of the last checkpoint written or loaded
         self.last_reconstructions = []
         self._queued = QueuedSteps(self.step_function, self.device, self.notify)
+
+    def load_initial_weights(self, path):
+        """Load the parameters and buffers of the checkpoint at ``path`` into the model.
+
+        The start of a fine-tuning run (``config.init``): only the weights are
+        taken; the optimisers, schedule and step are this run's. Raises
+        ValueError if the checkpoint holds another model, and CheckpointError
+        (naming the file) if it cannot be read or its shapes differ (another N, M).
+        """
+        held = read_checkpoint_info(path)["model_name"]
+        if held != self.config.model:
+            raise ValueError(f"--init {path} holds a {held} model, this run trains "
+                             f"{self.config.model} (--model)")
+        load_checkpoint(path, self.model)
 
     # ------------------------------------------------------------ data --
     @property

@@ -1,7 +1,7 @@
 """checkpoints/train_corpus_codecs.sh, the shipped codecs' training chain, on NumPy with tiny
 models: segments start and resume the runs, a run's state leaves in checksummed parts and
 comes back byte for byte (a damaged part refused), and export writes float16 weights a
-codec loads."""
+codec loads, and a new chain starts from exported weights (INIT_DIR)."""
 import os
 import subprocess
 import sys
@@ -99,3 +99,16 @@ def test_export_writes_the_shipped_names_in_float16(env, tmp_path):
     codec = Codec.from_checkpoint(tmp_path / "export" / "hyperprior_q2.h5", device="numpy")
     image = np.asarray(Image.open(tmp_path / "heldout" / "0.png"))
     assert codec.decompress(codec.compress(image)).shape == image.shape
+
+
+def test_init_dir_starts_runs_from_exported_weights(env, tmp_path):
+    chain("segment", {**env, "STEPS": "2"}, 60)
+    chain("export", env, tmp_path / "export")
+    tuned = {**env, "STATE": str(tmp_path / "tuned"), "INIT_DIR": str(tmp_path / "export"),
+             "STEPS": "2"}
+    out = chain("segment", tuned, 60)
+    source = tmp_path / "export" / "hyperprior_q2.h5"
+    assert f"hp1: hyperprior quality 2 on GPU 0 (from {source})" in out
+    info = read_checkpoint_info(tmp_path / "tuned" / "hp1" / "checkpoint.h5")
+    assert info["extra"]["train_config"]["init"] == str(source) and info["extra"]["step"] == 2
+    assert "(resumed)" in chain("segment", tuned, 60)

@@ -172,3 +172,30 @@ def test_cuda_run_checkpoint_and_resume(tiny_config, tmp_path):
     for a, b in zip(resumed.history, whole.history):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
     assert (tmp_path / "whole" / "reconstructions.png").exists()
+
+
+def test_init_starts_from_another_runs_weights_with_a_fresh_optimiser(tiny_config, tmp_path):
+    source = Trainer(tiny_config(out_dir=str(tmp_path / "source"), steps=3))
+    source.run()
+    saved = source.model.state_dict()
+    tuned = Trainer(tiny_config(out_dir=str(tmp_path / "tuned"), seed=5, steps=2,
+                                init=str(tmp_path / "source" / "checkpoint.h5")))
+    for name, value in saved.items():      # seed 5 alone would give other weights
+        np.testing.assert_array_equal(tuned.model.state_dict()[name], value)
+    assert tuned.step == 0 and not tuned.optimizer.state_dict()["state"]
+    tuned.run()
+    assert [r["step"] for r in tuned.history] == [1, 2]
+    info = load_checkpoint(tmp_path / "tuned" / "checkpoint.h5")
+    assert info["extra"]["train_config"]["init"] == str(tmp_path / "source" / "checkpoint.h5")
+
+
+def test_init_refuses_another_model_or_size(tiny_config, tmp_path):
+    Trainer(tiny_config(out_dir=str(tmp_path / "source"), steps=1)).run()
+    path = str(tmp_path / "source" / "checkpoint.h5")
+    with pytest.raises(ValueError, match="holds a factorized_prior model, this run trains "
+                       "hyperprior"):
+        Trainer(tiny_config(out_dir=str(tmp_path / "hp"), model="hyperprior", crop=64, init=path))
+    config = tiny_config(out_dir=str(tmp_path / "wide"), init=path)
+    config.N += 1
+    with pytest.raises(gf.io.checkpoint.CheckpointError, match="source/checkpoint.h5"):
+        Trainer(config)
