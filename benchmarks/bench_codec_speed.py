@@ -1,0 +1,137 @@
+"""Codec speed end to end: image array to file bytes and back, beside Pillow's WebP and JPEG.
+
+    python benchmarks/bench_codec_speed.py --data corpus/heldout --out table.md
+    python benchmarks/bench_codec_speed.py --checkpoint runs/q3/checkpoint.h5 --device numpy
+
+One photo (the first of ``--data``, or scikit-image's coffee) is resized (Lanczos) to
+each of ``--sizes``. For each codec checkpoint (default: every shipped model) and
+size, the codec compresses and decompresses the photo once (warm-up: kernels, plans
+and tables are built then), then ``--repeats`` times; the table gives the medians
+in milliseconds per megapixel, wall time on the host (uint8 array in, file bytes
+out, and back: the transforms on ``--device``, the entropy coding on the host), the
+bits per pixel and the PSNR. Every decoding on a GPU is compared with the NumPy
+backend's decoding of the same file (``--no-numpy-check`` skips that): the largest
+difference in levels is listed. Pillow's WebP (method 4 and 6) and JPEG at quality
+75 are timed the same way in the same run.
+"""
+import argparse
+import io
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from gdnflow.backends import default_device
+from gdnflow.benchmarking import emit, host_cpu, markdown_table
+from gdnflow.codec import Codec, read_image
+from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint
+from gdnflow.data.images import list_images
+from gdnflow.train.losses import mse_to_psnr
+
+#: Pillow's reference coders: (name, format, save options).
+REFERENCES = (("WebP m4", "WEBP", {"quality": 75, "method": 4}),
+              ("WebP m6", "WEBP", {"quality": 75, "method": 6}),
+              ("JPEG", "JPEG", {"quality": 75}))
+
+
+def photo(folder, size):
+    """The first image of ``folder`` (scikit-image's coffee if None) resized to ``size`` (w, h)."""
+    if folder is None:
+        import skimage.data     # local import: only without --data
+        image = skimage.data.coffee()
+    else:
+        image = read_image(list_images(folder)[0])
+    return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
+
+
+def median_ms(fn, repeats):
+    """fn's result and the median of ``repeats`` wall times in milliseconds (after one warm-up)."""
+    result = fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return result, statistics.median(times)
+
+
+def psnr(a, b):
+    """PSNR in dB of two uint8 images."""
+    return mse_to_psnr(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2) / 255 ** 2)
+
+
+def time_codec(path, image, device, repeats, numpy_check):
+    """A row of the table for the codec checkpoint at ``path`` on ``image``."""
+    codec = Codec.from_checkpoint(path, device)
+    data, encode = median_ms(lambda: codec.compress(image), repeats)
+    decoded, decode = median_ms(lambda: codec.decompress(data), repeats)
+    megapixels = image.shape[0] * image.shape[1] / 1e6
+    check = "-"
+    if numpy_check and device != "numpy":
+        host = Codec.from_checkpoint(path, "numpy").decompress(data)
+        check = int(np.abs(host.astype(np.int16) - decoded).max())
+    return [Path(path).stem, f"{8 * len(data) / (image.shape[0] * image.shape[1]):.3f}",
+            f"{psnr(image, decoded):.2f}", f"{encode / megapixels:.1f}",
+            f"{decode / megapixels:.1f}", check]
+
+
+def time_reference(name, fmt, options, image, repeats):
+    """A row of the table for one of Pillow's coders on ``image``."""
+    picture = Image.fromarray(image)
+
+    def encode():
+        buffer = io.BytesIO()
+        picture.save(buffer, fmt, **options)
+        return buffer.getvalue()
+
+    data, encode_ms = median_ms(encode, repeats)
+    decoded, decode_ms = median_ms(lambda: np.asarray(Image.open(io.BytesIO(data)).convert("RGB")),
+                                   repeats)
+    megapixels = image.shape[0] * image.shape[1] / 1e6
+    return [name, f"{8 * len(data) / (image.shape[0] * image.shape[1]):.3f}",
+            f"{psnr(image, decoded):.2f}", f"{encode_ms / megapixels:.1f}",
+            f"{decode_ms / megapixels:.1f}", "-"]
+
+
+def size_argument(text):
+    """'WxH' -> (w, h)."""
+    width, height = (int(v) for v in text.lower().split("x"))
+    return width, height
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", nargs="+", help="codec checkpoints (default: shipped)")
+    parser.add_argument("--data", help="folder whose first image is the photo")
+    parser.add_argument("--sizes", default="768x512,2048x1536",
+                        help="comma-separated WxH (default 768x512,2048x1536)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=["numpy", "cuda"], default=None)
+    parser.add_argument("--no-numpy-check", dest="numpy_check", action="store_false")
+    parser.add_argument("--out", help="also write the table here")
+    args = parser.parse_args()
+    device = args.device or default_device()
+    paths = args.checkpoint or [shipped_checkpoint(e.architecture, e.quality) for e in SHIPPED]
+    tables = []
+    for size in (size_argument(s) for s in args.sizes.split(",")):
+        image = photo(args.data, size)
+        rows = [time_codec(p, image, device, args.repeats, args.numpy_check) for p in paths]
+        rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
+        gpu = None
+        if device == "cuda":
+            from gdnflow.benchmarking import gpu_name   # local import: PyCUDA only on a GPU
+            gpu = gpu_name()
+        tables.append(markdown_table(
+            f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
+            f"{args.repeats}), gdnflow on {device}",
+            ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
+             "max difference from the NumPy decoding (levels)"], rows,
+            notes=[f"host CPU: {host_cpu()}; wall time, array in and out, one thread"],
+            gpu=gpu or "none"))
+    emit("\n".join(tables), args.out)
+
+
+if __name__ == "__main__":
+    main()
