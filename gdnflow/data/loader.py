@@ -5,7 +5,12 @@ puts the results in a bounded queue; the training loop takes them in order.
 Decoding and cropping (NumPy and Pillow, which release the GIL for much of
 their work) thus overlap with the loop's own work and the GPU's.
 
-- Bounded: at most ``prefetch`` batches wait, so memory stays fixed.
+- Parallel: with ``workers > 1``, ``prefetch`` batches are made at once (each
+  spreading its crops over the ``workers`` threads of a shared pool), so a
+  slow crop delays its own batch and not the pool: one batch at a time left
+  most threads waiting on each batch's slowest crop.
+- Bounded: at most ``prefetch`` batches wait and ``prefetch`` more are being
+  made, so memory stays fixed.
 - Stops cleanly: :meth:`BackgroundLoader.close` (or leaving a ``with``
   block, or the loop ending) stops the worker and joins it, also while it
   is blocked on a full queue.
@@ -13,6 +18,7 @@ their work) thus overlap with the loop's own work and the GPU's.
   in the consuming thread, the same exception object, with a note naming
   the step, when the loop reaches that step.
 """
+import collections
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +37,10 @@ class BackgroundLoader:
     """Iterate over ``make_batch(step)`` for ``start <= step < stop``, built by a background thread.
 
     ``stop=None`` runs until closed. ``prefetch`` is the queue's bound.
-    ``workers > 1`` also hands the worker a thread pool of that size, passed
-    to ``make_batch`` as ``pool=`` (e.g. :meth:`ImageFolder.batch` decodes
-    the images of one batch in parallel with it). Use as an iterator and
+    ``workers > 1`` also hands ``make_batch`` a thread pool of that size as
+    ``pool=`` (e.g. :meth:`ImageFolder.batch` decodes the images of one batch
+    in parallel with it), and ``prefetch`` batches are made at once, each in
+    a thread of its own; they are queued in step order. Use as an iterator and
     close it, or as a context manager::
 
         with BackgroundLoader(lambda step: data.batch(seed, step, 16), start=step) as batches:
@@ -56,24 +63,48 @@ class BackgroundLoader:
 
     # ------------------------------------------------------------ worker --
     def _run(self):
-        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="gdnflow-decode") \
-            if self.workers > 1 else None
+        if self.workers > 1:
+            self._run_parallel()
+            return
+        step = self.start
+        while not self._stopping.is_set() and (self.stop is None or step < self.stop):
+            try:
+                item = self.make_batch(step)
+            except BaseException as exc:      # noqa: BLE001 (handed to the consumer)
+                self._put(_Failure(step, exc))
+                return
+            if not self._put(item):
+                return
+            step += 1
+        self._put(_DONE)
+
+    def _run_parallel(self):
+        """``_run`` with ``prefetch`` batches being made at once, queued in step order."""
+        crops = ThreadPoolExecutor(self.workers, thread_name_prefix="gdnflow-decode")
+        batches = ThreadPoolExecutor(self._queue.maxsize, thread_name_prefix="gdnflow-batch")
+        pending = collections.deque()       # (step, future), oldest first
         step = self.start
         try:
-            while not self._stopping.is_set() and (self.stop is None or step < self.stop):
+            while not self._stopping.is_set():
+                while len(pending) < self._queue.maxsize and (self.stop is None or step < self.stop):
+                    pending.append((step, batches.submit(self.make_batch, step, pool=crops)))
+                    step += 1
+                if not pending:
+                    self._put(_DONE)
+                    return
+                made, future = pending.popleft()
                 try:
-                    item = (self.make_batch(step, pool=pool) if pool is not None
-                            else self.make_batch(step))
+                    item = future.result()
                 except BaseException as exc:      # noqa: BLE001 (handed to the consumer)
-                    self._put(_Failure(step, exc))
+                    self._put(_Failure(made, exc))
                     return
                 if not self._put(item):
                     return
-                step += 1
-            self._put(_DONE)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+            for _, future in pending:
+                future.cancel()
+            batches.shutdown(wait=True, cancel_futures=True)
+            crops.shutdown(wait=True, cancel_futures=True)
 
     def _put(self, item):
         """Queue ``item``, waiting while the queue is full; False once closing."""

@@ -235,6 +235,26 @@ def test_loader_passes_a_pool_to_parallel_batches():
     assert all(isinstance(p, ThreadPoolExecutor) for p in seen)
 
 
+def test_loader_makes_prefetch_batches_at_once_and_queues_them_in_order():
+    # Each batch waits for three others to be in the making: one at a time would break
+    # the barrier. Later steps finish first (shorter sleeps): the order must hold anyway.
+    barrier = threading.Barrier(4, timeout=5)
+
+    def make(step, pool=None):
+        if step < 4:
+            barrier.wait()
+        time.sleep(0.01 * (12 - step))
+        if step == 9:
+            raise BadBatch("no batch 9")
+        return step
+
+    loader = BackgroundLoader(make, start=0, stop=12, prefetch=4, workers=2)
+    assert [next(loader) for _ in range(9)] == list(range(9))
+    with pytest.raises(BadBatch, match="no batch 9"):
+        next(loader)
+    assert not loader.alive
+
+
 def test_loader_stops_cleanly_while_the_queue_is_full():
     made = []
     loader = BackgroundLoader(lambda step: made.append(step) or step, prefetch=2)
