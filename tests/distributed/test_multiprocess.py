@@ -135,6 +135,8 @@ def _gpus():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs (the NCCL path across processes)")
+@pytest.mark.skipif(importlib.util.find_spec("nccl") is None,
+                    reason="nccl4py is not installed (pip install 'gdnflow[nccl]')")
 def test_two_gpus_train_like_one_gpu_with_their_global_batch(tmp_path):
     # NCCL between two processes on two GPUs, started as --gpus 2 starts them (the TCP
     # store), eager and captured; every run must also exit (a communicator is destroyed
