@@ -42,21 +42,21 @@ DEFAULT_SHIPPED_MODEL = "hyperprior"
 #: The shipped checkpoints, one :class:`ShippedModel` each.
 SHIPPED = (
     ShippedModel("factorized_prior", 1, 0.0018, "codec_q1.h5",
-                 "15598728656ed0e12d8f32965ff52d292581c575dd7f3eee5ab4b85f8973d318"),
+                 "6e6ebb9dd9cbf65fe410939bcce5648abdc5d5c52935bc0ae6ae8a161d90bb33"),
     ShippedModel("factorized_prior", 2, 0.0035, "codec_q2.h5",
-                 "a8b21e02672af8f88e2caf1df62805005c01a6a8f3ffbac5411fdd9371579263"),
+                 "72b3082a83578f4961983555c9f6939b2f15a1f062ac3bc1d1cc215c7e353418"),
     ShippedModel("factorized_prior", 3, 0.0067, "codec_q3.h5",
-                 "ac1bef604439028d8cfb417f9c17f46d0761414ed76bb94486026b07dafe9920"),
+                 "5208f4d0a7d9c27caff74e7a62eb4b29f65c381428db1f0f2f7c5957587ca708"),
     ShippedModel("factorized_prior", 4, 0.013, "codec_q4.h5",
-                 "6a60711da3d203b1a5000817a67aa5535b8b993bea675bf86b06e6a5f7715fd8"),
+                 "910118b8fadba2a8551f0bd270a07e7dbfc9092158d7f5c1e73ba15dcc06fd44"),
     ShippedModel("hyperprior", 1, 0.0018, "hyperprior_q1.h5",
-                 "52421a3d328e44cb3fa946d40be6116b82db103235947446d2a52afbd7ff66f9"),
+                 "678b66f094cabfc9d0b833c3e6b4ff853d4232b5bee78158a8e3a687f7cb7f35"),
     ShippedModel("hyperprior", 2, 0.0035, "hyperprior_q2.h5",
-                 "d56fd4f60617909e721857f4ff07ea14fc85b86a5c53816074615c907c8362c2"),
+                 "4f550ca282ea1c9ae9102567516c995864ff1e648881f6e53a1045419daa062c"),
     ShippedModel("hyperprior", 3, 0.0067, "hyperprior_q3.h5",
-                 "ca5b0c609cbc41b2d0c4da6f3998e33b9449fce8aa2dded8030e00028f01a376"),
+                 "ce63526853d09b1729705a0eb39cd1212406c61d017db19ad6b2fbbabb8c9feb"),
     ShippedModel("hyperprior", 4, 0.013, "hyperprior_q4.h5",
-                 "b9603a1e90f016de5c26e07b83e4dcee77fdb7eb508b8810d3d0efcc979766f4"),
+                 "c051146b1bfab3c7cdd59ddc7c14b6b912e98c95c09fc35284404910157d1f83"),
 )
 
 
