@@ -21,7 +21,12 @@ the factor, so every source pixel counts: no aliasing) in 8 bits per channel,
 as a photo downscaled and saved would be. Only the crop is computed
 (:func:`resampled_crop`: Pillow's resize of the whole image to the crop's box,
 which reads only the rows and columns under the filter): the pixels of
-resizing the whole image and cropping it, at the cost of the crop.
+resizing the whole image and cropping it, at the cost of the crop. By 3 times
+or more, Pillow first averages 2x2 (or larger) blocks and resamples the rest
+of the way (``reducing_gap``, :data:`REDUCING_GAP`): 2-4 times faster there,
+within about one level (RMS) of the direct resampling; those scales cost
+the most, and the crops' resampling was what limited the training runs on
+the GPU host (``benchmarks/results/train_input_h200.md``).
 
 Every draw is a function of the run's seed, the step and the sample's place in
 the batch (see :mod:`gdnflow.data.images`), so a resumed run sees exactly the
@@ -35,6 +40,9 @@ import dataclasses
 import numpy as np
 from PIL import Image
 
+#: Pillow's ``reducing_gap`` of the downscaling: a block average takes the image to
+#: within 1.5 to 3 times the crop's scale, Lanczos the rest (see the module docstring).
+REDUCING_GAP = 1.5
 #: The choices of ``Augmentation.flip``.
 FLIPS = ("none", "horizontal", "both")
 #: Bits of a sample's flip code: mirrored left to right, upside down.
@@ -97,8 +105,9 @@ def resampled_crop(picture, scale, top, left, crop):
     ``picture``: a Pillow RGB image; the scaled image is :func:`scaled_size` and
     must hold the patch. Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of
     the whole picture to the patch's box, so the result is that of resizing the
-    whole image and cropping it. Pillow works outside Python's lock there, so
-    threads resample in parallel.
+    whole image and cropping it (by 3 times or more, within rounding of the
+    :data:`REDUCING_GAP` block average: about one level RMS). Pillow works
+    outside Python's lock there, so threads resample in parallel.
     """
     width, height = picture.size
     scaled_height, scaled_width = scaled_size(height, width, scale)
@@ -107,4 +116,5 @@ def resampled_crop(picture, scale, top, left, crop):
                          f"{scaled_height}x{scaled_width} image scaled by {scale:g}")
     step_y, step_x = height / scaled_height, width / scaled_width
     box = (left * step_x, top * step_y, (left + crop) * step_x, (top + crop) * step_y)
-    return np.asarray(picture.resize((crop, crop), Image.LANCZOS, box=box))
+    return np.asarray(picture.resize((crop, crop), Image.LANCZOS, box=box,
+                                     reducing_gap=REDUCING_GAP))
