@@ -35,6 +35,7 @@ from gdnflow.backends import default_device  # noqa: E402
 from gdnflow.benchmarking import emit, markdown_table  # noqa: E402
 from gdnflow.data import ImageFolder  # noqa: E402
 from gdnflow.data.loader import BackgroundLoader  # noqa: E402
+from gdnflow.data.augment import pyramid_level  # noqa: E402
 from gdnflow.train import TrainConfig, Trainer  # noqa: E402
 
 
@@ -96,8 +97,10 @@ def main(argv=None):
 def measure(args, device, scratch):
     """Time the rows (``scratch``: the trainer's run folder, never written) and emit the table."""
     data = ImageFolder(args.data, crop=args.crop)
-    for index in range(len(data)):          # decoded once, as a long run has them
-        data.picture(index)
+    lows = [float(v) for v in args.scale_ranges.split(",")]
+    for index in range(len(data)):          # decoded and downscaled once, as a long run has them
+        for level in range(pyramid_level(min(lows)) + 1):
+            data.picture(index, level)
     rows = []
 
     def config(low):
@@ -107,7 +110,6 @@ def measure(args, device, scratch):
                            out_dir=scratch, eval_every=0, checkpoint_every=0,
                            steps=10 ** 9)
 
-    lows = [float(v) for v in args.scale_ranges.split(",")]
     for low in lows:
         augmentation = config(low).augmentation
         per_s = loader_rate(lambda step, pool=None: data.batch(0, step, args.batch_size, pool,
@@ -139,7 +141,7 @@ def measure(args, device, scratch):
              f"{args.batch_size}x{args.crop}x{args.crop}, {len(data)} images")
     notes = [f"medians of {args.repeats} rounds of {args.steps} steps after {args.warmup} "
              f"warm-up steps, wall clock (the GPU waited for at the end of each round); "
-             f"images decoded beforehand; `{' '.join(sys.argv)}`"]
+             f"images decoded (and downscaled to their pyramid levels) beforehand; `{' '.join(sys.argv)}`"]
     emit(markdown_table(title, ["row", "steps/s (batches/s)"],
                         [[name, f"{value:.1f}"] for name, value in rows], notes,
                         gpu=None if device != "numpy" else "none (NumPy)"), args.out)

@@ -19,14 +19,16 @@ noise and JPEG artefacts of the source. :class:`Augmentation` says what is done:
 The downscale is Pillow's antialiased Lanczos resampling (its filter widened by
 the factor, so every source pixel counts: no aliasing) in 8 bits per channel,
 as a photo downscaled and saved would be. Only the crop is computed
-(:func:`resampled_crop`: Pillow's resize of the whole image to the crop's box,
-which reads only the rows and columns under the filter): the pixels of
-resizing the whole image and cropping it, at the cost of the crop. By 3 times
-or more, Pillow first averages 2x2 (or larger) blocks and resamples the rest
-of the way (``reducing_gap``, :data:`REDUCING_GAP`): 2-4 times faster there,
-within about one level (RMS) of the direct resampling; those scales cost
-the most, and the crops' resampling was what limited the training runs on
-the GPU host (``benchmarks/results/train_input_h200.md``).
+(:func:`resampled_crop`: Pillow's resize of an image to the crop's box, which
+reads only the rows and columns under the filter). A large factor would read
+a large region for every crop, and that resampling was what limited the
+training runs on the GPU host (``benchmarks/results/train_input_h200.md``):
+so each image is kept at the scales 1, 2^-1/2, 2^-1, ... it is needed at
+(:func:`pyramid_level`, made once from the image and cached by
+:class:`~gdnflow.data.images.ImageFolder`), and a crop of scale s is resampled
+from the smallest of them that is at least s, by a factor of at most 2^-1/2.
+Down to 2^-1/2 that is the crop of the whole image resized (within rounding);
+below, one more Lanczos pass sits between them (within about a level RMS).
 
 Every draw is a function of the run's seed, the step and the sample's place in
 the batch (see :mod:`gdnflow.data.images`), so a resumed run sees exactly the
@@ -36,13 +38,14 @@ own, so a run with the default augmentation draws exactly the crops it drew
 before these options existed.
 """
 import dataclasses
+import math
 
 import numpy as np
 from PIL import Image
 
-#: Pillow's ``reducing_gap`` of the downscaling: a block average takes the image to
-#: within 1.5 to 3 times the crop's scale, Lanczos the rest (see the module docstring).
-REDUCING_GAP = 1.5
+#: The ratio between consecutive scales at which an image is kept for downscaled crops
+#: (see the module docstring): a crop is resampled by a factor of at most this.
+PYRAMID_STEP = 2 ** -0.5
 #: The choices of ``Augmentation.flip``.
 FLIPS = ("none", "horizontal", "both")
 #: Bits of a sample's flip code: mirrored left to right, upside down.
@@ -99,22 +102,26 @@ def scaled_size(height, width, scale):
     return round(height * scale), round(width * scale)
 
 
-def resampled_crop(picture, scale, top, left, crop):
-    """The ``crop`` x ``crop`` patch at (``top``, ``left``) of ``picture`` downscaled by ``scale``.
+def pyramid_level(scale):
+    """The level k of the image pyramid a crop of ``scale`` (in (0, 1]) is resampled from: the
+    largest k with PYRAMID_STEP**k >= scale (so the crop is at most one step further down)."""
+    level = int(math.floor(math.log(scale) / math.log(PYRAMID_STEP) + 1e-9))
+    return level if PYRAMID_STEP ** level >= scale else level - 1
 
-    ``picture``: a Pillow RGB image; the scaled image is :func:`scaled_size` and
-    must hold the patch. Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of
-    the whole picture to the patch's box, so the result is that of resizing the
-    whole image and cropping it (by 3 times or more, within rounding of the
-    :data:`REDUCING_GAP` block average: about one level RMS). Pillow works
-    outside Python's lock there, so threads resample in parallel.
+
+def resampled_crop(picture, scaled_height, scaled_width, top, left, crop):
+    """The ``crop`` x ``crop`` patch at (``top``, ``left``) of ``picture`` resized to
+    ``scaled_height`` x ``scaled_width`` (which must hold the patch).
+
+    Returns uint8 (crop, crop, 3): Pillow's Lanczos resize of the whole picture
+    to the patch's box, the pixels of resizing the whole picture and cropping
+    it. Pillow works outside Python's lock there, so threads resample in
+    parallel.
     """
     width, height = picture.size
-    scaled_height, scaled_width = scaled_size(height, width, scale)
     if top + crop > scaled_height or left + crop > scaled_width or min(top, left) < 0:
         raise ValueError(f"a {crop}x{crop} crop at ({top}, {left}) is outside the "
-                         f"{scaled_height}x{scaled_width} image scaled by {scale:g}")
+                         f"{scaled_height}x{scaled_width} image it is taken from")
     step_y, step_x = height / scaled_height, width / scaled_width
     box = (left * step_x, top * step_y, (left + crop) * step_x, (top + crop) * step_y)
-    return np.asarray(picture.resize((crop, crop), Image.LANCZOS, box=box,
-                                     reducing_gap=REDUCING_GAP))
+    return np.asarray(picture.resize((crop, crop), Image.LANCZOS, box=box))

@@ -18,10 +18,12 @@ any order, and a resumed run needs only its step to see exactly the batches of
 the uninterrupted one.
 
 Decoded images are kept as Pillow RGB images (4 bytes a pixel, a third of
-float32's memory: a corpus of 300 megapixels fits the default 2 GiB cache), so
-that a crop, scaled or not, is cut and resampled by Pillow outside Python's
-lock and threads build a batch in parallel; each crop becomes float32 k / 255
-on its own, the values the whole image would have given.
+float32's memory), with the downscaled copies that scaled crops are resampled
+from (:func:`~gdnflow.data.augment.pyramid_level`; at most as many pixels
+again): a corpus of 300 megapixels fits the default 4 GiB cache. So a crop,
+scaled or not, is cut and resampled by Pillow outside Python's lock and threads
+build a batch in parallel; each crop becomes float32 k / 255 on its own, the
+values the whole image would have given.
 
 Data-parallel training shards each batch, not the folder: every process
 draws the whole batch's plan (indices, crops, flips: no pixels) and reads
@@ -42,7 +44,8 @@ import numpy as np
 from PIL import Image
 
 from gdnflow.config import settings
-from gdnflow.data.augment import HORIZONTAL, VERTICAL, Augmentation, resampled_crop, scaled_size
+from gdnflow.data.augment import (HORIZONTAL, PYRAMID_STEP, VERTICAL, Augmentation,
+                                  pyramid_level, resampled_crop, scaled_size)
 from gdnflow.errors import GdnflowError
 
 _log = logging.getLogger("gdnflow")
@@ -274,16 +277,16 @@ class ImageFolder:
     :func:`sample_photos`) or a list of image paths. Images smaller than
     ``crop`` on either side are padded by reflection (``small="pad"``) or
     left out (``small="skip"``); either way one line says how many.
-    ``cache_bytes`` bounds the memory of decoded images kept for reuse, as
-    Pillow images of 4 bytes a pixel (least recently used are dropped; all of a
-    small data set stays).
+    ``cache_bytes`` bounds the memory of decoded images (and their downscaled
+    copies) kept for reuse, as Pillow images of 4 bytes a pixel (least recently
+    used are dropped; all of a small data set stays).
 
     :meth:`batch` gives training batches (see the module docstring), varied
     as an :class:`~gdnflow.data.augment.Augmentation` says;
     :meth:`evaluation_images` full images.
     """
 
-    def __init__(self, root=None, crop=256, small="pad", cache_bytes=2 << 30):
+    def __init__(self, root=None, crop=256, small="pad", cache_bytes=4 << 30):
         if small not in ("pad", "skip"):
             raise ValueError(f"ImageFolder: small must be 'pad' or 'skip', got {small!r}")
         self.crop = int(crop)
@@ -333,18 +336,24 @@ class ImageFolder:
         return f"ImageFolder({self.source!r}, {len(self)} images, crop={self.crop})"
 
     # -------------------------------------------------------------- images --
-    def picture(self, index):
-        """Image ``index`` as a Pillow RGB image (cached, shared: do not modify it)."""
+    def picture(self, index, level=0):
+        """Image ``index`` as a Pillow RGB image (cached, shared: do not modify it); ``level``
+        k > 0: the image downscaled by PYRAMID_STEP**k (Lanczos, from level k - 2, or 0)."""
+        key = (index, level)
         with self._lock:
-            if index in self._cache:
-                self._cache.move_to_end(index)
-                return self._cache[index]
-        # Decoded outside the lock: threads overlap.
-        picture = Image.fromarray(read_rgb8(self.paths[index]))
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        # Made outside the lock: threads overlap.
+        if level == 0:
+            picture = Image.fromarray(read_rgb8(self.paths[index]))
+        else:
+            height, width = scaled_size(*self.sizes[index], PYRAMID_STEP ** level)
+            picture = self.picture(index, max(0, level - 2)).resize((width, height), Image.LANCZOS)
         size = _picture_bytes(picture)
         with self._lock:
-            if index not in self._cache and size <= self._cache_limit:
-                self._cache[index] = picture
+            if key not in self._cache and size <= self._cache_limit:
+                self._cache[key] = picture
                 self._cache_bytes += size
                 while self._cache_bytes > self._cache_limit:
                     _, dropped = self._cache.popitem(last=False)
@@ -405,21 +414,23 @@ class ImageFolder:
     def crop_sample(self, index, top, left, flip, scale=1.0):
         """One training crop (3, crop, crop) float32, a new array.
 
-        The image downscaled by ``scale`` (:func:`~gdnflow.data.augment.resampled_crop`),
+        The image downscaled by ``scale`` (resampled from its pyramid level:
+        :func:`~gdnflow.data.augment.resampled_crop`),
         or padded by reflection if it is smaller than the crop; then flipped
         as ``flip`` says (True or the HORIZONTAL bit: left to right; the
         VERTICAL bit: upside down).
         """
-        picture = self.picture(index)
-        w, h = picture.size
+        h, w = self.sizes[index]
         if scale != 1.0:
-            patch = resampled_crop(picture, scale, top, left, self.crop)
+            patch = resampled_crop(self.picture(index, pyramid_level(scale)),
+                                   *scaled_size(h, w, scale), top, left, self.crop)
         elif h < self.crop or w < self.crop:
             pads = ((0, max(self.crop - h, 0)), (0, max(self.crop - w, 0)), (0, 0))
-            pixels = np.pad(np.asarray(picture), pads, mode="reflect")
+            pixels = np.pad(np.asarray(self.picture(index)), pads, mode="reflect")
             patch = pixels[top:top + self.crop, left:left + self.crop]
         else:
-            patch = np.asarray(picture.crop((left, top, left + self.crop, top + self.crop)))
+            patch = np.asarray(self.picture(index).crop((left, top, left + self.crop,
+                                                          top + self.crop)))
         flip = int(flip)
         if flip & HORIZONTAL:
             patch = patch[:, ::-1]

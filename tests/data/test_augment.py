@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gdnflow.data import Augmentation, ImageFolder
-from gdnflow.data.augment import HORIZONTAL, REDUCING_GAP, VERTICAL
+from gdnflow.data.augment import HORIZONTAL, PYRAMID_STEP, VERTICAL, pyramid_level
 from gdnflow.train import TrainConfig
 
 Image = pytest.importorskip("PIL.Image")
@@ -98,23 +98,22 @@ def test_an_image_smaller_than_the_crop_is_never_scaled(tmp_path):
 
 def test_a_scaled_crop_is_the_crop_of_the_scaled_image(photos):
     """As Pillow's Lanczos resize of the whole image, then the crop: within one level of 255
-    above a third (the two resizes round their 8-bit intermediate alike up to float
-    rounding); by 3 or more, where a block average does part of the way, within 1 level
-    RMS and 3 at most."""
+    down to PYRAMID_STEP (the two resizes round their 8-bit intermediate alike up to float
+    rounding); below, resampled from a downscaled copy, within 1 level RMS and 3 at most."""
     data = ImageFolder(photos, crop=32)
     pixels = data.pixels(0)                                  # 96 x 128
-    for scale, top, left in [(0.5, 0, 0), (0.5, 16, 32), (0.37, 3, 11), (0.34, 0, 10),
-                             (1 / 3, 0, 10)]:
+    for scale, top, left in [(0.9, 5, 7), (0.75, 0, 60), (0.5, 0, 0), (0.5, 16, 32),
+                             (0.37, 3, 11), (1 / 3, 0, 10)]:
         h, w = round(96 * scale), round(128 * scale)
         whole = np.asarray(Image.fromarray(pixels).resize((w, h), Image.LANCZOS))
         expected = whole[top:top + 32, left:left + 32].transpose(2, 0, 1) / 255
         crop = data.crop_sample(0, top, left, 0, scale)
         assert crop.dtype == np.float32 and crop.shape == (3, 32, 32)
-        if max(96 / h, 128 / w) < 2 * REDUCING_GAP:           # no block average
-            np.testing.assert_allclose(crop, expected, atol=1.01 / 255)
+        levels = 255 * (crop - expected)
+        if scale >= PYRAMID_STEP:
+            assert np.abs(levels).max() < 1.01
         else:
-            levels = 255 * (crop - expected)
-            assert np.sqrt(np.mean(levels ** 2)) < 1 and np.abs(levels).max() < 3.01
+            assert np.sqrt(np.mean(levels ** 2)) < 1 and np.abs(levels).max() < 3.01, scale
         # Downscaling averages: the crop is smoother than a crop of the original.
         assert np.abs(np.diff(crop, axis=2)).mean() > np.abs(np.diff(data.crop_sample(
             0, top, left, 0), axis=2)).mean()
@@ -151,3 +150,17 @@ def test_bad_settings_are_refused_by_name(settings, message):
         Augmentation(**settings)
     with pytest.raises(ValueError, match=message):
         TrainConfig(**settings).check()
+
+
+def test_a_crop_is_resampled_from_the_pyramid_level_just_above_its_scale():
+    assert [pyramid_level(s) for s in (1.0, 0.71, 0.7, 0.5, 0.26, 0.25)] == [0, 0, 1, 2, 3, 4]
+    for scale in np.random.default_rng(2).uniform(0.05, 1, 200):
+        level = pyramid_level(scale)
+        assert PYRAMID_STEP ** level >= scale > PYRAMID_STEP ** (level + 1)
+
+
+def test_pyramid_levels_are_made_once_and_cached(photos):
+    data = ImageFolder(photos, crop=32)
+    half = data.picture(0, 2)
+    assert half.size == (64, 48) and data.picture(0, 2) is half
+    assert data.picture(0, 3).size == (45, 34)       # 128 and 96 times 2^-1.5, rounded
