@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gdnflow.backends import default_device  # noqa: E402
 from gdnflow.benchmarking import emit, markdown_table  # noqa: E402
 from gdnflow.data import ImageFolder  # noqa: E402
-from gdnflow.data.loader import BackgroundLoader  # noqa: E402
 from gdnflow.data.augment import pyramid_level  # noqa: E402
+from gdnflow.data.loader import BackgroundLoader  # noqa: E402
 from gdnflow.train import TrainConfig, Trainer  # noqa: E402
 
 
@@ -141,7 +141,8 @@ def measure(args, device, scratch):
              f"{args.batch_size}x{args.crop}x{args.crop}, {len(data)} images")
     notes = [f"medians of {args.repeats} rounds of {args.steps} steps after {args.warmup} "
              f"warm-up steps, wall clock (the GPU waited for at the end of each round); "
-             f"images decoded (and downscaled to their pyramid levels) beforehand; `{' '.join(sys.argv)}`"]
+             "images decoded (and downscaled to their pyramid levels) beforehand; "
+             f"`{' '.join(sys.argv)}`"]
     emit(markdown_table(title, ["row", "steps/s (batches/s)"],
                         [[name, f"{value:.1f}"] for name, value in rows], notes,
                         gpu=None if device != "numpy" else "none (NumPy)"), args.out)

@@ -35,7 +35,7 @@ def curves(results, rows=None):
     kinds = {mean["model"]: kind_of(mean) for mean in results["means"]}
     out = {kind: [] for kind in KINDS}
     for row in results["means"] if rows is None else rows:
-        kind = kinds[row["model"]]
+        kind = kinds.get(row["model"])
         if kind is not None:
             out[kind].append((row["bpp"], row["psnr"], row["model"]))
     return {kind: sorted(points) for kind, points in out.items()}

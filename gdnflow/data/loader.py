@@ -5,12 +5,12 @@ puts the results in a bounded queue; the training loop takes them in order.
 Decoding and cropping (NumPy and Pillow, which release the GIL for much of
 their work) thus overlap with the loop's own work and the GPU's.
 
-- Parallel: with ``workers > 1``, ``prefetch`` batches are made at once (each
-  spreading its crops over the ``workers`` threads of a shared pool), so a
-  slow crop delays its own batch and not the pool: one batch at a time left
-  most threads waiting on each batch's slowest crop.
-- Bounded: at most ``prefetch`` batches wait and ``prefetch`` more are being
-  made, so memory stays fixed.
+- Parallel: with ``workers > 1``, ``prefetch`` batches are made at once, each
+  spreading its crops over the ``workers`` threads of a shared pool, so a
+  slow crop delays its own batch and not the pool.
+- Bounded: at most ``prefetch`` batches wait in the queue, one is in the
+  worker's hands and ``prefetch - 1`` more are being made, so memory stays
+  fixed.
 - Stops cleanly: :meth:`BackgroundLoader.close` (or leaving a ``with``
   block, or the loop ending) stops the worker and joins it, also while it
   is blocked on a full queue.
@@ -83,10 +83,10 @@ class BackgroundLoader:
         crops = ThreadPoolExecutor(self.workers, thread_name_prefix="gdnflow-decode")
         batches = ThreadPoolExecutor(self._queue.maxsize, thread_name_prefix="gdnflow-batch")
         pending = collections.deque()       # (step, future), oldest first
-        step = self.start
+        step, ahead = self.start, self._queue.maxsize
         try:
             while not self._stopping.is_set():
-                while len(pending) < self._queue.maxsize and (self.stop is None or step < self.stop):
+                while len(pending) < ahead and (self.stop is None or step < self.stop):
                     pending.append((step, batches.submit(self.make_batch, step, pool=crops)))
                     step += 1
                 if not pending:

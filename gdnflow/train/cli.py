@@ -63,7 +63,8 @@ def add_arguments(parser):
                       "[LOW, HIGH] (log-uniform, 0 < LOW <= HIGH <= 1; never below the crop) "
                       "before cropping, e.g. --scale-range 0.25 1 (default 1 1: never)")
     data.add_argument("--workers", type=nonnegative_int, default=defaults.workers,
-                      help=f"threads decoding images (default {defaults.workers})")
+                      help=f"threads decoding and resampling the training crops (default "
+                      f"{defaults.workers})")
     add_max_pixels_option(data)
     model = parser.add_argument_group("model and loss")
     model.add_argument("--model", choices=sorted(CODEC_MODELS), default=defaults.model,

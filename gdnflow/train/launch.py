@@ -4,6 +4,7 @@ import contextlib
 from pathlib import Path
 
 from gdnflow import distributed as dist
+from gdnflow.io.checkpoint import read_checkpoint_info
 from gdnflow.train.distributed_run import DistributedTrainer, quiet_unless
 from gdnflow.train.run_folder import RunExistsError, RunFolder
 from gdnflow.train.stopping import StopSignals
@@ -26,13 +27,27 @@ def cpu_hint(config, device):
             f"quick look try {CPU_SIZE}")
 
 
+def check_initial_weights(config, force):
+    """Raise unless ``config.init`` is a readable checkpoint that survives the folder's
+    preparation (--force moves the run in ``config.out_dir`` aside, with any file in it)."""
+    init, out_dir = Path(config.init).resolve(), Path(config.out_dir).resolve()
+    if force and out_dir in init.parents:
+        raise ValueError(f"--init {config.init} is in --out {config.out_dir}, which --force "
+                         "moves aside: copy it out of the folder first")
+    if not init.is_file():
+        raise FileNotFoundError(f"--init {config.init}: no such file")
+    read_checkpoint_info(init)      # CheckpointError naming the file
+
+
 def train(config, resume=None, force=False, log=print):
     """Train ``config``'s run in its folder ``config.out_dir``, owned for the whole run.
 
     The folder is checked, locked and prepared before the data is read (see
     :class:`~gdnflow.train.run_folder.RunFolder`): a folder holding a run is
     refused (RunExistsError) unless ``resume`` (True: its checkpoint; or a
-    checkpoint's path) continues it or ``force`` moves it aside. A signal
+    checkpoint's path) continues it or ``force`` moves it aside. ``config.init``
+    (fine-tuning) is checked first: it must be readable and not inside the folder
+    ``force`` moves, and it is refused with ``resume``. A signal
     stops the run as :meth:`Trainer.run` says, or at once before training
     starts (RunStopped either way); the lock is released in every case.
     ``log`` prints the notices. Returns the Trainer.
@@ -43,7 +58,13 @@ def train(config, resume=None, force=False, log=print):
     if resume and force:
         raise ValueError("--resume continues the run in the folder and --force moves it aside: "
                          "pass one of them")
+    if resume and config.init is not None:
+        raise ValueError("--init starts a new run from other weights and --resume continues "
+                         "the run in the folder (from the weights its checkpoint holds): pass "
+                         "one of them")
     config.check()
+    if config.init is not None:
+        check_initial_weights(config, force)
     world = dist.init()         # before any CUDA tensor: it picks this rank's GPU
     lead = world.rank == 0
     mode = "resume" if resume else "force" if force else "new"

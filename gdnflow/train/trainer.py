@@ -409,6 +409,8 @@ class Trainer:
             raise ValueError(f"cannot resume from {path}: it was trained on {extra['images']} "
                              f"images, the data now has {len(self.train_data)}")
         load_checkpoint(path, self.model, self.optimizer)
+        # The weights it started from stay on record in the resumed run's checkpoints.
+        self.config.init = extra.get("train_config", {}).get("init")
         self.aux_optimizer.load_state_dict(optimizer_state_from_json(extra["aux_optimizer"]))
         if self.schedule is not None and extra.get("schedule"):
             self.schedule.load_state_dict(extra["schedule"])

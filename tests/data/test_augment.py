@@ -159,8 +159,14 @@ def test_a_crop_is_resampled_from_the_pyramid_level_just_above_its_scale():
         assert PYRAMID_STEP ** level >= scale > PYRAMID_STEP ** (level + 1)
 
 
-def test_pyramid_levels_are_made_once_and_cached(photos):
+def test_crops_come_from_pyramid_levels_made_once_and_cached(photos):
     data = ImageFolder(photos, crop=32)
+    asked = []
+    picture = data.picture
+    data.picture = lambda index, level=0: asked.append(level) or picture(index, level)
+    data.crop_sample(0, 3, 11, 0, 0.37)
+    assert asked[0] == pyramid_level(0.37) == 2         # resampled from the level at 1/2
+    del data.picture
     half = data.picture(0, 2)
     assert half.size == (64, 48) and data.picture(0, 2) is half
     assert data.picture(0, 3).size == (45, 34)       # 128 and 96 times 2^-1.5, rounded

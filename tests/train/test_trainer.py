@@ -187,6 +187,13 @@ def test_init_starts_from_another_runs_weights_with_a_fresh_optimiser(tiny_confi
     assert [r["step"] for r in tuned.history] == [1, 2]
     info = load_checkpoint(tmp_path / "tuned" / "checkpoint.h5")
     assert info["extra"]["train_config"]["init"] == str(tmp_path / "source" / "checkpoint.h5")
+    # Resumed without --init, the run keeps its starting weights on record.
+    resumed = Trainer(tiny_config(out_dir=str(tmp_path / "tuned"), seed=5, steps=4))
+    resumed.resume()
+    resumed.run()
+    info = load_checkpoint(tmp_path / "tuned" / "checkpoint.h5")
+    assert info["extra"]["step"] == 4
+    assert info["extra"]["train_config"]["init"] == str(tmp_path / "source" / "checkpoint.h5")
 
 
 def test_init_refuses_another_model_or_size(tiny_config, tmp_path):
@@ -199,3 +206,18 @@ def test_init_refuses_another_model_or_size(tiny_config, tmp_path):
     config.N += 1
     with pytest.raises(gf.io.checkpoint.CheckpointError, match="source/checkpoint.h5"):
         Trainer(config)
+
+
+def test_init_is_checked_before_the_run_folder_is_touched(tiny_config, tmp_path):
+    from gdnflow.train import train
+    first = tiny_config(out_dir=str(tmp_path / "run"), steps=1)
+    train(first)
+    inside = str(tmp_path / "run" / "checkpoint.h5")
+    with pytest.raises(ValueError, match="which --force moves aside"):
+        train(tiny_config(out_dir=str(tmp_path / "run"), init=inside), force=True)
+    with pytest.raises(FileNotFoundError, match="--init .*missing.h5: no such file"):
+        train(tiny_config(out_dir=str(tmp_path / "new"), init=str(tmp_path / "missing.h5")))
+    with pytest.raises(ValueError, match="--init starts a new run .* pass one of them"):
+        train(tiny_config(out_dir=str(tmp_path / "run"), init=inside), resume=True)
+    assert (tmp_path / "run" / "checkpoint.h5").exists()
+    assert not (tmp_path / "run" / "previous-1").exists() and not (tmp_path / "new").exists()
