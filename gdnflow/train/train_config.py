@@ -19,8 +19,8 @@ class TrainConfig:
     which are then not held out; 0: all), ``crop``, ``small_images`` ("pad" or
     "skip"), ``workers`` (threads decoding and resampling images), ``prefetch``
     (batches prepared ahead; with workers > 1 also made at once), ``flip``
-    ("horizontal", "both" or "none") and ``scale_range`` ((low, high): random downscaling before cropping; (1, 1):
-    none), see :class:`~gdnflow.data.augment.Augmentation`. Model: ``model``
+    ("horizontal", "both" or "none") and ``scale_range`` ((low, high): random
+    downscaling before cropping; (1, 1): none), see :class:`~gdnflow.data.augment.Augmentation`. Model: ``model``
     (a name in :data:`gdnflow.models.CODEC_MODELS`), ``N``, ``M``. Loss:
     ``lmbda``. Optimisation: ``steps``, ``batch_size``, ``lr``, ``aux_lr``, ``clip_norm``,
     ``lr_schedule`` ("constant" or "cosine", with ``warmup_steps``),
