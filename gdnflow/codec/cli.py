@@ -29,7 +29,7 @@ from gdnflow.codec.evaluate import evaluate, image_bytes
 from gdnflow.codec.references import REFERENCE_CODECS, quality_metrics
 from gdnflow.codec.format import CodecError
 from gdnflow.codec.zoo import DEFAULT_SHIPPED_MODEL, SHIPPED, shipped_checkpoint, shipped_folders
-from gdnflow.commandline import add_max_pixels_option, command_parser, run
+from gdnflow.commandline import add_max_pixels_option, command_parser, positive_int, run
 from gdnflow.io.files import check_inputs, check_outputs, output_paths, write_bytes_atomic
 from gdnflow.io.formats import require_checkpoint
 
@@ -133,7 +133,8 @@ def cmd_eval(args):
     out = args.out if args.out is not None else unused_folder(Path("runs") / "eval")
     results = evaluate(args.checkpoint, args.data, out, args.device, args.force,
                        log=(lambda line: None) if args.quiet else None,
-                       references=args.references, progress=not args.quiet)
+                       references=args.references, progress=not args.quiet,
+                       workers=args.workers)
     print()
     print(markdown_table(results), end="")
     print(f"\nwritten: {Path(out) / 'eval.md'}, eval.json, rd.png and files/")
@@ -222,6 +223,11 @@ def add_codec_parsers(subparsers):
                             f"{', '.join(REFERENCE_CODECS)}; quote 'JPEG 2000')")
     evaluation.add_argument("--quiet", action="store_true",
                             help="no progress bar and no line per image (the tables still print)")
+    evaluation.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                            help="threads measuring the decodings and running the reference "
+                            "codecs while the models code the next images (default 1: one "
+                            "after the other, so that the timings have the machine to "
+                            "themselves; the results are the same)")
     add_max_pixels_option(evaluation)
     _device_option(evaluation)
     evaluation.set_defaults(run=cmd_eval)

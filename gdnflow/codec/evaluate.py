@@ -26,6 +26,7 @@ lambda ("q3 (hyperprior, quality 3, lambda 0.0067)"). ``--force`` replaces
 only a ``files`` folder that eval wrote (it holds ``.gdnflow-eval``) and that
 holds none of the inputs; the earlier one is swapped out by rename.
 """
+import contextlib
 import io
 import json
 import math
@@ -34,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import PIL
@@ -100,7 +102,7 @@ def reference_codecs(names):
 
 
 def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None,
-             references=tuple(REFERENCE_CODECS), progress=True):
+             references=tuple(REFERENCE_CODECS), progress=True, workers=1):
     """Evaluate codec checkpoints on the images of folder ``data`` against reference codecs.
 
     ``checkpoints``: paths; ``out_dir``: where the outputs go (see the module
@@ -110,9 +112,15 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None
     :data:`~gdnflow.codec.references.REFERENCE_CODECS`. ``log`` receives one
     line per image and model (default: printed above the progress bar);
     ``progress``: show a progress bar over images x (models + references)
-    when standard error is a terminal.
+    when standard error is a terminal. ``workers`` > 1: that many threads
+    measure the decodings and run the reference codecs' sweeps, an image at
+    a time each, while the models code the next images (Pillow and NumPy work
+    outside Python's lock there); the results are the same, but the timings
+    then share the machine with that work.
     Returns the results dict written to ``eval.json``.
     """
+    if int(workers) < 1:
+        raise ValueError(f"gdnflow eval: workers must be at least 1, got {workers!r}")
     codecs_used = reference_codecs(list(references))
     images = list_images(data)
     if not images:
@@ -137,10 +145,14 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None
     # The .gdn files go to a scratch folder (inside out_dir, so that the move
     # below is a rename) and join the results only once all are measured and
     # the table, JSON and plot made: a failure leaves no partial result set.
-    with bar, tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{FILES}.",
-                                          suffix=TEMPORARY_SUFFIX) as scratch:
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="gdnflow-eval") if workers > 1 \
+        else contextlib.nullcontext()
+    with bar, pool, tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{FILES}.",
+                                                suffix=TEMPORARY_SUFFIX) as scratch:
+        pool = pool if workers > 1 else None
         files = Path(scratch) / FILES
-        rows, sweeps = _measure(images, data, codecs, codecs_used, files, log, bar)
+        rows, sweeps = _measure(images, data, codecs, codecs_used, files, log, bar, pool,
+                                ahead=2 * workers)
         files.mkdir(exist_ok=True)
         (files / FILES_MARKER).write_text("the .gdn files of gdnflow eval (eval.json)\n")
         means = [_model_mean(label, codec.model.name, [r for r in rows if r["model"] == label],
@@ -149,7 +161,7 @@ def evaluate(checkpoints, data, out_dir=None, device=None, force=False, log=None
         curves = {}
         for reference in codecs_used:
             curves[reference.name] = mean_curve(sweeps[reference.name], min(rates) / RATE_SPAN,
-                                                max(rates) * RATE_SPAN)
+                                                max(rates) * RATE_SPAN, pool)
             bar.update(len(images))
         results = {
             "data": str(data), "images": [str(p.relative_to(data)) for p in images],
@@ -201,16 +213,30 @@ def _replace_folder(new, target, aside):
         raise OutputError(f"cannot write {target}: {exc.strerror}") from None
 
 
-def _measure(images, data, codecs, references, files, log, bar):
+def _measure(images, data, codecs, references, files, log, bar, pool=None, ahead=0):
     """(rows, {reference name: [RateSweep per image]}) of every image coded by every codec
-    (``.gdn`` files in ``files``)."""
+    (``.gdn`` files in ``files``). Each image's quality metrics and reference sweeps run
+    as one task: in ``pool`` if given, while the models code at most ``ahead`` more
+    images, else at once."""
     rows, sweeps = [], {r.name: [] for r in references}
+    pending = []        # (rows of an image, the future of their measurements), in order
+
+    def finish(waiting):
+        """Report the rows of the images measured (in order), leaving at most ``waiting``."""
+        while pending and (pending[0][1].done() or len(pending) > waiting):
+            image_rows, future = pending.pop(0)
+            for row, measured in zip(image_rows, future.result()):
+                row.update(measured)
+                log(_describe(row))
+                bar.update(1)
+
     for path in images:
         original = read_image(path)
         image_sweeps = {r.name: RateSweep(original, r) for r in references}
         for name, sweep in image_sweeps.items():
             sweeps[name].append(sweep)
         pixels = original.shape[0] * original.shape[1]
+        image_rows, decodings = [], []
         for label, stem, codec in codecs:
             # The image's whole relative name: a.png and a.jpg are two files.
             target = files / stem / f"{path.relative_to(data)}.gdn"
@@ -224,17 +250,37 @@ def _measure(images, data, codecs, references, files, log, bar):
             decoded = codec.decompress(data_read, str(target))
             decode_seconds = time.perf_counter() - start
             write_bytes_atomic(target.with_suffix(".decoded.png"), image_bytes(decoded))
-            bpp = 8 * os.path.getsize(target) / pixels
-            row = {"image": str(path.relative_to(data)), "model": label,
-                   "bytes": len(data_read), "bpp": bpp, **quality_metrics(original, decoded),
-                   "encode_s_per_mp": encode_seconds * 1e6 / pixels,
-                   "decode_s_per_mp": decode_seconds * 1e6 / pixels,
-                   "references": {name: sweep.at_rate(bpp)
-                                  for name, sweep in image_sweeps.items()}}
-            rows.append(row)
-            log(_describe(row))
-            bar.update(1)
-    return rows, sweeps
+            image_rows.append({"image": str(path.relative_to(data)), "model": label,
+                               "bytes": len(data_read), "bpp": 8 * os.path.getsize(target) / pixels,
+                               "encode_s_per_mp": encode_seconds * 1e6 / pixels,
+                               "decode_s_per_mp": decode_seconds * 1e6 / pixels})
+            decodings.append(decoded)
+        rows += image_rows
+        task = (_measurements, original, decodings, [r["bpp"] for r in image_rows], image_sweeps)
+        pending.append((image_rows, pool.submit(*task) if pool is not None else _done(*task)))
+        finish(waiting=ahead)       # the waiting images' decodings are held in memory
+    finish(waiting=0)
+    # Each row's keys in one order, whatever finished first.
+    keys = ("image", "model", "bytes", "bpp", "psnr", "ms_ssim", "encode_s_per_mp",
+            "decode_s_per_mp", "references")
+    return [{key: row[key] for key in keys} for row in rows], sweeps
+
+
+def _measurements(original, decodings, rates, image_sweeps):
+    """Per model of one image: its PSNR and MS-SSIM and each reference codec at its rate."""
+    return [{**quality_metrics(original, decoded),
+             "references": {name: sweep.at_rate(bpp) for name, sweep in image_sweeps.items()}}
+            for decoded, bpp in zip(decodings, rates)]
+
+
+def _done(function, *args):
+    """A finished Future holding ``function(*args)`` (or its exception): the task run at once."""
+    future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as exc:        # noqa: BLE001 (raised by result(), as a pool's would be)
+        future.set_exception(exc)
+    return future
 
 
 def image_bytes(image, format_name="PNG"):

@@ -168,28 +168,31 @@ class RateSweep:
             {"settings": list(pair), "bpp": [a["bpp"], b["bpp"]]}
 
 
-def mean_curve(sweeps, low_bpp, high_bpp):
+def mean_curve(sweeps, low_bpp, high_bpp, pool=None):
     """A codec's mean (over images) rate-distortion curve around [``low_bpp``, ``high_bpp``].
 
     ``sweeps``: the codec's RateSweep of every image. The curve has the
     ``curve_settings`` whose mean bpp lies in the range, and the nearest one
     beyond each end (so the curve spans it): a list of {"setting", "bpp",
-    "psnr", "ms_ssim"}, by increasing rate.
+    "psnr", "ms_ssim"}, by increasing rate. ``pool`` (a ``concurrent.futures``
+    executor) codes and measures the images in parallel, one task per image.
     """
     codec = sweeps[0].codec
-    rates = [(s, float(np.mean([sweep.bpp(s) for sweep in sweeps])))
-             for s in codec.curve_settings]
+    each = pool.map if pool is not None else map
+    per_image = list(each(lambda sweep: [sweep.bpp(s) for s in codec.curve_settings], sweeps))
+    rates = [(s, float(np.mean([bpps[i] for bpps in per_image])))
+             for i, s in enumerate(codec.curve_settings)]
     rates.sort(key=lambda pair: pair[1])
     inside = [i for i, (_, b) in enumerate(rates) if low_bpp <= b <= high_bpp]
     first = max((inside[0] if inside else next((i for i, (_, b) in enumerate(rates)
                                                 if b > high_bpp), len(rates))) - 1, 0)
     last = min((inside[-1] if inside else first) + 1, len(rates) - 1)
-    curve = []
-    for setting, bpp in rates[first:last + 1]:
-        points = [sweep.point(setting) for sweep in sweeps]
-        curve.append({"setting": setting, "bpp": bpp,
-                      **{key: finite_mean(p[key] for p in points) for key in ("psnr", "ms_ssim")}})
-    return curve
+    chosen = rates[first:last + 1]
+    per_image = list(each(lambda sweep: [sweep.point(s) for s, _ in chosen], sweeps))
+    return [{"setting": setting, "bpp": bpp,
+             **{key: finite_mean(points[i][key] for points in per_image)
+                for key in ("psnr", "ms_ssim")}}
+            for i, (setting, bpp) in enumerate(chosen)]
 
 
 def finite_mean(values):

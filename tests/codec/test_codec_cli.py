@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+import pytest
 
 from gdnflow.codec import Codec, read_image
 from gdnflow.codec.cli import main
 from gdnflow.codec.references import JPEG, RateSweep
+from gdnflow.data.images import list_images
 
 
 def run(*argv):
@@ -229,3 +231,28 @@ def test_float16_weights_decode_exactly_and_are_found_by_id(model, image_files, 
     codec = Codec.from_checkpoint(half, device="numpy")
     expected = codec.decompress(codec.compress(read_image(image_files["png"])))
     np.testing.assert_array_equal(read_image(tmp_path / "x.png"), expected)
+
+
+def test_eval_with_worker_threads_gives_the_same_results(checkpoint, other_model, image_files,
+                                                         tmp_path):
+    from gdnflow.codec.evaluate import evaluate
+    from gdnflow.io.checkpoint import save_checkpoint
+    other = tmp_path / "other.h5"
+    save_checkpoint(other, other_model)
+    data = image_files["png"].parent
+    results, lines = [], []
+    for workers in (1, 3):
+        lines.append([])
+        results.append(evaluate([checkpoint, other], data, tmp_path / f"out{workers}",
+                                device="numpy", log=lines[-1].append, workers=workers))
+    timing = ("encode_s_per_mp", "decode_s_per_mp")
+    one, three = ([{k: v for k, v in row.items() if k not in timing} for row in r["rows"]]
+                  for r in results)
+    assert len(one) == 2 * len(list_images(data))
+    same = lambda a, b: json.dumps(a) == json.dumps(b)      # NaN (small images) equals NaN
+    assert same(one, three)
+    for key in ("means", "reference_curves", "bd_rates"):
+        assert same(results[0][key], results[1][key])
+    assert lines[0] == lines[1]                         # the same lines, in the same order
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        evaluate([checkpoint], data, tmp_path / "out0", device="numpy", workers=0)
