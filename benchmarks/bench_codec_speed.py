@@ -16,19 +16,17 @@ difference in levels is listed. Pillow's WebP (method 4 and 6) and JPEG at quali
 """
 import argparse
 import io
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from gdnflow.backends import default_device
-from gdnflow.benchmarking import emit, host_cpu, markdown_table
+from gdnflow.benchmarking import emit, host_cpu, markdown_table, median_wall_ms
 from gdnflow.codec import Codec, read_image
 from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint
 from gdnflow.data.images import list_images
-from gdnflow.train.losses import mse_to_psnr
+from gdnflow.train.losses import psnr
 
 #: Pillow's reference coders: (name, format, save options).
 REFERENCES = (("WebP m4", "WEBP", {"quality": 75, "method": 4}),
@@ -46,35 +44,18 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
-def median_ms(fn, repeats):
-    """fn's result and the median of ``repeats`` wall times in milliseconds (after one warm-up)."""
-    result = fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return result, statistics.median(times)
-
-
-def psnr(a, b):
-    """PSNR in dB of two uint8 images."""
-    return mse_to_psnr(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2) / 255 ** 2)
-
-
 def time_codec(path, image, device, repeats, numpy_check):
     """A row of the table for the codec checkpoint at ``path`` on ``image``."""
     codec = Codec.from_checkpoint(path, device)
-    data, encode = median_ms(lambda: codec.compress(image), repeats)
-    decoded, decode = median_ms(lambda: codec.decompress(data), repeats)
-    megapixels = image.shape[0] * image.shape[1] / 1e6
+    data = codec.compress(image)        # the warm-up: kernels, plans and tables built
+    decoded = codec.decompress(data)
     check = "-"
     if numpy_check and device != "numpy":
         host = Codec.from_checkpoint(path, "numpy").decompress(data)
         check = int(np.abs(host.astype(np.int16) - decoded).max())
-    return [Path(path).stem, f"{8 * len(data) / (image.shape[0] * image.shape[1]):.3f}",
-            f"{psnr(image, decoded):.2f}", f"{encode / megapixels:.1f}",
-            f"{decode / megapixels:.1f}", check]
+    return table_row(Path(path).stem, image, data, decoded,
+                     median_wall_ms(lambda: codec.compress(image), repeats, warmup=0),
+                     median_wall_ms(lambda: codec.decompress(data), repeats, warmup=0), check)
 
 
 def time_reference(name, fmt, options, image, repeats):
@@ -86,13 +67,20 @@ def time_reference(name, fmt, options, image, repeats):
         picture.save(buffer, fmt, **options)
         return buffer.getvalue()
 
-    data, encode_ms = median_ms(encode, repeats)
-    decoded, decode_ms = median_ms(lambda: np.asarray(Image.open(io.BytesIO(data)).convert("RGB")),
-                                   repeats)
+    data = encode()
+
+    def decode():
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+    return table_row(name, image, data, decode(), median_wall_ms(encode, repeats, warmup=0),
+                     median_wall_ms(decode, repeats, warmup=0))
+
+
+def table_row(name, image, data, decoded, encode_ms, decode_ms, check="-"):
+    """The table's cells for a coder whose file of ``image`` is ``data``, decoded to ``decoded``."""
     megapixels = image.shape[0] * image.shape[1] / 1e6
-    return [name, f"{8 * len(data) / (image.shape[0] * image.shape[1]):.3f}",
-            f"{psnr(image, decoded):.2f}", f"{encode_ms / megapixels:.1f}",
-            f"{decode_ms / megapixels:.1f}", "-"]
+    return [name, f"{8 * len(data) / (megapixels * 1e6):.3f}", f"{psnr(image, decoded, 255):.2f}",
+            f"{encode_ms / megapixels:.1f}", f"{decode_ms / megapixels:.1f}", check]
 
 
 def size_argument(text):

@@ -19,10 +19,8 @@ the median of ``--repeats`` timed calls after warm-up calls.
 import argparse
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -38,18 +36,6 @@ from onnx_mobilenet import mobilenet_v2_onnx  # noqa: E402  (tests/: the ONNX fi
 #: The small network: (input channels, output channels) of its 3x3 convolutions on 24x24.
 SMALL_CONVS = ((3, 16), (16, 32), (32, 10))
 SMALL_SIZE = 24
-
-
-def median_ms(fn, repeats, warmup=3):
-    """Median wall milliseconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def small_net_onnx(path, seed=0):
@@ -95,13 +81,13 @@ def onnx_rows(name, path, shape, threads, repeats):
     model.eval()
     plan = inference.compile(model, shape, device="numpy")
     reference = session.run(None, {"input": x})[0]
-    theirs_ms = median_ms(lambda: session.run(None, {"input": x}), repeats)
+    theirs_ms = harness.median_wall_ms(lambda: session.run(None, {"input": x}), repeats)
     rows = []
     for label, run in (("", model), (", inference plan", plan)):
         with gf.no_grad():
             ours = run(gf.tensor(x, device="numpy")).numpy()
             error = float(np.abs(ours - reference).max() / (np.abs(reference).max() + 1e-12))
-            ours_ms = median_ms(lambda: run(gf.tensor(x, device="numpy")), repeats)
+            ours_ms = harness.median_wall_ms(lambda: run(gf.tensor(x, device="numpy")), repeats)
         rows.append([name.replace(" (ms)", label + " (ms)"), f"{ours_ms:.2f}",
                      f"{theirs_ms:.2f}", f"{ours_ms / theirs_ms:.1f}x", f"{error:.1e}"])
     return rows
@@ -124,8 +110,8 @@ def codec_rows(repeats):
     megapixels = image.shape[0] * image.shape[1] / 1e6
     codec = pretrained("factorized_prior", quality=2, device="numpy")
     data = codec.compress(image)
-    compress_ms = median_ms(lambda: codec.compress(image), repeats, warmup=1)
-    decompress_ms = median_ms(lambda: codec.decompress(data), repeats, warmup=1)
+    compress_ms = harness.median_wall_ms(lambda: codec.compress(image), repeats, warmup=1)
+    decompress_ms = harness.median_wall_ms(lambda: codec.decompress(data), repeats, warmup=1)
     size = f"{image.shape[1]}x{image.shape[0]}"
     return [[f"codec q2 compress, {size} (s/MP)", f"{compress_ms / 1000 / megapixels:.3f}",
              "-", "-", "-"],

@@ -55,6 +55,19 @@ def time_torch(fn, warmup=10, repeats=50):
     return statistics.median(times)
 
 
+def median_wall_ms(fn, repeats, warmup=3):
+    """Median wall milliseconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls: for
+    work that ends on the host (NumPy, or a call that returns host data)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
 def pipelined_ms(fn, synchronize, steps=50, rounds=3, warmup=5):
     """Wall milliseconds per call of ``fn()`` called ``steps`` times back to back.
 

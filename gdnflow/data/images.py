@@ -22,8 +22,8 @@ float32's memory), with the downscaled copies that scaled crops are resampled
 from (:func:`~gdnflow.data.augment.pyramid_level`; at most as many pixels
 again): a corpus of 300 megapixels fits the default 4 GiB cache. So a crop,
 scaled or not, is cut and resampled by Pillow outside Python's lock and threads
-build a batch in parallel; each crop becomes float32 k / 255 on its own, the
-values the whole image would have given.
+build a batch in parallel; each crop becomes float32 k / 255 on its own (an
+unscaled crop: the values the whole image would have given).
 
 Data-parallel training shards each batch, not the folder: every process
 draws the whole batch's plan (indices, crops, flips: no pixels) and reads
