@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
+from gdnflow.io.files import write_bytes_atomic
+from gdnflow.plots import moving_average, new_figure, png_bytes
 
 
 def read_jsonl(path):
@@ -23,14 +24,6 @@ def read_jsonl(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def moving_average(values, window):
-    """The mean of each ``window`` consecutive values (shorter at the start)."""
-    values = np.asarray(values, dtype=float)
-    sums = np.cumsum(np.concatenate([[0.0], values]))
-    counts = np.minimum(np.arange(1, len(values) + 1), window)
-    return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
 
 
 def main(argv=None):
@@ -43,11 +36,8 @@ def main(argv=None):
                         help="also write every K-th training record as NAME.jsonl (0: no)")
     args = parser.parse_args(argv)
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    figure = new_figure(16, 4.8, dpi=90)
+    axes = figure.subplots(1, 3)
     for run in args.runs:
         history = [r for r in read_jsonl(run / "history.jsonl") if isinstance(r["step"], int)]
         evals = read_jsonl(run / "eval.jsonl")
@@ -73,8 +63,7 @@ def main(argv=None):
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[2].legend(ncol=2, fontsize=8)
-    figure.tight_layout()
-    figure.savefig(args.out, dpi=90)
+    write_bytes_atomic(args.out, png_bytes(figure), overwrite=True)
     print(f"written: {args.out}")
     return 0
 

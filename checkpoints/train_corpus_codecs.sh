@@ -127,7 +127,8 @@ segment() {
     if [ -f "$STATE/$name/checkpoint.h5" ]; then
       start=(--resume) note=" (resumed)"
     elif [ -n "${INIT_DIR:-}" ]; then
-      start=(--init "$INIT_DIR/$(shipped_name "$model" "$quality")") note=" (from ${start[1]})"
+      start=(--init "$INIT_DIR/$(shipped_name "$model" "$quality")")
+      note=" (from ${start[1]})"
     fi
     gpu=$((index % GPUS))
     CUDA_VISIBLE_DEVICES=$gpu timeout -k 120 "$seconds" "${TRAIN[@]}" \

@@ -33,6 +33,16 @@ def png_bytes(figure):
     return buffer.getvalue()
 
 
+def moving_average(values, window):
+    """The mean of each ``window`` consecutive values, as many as ``values`` (the first ones
+    padded with the first value): a training curve's trend."""
+    if len(values) < 2 or window <= 1:
+        return values
+    window = min(window, len(values))
+    padded = np.concatenate([np.full(window - 1, values[0]), values])
+    return np.convolve(padded, np.ones(window) / window, mode="valid")
+
+
 def default_font():
     """Pillow's default font at 13 pixels (Pillow >= 10.1), else its fixed default font:
     the captions of the sheets drawn with Pillow (reconstructions, the demo's comparison)."""
@@ -42,4 +52,4 @@ def default_font():
         return ImageFont.load_default()
 
 
-__all__ = ["new_figure", "png_bytes", "default_font"]
+__all__ = ["new_figure", "png_bytes", "moving_average", "default_font"]

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from gdnflow.io.files import atomic_output, write_bytes_atomic
-from gdnflow.plots import default_font, new_figure, png_bytes
+from gdnflow.plots import default_font, moving_average, new_figure, png_bytes
 
 PANELS = (("loss", "rate-distortion loss"), ("bpp", "rate (bits per pixel)"), ("psnr", "PSNR (dB)"))
 
@@ -21,14 +21,6 @@ def _save_png(image, path):
     """Write ``image`` to ``path`` atomically (a kill mid-write leaves the old picture)."""
     with atomic_output(path, overwrite=True) as temporary:
         image.save(temporary, format="PNG")
-
-
-def _moving_average(values, window):
-    if len(values) < 2 or window <= 1:
-        return values
-    window = min(window, len(values))
-    padded = np.concatenate([np.full(window - 1, values[0]), values])
-    return np.convolve(padded, np.ones(window) / window, mode="valid")
 
 
 def _panel(axes, title, train, evals):
@@ -44,7 +36,7 @@ def _panel(axes, title, train, evals):
     if train:
         steps, values = np.array(train).T
         axes.plot(steps, values, color="#aabee1", linewidth=0.8)
-        smooth = _moving_average(values, max(len(values) // 50, 1))
+        smooth = moving_average(values, max(len(values) // 50, 1))
         axes.plot(steps, smooth, color="#1e50aa", linewidth=2, label="training (moving average)")
     if evals:
         steps, values = np.array(evals).T
