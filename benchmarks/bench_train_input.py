@@ -23,6 +23,7 @@ waited for at the end), median of ``--repeats``. Rows 1 and 4 run for each
 On NumPy (no GPU) only row 1 runs.
 """
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -32,26 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gdnflow.backends import default_device  # noqa: E402
-from gdnflow.benchmarking import emit, markdown_table  # noqa: E402
+from gdnflow.benchmarking import emit, markdown_table, pipelined_ms  # noqa: E402
 from gdnflow.data import ImageFolder  # noqa: E402
 from gdnflow.data.augment import pyramid_level  # noqa: E402
 from gdnflow.data.loader import BackgroundLoader  # noqa: E402
 from gdnflow.train import TrainConfig, Trainer  # noqa: E402
-
-
-def rate(run, steps, warmup, repeats, finish=lambda: None):
-    """Median steps/s of ``run(i)`` for ``steps`` steps after ``warmup`` ones."""
-    for i in range(warmup):
-        run(i)
-    finish()
-    rates = []
-    for r in range(repeats):
-        start = time.perf_counter()
-        for i in range(steps):
-            run(warmup + r * steps + i)
-        finish()
-        rates.append(steps / (time.perf_counter() - start))
-    return statistics.median(rates)
 
 
 def loader_rate(make_batch, steps, warmup, repeats, workers):
@@ -119,23 +105,23 @@ def measure(args, device, scratch):
 
     if device != "numpy":
         trainer = Trainer(config(1.0), train_data=data)
-        finish = trainer.flush
+
+        def steps_per_s(next_batch):
+            """Captured steps a second on ``next_batch()``'s batches, back to back."""
+            return 1000 / pipelined_ms(lambda: trainer.queue_step(next_batch()), trainer.flush,
+                                       args.steps, args.repeats, args.warmup)
+
         ring = [data.batch(0, step, args.batch_size) for step in range(args.ring)]
-        rows.append(("step alone, one host batch",
-                     rate(lambda i: trainer.queue_step(ring[0]), args.steps, args.warmup,
-                          args.repeats, finish)))
+        rows.append(("step alone, one host batch", steps_per_s(lambda: ring[0])))
         rows.append((f"step alone, a new host batch each step (ring of {args.ring})",
-                     rate(lambda i: trainer.queue_step(ring[i % args.ring]), args.steps,
-                          args.warmup, args.repeats, finish)))
+                     steps_per_s(itertools.cycle(ring).__next__)))
         for low in lows:
             augmentation = config(low).augmentation
             with BackgroundLoader(lambda step, pool=None: data.batch(
                     0, step, args.batch_size, pool, augmentation=augmentation),
                     workers=args.workers) as batches:
-                iterator = iter(batches)
                 rows.append((f"step and loader, scale range ({low:g}, 1)",
-                             rate(lambda i: trainer.queue_step(next(iterator)), args.steps,
-                                  args.warmup, args.repeats, finish)))
+                             steps_per_s(iter(batches).__next__)))
 
     title = (f"Training input pipeline: {args.model}, {args.precision}, batch "
              f"{args.batch_size}x{args.crop}x{args.crop}, {len(data)} images")
