@@ -31,17 +31,23 @@ relative (median; at most 3e-3, near the 0.11 bound), far below the table's 13%
 spacing: 99.9% of the elements pick the table the float scales would (both
 measured on the codec tests' small model, tests/codec/test_hyperprior_codec.py).
 
-The transform runs on the host (NumPy, float64) whatever device the model is
-on (for a 768x512 image about 0.5 GMAC, 55 ms on two cores), tile by tile
-(:meth:`ExactHyperSynthesis.indexes`): each tile of :data:`TILE_LATENTS`
-latents a side from the crop of z its receptive field reads
+The transform runs tile by tile (:meth:`ExactHyperSynthesis.indexes`): each
+tile of latents from the crop of z its receptive field reads
 (:func:`gdnflow.codec.tiling.synthesis_crop`). The sums being exact, a tile's
 scales are bit for bit the untiled ones, and memory is bounded by the tile.
+On the host (``device="numpy"``, tiles of :data:`TILE_LATENTS`) the layers are
+the NumPy backend's float64 convolutions (for a 768x512 image about 0.5 GMAC,
+55 ms on two cores); on ``device="cuda"`` (tiles of :data:`CUDA_TILE_LATENTS`)
+they are the float64 kernels of ``cuda_src/exact_synthesis.cu``, which also
+pick the table indexes there. Both compute the same integers, so both give the
+same indexes (tests/codec/test_hyper_synthesis.py checks it bit for bit, with
+that file built for the host and on the GPU).
 """
 import numpy as np
 
 from gdnflow import ops
 from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda
 from gdnflow.codec.gaussian_tables import scale_indexes
 from gdnflow.codec.tiling import synthesis_crop, tile_ranges, total_stride
 from gdnflow.nn.conv import Conv2d, ConvTranspose2d
@@ -57,8 +63,12 @@ ACTIVATION_LIMIT = 2.0 ** ACTIVATION_BITS
 WEIGHT_BITS = 15
 # Every partial sum of a layer stays below 2^52, and its bias below 2^51: under 2^53.
 SUM_BITS, BIAS_LIMIT = 52, 2.0 ** 51
-#: Side of the tiles of y's latents whose scales are computed at once.
+#: Side of the tiles of y's latents whose scales are computed at once on the host...
 TILE_LATENTS = 64
+#: ... and on the GPU (a 256-latent tile's float64 activations: about 70 MB at N = 128).
+CUDA_TILE_LATENTS = 256
+#: The GPU kernels (see the module docstring).
+SOURCE = "exact_synthesis.cu"
 
 
 def _weight_bits(terms):
@@ -85,6 +95,7 @@ class ExactLayer:
         self.stride, self.padding = layer.stride, layer.padding
         self.output_padding = getattr(layer, "output_padding", 0)
         self.relu = relu
+        self._device_arrays = None
         weight = np.asarray(layer.weight.numpy(), np.float64)
         in_channels, kh, kw = weight.shape[0 if self.transpose else 1], *weight.shape[2:]
         bits = _weight_bits(in_channels * kh * kw)
@@ -113,6 +124,34 @@ class ExactLayer:
         y = y.numpy()[0]
         return np.maximum(y, 0.0) if self.relu else y
 
+    def output_shape(self, height, width):
+        """(channels, height, width) of the output for an input of height x width."""
+        kh, kw = self.weight.shape[2:]
+        (sy, sx), (py, px), (oy, ox) = (_pair(v) for v in (self.stride, self.padding,
+                                                           self.output_padding))
+        if self.transpose:
+            return (self.bias.shape[0], (height - 1) * sy - 2 * py + kh + oy,
+                    (width - 1) * sx - 2 * px + kw + ox)
+        return self.bias.shape[0], (height + 2 * py - kh) // sy + 1, (width + 2 * px - kw) // sx + 1
+
+    def launch_shape(self, a_shape):
+        """The ExactLayerShape struct's 12 ints for an input of shape ``a_shape`` (C, H, W)."""
+        (sy, sx), (py, px) = _pair(self.stride), _pair(self.padding)
+        return (*a_shape, *self.output_shape(*a_shape[1:]), *self.weight.shape[2:], sy, sx, py, px)
+
+    def device_arrays(self):
+        """(weight, bias) as float64 GPU arrays, uploaded on first use."""
+        if self._device_arrays is None:
+            runtime = cuda.get_runtime()
+            self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
+                                        for a in (self.weight, self.bias))
+        return self._device_arrays
+
+
+def _pair(value):
+    """An int or pair of ints as a pair."""
+    return (value, value) if isinstance(value, int) else tuple(value)
+
 
 class ExactHyperSynthesis:
     """h_s of a scale-hyperprior model in exact arithmetic: ``scales(q_z)`` (module docstring).
@@ -138,17 +177,55 @@ class ExactHyperSynthesis:
 
     def scales(self, q_z):
         """The scales (M, h, w) float64 that h_s gives for integer side information q_z (N, h', w')."""
-        a = np.ldexp(np.asarray(q_z, np.float64), FRACTION_BITS) + self.median_units[:, None, None]
-        a = np.clip(a, -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
+        a = self.input_units(q_z)
         *hidden, last = self.layers
         for layer in hidden:
             a = np.clip(np.rint(np.ldexp(layer(a), -layer.exponent)), -ACTIVATION_LIMIT,
                         ACTIVATION_LIMIT)
         return np.ldexp(last(a), -(last.exponent + FRACTION_BITS))
 
-    def indexes(self, q_z, table, tile=TILE_LATENTS):
+    def input_units(self, q_z):
+        """The first layer's input for integer side information q_z: z_hat in units of
+        2^-FRACTION_BITS, clipped."""
+        a = np.ldexp(np.asarray(q_z, np.float64), FRACTION_BITS) + self.median_units[:, None, None]
+        return np.clip(a, -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
+
+    def cuda_indexes(self, q_z, table):
+        """The table indexes (uint8) for integer q_z (N, h', w') from the float64 GPU kernels,
+        in one pass (no tiles): equal to :meth:`scales` then ``scale_indexes`` on the host."""
+        runtime = cuda.get_runtime()
+        a = runtime.from_numpy(np.ascontiguousarray(self.input_units(q_z)))
+        *hidden, last = self.layers
+        for layer in hidden:
+            shape = layer.launch_shape(a.shape)
+            out = runtime.empty(shape[3:6], np.float64)
+            # The 12 ints after the pointers are the ExactLayerShape struct.
+            cuda.kernel(SOURCE, "exact_hidden_layer", "PPPPiiiiiiiiiiiiiiid").launch(
+                out.size, a.ptr, *(w.ptr for w in layer.device_arrays()), out.ptr, *shape,
+                int(layer.transpose), int(layer.relu), int(layer.exponent), ACTIVATION_LIMIT)
+            a = out
+        shape = last.launch_shape(a.shape)
+        indexes = runtime.empty(shape[3:6], np.uint8)
+        # scale_indexes searches all but the last table scale.
+        bounds = runtime.from_numpy(np.ascontiguousarray(table[:-1], np.float64))
+        cuda.kernel(SOURCE, "exact_last_layer", "PPPPPiiiiiiiiiiiiiiii").launch(
+            indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
+            bounds.ptr, bounds.size, *shape, int(last.transpose), int(last.relu),
+            int(last.exponent) + FRACTION_BITS)
+        return runtime.to_numpy(indexes)
+
+    def indexes(self, q_z, table, tile=None, device="numpy"):
         """Each element's coding-table index (uint8, the scales' shape) for ``table``
-        (increasing scales, at most 256), computed tile by tile (module docstring)."""
+        (increasing scales, at most 256), computed tile by tile (module docstring) on
+        ``device`` ("numpy" or "cuda": the same indexes); ``tile``: the tiles' side in
+        latents (by default TILE_LATENTS on NumPy, CUDA_TILE_LATENTS on the GPU)."""
+        if device not in ("numpy", "cuda"):
+            raise ValueError(f"hyper-synthesis: unknown device {device!r} (numpy or cuda)")
+        if len(table) > 256:
+            raise ValueError(f"hyper-synthesis: {len(table)} table scales do not fit uint8 "
+                             "indexes (at most 256)")
+        if tile is None:
+            tile = CUDA_TILE_LATENTS if device == "cuda" else TILE_LATENTS
         q_z = np.asarray(q_z)
         upsampling = total_stride(self.modules)         # 4: y's latents per z element
         height, width = (upsampling * side for side in q_z.shape[1:])
@@ -157,8 +234,10 @@ class ExactHyperSynthesis:
             r0, r1 = synthesis_crop(self.modules, top, bottom, q_z.shape[1])
             for left, right in tile_ranges(width, tile):
                 c0, c1 = synthesis_crop(self.modules, left, right, q_z.shape[2])
-                scales = self.scales(q_z[:, r0:r1, c0:c1])
                 r, c = upsampling * r0, upsampling * c0
-                out[:, top:bottom, left:right] = scale_indexes(
-                    scales[:, top - r:bottom - r, left - c:right - c], table)
+                if device == "cuda":
+                    crop = self.cuda_indexes(q_z[:, r0:r1, c0:c1], table)
+                else:
+                    crop = scale_indexes(self.scales(q_z[:, r0:r1, c0:c1]), table)
+                out[:, top:bottom, left:right] = crop[:, top - r:bottom - r, left - c:right - c]
         return out

@@ -10,7 +10,7 @@ y (M, h, w) (tile by tile, as the factorized codec); h_a(|y|) gives z
 z's entropy-bottleneck tables, channel by channel (:mod:`gdnflow.codec.tables`).
 The encoder then computes the scales from q_z exactly as the decoder will
 (:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`: integer
-arithmetic, identical on every device), takes each element's table index
+arithmetic, identical on every device; on the model's device), takes each element's table index
 (:func:`~gdnflow.codec.gaussian_tables.scale_indexes`), and codes
 q_y = round(y) (half to even, the model's evaluation rounding) block by
 block (the substreams of :mod:`gdnflow.codec.format`), each block grouped
@@ -91,9 +91,11 @@ class HyperpriorTables:
                           "<f8").tobytes())
         return h.digest()
 
-    def indexes(self, q_z):
-        """Each y element's table index (M, h, w) uint8, from the integer side information q_z."""
-        return self.hyper_synthesis.indexes(q_z, self.gaussian.scales)
+    def indexes(self, q_z, device="numpy"):
+        """Each y element's table index (M, h, w) uint8, from the integer side information q_z,
+        computed on ``device`` ("numpy" or "cuda": the same indexes, see
+        :class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`)."""
+        return self.hyper_synthesis.indexes(q_z, self.gaussian.scales, device=device)
 
 
 def build_hyperprior_tables(model):
@@ -206,7 +208,7 @@ class HyperpriorCodec(Codec):
                              f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
         if self.version == HYPERPRIOR_VERSION:
             splits = (factorized_split(q_z, tables.z, self.substream_bits),)
-            indexes = tables.indexes(q_z)
+            indexes = tables.indexes(q_z, self.device)
             gaussian = tables.gaussian
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
@@ -238,7 +240,7 @@ class HyperpriorCodec(Codec):
         side = split_z.groups * split_z.bands
         q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
                                 source, self.map)
-        indexes = tables.indexes(q_z)
+        indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
         parts = decode_blocks(decode_by_table, substreams[side:],
                               [(indexes[channels, rows],) for channels, rows in blocks],

@@ -1,0 +1,122 @@
+// The hyperprior codec's exact hyper-synthesis on the GPU. Python side:
+// gdnflow/codec/hyper_synthesis.py, whose docstring gives the arithmetic: every
+// weight, bias and activation is an integer (in float64), every partial sum of a
+// layer stays below 2^53, so these float64 sums are exact in any order, with or
+// without FMA, and equal NumPy's bit for bit; the rounding (rint: half to even),
+// the power-of-two rescaling (ldexp) and the clipping between layers are exact
+// IEEE operations too. The scale indexes the decoder derives are therefore the
+// same on every device, which the file format needs.
+//
+// One thread per output element, the channel slowest so that a warp's threads
+// share their weights (broadcast loads). The per-element steps are __host__
+// __device__: tests/codec/test_hyper_synthesis.py builds this file for the host
+// and runs it against NumPy without a GPU.
+#include "gdnflow_common.cuh"
+
+struct ExactLayerShape {
+    int in_channels, in_height, in_width;
+    int out_channels, out_height, out_width;
+    int kernel_height, kernel_width, stride_y, stride_x, padding_y, padding_x;
+};
+
+// The layer's sum of products plus bias at output (channel, oy, ox), then the
+// ReLU when one follows. A convolution's weights are (out, in, kh, kw); a
+// transposed convolution's (in, out, kh, kw), and its output row oy reads the
+// input rows iy = (oy + padding - ky) / stride where that division is exact
+// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns).
+__host__ __device__ inline double exact_layer_value(
+        const double* a, const double* weight, const double* bias,
+        const ExactLayerShape& s, int transpose, int relu, int channel, int oy, int ox) {
+    double sum = 0.0;
+    const int taps = s.kernel_height * s.kernel_width;
+    for (int ci = 0; ci < s.in_channels; ++ci) {
+        const double* plane = a + (long long)ci * s.in_height * s.in_width;
+        const double* w = weight + (transpose
+            ? ((long long)ci * s.out_channels + channel) * taps
+            : ((long long)channel * s.in_channels + ci) * taps);
+        if (transpose) {
+            for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height;
+                 ky += s.stride_y) {
+                const int iy = (oy + s.padding_y - ky) / s.stride_y;
+                if (iy < 0 || iy >= s.in_height) continue;
+                for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width;
+                     kx += s.stride_x) {
+                    const int ix = (ox + s.padding_x - kx) / s.stride_x;
+                    if (ix < 0 || ix >= s.in_width) continue;
+                    sum += plane[iy * s.in_width + ix] * w[ky * s.kernel_width + kx];
+                }
+            }
+        } else {
+            for (int ky = 0; ky < s.kernel_height; ++ky) {
+                const int iy = oy * s.stride_y - s.padding_y + ky;
+                if (iy < 0 || iy >= s.in_height) continue;
+                for (int kx = 0; kx < s.kernel_width; ++kx) {
+                    const int ix = ox * s.stride_x - s.padding_x + kx;
+                    if (ix < 0 || ix >= s.in_width) continue;
+                    sum += plane[iy * s.in_width + ix] * w[ky * s.kernel_width + kx];
+                }
+            }
+        }
+    }
+    sum += bias[channel];
+    return relu ? fmax(sum, 0.0) : sum;
+}
+
+// A hidden layer's activation: the value in units of 2^-FRACTION_BITS, rounded
+// half to even and clipped to +-limit (ExactHyperSynthesis.scales).
+__host__ __device__ inline double exact_activation(double value, int exponent, double limit) {
+    return fmin(fmax(rint(ldexp(value, -exponent)), -limit), limit);
+}
+
+// The first table scale at or above `scale` (gaussian_tables.scale_indexes:
+// searchsorted(table[:-1], scale, "left")): how many of the `count` scales of
+// `table` lie strictly below it.
+__host__ __device__ inline unsigned char exact_scale_index(double scale, const double* table,
+                                                           int count) {
+    int low = 0, high = count;
+    while (low < high) {
+        const int middle = (low + high) / 2;
+        if (table[middle] < scale) low = middle + 1; else high = middle;
+    }
+    return (unsigned char)low;
+}
+
+// Output element i (channel-major) of a hidden layer: the rounded, clipped activation.
+__host__ __device__ inline double exact_hidden_element(
+        int i, const double* a, const double* weight, const double* bias,
+        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
+    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+    return exact_activation(exact_layer_value(a, weight, bias, s, transpose, relu, channel,
+                                              pixel / s.out_width, pixel % s.out_width),
+                            exponent, limit);
+}
+
+// Output element i of the last layer: its scale ldexp(value, -shift) as a table index.
+__host__ __device__ inline unsigned char exact_last_element(
+        int i, const double* a, const double* weight, const double* bias, const double* table,
+        int table_count, const ExactLayerShape& s, int transpose, int relu, int shift) {
+    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+    const double value = exact_layer_value(a, weight, bias, s, transpose, relu, channel,
+                                           pixel / s.out_width, pixel % s.out_width);
+    return exact_scale_index(ldexp(value, -shift), table, table_count);
+}
+
+// A hidden layer: out (out_channels, out_height, out_width) from input a.
+extern "C" __global__ void exact_hidden_layer(
+        const double* __restrict__ a, const double* __restrict__ weight,
+        const double* __restrict__ bias, double* __restrict__ out, ExactLayerShape s,
+        int transpose, int relu, int exponent, double limit) {
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        out[i] = exact_hidden_element(i, a, weight, bias, s, transpose, relu, exponent, limit);
+}
+
+// The last layer: the table index of each output's scale, as uint8.
+extern "C" __global__ void exact_last_layer(
+        const double* __restrict__ a, const double* __restrict__ weight,
+        const double* __restrict__ bias, unsigned char* __restrict__ indexes,
+        const double* __restrict__ table, int table_count, ExactLayerShape s, int transpose,
+        int relu, int shift) {
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
+                                        relu, shift);
+}

@@ -1,0 +1,175 @@
+"""The exact hyper-synthesis kernels (cuda_src/exact_synthesis.cu) against the NumPy
+path: the same table indexes bit for bit, built for the host (no GPU) and on the GPU,
+for the codec tests' model, the widest models at their 2^52 bounds, odd sizes and
+tiles, and the shipped hyperpriors."""
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdnflow.backends import cuda
+from gdnflow.codec import hyper_synthesis
+from gdnflow.codec.codec import codec_for
+from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
+from gdnflow.codec.hyper_synthesis import ExactHyperSynthesis
+from gdnflow.models import ScaleHyperprior
+
+from codec_kit import make_hyperprior
+from host_kernels import HOST_CHECK_PRELUDE, host_builder
+
+SHAPE_ARGS = ", ".join(f"int s{k}" for k in range(12))
+SHAPE = "ExactLayerShape s{" + ", ".join(f"s{k}" for k in range(12)) + "};"
+HOST_SHIM = f"""
+extern "C" void host_exact_hidden_layer(const double* a, const double* weight,
+                                        const double* bias, double* out, {SHAPE_ARGS},
+                                        int transpose, int relu, int exponent, double limit) {{
+    {SHAPE}
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        out[i] = exact_hidden_element(i, a, weight, bias, s, transpose, relu, exponent, limit);
+}}
+extern "C" void host_exact_last_layer(const double* a, const double* weight, const double* bias,
+                                      unsigned char* indexes, const double* table,
+                                      int table_count, {SHAPE_ARGS}, int transpose, int relu,
+                                      int shift) {{
+    {SHAPE}
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
+                                        relu, shift);
+}}
+"""
+CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "d": ctypes.c_double}
+SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprior_q*.h5"))
+
+
+class HostMemory:
+    """A NumPy array standing for a device array (shape, size, dtype, ptr)."""
+
+    def __init__(self, array):
+        self.array = np.ascontiguousarray(array)
+        self.shape, self.size, self.dtype = self.array.shape, self.array.size, self.array.dtype
+        self.ptr = self.array.ctypes.data
+
+
+class HostDevice:
+    """For cuda.simulated: exact_synthesis.cu built for the host, HostMemory as memory."""
+
+    def __init__(self, library):
+        self.library = library
+        self.launched = []
+
+    def get_runtime(self):
+        return self
+
+    def from_numpy(self, array):
+        return HostMemory(array.copy())
+
+    def empty(self, shape, dtype):
+        # NaN (or 255) where nothing was written: a missed element shows.
+        fill = np.nan if np.dtype(dtype).kind == "f" else 255
+        return HostMemory(np.full(shape, fill, dtype))
+
+    def to_numpy(self, memory):
+        return memory.array.copy()
+
+    def kernel(self, file, name, arg_types, defines=()):
+        assert file == hyper_synthesis.SOURCE and not defines
+        function = getattr(self.library, f"host_{name}")
+        function.argtypes = [CTYPES[k] for k in arg_types]
+        launched = self.launched
+
+        class Kernel:
+            def launch(self, threads, *args):
+                launched.append(name)
+                function(*args)
+        return Kernel()
+
+
+@pytest.fixture(scope="module")
+def host_device(tmp_path_factory):
+    build = host_builder(tmp_path_factory.mktemp("exact_synthesis_host"), "exact_synthesis.cu",
+                         prefix=HOST_CHECK_PRELUDE, suffix=HOST_SHIM)
+    return HostDevice(build())
+
+
+def widest_model():
+    """N=192, M=320 with every h_s weight at its layer's largest magnitude (random signs):
+    the sums reach the 2^52 bound (as in test_hyperprior_codec's bound test)."""
+    model = ScaleHyperprior(192, 320, seed=0, device="numpy")
+    rng = np.random.default_rng(1)
+    state = model.state_dict()
+    for name in ("h_s.0.weight", "h_s.2.weight", "h_s.4.weight"):
+        state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
+    model.load_state_dict(state)
+    return model
+
+
+def exact_of(model):
+    return codec_for(model).tables.hyper_synthesis
+
+
+def numpy_indexes(exact, q_z):
+    return scale_indexes(exact.scales(q_z), gaussian_tables().scales).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape, tile", [((8, 3, 5), None), ((8, 7, 9), 12), ((8, 1, 1), None),
+                                         ((8, 6, 11), 4)])
+def test_host_built_kernels_give_the_numpy_indexes(host_device, shape, tile):
+    exact = exact_of(make_hyperprior())
+    q_z = np.random.default_rng(sum(shape)).integers(-6, 7, shape)
+    table = gaussian_tables().scales
+    with cuda.simulated(host_device):
+        got = exact.indexes(q_z, table, tile, device="cuda")
+    expected = numpy_indexes(exact, q_z)
+    assert got.dtype == np.uint8 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(expected)) > 10          # many tables in use, not one
+    assert host_device.launched[-3:] == ["exact_hidden_layer"] * 2 + ["exact_last_layer"]
+
+
+def test_host_built_kernels_are_exact_at_the_bounds(host_device):
+    model = widest_model()
+    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
+    rng = np.random.default_rng(2)
+    q_z = rng.choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 3))
+    with cuda.simulated(host_device):
+        got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")
+    np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
+
+
+def test_an_unknown_device_is_refused():
+    exact = exact_of(make_hyperprior())
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        exact.indexes(np.zeros((8, 2, 2), np.int64), gaussian_tables().scales, device="gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, tile", [((8, 3, 5), None), ((8, 37, 53), None),
+                                         ((8, 37, 53), 20)])
+def test_gpu_kernels_give_the_numpy_indexes(shape, tile):
+    exact = exact_of(make_hyperprior())
+    q_z = np.random.default_rng(sum(shape)).integers(-6, 7, shape)
+    got = exact.indexes(q_z, gaussian_tables().scales, tile, device="cuda")
+    np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_are_exact_at_the_bounds():
+    model = widest_model()
+    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
+    q_z = np.random.default_rng(3).choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 5, 3))
+    got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")
+    np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SHIPPED, reason="the shipped hyperprior checkpoints are not here")
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_gpu_kernels_give_the_numpy_indexes_of_the_shipped_models(path):
+    from gdnflow.codec import Codec
+    exact = Codec.from_checkpoint(path, "numpy").tables.hyper_synthesis
+    # z of a 768x520 image with values like a photo's (mostly small, some large).
+    rng = np.random.default_rng(4)
+    q_z = np.rint(rng.laplace(0, 2, (exact.median_units.size, 13, 12))).astype(np.int64)
+    got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")
+    np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
