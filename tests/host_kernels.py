@@ -123,3 +123,55 @@ class HostArray:
         start = (self.ptr - self.allocation.ctypes.data) // 4
         return (np.isnan(self.allocation[:start]).all()
                 and np.isnan(self.allocation[start + self.size:]).all())
+
+
+class HostMemory:
+    """A NumPy array of any dtype standing for a device array (shape, size, dtype, ptr)."""
+
+    def __init__(self, array):
+        self.array = np.ascontiguousarray(array)
+        self.shape, self.size, self.dtype = self.array.shape, self.array.size, self.array.dtype
+        self.ptr = self.array.ctypes.data
+
+
+class ShimDevice:
+    """For cuda.simulated: the kernels of ``source`` built for the host, HostMemory as memory.
+
+    Each kernel ``name`` is the shim ``host_<name>`` of ``library`` (taking the
+    kernel's arguments, looping over the elements itself); ``launched`` lists
+    the kernels run, in order. Fresh arrays are filled with NaN (or all ones
+    in their bits for integers), so an element no kernel wrote shows.
+    """
+
+    ctypes_of = {"P": ctypes.c_void_p, "i": ctypes.c_int, "d": ctypes.c_double,
+                 "f": ctypes.c_float}
+
+    def __init__(self, library, source):
+        self.library, self.source = library, source
+        self.launched = []
+
+    def get_runtime(self):
+        return self
+
+    def from_numpy(self, array):
+        return HostMemory(np.array(array))
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        fill = np.nan if dtype.kind == "f" else np.iinfo(dtype).max
+        return HostMemory(np.full(shape, fill, dtype))
+
+    def to_numpy(self, memory):
+        return memory.array.copy()
+
+    def kernel(self, file, name, arg_types, defines=()):
+        assert file == self.source and not defines
+        function = getattr(self.library, f"host_{name}")
+        function.argtypes = [self.ctypes_of[k] for k in arg_types]
+        launched = self.launched
+
+        class Kernel:
+            def launch(self, threads, *args):
+                launched.append(name)
+                function(*args)
+        return Kernel()

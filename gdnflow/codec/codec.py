@@ -40,6 +40,7 @@ from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_
                                   WHOLE, CodecError, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
                                       encode_factorized, factorized_split)
+from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
@@ -184,7 +185,8 @@ class Codec:
         the multiples of ``multiple``.
 
         Tile by tile: each tile's pixels are gathered from the uint8 image
-        (the reflection padding by index) and converted to float32 on their own.
+        (the reflection padding by index) and converted to float32 on their own
+        (on a GPU codec, on the device: :mod:`gdnflow.codec.device_pixels`).
         """
         image = check_image(image)
         height, width = image.shape[:2]
@@ -194,13 +196,18 @@ class Codec:
         g_a = self.model.g_a
         y = np.empty((self.tables.channels, padded[0] // DOWNSAMPLING,
                       padded[1] // DOWNSAMPLING), np.float32)
+        on_gpu = DeviceImage(image) if self.device == "cuda" else None
         for (top, bottom), (left, right) in self._latent_tiles(*y.shape[1:]):
             r0, r1 = analysis_crop(g_a, top, bottom, padded[0])
             c0, c1 = analysis_crop(g_a, left, right, padded[1])
-            pixels = image[np.ix_(rows[r0:r1], columns[c0:c1])]
-            x = np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32) / np.float32(255)
+            if on_gpu is not None:      # the same values, converted on the device
+                x = on_gpu.tile(rows[r0:r1], columns[c0:c1])
+            else:
+                pixels = image[np.ix_(rows[r0:r1], columns[c0:c1])]
+                x = Tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)[None]
+                           / np.float32(255), device=self.device)
             with no_grad():
-                latents = g_a(Tensor(x[None], device=self.device)).numpy()[0]
+                latents = g_a(x).numpy()[0]
             r0, c0 = r0 // DOWNSAMPLING, c0 // DOWNSAMPLING
             y[:, top:bottom, left:right] = latents[:, top - r0:bottom - r0, left - c0:right - c0]
         return y
@@ -241,7 +248,7 @@ class Codec:
         """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w).
 
         Tile by tile: each tile's latents with the halo it reads, its pixels
-        rounded to uint8 into the output.
+        rounded to uint8 into the output (on a GPU codec, on the device).
         """
         y_hat = np.asarray(y_hat, np.float32)
         g_s = self.model.g_s
@@ -254,12 +261,17 @@ class Codec:
             c0, c1 = synthesis_crop(g_s, left * DOWNSAMPLING, right * DOWNSAMPLING, y_hat.shape[2])
             with no_grad():
                 pixels = g_s(Tensor(np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]),
-                                    device=self.device)).numpy()[0]
+                                    device=self.device))
             rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
             columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
-            image[rows, columns] = to_uint8(pixels[:, rows.start - r0:rows.stop - r0,
-                                                   columns.start - c0:columns.stop - c0])
+            if self.device == "cuda":   # the same values, rounded on the device
+                image[rows, columns] = uint8_pixels(pixels, rows.start - r0, columns.start - c0,
+                                                    rows.stop - rows.start,
+                                                    columns.stop - columns.start)
+            else:
+                image[rows, columns] = to_uint8(pixels.numpy()[0][
+                    :, rows.start - r0:rows.stop - r0, columns.start - c0:columns.stop - c0])
         return image
 
     def decompress(self, data, source="<bytes>"):

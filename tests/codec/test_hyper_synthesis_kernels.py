@@ -2,7 +2,6 @@
 path: the same table indexes bit for bit, built for the host (no GPU) and on the GPU,
 for the codec tests' model, the widest models at their 2^52 bounds, odd sizes and
 tiles, and the shipped hyperpriors."""
-import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from gdnflow.codec.hyper_synthesis import ExactHyperSynthesis
 from gdnflow.models import ScaleHyperprior
 
 from codec_kit import make_hyperprior
-from host_kernels import HOST_CHECK_PRELUDE, host_builder
+from host_kernels import HOST_CHECK_PRELUDE, ShimDevice, host_builder
 
 SHAPE_ARGS = ", ".join(f"int s{k}" for k in range(12))
 SHAPE = "ExactLayerShape s{" + ", ".join(f"s{k}" for k in range(12)) + "};"
@@ -38,58 +37,14 @@ extern "C" void host_exact_last_layer(const double* a, const double* weight, con
                                         relu, shift);
 }}
 """
-CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "d": ctypes.c_double}
 SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprior_q*.h5"))
-
-
-class HostMemory:
-    """A NumPy array standing for a device array (shape, size, dtype, ptr)."""
-
-    def __init__(self, array):
-        self.array = np.ascontiguousarray(array)
-        self.shape, self.size, self.dtype = self.array.shape, self.array.size, self.array.dtype
-        self.ptr = self.array.ctypes.data
-
-
-class HostDevice:
-    """For cuda.simulated: exact_synthesis.cu built for the host, HostMemory as memory."""
-
-    def __init__(self, library):
-        self.library = library
-        self.launched = []
-
-    def get_runtime(self):
-        return self
-
-    def from_numpy(self, array):
-        return HostMemory(array.copy())
-
-    def empty(self, shape, dtype):
-        # NaN (or 255) where nothing was written: a missed element shows.
-        fill = np.nan if np.dtype(dtype).kind == "f" else 255
-        return HostMemory(np.full(shape, fill, dtype))
-
-    def to_numpy(self, memory):
-        return memory.array.copy()
-
-    def kernel(self, file, name, arg_types, defines=()):
-        assert file == hyper_synthesis.SOURCE and not defines
-        function = getattr(self.library, f"host_{name}")
-        function.argtypes = [CTYPES[k] for k in arg_types]
-        launched = self.launched
-
-        class Kernel:
-            def launch(self, threads, *args):
-                launched.append(name)
-                function(*args)
-        return Kernel()
 
 
 @pytest.fixture(scope="module")
 def host_device(tmp_path_factory):
     build = host_builder(tmp_path_factory.mktemp("exact_synthesis_host"), "exact_synthesis.cu",
                          prefix=HOST_CHECK_PRELUDE, suffix=HOST_SHIM)
-    return HostDevice(build())
+    return ShimDevice(build(), hyper_synthesis.SOURCE)
 
 
 def widest_model():
