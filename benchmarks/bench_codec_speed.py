@@ -24,7 +24,6 @@ from PIL import Image
 from gdnflow.backends import default_device
 from gdnflow.benchmarking import emit, host_cpu, markdown_table, median_wall_ms
 from gdnflow.codec import Codec, read_image
-from gdnflow.codec.codec import TILE
 from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint
 from gdnflow.data.images import list_images
 from gdnflow.train.losses import psnr
@@ -45,7 +44,7 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
-def time_codec(path, image, device, repeats, numpy_check, tile=TILE):
+def time_codec(path, image, device, repeats, numpy_check, tile="auto"):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of ``tile``)."""
     codec = Codec.from_checkpoint(path, device, tile)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
@@ -91,8 +90,8 @@ def size_argument(text):
 
 
 def tile_argument(text):
-    """A tile side in pixels, or None for 'none' (the whole image at once)."""
-    return None if text.lower() == "none" else int(text)
+    """A tile side in pixels, None for 'none' (the whole image at once), or 'auto'."""
+    return None if text.lower() == "none" else text if text == "auto" else int(text)
 
 
 def main():
@@ -104,8 +103,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=["numpy", "cuda"], default=None)
     parser.add_argument("--no-numpy-check", dest="numpy_check", action="store_false")
-    parser.add_argument("--tile", type=tile_argument, default=TILE,
-                        help=f"the codecs' tile side in pixels, or none (default {TILE})")
+    parser.add_argument("--tile", type=tile_argument, default="auto",
+                        help="the codecs' tile side in pixels, none, or auto (the default: "
+                             "the device's default)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     device = args.device or default_device()
@@ -122,7 +122,7 @@ def main():
             gpu = gpu_name()
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
-            f"{args.repeats}), gdnflow on {device}, tiles of {args.tile or 'the whole image'}",
+            f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,
             notes=[f"host CPU: {host_cpu()}; wall time, array in and out, one thread"],

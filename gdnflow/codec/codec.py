@@ -16,7 +16,8 @@ with the model's coding tables (:mod:`gdnflow.codec.tables`) into the
 bitstream of :mod:`gdnflow.codec.format`.
 
 Both transforms run tile by tile (:mod:`gdnflow.codec.tiling`; ``tile``
-pixels a side, :data:`TILE` by default): the memory they use beyond the
+pixels a side, by default :data:`TILE` on NumPy and :data:`CUDA_TILE` on a
+GPU): the memory they use beyond the
 uint8 image, y or y_hat (float32) and q (int32) does not grow with the
 image, and the results equal the untiled ones to float32 rounding (exactly
 for an image within one tile: the statements below are about that path).
@@ -49,9 +50,13 @@ from gdnflow.models import CODEC_MODELS
 from gdnflow.sparse.checkpoint import load_pruned
 from gdnflow.tensor import Tensor
 
-#: Default tile side in pixels of :class:`Codec` (see its ``tile``): measured with
+#: Default tile side in pixels of :class:`Codec` on NumPy (see its ``tile``): measured with
 #: benchmarks/codec_memory.py (benchmarks/results/codec_memory_cpu.md).
 TILE = 512
+#: ... and on a GPU, where fewer, larger tiles mean fewer launches and less halo
+#: (benchmarks/results/codec_speed_h200.md); a 2048-pixel tile of the 128-channel
+#: models peaks at a few GB of device memory.
+CUDA_TILE = 2048
 
 
 def check_image(image):
@@ -106,7 +111,7 @@ def model_device(model):
 class Codec:
     """A factorized-prior model with its coding tables: compress and decompress images.
 
-    ``Codec(model, tile=TILE)`` puts the model in eval mode and builds its
+    ``Codec(model, tile="auto")`` puts the model in eval mode and builds its
     tables (a few milliseconds; rebuild the Codec after changing the
     weights). A scale hyperprior's codec is a
     :class:`~gdnflow.codec.hyperprior.HyperpriorCodec`: :func:`codec_for` and
@@ -114,7 +119,8 @@ class Codec:
     Images are uint8 (H, W, 3) arrays of any size >= 1x1 up to
     :data:`~gdnflow.codec.format.MAX_PIXELS`. The transforms run on tiles
     of ``tile`` x ``tile`` pixels (a multiple of the model's padding, 16 or
-    64; None: the whole image at once) with the halo their receptive field needs
+    64; None: the whole image at once; "auto": :data:`TILE` on NumPy,
+    :data:`CUDA_TILE` on a GPU) with the halo their receptive field needs
     (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
@@ -132,7 +138,7 @@ class Codec:
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
     versions = (2, FORMAT_VERSION)
 
-    def __init__(self, model, tile=TILE, version=None, executor=None,
+    def __init__(self, model, tile="auto", version=None, executor=None,
                  substream_bits=SUBSTREAM_BITS):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
@@ -140,12 +146,14 @@ class Codec:
                             f"{wanted.__name__} (codec_for(model) chooses it)")
         #: Images are padded to multiples of this (16; 64 for the scale hyperprior).
         self.multiple = getattr(model, "downsampling", DOWNSAMPLING)
-        if tile is not None and (int(tile) != tile or tile < self.multiple
+        self.device = model_device(model)
+        if isinstance(tile, str) and tile == "auto":
+            tile = CUDA_TILE if self.device == "cuda" else TILE
+        if tile is not None and (isinstance(tile, str) or int(tile) != tile or tile < self.multiple
                                  or tile % self.multiple):
             raise ValueError(f"{type(self).__name__}: tile must be a positive multiple of "
-                             f"{self.multiple} pixels or None, got {tile!r}")
+                             f"{self.multiple} pixels, \"auto\" or None, got {tile!r}")
         self.model = model.eval()
-        self.device = model_device(model)
         self.tables = self.build_tables(model)
         self.tile = tile
         self.version = self.versions[-1] if version is None else version
@@ -167,7 +175,7 @@ class Codec:
         return build_tables(model)
 
     @classmethod
-    def from_checkpoint(cls, path, device=None, tile=TILE):
+    def from_checkpoint(cls, path, device=None, tile="auto"):
         """The codec of the model in the checkpoint at ``path`` (see :func:`load_model`):
         a :class:`Codec`, or a :class:`~gdnflow.codec.hyperprior.HyperpriorCodec` for a
         scale-hyperprior checkpoint."""
@@ -302,7 +310,7 @@ def quantize_latents(y, medians):
 CODECS = {}
 
 
-def codec_for(model, tile=TILE):
+def codec_for(model, tile="auto"):
     """The codec of ``model``: a :class:`Codec` (factorized prior) or a HyperpriorCodec."""
     return CODECS.get(getattr(model, "name", None), Codec)(model, tile)
 

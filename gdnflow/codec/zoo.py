@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
-from gdnflow.codec.codec import TILE, Codec
+from gdnflow.codec.codec import Codec
 from gdnflow.codec.format import CodecError
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -100,6 +100,6 @@ def shipped_checkpoint(architecture=DEFAULT_SHIPPED_MODEL, quality=2, folders=No
     return path
 
 
-def pretrained(architecture=DEFAULT_SHIPPED_MODEL, quality=2, device=None, tile=TILE):
+def pretrained(architecture=DEFAULT_SHIPPED_MODEL, quality=2, device=None, tile="auto"):
     """The codec of a shipped model (:func:`shipped_checkpoint`), on ``device``."""
     return Codec.from_checkpoint(shipped_checkpoint(architecture, quality), device, tile)

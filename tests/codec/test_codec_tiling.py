@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gdnflow.codec import Codec
+from gdnflow.codec.codec import CUDA_TILE, TILE
 from gdnflow.codec.tiling import input_span, reflected_indices, tile_ranges
 from gdnflow.data.images import pad_to_multiple
 
@@ -56,9 +57,20 @@ def test_tiled_equals_untiled(model, rng, size, tile):
 
 
 def test_tile_must_be_a_multiple_of_16(model):
-    for bad in (0, 8, 24, 100.5, -16):
+    for bad in (0, 8, 24, 100.5, -16, "big"):
         with pytest.raises(ValueError, match="multiple of 16"):
             Codec(model, tile=bad)
+
+
+def test_the_default_tile_is_the_devices(model):
+    assert Codec(model).tile == TILE and Codec(model, tile="auto").tile == TILE
+
+
+@pytest.mark.gpu
+def test_the_default_tile_on_the_gpu(model):
+    from gdnflow.models.factorized_prior import FactorizedPrior
+    gpu_model = FactorizedPrior(8, 12, seed=0, device="cuda")
+    assert Codec(gpu_model).tile == CUDA_TILE > TILE
 
 
 @pytest.mark.gpu
