@@ -12,10 +12,13 @@ out, and back: the transforms on ``--device``, the entropy coding on the host), 
 bits per pixel and the PSNR. Every decoding on a GPU is compared with the NumPy
 backend's decoding of the same file (``--no-numpy-check`` skips that): the largest
 difference in levels is listed. Pillow's WebP (method 4 and 6) and JPEG at quality
-75 are timed the same way in the same run.
+75 are timed the same way in the same run. ``--processes N`` codes the
+substreams in a pool of N processes (the warm-up fills each worker's models).
 """
 import argparse
 import io
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +47,12 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
-def time_codec(path, image, device, repeats, numpy_check, tile="auto"):
-    """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of ``tile``)."""
+def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None):
+    """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
+    ``tile``, the substreams coded by ``executor``'s map if not None)."""
     codec = Codec.from_checkpoint(path, device, tile)
+    if executor is not None:
+        codec = type(codec)(codec.model, tile, executor=executor)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
     decoded = codec.decompress(data)
     check = "-"
@@ -106,15 +112,21 @@ def main():
     parser.add_argument("--tile", type=tile_argument, default="auto",
                         help="the codecs' tile side in pixels, none, or auto (the default: "
                              "the device's default)")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="code the substreams in a pool of this many processes (0: one "
+                             "after another in this process, the default)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
+    # spawn: the workers import only the coding, never the CUDA state of this process
+    executor = ProcessPoolExecutor(args.processes, mp_context=get_context("spawn")) \
+        if args.processes else None
     device = args.device or default_device()
     paths = args.checkpoint or [shipped_checkpoint(e.architecture, e.quality) for e in SHIPPED]
     tables = []
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
-        rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile)
-                for p in paths]
+        rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
+                           executor) for p in paths]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -122,7 +134,8 @@ def main():
             gpu = gpu_name()
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
-            f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}",
+            f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, substreams coded "
+            f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,
             notes=[f"host CPU: {host_cpu()}; wall time, array in and out, one thread"],

@@ -16,12 +16,17 @@ qualities gets 2 to 8 substreams (benchmarks/results/entropy_coding.md).
 
 In parallel: the functions here take a ``mapper`` (the builtin ``map``,
 or an executor's); constriction (0.5) holds the GIL while it codes, so a thread
-pool gains nothing (measured in benchmarks/bench_entropy_coding.py), and a
-process pool loses at 768x512 (pickling the blocks and building the models
-in each worker cost more than the coding). Every function given to ``mapper``
-is a module-level function of picklable arguments, so a process pool works.
+pool gains nothing (measured in benchmarks/bench_entropy_coding.py). Every
+function given to ``mapper`` is a module-level function of picklable
+arguments, so a process pool works; each worker builds a model's constriction
+models once (:func:`channel_model` keys them by the tables' model id, not by
+the pickled copy each task brings), so what a task costs beyond its coding is
+the pickling of its block and result. At 768x512 (2 to 8 substreams) that
+loses; on large images a pool of a few processes decodes several times faster
+(benchmarks/results/codec_speed_h200.md).
 """
 import weakref
+from collections import OrderedDict
 from itertools import repeat
 
 import numpy as np
@@ -33,9 +38,12 @@ from gdnflow.codec.format import (MAX_SYMBOL, BitReader, BitWriter, CodecError, 
 SUBSTREAM_BITS = 1 << 14
 #: About how many values :func:`estimated_bits` looks at.
 _ESTIMATE_SAMPLES = 1 << 15
-# Per tables object: its constriction models and its bit costs (weak keys: a Codec's
-# tables live as long as the Codec).
-_MODELS = weakref.WeakKeyDictionary()
+#: Factorized tables whose constriction models a process keeps (the most recently used).
+MODEL_CACHE_TABLES = 8
+# Per model id (the tables are a pure function of the weights it hashes): the models of
+# its channels, least recently used first.
+_MODELS = OrderedDict()
+# Per tables object: its bit costs (weak keys: a Codec's tables live as long as the Codec).
 _COSTS = weakref.WeakKeyDictionary()
 
 
@@ -52,9 +60,12 @@ def categorical_model(probabilities):
 
 
 def channel_model(tables, channel):
-    """The constriction model of ``channel`` of factorized ``tables``, built once per tables
-    object (its models are immutable: threads share them)."""
-    models = _MODELS.setdefault(tables, {})
+    """The constriction model of ``channel`` of factorized ``tables``, built once per process
+    for the tables of each model id (the models are immutable: threads share them)."""
+    models = _MODELS.setdefault(tables.model_id, {})
+    _MODELS.move_to_end(tables.model_id)
+    while len(_MODELS) > MODEL_CACHE_TABLES:
+        _MODELS.popitem(last=False)
     if channel not in models:
         models[channel] = categorical_model(tables.probabilities(channel))
     return models[channel]

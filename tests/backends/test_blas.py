@@ -43,3 +43,12 @@ def test_batched_matmul_with_one_shared_a(trans_a, trans_b, rng):
 
 def test_alpha_and_beta_accumulate(rng):
     assert_close(*run_matmul(rng, 33, 18, 47, False, True, batch=3, alpha=-0.5, beta=0.75))
+
+
+def test_16_bit_products_without_nvmath_say_what_to_install(monkeypatch):
+    import sys
+    from gdnflow.backends.cuda import blas
+    blas._half_handle.cache_clear()             # the next 16-bit product imports again
+    monkeypatch.setitem(sys.modules, "nvmath", None)
+    with pytest.raises(ImportError, match=r"need nvmath-python \(pip install 'gdnflow\[cuda\]'\)"):
+        blas._half_handle()

@@ -1,6 +1,8 @@
 """Latents in independent substreams (format versions 7 and 8): the split recorded in
 the header, the same latents as the one-stream coder, in any executor, every size, and a
 forged substream index refused naming the file."""
+import dataclasses
+import pickle
 import tracemalloc
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 from gdnflow.codec import format as F
+from gdnflow.codec import substreams
 from gdnflow.codec.codec import Codec, codec_for
 from gdnflow.codec.substreams import SUBSTREAM_BITS, choose_split
 
@@ -82,6 +85,23 @@ def test_a_process_pool_codes_the_same_file(model, image):
         data = codec.compress(image)
         assert data == Codec(model, substream_bits=64).compress(image)
         assert np.array_equal(codec.decompress(data), Codec(model).decompress(data))
+
+
+def test_models_are_built_once_per_model_id(model):
+    """A worker process gets a pickled copy of the tables with every task: the constriction
+    models are kept per model id, so equal copies share them; the cache keeps the last
+    MODEL_CACHE_TABLES models' tables."""
+    tables = Codec(model).tables
+    copy = pickle.loads(pickle.dumps(tables))
+    assert copy is not tables and copy.model_id == tables.model_id
+    assert substreams.channel_model(copy, 3) is substreams.channel_model(tables, 3)
+    others = [dataclasses.replace(tables, model_id=bytes([k]) * 32)
+              for k in range(substreams.MODEL_CACHE_TABLES)]
+    first = substreams.channel_model(tables, 3)
+    for other in others:
+        substreams.channel_model(other, 3)
+    assert substreams.channel_model(tables, 3) is not first      # dropped, built again
+    assert substreams.channel_model(others[-1], 3) is substreams.channel_model(others[-1], 3)
 
 
 @pytest.mark.parametrize("size", [(1, 1), (1, 40), (17, 3), (70, 1)])

@@ -115,8 +115,12 @@ def handle():
 @functools.lru_cache(maxsize=None)
 def _half_handle():
     """(nvmath's cublas bindings, a handle, its workspace) for the 16-bit products."""
-    # local import: nvmath-python (the cuda extra) is needed by 16-bit products only
-    from nvmath.bindings import cublas as nvmath_cublas
+    try:
+        # local import: nvmath-python (the cuda extra) is needed by 16-bit products only
+        from nvmath.bindings import cublas as nvmath_cublas
+    except ImportError as exc:
+        raise ImportError(f"16-bit (bfloat16, float16) matrix products need nvmath-python "
+                          f"(pip install 'gdnflow[cuda]'): {exc}") from exc
     h = nvmath_cublas.create()
     nvmath_cublas.set_stream(h, get_runtime().stream.handle)
     workspace = drv.mem_alloc(WORKSPACE_BYTES)
