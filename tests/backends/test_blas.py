@@ -49,6 +49,9 @@ def test_16_bit_products_without_nvmath_say_what_to_install(monkeypatch):
     import sys
     from gdnflow.backends.cuda import blas
     blas._half_handle.cache_clear()             # the next 16-bit product imports again
-    monkeypatch.setitem(sys.modules, "nvmath", None)
+    # None in sys.modules makes an import fail; a submodule imported before would be found
+    # without its parent, so every one of them is hidden.
+    for name in [n for n in sys.modules if n.split(".")[0] == "nvmath"] + ["nvmath"]:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError, match=r"need nvmath-python \(pip install 'gdnflow\[cuda\]'\)"):
         blas._half_handle()
