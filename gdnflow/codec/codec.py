@@ -37,7 +37,8 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL,
-                                  MODEL_ID_BYTES, SINGLE_STREAM_VERSIONS, TABLES_DIGEST_BYTES,
+                                  MODEL_ID_BYTES, QUIET_VERSIONS, SINGLE_STREAM_VERSIONS,
+                                  TABLES_DIGEST_BYTES,
                                   WHOLE, CodecError, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
                                       encode_factorized, factorized_split)
@@ -124,9 +125,10 @@ class Codec:
     (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
-    written, one of :attr:`versions` (the last, substreams, by default; the
-    first, one stream, is what gdnflow before substreams reads); every readable
-    version is read. ``executor``: a :class:`concurrent.futures.Executor` whose
+    written, one of :attr:`versions` (the last, substreams leaving out the
+    quiet channels, by default; the middle one, substreams, is what gdnflow
+    before quiet channels reads; the first, one stream, what gdnflow before
+    substreams reads); every readable version is read. ``executor``: a :class:`concurrent.futures.Executor` whose
     ``map`` codes the substreams (None: one after another; constriction holds
     the GIL, so threads gain nothing: :mod:`gdnflow.codec.substreams`).
     ``substream_bits``: the estimated payload bits per substream the encoder
@@ -136,7 +138,7 @@ class Codec:
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
-    versions = (2, FORMAT_VERSION)
+    versions = (2, 7, FORMAT_VERSION)
 
     def __init__(self, model, tile="auto", version=None, executor=None,
                  substream_bits=SUBSTREAM_BITS):
@@ -231,7 +233,8 @@ class Codec:
         split = WHOLE if single else factorized_split(q, self.tables, self.substream_bits)
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
                         self._digest, self.version, splits=() if single else (split,))
-        return pack(header, encode_factorized(q, self.tables, split, self.map))
+        return pack(header, encode_factorized(q, self.tables, split, self.map,
+                                              self.version in QUIET_VERSIONS))
 
     def compress(self, image):
         """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
@@ -246,7 +249,7 @@ class Codec:
         check_model(header, self.tables, source)
         split = header.splits[0] if header.splits else WHOLE
         q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
-                              self.map)
+                              self.map, header.version in QUIET_VERSIONS)
         y_hat = np.empty(q.shape, np.float32)
         for c, median in enumerate(self.tables.medians):
             y_hat[c] = q[c].astype(np.float32) + median

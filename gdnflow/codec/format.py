@@ -1,6 +1,7 @@
 """The ``.gdn`` bitstream: a small header, the range-coded latents in substreams, a checksum.
 
-Layout of format version 7, the factorized prior's (integers marked varint are
+Layout of format version 7, the factorized prior's (versions 11 and 13, the newest,
+differ only inside the substreams: see the end; integers marked varint are
 unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but
 the last)::
 
@@ -87,8 +88,24 @@ Version 4 is the hyperprior's: version 2's layout with the side
 information's channels after the latent width, and one stream coding z
 channel by channel, then all of y grouped by table.
 
-The version numbers: 1, 2, 4, 7 and 8 are each at least two bits from any
-other, so a single flipped bit of the version byte never turns one
+Versions 11 and 13 are versions 7 and 8 (the same header, split and index)
+whose substreams leave out their *quiet* groups that hold only zeros. A
+group is a channel of the block (factorized prior, and z in a hyperprior
+file) or a coding table of the block (y in a hyperprior file), and it is
+quiet when its table gives the value 0 at least 1 - 2^-8 of the mass (a
+frequency of at least 65280 of 65536; :func:`gdnflow.codec.substreams.quiet_zero`):
+the trained models' unused channels and their smallest scales, which hold
+most of the latents and almost never anything but 0. Each substream's escape
+bits start with which of the block's quiet groups (those present in it, in
+channel or table order) are coded anyway: their count + 1, then each one's
+distance from the previous one (the first's from -1), all Elias-gamma codes
+(one bit when none is). Every other quiet group of the block is all zeros and
+not in the payload; the rest is coded as in versions 7 and 8. The coder then
+spends no time on the zeros (most of the symbols at the shipped qualities),
+and the file is a few bits smaller or larger.
+
+The version numbers: 1, 2, 4, 7, 8, 11 and 13 are each at least two bits
+from any other, so a single flipped bit of the version byte never turns one
 readable version into another (none escapes the checksum by reading as
 version 1, which has none).
 """
@@ -100,16 +117,18 @@ import numpy as np
 from gdnflow.errors import GdnflowError
 
 MAGIC = b"GDNF"
-#: The factorized prior's files, in substreams (see the module docstring).
-FORMAT_VERSION = 7
-#: The scale hyperprior's files, in substreams.
-HYPERPRIOR_VERSION = 8
+#: The factorized prior's files, in substreams, quiet channels left out (module docstring).
+FORMAT_VERSION = 11
+#: The scale hyperprior's files, in substreams, quiet tables left out.
+HYPERPRIOR_VERSION = 13
 #: The versions of one range-coded stream (1: no checksum; 2 and 4 before substreams).
 SINGLE_STREAM_VERSIONS = (1, 2, 4)
 #: The scale hyperprior's versions (the header has the side information's channels).
-HYPERPRIOR_VERSIONS = (4, 8)
+HYPERPRIOR_VERSIONS = (4, 8, 13)
+#: The versions whose substreams leave out their quiet groups that are all 0.
+QUIET_VERSIONS = (11, 13)
 #: The versions readers accept; writers write any of them (Codec's ``version``).
-READABLE_VERSIONS = (1, 2, 4, 7, 8)
+READABLE_VERSIONS = (1, 2, 4, 7, 8, 11, 13)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4

@@ -1,4 +1,4 @@
-"""Scale-hyperprior ``.gdn`` files (format version 8; 4 read): side information z, then y.
+"""Scale-hyperprior ``.gdn`` files (format version 13; 8 and 4 read): side information z, then y.
 
     codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
     data = codec.compress(image)
@@ -37,13 +37,14 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
-from gdnflow.codec.format import (HYPERPRIOR_VERSION, SIDE_DOWNSAMPLING, Header, check_model,
-                                  pack, unpack)
+from gdnflow.codec.format import (HYPERPRIOR_VERSION, QUIET_VERSIONS, SIDE_DOWNSAMPLING,
+                                  SINGLE_STREAM_VERSIONS, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
                                       decode_blocks, decode_channels, decode_factorized,
                                       decode_substream, decode_values, encode_blocks,
                                       encode_channels, encode_factorized, encode_substream,
-                                      encode_values, estimated_bits, factorized_split)
+                                      encode_values, estimated_bits, factorized_split,
+                                      quiet_zero, read_coded_groups, write_coded_groups)
 from gdnflow.codec.gaussian_tables import gaussian_tables
 from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, BIAS_LIMIT, FRACTION_BITS,
                                            SUM_BITS, WEIGHT_BITS, ExactHyperSynthesis)
@@ -113,34 +114,68 @@ def gaussian_models():
     return tuple(categorical_model(tables.probabilities(k)) for k in range(len(tables.scales)))
 
 
-def table_groups(indexes):
+@functools.lru_cache(maxsize=1)
+def quiet_tables():
+    """Which Gaussian tables are quiet (bool, :func:`~gdnflow.codec.substreams.quiet_zero`)."""
+    tables = gaussian_tables()
+    zero_frequency = [int(cdf[high + 1] - cdf[high]) for cdf, high in zip(tables.cdfs, tables.high)]
+    return quiet_zero(np.array(zero_frequency), tables.precision)
+
+
+def table_groups(indexes, wanted=None):
     """(order, bounds): positions of the flat ``indexes`` grouped by table, each group in
-    raster order (a stable sort), and table k's group is ``order[bounds[k]:bounds[k + 1]]``."""
-    order = np.argsort(indexes, kind="stable")      # a radix sort for uint8: one pass
+    raster order (a stable sort): table k's group is ``order[bounds[k]:bounds[k + 1]]``.
+    ``wanted`` (bool per table), if given: only those tables' groups are needed (the others'
+    may come out empty), so that most of a sort can be saved when most elements are not."""
     counts = np.bincount(indexes, minlength=len(gaussian_models()))
+    if wanted is not None and 2 * counts[wanted].sum() < indexes.size:
+        positions = np.flatnonzero(wanted[indexes])
+        order = positions[np.argsort(indexes[positions], kind="stable")]
+        counts = np.where(wanted, counts, 0)
+    else:
+        order = np.argsort(indexes, kind="stable")      # a radix sort for uint8: one pass
     return order, np.concatenate([[0], np.cumsum(counts)])
 
 
-def encode_by_table(encoder, escapes, q, indexes):
+def encode_by_table(encoder, escapes, q, indexes, quiet=False):
     """Code y's integer values ``q`` (any shape), each with the Gaussian table of its index
     in ``indexes`` (same shape), grouped by table: table 0's values in raster order, then
-    table 1's, ...: one constriction call per table present."""
-    order, bounds = table_groups(indexes.ravel())
-    grouped, highs = q.ravel()[order], gaussian_tables().high
-    for k in np.flatnonzero(np.diff(bounds)):
-        encode_values(encoder, escapes, grouped[bounds[k]:bounds[k + 1]], -int(highs[k]),
+    table 1's, ...: one constriction call per table present. With ``quiet``, the quiet
+    tables whose values are all 0 are left out (listed first in the escape bits)."""
+    indexes, q = indexes.ravel(), q.ravel()
+    coded = np.ones(len(gaussian_models()), bool)
+    if quiet:
+        present = np.bincount(indexes, minlength=coded.size) > 0
+        listed = np.flatnonzero(quiet_tables() & present)
+        nonzero = np.bincount(indexes[q != 0], minlength=coded.size) > 0
+        write_coded_groups(escapes, nonzero[listed])
+        coded[listed] = nonzero[listed]
+    order, bounds = table_groups(indexes, coded)
+    highs = gaussian_tables().high
+    for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
+        encode_values(encoder, escapes, q[order[bounds[k]:bounds[k + 1]]], -int(highs[k]),
                       int(highs[k]), gaussian_models()[k])
 
 
-def decode_by_table(decoder, reader, indexes, source):
+def decode_by_table(decoder, reader, indexes, source, quiet=False):
     """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded."""
-    order, bounds = table_groups(indexes.ravel())
-    q, highs = np.empty(order.shape, np.int32), gaussian_tables().high
-    for k in np.flatnonzero(np.diff(bounds)):
+    flat = indexes.ravel()
+    coded = np.ones(len(gaussian_models()), bool)
+    if quiet:
+        listed = np.flatnonzero(quiet_tables() & (np.bincount(flat, minlength=coded.size) > 0))
+        coded[listed] = read_coded_groups(reader, len(listed), source)
+    order, bounds = table_groups(flat, coded)
+    q, highs = np.zeros(flat.shape, np.int32), gaussian_tables().high
+    for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
         q[order[bounds[k]:bounds[k + 1]]] = decode_values(
             decoder, reader, int(bounds[k + 1] - bounds[k]), -int(highs[k]), int(highs[k]),
             gaussian_models()[k], source)
     return q.reshape(indexes.shape)
+
+
+def _decode_by_table_in(decoder, reader, indexes, quiet, source):
+    """:func:`decode_by_table` with ``quiet`` before ``source`` (decode_blocks' order)."""
+    return decode_by_table(decoder, reader, indexes, source, quiet)
 
 
 def encode_single_stream(encoder, escapes, q_z, q, tables):
@@ -163,8 +198,9 @@ class HyperpriorCodec(Codec):
     a :class:`HyperpriorTables`. See the module docstring for the file.
     """
 
-    #: Version 4 (one stream) and the newest (substreams).
-    versions = (4, HYPERPRIOR_VERSION)
+    #: Version 4 (one stream), 8 (substreams) and the newest (substreams, quiet tables
+    #: left out).
+    versions = (4, 8, HYPERPRIOR_VERSION)
 
     @staticmethod
     def build_tables(model):
@@ -206,15 +242,17 @@ class HyperpriorCodec(Codec):
             raise ValueError(f"HyperpriorCodec.encode_latents: a {height}x{width} image has "
                              f"latents of {sides[0]}x{sides[1]} and side information of "
                              f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
-        if self.version == HYPERPRIOR_VERSION:
+        if self.version not in SINGLE_STREAM_VERSIONS:
+            quiet = self.version in QUIET_VERSIONS
             splits = (factorized_split(q_z, tables.z, self.substream_bits),)
             indexes = tables.indexes(q_z, self.device)
             gaussian = tables.gaussian
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
-            substreams = encode_factorized(q_z, tables.z, splits[0], self.map) + encode_blocks(
-                encode_by_table, [(q[channels, rows], indexes[channels, rows])
-                                  for channels, rows in splits[1].blocks(q.shape)], self.map)
+            substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
+                encode_blocks(encode_by_table, [(q[channels, rows], indexes[channels, rows], quiet)
+                                                for channels, rows in splits[1].blocks(q.shape)],
+                              self.map)
         else:
             splits, substreams = (), [encode_substream(encode_single_stream, (q_z, q, tables))]
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
@@ -232,18 +270,19 @@ class HyperpriorCodec(Codec):
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source)
         tables = self.tables
-        if header.version != HYPERPRIOR_VERSION:
+        if header.version in SINGLE_STREAM_VERSIONS:
             q = decode_substream(decode_single_stream, substreams[0],
                                  (tables, header.hyper_shape), source)[1]
             return header, q.astype(np.float32)
+        quiet = header.version in QUIET_VERSIONS
         split_z, split_y = header.splits
         side = split_z.groups * split_z.bands
         q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
-                                source, self.map)
+                                source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
-        parts = decode_blocks(decode_by_table, substreams[side:],
-                              [(indexes[channels, rows],) for channels, rows in blocks],
+        parts = decode_blocks(_decode_by_table_in, substreams[side:],
+                              [(indexes[channels, rows], quiet) for channels, rows in blocks],
                               source, self.map)
         return header, assemble(header.latent_shape, blocks, parts).astype(np.float32)
 

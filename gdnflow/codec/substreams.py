@@ -38,6 +38,9 @@ from gdnflow.codec.format import (MAX_SYMBOL, BitReader, BitWriter, CodecError, 
 SUBSTREAM_BITS = 1 << 14
 #: About how many values :func:`estimated_bits` looks at.
 _ESTIMATE_SAMPLES = 1 << 15
+#: A table is quiet when its value 0 is at least 1 - 2^-QUIET_BITS likely: format versions
+#: 11 and 13 leave out a block's quiet groups (channels, tables) whose values are all 0.
+QUIET_BITS = 8
 #: Factorized tables whose constriction models a process keeps (the most recently used).
 MODEL_CACHE_TABLES = 8
 # Per model id (the tables are a pure function of the weights it hashes): the models of
@@ -130,6 +133,48 @@ def decode_values(decoder, reader, count, low, high, model, source):
     return values
 
 
+# ------------------------------------------------------ quiet groups --
+def quiet_zero(frequency, precision):
+    """Whether a table whose value 0 has ``frequency`` (of 2^precision) is quiet: the value 0
+    at least 1 - 2^-QUIET_BITS likely (numbers: arrays work too)."""
+    return frequency >= (1 << precision) - (1 << (precision - QUIET_BITS))
+
+
+def quiet_channels(tables):
+    """Which channels of factorized ``tables`` are quiet (bool (C,); cached per model id)."""
+    cache = _MODELS.setdefault(tables.model_id, {})
+    if "quiet" not in cache:
+        zero_frequency = [int(cdf[-low + 1] - cdf[-low]) if low <= 0 <= high else 0
+                          for cdf, low, high in zip(tables.cdfs, tables.low, tables.high)]
+        cache["quiet"] = quiet_zero(np.array(zero_frequency), tables.precision)
+    return cache["quiet"]
+
+
+def write_coded_groups(escapes, coded):
+    """Which of a block's quiet groups are coded (bool, in group order), in the escape bits:
+    their count + 1, then each one's distance from the previous one (the first's from -1),
+    Elias-gamma coded: one bit when none is."""
+    positions = np.flatnonzero(coded)
+    escapes.write_gamma(len(positions) + 1)
+    for distance in np.diff(positions, prepend=-1):
+        escapes.write_gamma(int(distance))
+
+
+def read_coded_groups(reader, count, source):
+    """What :func:`write_coded_groups` wrote of a block with ``count`` quiet groups."""
+    coded = np.zeros(count, bool)
+    listed, position = reader.read_gamma() - 1, -1
+    if listed > count:
+        raise FormatError(f"{source}: corrupt escape bits ({listed} coded groups of {count})")
+    for _ in range(listed):
+        position += reader.read_gamma()
+        if position >= count:
+            raise FormatError(f"{source}: corrupt escape bits (coded group {position} of "
+                              f"{count})")
+        coded[position] = True
+    return coded
+
+
 def check_latents(q, channels, what="encode_latents"):
     """``q`` as an array; ValueError unless it is integer latents of shape (channels, h, w)."""
     q = np.asarray(q)
@@ -139,20 +184,31 @@ def check_latents(q, channels, what="encode_latents"):
     return q
 
 
-def encode_channels(encoder, escapes, q, tables, first=0):
+def encode_channels(encoder, escapes, q, tables, first=0, quiet=False):
     """Code latents ``q`` (C, h, w), channels ``first`` ... ``first + C - 1`` of factorized
-    ``tables``, channel by channel, each in raster order."""
-    for c in range(q.shape[0]):
+    ``tables``, channel by channel, each in raster order; with ``quiet``, the quiet
+    channels that are all 0 are left out (listed first in the escape bits)."""
+    coded = np.ones(q.shape[0], bool)
+    if quiet:
+        is_quiet = quiet_channels(tables)[first:first + q.shape[0]]
+        nonzero = q[is_quiet].reshape(int(is_quiet.sum()), q[0].size).any(axis=1)
+        write_coded_groups(escapes, nonzero)
+        coded[is_quiet] = nonzero
+    for c in np.flatnonzero(coded):
         k = first + c
         encode_values(encoder, escapes, q[c].ravel(), int(tables.low[k]), int(tables.high[k]),
                       channel_model(tables, k))
 
 
-def decode_channels(decoder, reader, tables, shape, first, source):
+def decode_channels(decoder, reader, tables, shape, first, source, quiet=False):
     """The latents (C, h, w) int32 that :func:`encode_channels` coded, ``shape`` = (C, h, w)."""
     channels, h, w = shape
-    q = np.empty((channels, h * w), np.int32)
-    for c in range(channels):
+    q = np.zeros((channels, h * w), np.int32)
+    coded = np.ones(channels, bool)
+    if quiet:
+        is_quiet = quiet_channels(tables)[first:first + channels]
+        coded[is_quiet] = read_coded_groups(reader, int(is_quiet.sum()), source)
+    for c in np.flatnonzero(coded):
         k = first + c
         q[c] = decode_values(decoder, reader, h * w, int(tables.low[k]), int(tables.high[k]),
                              channel_model(tables, k), source)
@@ -196,19 +252,25 @@ def assemble(shape, blocks, parts):
     return q
 
 
-def encode_factorized(q, tables, split, mapper=map):
-    """The substreams of latents ``q`` (C, h, w) under factorized ``tables``, cut by ``split``."""
-    return encode_blocks(encode_channels, [(q[channels, rows], tables, channels.start)
+def encode_factorized(q, tables, split, mapper=map, quiet=False):
+    """The substreams of latents ``q`` (C, h, w) under factorized ``tables``, cut by ``split``
+    (``quiet``: leave out the quiet channels that are all 0, format versions 11 and 13)."""
+    return encode_blocks(encode_channels, [(q[channels, rows], tables, channels.start, quiet)
                                            for channels, rows in split.blocks(q.shape)], mapper)
 
 
-def decode_factorized(substreams, tables, split, shape, source, mapper=map):
+def decode_factorized(substreams, tables, split, shape, source, mapper=map, quiet=False):
     """The latents (C, h, w) int32 :func:`encode_factorized` coded."""
     blocks = split.blocks(shape)
     arguments = [(tables, (channels.stop - channels.start, rows.stop - rows.start, shape[2]),
-                  channels.start) for channels, rows in blocks]
-    return assemble(shape, blocks, decode_blocks(decode_channels, substreams, arguments,
+                  channels.start, quiet) for channels, rows in blocks]
+    return assemble(shape, blocks, decode_blocks(_decode_channels_in, substreams, arguments,
                                                  source, mapper))
+
+
+def _decode_channels_in(decoder, reader, tables, shape, first, quiet, source):
+    """:func:`decode_channels` with ``quiet`` before ``source`` (decode_blocks' order)."""
+    return decode_channels(decoder, reader, tables, shape, first, source, quiet)
 
 
 # ------------------------------------------------------ the split --

@@ -86,7 +86,7 @@ def test_header_round_trip(coded):
     codec, data = coded
     header, substreams = F.unpack(data, "x.gdn")
     assert (header.height, header.width, header.latent_shape) == (40, 56, (12, 3, 4))
-    assert header.model_id == codec.tables.model_id[:16] and header.version == 7
+    assert header.model_id == codec.tables.model_id[:16] and header.version == 11
     assert header.splits == (F.Split(1, 1),) and len(substreams) == 1
     assert F.pack(header, substreams) == data
     # The last 4 bytes are zlib's CRC-32 of all before them, little-endian.

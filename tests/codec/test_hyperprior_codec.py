@@ -50,7 +50,7 @@ def test_round_trip_equals_the_evaluation_path(model, size, tile):
     codec = codec_for(model, tile)
     assert isinstance(codec, HyperpriorCodec)
     data = codec.compress(image)
-    assert data[4] == 8                       # format version 8: a hyperprior file
+    assert data[4] == 13                      # format version 13: a hyperprior file
     header, y_hat = codec.decode_latents(data)
     y_eval, x_eval, _ = evaluation_path(model, image)
     assert header.hyper_channels == 8 and header.latent_shape == y_eval.shape

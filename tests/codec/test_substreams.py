@@ -29,7 +29,7 @@ def image():
 
 
 def versions(model):
-    """(one-stream version, substream version) of ``model``'s codec."""
+    """(one-stream version, substream version, newest version) of ``model``'s codec."""
     return type(codec_for(model)).versions
 
 
@@ -59,12 +59,14 @@ def test_substreams_give_the_one_stream_latents(which, model, hyperprior, image)
     the latents of the old one-stream version (read by the same codec); the split is in
     the header, one substream per block; the executor changes nothing in the bytes."""
     net = model if which == "factorized" else hyperprior
-    old_version, new_version = versions(net)
+    old_version, plain_version, new_version = versions(net)
     old = type(codec_for(net))(net, version=old_version).compress(image)
     codec = type(codec_for(net))(net, substream_bits=64)
     data = codec.compress(image)
     header, substreams = F.unpack(data)
     assert (old[4], data[4], header.version) == (old_version, new_version, new_version)
+    plain = type(codec)(net, substream_bits=64, version=plain_version).compress(image)
+    assert np.array_equal(codec.decode_latents(plain)[1], codec.decode_latents(old)[1])
     assert len(header.splits) == len(header.coded_shapes()) == (1 if which == "factorized" else 2)
     assert len(substreams) == sum(s.groups * s.bands for s in header.splits) > 4
     assert all(s.fits(shape) for s, shape in zip(header.splits, header.coded_shapes()))
@@ -122,9 +124,10 @@ def test_tiny_images_with_as_many_substreams_as_blocks(which, model, hyperprior,
 
 
 def test_writers_refuse_versions_of_the_other_model(model, hyperprior):
-    with pytest.raises(ValueError, match=r"Codec: writes format versions \(2, 7\), got 4"):
+    with pytest.raises(ValueError, match=r"Codec: writes format versions \(2, 7, 11\), got 4"):
         Codec(model, version=4)
-    with pytest.raises(ValueError, match=r"HyperpriorCodec: writes format versions \(4, 8\)"):
+    with pytest.raises(ValueError,
+                       match=r"HyperpriorCodec: writes format versions \(4, 8, 13\), got 7"):
         codec_for(hyperprior).__class__(hyperprior, version=7)
 
 
