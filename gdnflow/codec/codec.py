@@ -246,13 +246,14 @@ class Codec:
     def decode_latents(self, data, source="<bytes>"):
         """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
         header, substreams = unpack(data, source)
-        check_model(header, self.tables, source)
+        check_model(header, self.tables, source, self._digest)
         split = header.splits[0] if header.splits else WHOLE
         q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
                               self.map, header.version in QUIET_VERSIONS)
         y_hat = np.empty(q.shape, np.float32)
-        for c, median in enumerate(self.tables.medians):
-            y_hat[c] = q[c].astype(np.float32) + median
+        medians = np.asarray(self.tables.medians, np.float32)[:, None, None]
+        for chunk in channel_chunks(q.shape):
+            y_hat[chunk] = q[chunk].astype(np.float32) + medians[chunk]
         return header, y_hat
 
     def synthesise(self, y_hat, height, width):
@@ -291,6 +292,17 @@ class Codec:
         return self.synthesise(y_hat, header.height, header.width)
 
 
+#: Elements per step of the codec's per-channel loops: a few channels at a time bound the
+#: temporaries (16 MB) without a Python step per channel.
+CHANNEL_CHUNK_ELEMENTS = 1 << 22
+
+
+def channel_chunks(shape):
+    """Slices of the leading axis of a (C, h, w) array, each about CHANNEL_CHUNK_ELEMENTS."""
+    step = max(1, CHANNEL_CHUNK_ELEMENTS // max(1, int(np.prod(shape[1:]))))
+    return [slice(c, min(c + step, shape[0])) for c in range(0, shape[0], step)]
+
+
 def quantize_latents(y, medians):
     """q = round(y[c] - medians[c]) per channel c, half to even, as int32.
 
@@ -298,13 +310,14 @@ def quantize_latents(y, medians):
     diverged model).
     """
     y = np.asarray(y, np.float32)
+    medians = np.asarray(medians, np.float32)[:, None, None]
     q = np.empty(y.shape, np.int32)
-    for c, median in enumerate(medians):        # one channel's temporaries at a time
-        values = np.rint(y[c] - median)
+    for chunk in channel_chunks(y.shape):     # a few channels' temporaries at a time
+        values = np.rint(y[chunk] - medians[chunk])
         if not np.all(np.abs(values) < MAX_SYMBOL):      # also catches NaN and infinity
             raise CodecError(f"latent values beyond +-{MAX_SYMBOL} or not finite (a "
                              "diverged model?): nothing to code")
-        q[c] = values
+        q[chunk] = values
     return q
 
 

@@ -459,11 +459,12 @@ def max_payload_bytes(symbols):
     return 4 * (-(-symbols * _MAX_PAYLOAD_BITS_PER_SYMBOL // 32) + 2)
 
 
-def check_model(header, tables, source="<bytes>"):
+def check_model(header, tables, source="<bytes>", digest=None):
     """Raise ModelMismatchError unless ``header`` was written with ``tables``' model and tables.
 
     ``tables``: a factorized model's CodingTables, or a hyperprior's tables
-    (which have ``hyper_channels``).
+    (which have ``hyper_channels``); ``digest``: ``tables.digest()`` if the
+    caller has it already (a codec computes it once: it hashes every table).
     """
     hyper = getattr(tables, "hyper_channels", 0)
     if bool(header.hyper_channels) != bool(hyper):
@@ -483,7 +484,8 @@ def check_model(header, tables, source="<bytes>"):
     if header.hyper_channels != hyper:
         raise ModelMismatchError(f"{source}: {header.hyper_channels} side-information channels, "
                                  f"the model has {hyper}")
-    if header.tables_digest != tables.digest()[:TABLES_DIGEST_BYTES]:
+    digest = tables.digest() if digest is None else digest
+    if header.tables_digest != digest[:TABLES_DIGEST_BYTES]:
         raise ModelMismatchError(
             f"{source}: the model matches but its coding tables differ from the writer's "
             "(written by another gdnflow version?)")

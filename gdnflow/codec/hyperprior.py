@@ -268,7 +268,7 @@ class HyperpriorCodec(Codec):
     def decode_latents(self, data, source="<bytes>"):
         """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
         header, substreams = unpack(data, source)
-        check_model(header, self.tables, source)
+        check_model(header, self.tables, source, self._digest)
         tables = self.tables
         if header.version in SINGLE_STREAM_VERSIONS:
             q = decode_substream(decode_single_stream, substreams[0],
