@@ -37,6 +37,7 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
+from gdnflow.codec.device_groups import table_groups_by_block
 from gdnflow.codec.format import (HYPERPRIOR_VERSION, QUIET_VERSIONS, SIDE_DOWNSAMPLING,
                                   SINGLE_STREAM_VERSIONS, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
@@ -137,34 +138,39 @@ def table_groups(indexes, wanted=None):
     return order, np.concatenate([[0], np.cumsum(counts)])
 
 
-def encode_by_table(encoder, escapes, q, indexes, quiet=False):
+def encode_by_table(encoder, escapes, q, indexes, quiet=False, groups=None):
     """Code y's integer values ``q`` (any shape), each with the Gaussian table of its index
     in ``indexes`` (same shape), grouped by table: table 0's values in raster order, then
     table 1's, ...: one constriction call per table present. With ``quiet``, the quiet
-    tables whose values are all 0 are left out (listed first in the escape bits)."""
+    tables whose values are all 0 are left out (listed first in the escape bits).
+    ``groups``: ``table_groups(indexes.ravel())`` if the caller has it (a GPU made it)."""
     indexes, q = indexes.ravel(), q.ravel()
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
-        present = np.bincount(indexes, minlength=coded.size) > 0
+        present = np.bincount(indexes, minlength=coded.size) > 0 if groups is None \
+            else np.diff(groups[1]) > 0
         listed = np.flatnonzero(quiet_tables() & present)
         nonzero = np.bincount(indexes[q != 0], minlength=coded.size) > 0
         write_coded_groups(escapes, nonzero[listed])
         coded[listed] = nonzero[listed]
-    order, bounds = table_groups(indexes, coded)
+    order, bounds = table_groups(indexes, coded) if groups is None else groups
     highs = gaussian_tables().high
     for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
         encode_values(encoder, escapes, q[order[bounds[k]:bounds[k + 1]]], -int(highs[k]),
                       int(highs[k]), gaussian_models()[k])
 
 
-def decode_by_table(decoder, reader, indexes, source, quiet=False):
-    """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded."""
+def decode_by_table(decoder, reader, indexes, source, quiet=False, groups=None):
+    """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded
+    (``groups`` as there)."""
     flat = indexes.ravel()
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
-        listed = np.flatnonzero(quiet_tables() & (np.bincount(flat, minlength=coded.size) > 0))
+        present = np.bincount(flat, minlength=coded.size) > 0 if groups is None \
+            else np.diff(groups[1]) > 0
+        listed = np.flatnonzero(quiet_tables() & present)
         coded[listed] = read_coded_groups(reader, len(listed), source)
-    order, bounds = table_groups(flat, coded)
+    order, bounds = table_groups(flat, coded) if groups is None else groups
     q, highs = np.zeros(flat.shape, np.int32), gaussian_tables().high
     for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
         q[order[bounds[k]:bounds[k + 1]]] = decode_values(
@@ -173,9 +179,17 @@ def decode_by_table(decoder, reader, indexes, source, quiet=False):
     return q.reshape(indexes.shape)
 
 
-def _decode_by_table_in(decoder, reader, indexes, quiet, source):
-    """:func:`decode_by_table` with ``quiet`` before ``source`` (decode_blocks' order)."""
-    return decode_by_table(decoder, reader, indexes, source, quiet)
+def _decode_by_table_in(decoder, reader, indexes, quiet, groups, source):
+    """:func:`decode_by_table` with ``source`` last (decode_blocks' order)."""
+    return decode_by_table(decoder, reader, indexes, source, quiet, groups)
+
+
+def block_groups(indexes, blocks, device):
+    """Each block's ``table_groups`` made on the GPU for a cuda codec
+    (:mod:`gdnflow.codec.device_groups`), else Nones: the coders group on the host."""
+    if device != "cuda":
+        return [None] * len(blocks)
+    return table_groups_by_block(indexes, blocks)
 
 
 def encode_single_stream(encoder, escapes, q_z, q, tables):
@@ -249,10 +263,11 @@ class HyperpriorCodec(Codec):
             gaussian = tables.gaussian
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
+            blocks = splits[1].blocks(q.shape)
+            groups = block_groups(indexes, blocks, self.device)
             substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
-                encode_blocks(encode_by_table, [(q[channels, rows], indexes[channels, rows], quiet)
-                                                for channels, rows in splits[1].blocks(q.shape)],
-                              self.map)
+                encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
+                                                for (c, r), g in zip(blocks, groups)], self.map)
         else:
             splits, substreams = (), [encode_substream(encode_single_stream, (q_z, q, tables))]
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
@@ -281,8 +296,9 @@ class HyperpriorCodec(Codec):
                                 source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
+        groups = block_groups(indexes, blocks, self.device)
         parts = decode_blocks(_decode_by_table_in, substreams[side:],
-                              [(indexes[channels, rows], quiet) for channels, rows in blocks],
+                              [(indexes[c, r], quiet, g) for (c, r), g in zip(blocks, groups)],
                               source, self.map)
         return header, assemble(header.latent_shape, blocks, parts).astype(np.float32)
 

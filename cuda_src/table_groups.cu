@@ -1,0 +1,74 @@
+// The hyperprior codec's grouping of y's elements by coding table, on the GPU.
+// Python side: gdnflow/codec/device_groups.py. Each block of y (a substream:
+// channels [c0, c0 + nc) x rows [r0, r0 + nr) x every column, its elements in
+// raster order) is coded table by table, each table's elements in raster
+// order; its "order" lists the block's element numbers so grouped (a stable
+// counting sort by table), what hyperprior.table_groups computes on the host.
+//
+// Two passes over tiles of TILE_ELEMENTS consecutive elements of a block, one
+// thread per tile: table_tile_counts counts each table in each tile; the host
+// turns the counts into each tile's first slot per table (prefix sums); then
+// table_tile_order writes each element's number at its table's next slot.
+// The per-tile steps are __host__ __device__ for tests/codec/test_device_groups.py,
+// which builds this file for the host.
+#include "gdnflow_common.cuh"
+
+#define TABLE_COUNT 64
+
+// Element e of block b as an offset into y's indexes (channels, height, width).
+__host__ __device__ inline long long block_element_offset(
+        int e, const int* block_channel, const int* block_row, const int* block_rows, int b,
+        int height, int width) {
+    const int per_channel = block_rows[b] * width;
+    const int c = e / per_channel, rest = e - c * per_channel;
+    const int r = rest / width, x = rest - r * width;
+    return ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width + x;
+}
+
+// counts[t * TABLE_COUNT + k]: elements of table k in tile t.
+__host__ __device__ inline void tile_counts(
+        int t, const unsigned char* indexes, const int* tile_block, const int* tile_first,
+        const int* tile_count, const int* block_channel, const int* block_row,
+        const int* block_rows, int height, int width, int* counts) {
+    int* out = counts + (long long)t * TABLE_COUNT;
+    for (int k = 0; k < TABLE_COUNT; ++k) out[k] = 0;
+    const int b = tile_block[t];
+    for (int e = tile_first[t]; e < tile_first[t] + tile_count[t]; ++e)
+        ++out[indexes[block_element_offset(e, block_channel, block_row, block_rows, b, height,
+                                           width)]];
+}
+
+// order[slot] = e for each element e of tile t, slot = its table's next slot
+// (slots[t * TABLE_COUNT + k] holds tile t's first slot for table k; advanced here).
+__host__ __device__ inline void tile_order(
+        int t, const unsigned char* indexes, const int* tile_block, const int* tile_first,
+        const int* tile_count, const int* block_channel, const int* block_row,
+        const int* block_rows, int height, int width, int* slots, int* order) {
+    int* next = slots + (long long)t * TABLE_COUNT;
+    const int b = tile_block[t];
+    for (int e = tile_first[t]; e < tile_first[t] + tile_count[t]; ++e)
+        order[next[indexes[block_element_offset(e, block_channel, block_row, block_rows, b,
+                                                height, width)]]++] = e;
+}
+
+extern "C" __global__ void table_tile_counts(
+        const unsigned char* __restrict__ indexes, const int* __restrict__ tile_block,
+        const int* __restrict__ tile_first, const int* __restrict__ tile_count,
+        const int* __restrict__ block_channel, const int* __restrict__ block_row,
+        const int* __restrict__ block_rows, int tiles, int height, int width,
+        int* __restrict__ counts) {
+    GRID_STRIDE_LOOP(t, tiles)
+        tile_counts(t, indexes, tile_block, tile_first, tile_count, block_channel, block_row,
+                    block_rows, height, width, counts);
+}
+
+extern "C" __global__ void table_tile_order(
+        const unsigned char* __restrict__ indexes, const int* __restrict__ tile_block,
+        const int* __restrict__ tile_first, const int* __restrict__ tile_count,
+        const int* __restrict__ block_channel, const int* __restrict__ block_row,
+        const int* __restrict__ block_rows, int tiles, int height, int width,
+        int* __restrict__ slots, int* __restrict__ order) {
+    GRID_STRIDE_LOOP(t, tiles)
+        tile_order(t, indexes, tile_block, tile_first, tile_count, block_channel, block_row,
+                   block_rows, height, width, slots, order);
+}

@@ -1,0 +1,82 @@
+"""y's elements grouped by coding table on the GPU (``cuda_src/table_groups.cu``).
+
+A hyperprior file codes each block of y (a substream) table by table, each
+table's elements in raster order (:mod:`gdnflow.codec.hyperprior`); on the
+host that grouping is a stable sort per block
+(:func:`~gdnflow.codec.hyperprior.table_groups`), which at 2048x1536 costs
+more than the range coding it serves. Here a GPU codec does it for every block
+at once: a stable counting sort in two passes over tiles of
+:data:`TILE_ELEMENTS` elements (counts per tile and table; then, from the
+prefix sums of those counts, each element's slot). The (order, bounds) of each
+block are exactly what ``table_groups`` gives for the block's indexes.
+"""
+import numpy as np
+
+from gdnflow.backends import cuda
+
+SOURCE = "table_groups.cu"
+#: Elements a thread of the kernels walks (consecutive elements of one block).
+TILE_ELEMENTS = 256
+#: The kernels' table count (TABLE_COUNT in the .cu file): the Gaussian tables.
+TABLE_COUNT = 64
+
+
+def block_tiles(blocks, shape):
+    """The kernels' tile and block arrays for ``blocks`` ((channel slice, row slice) pairs) of
+    a (C, h, w) tensor: a dict of int32 arrays, and each block's element count."""
+    width = shape[2]
+    channels = np.array([c.start for c, _ in blocks], np.int32)
+    rows = np.array([r.start for _, r in blocks], np.int32)
+    row_counts = np.array([r.stop - r.start for _, r in blocks], np.int32)
+    sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * width for c, r in blocks],
+                     np.int64)
+    tiles_per_block = -(-sizes // TILE_ELEMENTS)
+    tile_block = np.repeat(np.arange(len(blocks), dtype=np.int32), tiles_per_block)
+    starts = np.concatenate([[0], np.cumsum(tiles_per_block)[:-1]])
+    tile_first = ((np.arange(tile_block.size) - starts[tile_block]) * TILE_ELEMENTS)
+    tile_count = np.minimum(TILE_ELEMENTS, sizes[tile_block] - tile_first)
+    arrays = {"tile_block": tile_block, "tile_first": tile_first.astype(np.int32),
+              "tile_count": tile_count.astype(np.int32), "block_channel": channels,
+              "block_row": rows, "block_rows": row_counts}
+    return arrays, sizes
+
+
+def table_groups_by_block(indexes, blocks):
+    """[(order, bounds)] per block of ``indexes`` (C, h, w) uint8, computed on the GPU:
+    ``hyperprior.table_groups(indexes[block].ravel())`` of each block (order int32)."""
+    indexes = np.ascontiguousarray(indexes, np.uint8)
+    if indexes.ndim != 3 or indexes.size and indexes.max() >= TABLE_COUNT:
+        raise ValueError(f"table_groups_by_block: expected (C, h, w) table indexes below "
+                         f"{TABLE_COUNT}, got {indexes.shape}")
+    arrays, sizes = block_tiles(blocks, indexes.shape)
+    tiles = arrays["tile_block"].size
+    runtime = cuda.get_runtime()
+    device = {name: runtime.from_numpy(a) for name, a in arrays.items()}
+    source = runtime.from_numpy(indexes)
+    geometry = [device[name].ptr for name in ("tile_block", "tile_first", "tile_count",
+                                              "block_channel", "block_row", "block_rows")]
+    counts = runtime.empty((tiles, TABLE_COUNT), np.int32)
+    cuda.kernel(SOURCE, "table_tile_counts", "PPPPPPPiiiP").launch(
+        tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], counts.ptr)
+    tile_counts = runtime.to_numpy(counts).astype(np.int64)
+    # Slots: block b's table k starts at its base + the block's counts of tables < k; a tile's
+    # elements of table k after those of the block's earlier tiles.
+    block = arrays["tile_block"]
+    totals = np.zeros((len(blocks), TABLE_COUNT), np.int64)
+    np.add.at(totals, block, tile_counts)
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    table_starts = bases[:, None] + np.cumsum(totals, axis=1) - totals
+    before = np.cumsum(tile_counts, axis=0) - tile_counts        # over all earlier tiles...
+    first_tiles = np.searchsorted(block, np.arange(len(blocks)))
+    before -= before[first_tiles][block]                         # ... of the same block
+    slots = runtime.from_numpy((table_starts[block] + before).astype(np.int32))
+    order = runtime.empty((int(sizes.sum()),), np.int32)
+    cuda.kernel(SOURCE, "table_tile_order", "PPPPPPPiiiPP").launch(
+        tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], slots.ptr,
+        order.ptr)
+    order = runtime.to_numpy(order)
+    groups = []
+    for b, base in enumerate(bases):
+        bounds = np.concatenate([[0], np.cumsum(totals[b])])
+        groups.append((order[base:base + sizes[b]], bounds))
+    return groups

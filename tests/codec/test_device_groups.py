@@ -1,0 +1,90 @@
+"""y's elements grouped by coding table on the GPU (cuda_src/table_groups.cu) against the
+host's stable sort, block by block: built for the host and on the GPU, at odd sizes,
+splits and tiles that straddle nothing and everything."""
+import numpy as np
+import pytest
+
+from gdnflow.backends import cuda
+from gdnflow.codec import device_groups
+from gdnflow.codec.device_groups import TABLE_COUNT, TILE_ELEMENTS, table_groups_by_block
+from gdnflow.codec.format import Split
+from gdnflow.codec.gaussian_tables import SCALE_COUNT
+from gdnflow.codec.hyperprior import table_groups
+
+from host_kernels import ShimDevice, host_builder
+
+GEOMETRY = ("const int* tile_block, const int* tile_first, const int* tile_count, "
+            "const int* block_channel, const int* block_row, const int* block_rows, int tiles, "
+            "int height, int width")
+ARGUMENTS = ("tile_block, tile_first, tile_count, block_channel, block_row, block_rows, height, "
+             "width")
+HOST_SHIM = f"""
+extern "C" void host_table_tile_counts(const unsigned char* indexes, {GEOMETRY}, int* counts) {{
+    for (int t = 0; t < tiles; ++t) tile_counts(t, indexes, {ARGUMENTS}, counts);
+}}
+extern "C" void host_table_tile_order(const unsigned char* indexes, {GEOMETRY}, int* slots,
+                                      int* order) {{
+    for (int t = tiles - 1; t >= 0; --t) tile_order(t, indexes, {ARGUMENTS}, slots, order);
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_device(tmp_path_factory):
+    build = host_builder(tmp_path_factory.mktemp("table_groups_host"), "table_groups.cu",
+                         suffix=HOST_SHIM)
+    return ShimDevice(build(), device_groups.SOURCE)
+
+
+CASES = [((12, 5, 7), Split(1, 1)), ((12, 5, 7), Split(5, 2)), ((192, 32, 48), Split(7, 3)),
+         ((3, 1, 1), Split(3, 1)), ((8, 40, 33), Split(2, 40))]
+
+
+def random_indexes(rng, shape):
+    """Table indexes like a photo's: most at the smallest scales, all 64 used."""
+    small = rng.integers(0, 4, shape)
+    return np.where(rng.random(shape) < 0.7, small, rng.integers(0, 64, shape)).astype(np.uint8)
+
+
+def check_against_the_host(shape, split, rng):
+    indexes = random_indexes(rng, shape)
+    blocks = split.blocks(shape)
+    groups = table_groups_by_block(indexes, blocks)
+    assert len(groups) == len(blocks)
+    for (channels, rows), (order, bounds) in zip(blocks, groups):
+        want_order, want_bounds = table_groups(indexes[channels, rows].ravel())
+        np.testing.assert_array_equal(bounds, want_bounds)
+        np.testing.assert_array_equal(order, want_order)
+
+
+def test_the_kernels_know_every_gaussian_table():
+    assert TABLE_COUNT == SCALE_COUNT
+
+
+@pytest.mark.parametrize("shape, split", CASES)
+def test_host_built_kernels_group_as_the_host_sorts(host_device, shape, split, rng):
+    """The order pass runs the tiles from last to first: no tile may depend on another."""
+    with cuda.simulated(host_device):
+        check_against_the_host(shape, split, rng)
+    assert host_device.launched[-2:] == ["table_tile_counts", "table_tile_order"]
+
+
+def test_tiles_straddle_no_block():
+    shape = (5, 3, 100)                 # blocks of 300 and 600 elements: partial tiles
+    arrays, sizes = device_groups.block_tiles(Split(2, 1).blocks(shape), shape)
+    assert sizes.tolist() == [600, 900]
+    assert arrays["tile_block"].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    assert arrays["tile_count"].tolist() == [256, 256, 88, 256, 256, 256, 132]
+    assert arrays["tile_first"].tolist() == [0, 256, 512, 0, 256, 512, 768]
+    assert TILE_ELEMENTS == 256
+
+
+def test_indexes_past_the_tables_are_refused(host_device):
+    with cuda.simulated(host_device), pytest.raises(ValueError, match="below 64"):
+        table_groups_by_block(np.full((2, 2, 2), 64, np.uint8), Split(1, 1).blocks((2, 2, 2)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, split", CASES + [((192, 96, 128), Split(12, 4))])
+def test_gpu_kernels_group_as_the_host_sorts(shape, split, rng):
+    check_against_the_host(shape, split, rng)
