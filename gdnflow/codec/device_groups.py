@@ -16,7 +16,7 @@ from gdnflow.backends import cuda
 
 SOURCE = "table_groups.cu"
 #: Elements a thread of the kernels walks (consecutive elements of one block).
-TILE_ELEMENTS = 256
+TILE_ELEMENTS = 1024
 #: The kernels' table count (TABLE_COUNT in the .cu file): the Gaussian tables.
 TABLE_COUNT = 64
 
@@ -58,18 +58,19 @@ def table_groups_by_block(indexes, blocks):
     counts = runtime.empty((tiles, TABLE_COUNT), np.int32)
     cuda.kernel(SOURCE, "table_tile_counts", "PPPPPPPiiiP").launch(
         tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], counts.ptr)
-    tile_counts = runtime.to_numpy(counts).astype(np.int64)
+    # Table-major (TABLE_COUNT, tiles): the prefix sums below run along contiguous rows.
+    tile_counts = np.ascontiguousarray(runtime.to_numpy(counts).T)
     # Slots: block b's table k starts at its base + the block's counts of tables < k; a tile's
-    # elements of table k after those of the block's earlier tiles.
+    # elements of table k after those of the block's earlier tiles. (int32: a tensor the
+    # kernels index has fewer than 2^31 elements.)
     block = arrays["tile_block"]
-    totals = np.zeros((len(blocks), TABLE_COUNT), np.int64)
-    np.add.at(totals, block, tile_counts)
-    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    table_starts = bases[:, None] + np.cumsum(totals, axis=1) - totals
-    before = np.cumsum(tile_counts, axis=0) - tile_counts        # over all earlier tiles...
-    first_tiles = np.searchsorted(block, np.arange(len(blocks)))
-    before -= before[first_tiles][block]                         # ... of the same block
-    slots = runtime.from_numpy((table_starts[block] + before).astype(np.int32))
+    first_tiles = np.searchsorted(block, np.arange(len(blocks)))     # blocks' tiles are runs
+    totals = np.add.reduceat(tile_counts, first_tiles, axis=1)       # (TABLE_COUNT, blocks)
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+    table_starts = bases + np.cumsum(totals, axis=0, dtype=np.int32) - totals
+    before = np.cumsum(tile_counts, axis=1, dtype=np.int32) - tile_counts   # all earlier tiles
+    before += (table_starts - before[:, first_tiles])[:, block]     # ... of the block, + start
+    slots = runtime.from_numpy(np.ascontiguousarray(before.T))
     order = runtime.empty((int(sizes.sum()),), np.int32)
     cuda.kernel(SOURCE, "table_tile_order", "PPPPPPPiiiPP").launch(
         tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], slots.ptr,
@@ -77,6 +78,6 @@ def table_groups_by_block(indexes, blocks):
     order = runtime.to_numpy(order)
     groups = []
     for b, base in enumerate(bases):
-        bounds = np.concatenate([[0], np.cumsum(totals[b])])
+        bounds = np.concatenate([[0], np.cumsum(totals[:, b])])
         groups.append((order[base:base + sizes[b]], bounds))
     return groups

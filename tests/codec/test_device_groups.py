@@ -70,13 +70,12 @@ def test_host_built_kernels_group_as_the_host_sorts(host_device, shape, split, r
 
 
 def test_tiles_straddle_no_block():
-    shape = (5, 3, 100)                 # blocks of 300 and 600 elements: partial tiles
+    shape = (5, 12, 100)                # blocks of 2400 and 3600 elements: partial tiles
     arrays, sizes = device_groups.block_tiles(Split(2, 1).blocks(shape), shape)
-    assert sizes.tolist() == [600, 900]
+    assert TILE_ELEMENTS == 1024 and sizes.tolist() == [2400, 3600]
     assert arrays["tile_block"].tolist() == [0, 0, 0, 1, 1, 1, 1]
-    assert arrays["tile_count"].tolist() == [256, 256, 88, 256, 256, 256, 132]
-    assert arrays["tile_first"].tolist() == [0, 256, 512, 0, 256, 512, 768]
-    assert TILE_ELEMENTS == 256
+    assert arrays["tile_count"].tolist() == [1024, 1024, 352, 1024, 1024, 1024, 528]
+    assert arrays["tile_first"].tolist() == [0, 1024, 2048, 0, 1024, 2048, 3072]
 
 
 def test_indexes_past_the_tables_are_refused(host_device):
