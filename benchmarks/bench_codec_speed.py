@@ -47,12 +47,15 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
-def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None):
+def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None,
+               plain=False):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
-    ``tile``, the substreams coded by ``executor``'s map if not None)."""
+    ``tile``, the substreams coded by ``executor``'s map if not None; ``plain``: the
+    format version before quiet groups, 7 or 8)."""
     codec = Codec.from_checkpoint(path, device, tile)
-    if executor is not None:
-        codec = type(codec)(codec.model, tile, executor=executor)
+    if executor is not None or plain:
+        codec = type(codec)(codec.model, tile, executor=executor,
+                            version=type(codec).versions[1] if plain else None)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
     decoded = codec.decompress(data)
     check = "-"
@@ -115,6 +118,9 @@ def main():
     parser.add_argument("--processes", type=int, default=0,
                         help="code the substreams in a pool of this many processes (0: one "
                              "after another in this process, the default)")
+    parser.add_argument("--plain-substreams", action="store_true",
+                        help="write format versions 7 and 8 (every group coded) instead of "
+                             "the newest")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     # spawn: the workers import only the coding, never the CUDA state of this process
@@ -126,7 +132,7 @@ def main():
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
         rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
-                           executor) for p in paths]
+                           executor, args.plain_substreams) for p in paths]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -134,7 +140,8 @@ def main():
             gpu = gpu_name()
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
-            f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, substreams coded "
+            f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, "
+            f"{'versions 7 and 8' if args.plain_substreams else 'the newest format'}, substreams coded "
             f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,
