@@ -141,7 +141,8 @@ def main():
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
             f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, "
-            f"{'versions 7 and 8' if args.plain_substreams else 'the newest format'}, substreams coded "
+            f"{'versions 7 and 8' if args.plain_substreams else 'the newest format'}, "
+            "substreams coded "
             f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,

@@ -128,9 +128,10 @@ class Codec:
     written, one of :attr:`versions` (the last, substreams leaving out the
     quiet channels, by default; the middle one, substreams, is what gdnflow
     before quiet channels reads; the first, one stream, what gdnflow before
-    substreams reads); every readable version is read. ``executor``: a :class:`concurrent.futures.Executor` whose
-    ``map`` codes the substreams (None: one after another; constriction holds
-    the GIL, so threads gain nothing: :mod:`gdnflow.codec.substreams`).
+    substreams reads); every readable version is read. ``executor``: a
+    :class:`concurrent.futures.Executor` whose ``map`` codes the substreams
+    (None: one after another; constriction holds the GIL, so threads gain
+    nothing: :mod:`gdnflow.codec.substreams`).
     ``substream_bits``: the estimated payload bits per substream the encoder
     aims for (smaller: more substreams to code in parallel, about 5 bytes each).
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
