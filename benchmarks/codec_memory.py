@@ -14,8 +14,8 @@ used while it ran (nvidia-smi's memory.used sampled every 50 ms, less the
 value before it started: it includes the CUDA context).
 
 Three parts (``--only`` picks): ``tiles`` sweeps the tile size on a 2048x2048
-photo (the data behind gdnflow.codec.codec.TILE and CUDA_TILE), ``50mp`` runs both
-directions on the 50-megapixel photo with the device's default tile, ``untiled`` the
+photo (the data behind gdnflow.codec.codec.TILE and CUDA_WHOLE_SIDE), ``50mp`` runs both
+directions on the 50-megapixel photo with the default tile (TILE), ``untiled`` the
 compress phase of a 3000x2000 photo with tiling off (the code before tiling
 held the whole image's feature maps the same way).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gdnflow.codec.cli import save_image
-from gdnflow.codec.codec import CUDA_TILE, TILE, Codec, read_image
+from gdnflow.codec.codec import TILE, Codec, read_image
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "checkpoints" / "codec_q2.h5"
@@ -154,7 +154,7 @@ def main():
     if "50mp" in parts:
         height, width = map(int, args.size.split("x"))
         source = photo(work, height, width)
-        tile = CUDA_TILE if args.device == "cuda" else TILE     # the device's default
+        tile = TILE          # the default for an image this large, on either device
         label = f"{height}x{width} ({height * width / 1e6:.0f} MP)"
         coded = record(label, "compress", source, tile)
         record(label, "decompress", coded, tile)

@@ -16,8 +16,8 @@ with the model's coding tables (:mod:`gdnflow.codec.tables`) into the
 bitstream of :mod:`gdnflow.codec.format`.
 
 Both transforms run tile by tile (:mod:`gdnflow.codec.tiling`; ``tile``
-pixels a side, by default :data:`TILE` on NumPy and :data:`CUDA_TILE` on a
-GPU): the memory they use beyond the
+pixels a side, :data:`TILE` by default, and on a GPU by default an image of
+sides up to :data:`CUDA_WHOLE_SIDE` in one tile): the memory they use beyond the
 uint8 image, y or y_hat (float32) and q (int32) does not grow with the
 image, and the results equal the untiled ones to float32 rounding (exactly
 for an image within one tile: the statements below are about that path).
@@ -54,10 +54,12 @@ from gdnflow.tensor import Tensor
 #: Default tile side in pixels of :class:`Codec` on NumPy (see its ``tile``): measured with
 #: benchmarks/codec_memory.py (benchmarks/results/codec_memory_cpu.md).
 TILE = 512
-#: ... and on a GPU, where fewer, larger tiles mean fewer launches and less halo
-#: (benchmarks/results/codec_speed_h200.md); a 2048-pixel tile of the 128-channel
-#: models peaks at a few GB of device memory.
-CUDA_TILE = 2048
+#: On a GPU (``tile="auto"``), an image whose padded sides are at most this many pixels is
+#: one tile: fewer launches and no halo, 2x faster at 2048x1536 than tiles of TILE
+#: (benchmarks/results/codec_speed_h200.md), about 3 GB of device memory for 2048x2048
+#: with the 128-channel models; larger images run in tiles of TILE, which keeps a
+#: 50-megapixel photo under 2 GB (benchmarks/results/codec_memory_gpu.md).
+CUDA_WHOLE_SIDE = 2048
 
 
 def check_image(image):
@@ -120,8 +122,8 @@ class Codec:
     Images are uint8 (H, W, 3) arrays of any size >= 1x1 up to
     :data:`~gdnflow.codec.format.MAX_PIXELS`. The transforms run on tiles
     of ``tile`` x ``tile`` pixels (a multiple of the model's padding, 16 or
-    64; None: the whole image at once; "auto": :data:`TILE` on NumPy,
-    :data:`CUDA_TILE` on a GPU) with the halo their receptive field needs
+    64; None: the whole image at once; "auto": :data:`TILE`, and on a GPU
+    the whole image where its sides are at most :data:`CUDA_WHOLE_SIDE`) with the halo their receptive field needs
     (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
@@ -150,8 +152,10 @@ class Codec:
         #: Images are padded to multiples of this (16; 64 for the scale hyperprior).
         self.multiple = getattr(model, "downsampling", DOWNSAMPLING)
         self.device = model_device(model)
+        #: Padded image sides up to which the image is one tile (0: never; see tile_pixels).
+        self.whole_side = 0
         if isinstance(tile, str) and tile == "auto":
-            tile = CUDA_TILE if self.device == "cuda" else TILE
+            tile, self.whole_side = TILE, CUDA_WHOLE_SIDE if self.device == "cuda" else 0
         if tile is not None and (isinstance(tile, str) or int(tile) != tile or tile < self.multiple
                                  or tile % self.multiple):
             raise ValueError(f"{type(self).__name__}: tile must be a positive multiple of "
@@ -184,9 +188,15 @@ class Codec:
         scale-hyperprior checkpoint."""
         return codec_for(load_model(path, device), tile)
 
+    def tile_pixels(self, height, width):
+        """The tile side in pixels for a padded image of height x width: ``tile``, or None
+        (the whole image at once) if ``tile`` is or if both sides are within ``whole_side``."""
+        return None if max(height, width) <= self.whole_side else self.tile
+
     def _latent_tiles(self, latent_height, latent_width):
         """[(row range, column range)] of the latent tiles, row-major."""
-        side = None if self.tile is None else self.tile // DOWNSAMPLING
+        tile = self.tile_pixels(latent_height * DOWNSAMPLING, latent_width * DOWNSAMPLING)
+        side = None if tile is None else tile // DOWNSAMPLING
         return [(rows, columns) for rows in tile_ranges(latent_height, side)
                 for columns in tile_ranges(latent_width, side)]
 

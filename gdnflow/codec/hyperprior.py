@@ -38,7 +38,8 @@ import numpy as np
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
 from gdnflow.codec.device_groups import table_groups_by_block
-from gdnflow.codec.format import (HYPERPRIOR_VERSION, QUIET_VERSIONS, SIDE_DOWNSAMPLING,
+from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_VERSION, QUIET_VERSIONS,
+                                  SIDE_DOWNSAMPLING,
                                   SINGLE_STREAM_VERSIONS, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
                                       decode_blocks, decode_channels, decode_factorized,
@@ -228,7 +229,8 @@ class HyperpriorCodec(Codec):
         """
         y = np.asarray(y, np.float32)
         h_a = self.model.h_a
-        side = None if self.tile is None else self.tile // self.multiple
+        tile = self.tile_pixels(*(DOWNSAMPLING * n for n in y.shape[1:]))
+        side = None if tile is None else tile // self.multiple
         m = SIDE_DOWNSAMPLING
         shape = (self.tables.hyper_channels, y.shape[1] // m, y.shape[2] // m)
         q_z = np.empty(shape, np.int32)

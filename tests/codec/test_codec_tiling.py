@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gdnflow.codec import Codec
-from gdnflow.codec.codec import CUDA_TILE, TILE
+from gdnflow.codec.codec import CUDA_WHOLE_SIDE, TILE
 from gdnflow.codec.tiling import input_span, reflected_indices, tile_ranges
 from gdnflow.data.images import pad_to_multiple
 
@@ -62,15 +62,23 @@ def test_tile_must_be_a_multiple_of_16(model):
             Codec(model, tile=bad)
 
 
-def test_the_default_tile_is_the_devices(model):
-    assert Codec(model).tile == TILE and Codec(model, tile="auto").tile == TILE
+def test_the_default_tile_on_numpy(model):
+    for codec in (Codec(model), Codec(model, tile="auto")):
+        assert codec.tile == TILE and codec.tile_pixels(64, 64) == TILE
+    assert Codec(model, tile=None).tile_pixels(4096, 4096) is None
 
 
 @pytest.mark.gpu
 def test_the_default_tile_on_the_gpu(model):
+    """A GPU codec takes an image up to CUDA_WHOLE_SIDE a side in one tile, larger ones in
+    tiles of TILE (device memory); an explicit tile is kept."""
     from gdnflow.models.factorized_prior import FactorizedPrior
     gpu_model = FactorizedPrior(8, 12, seed=0, device="cuda")
-    assert Codec(gpu_model).tile == CUDA_TILE > TILE
+    codec = Codec(gpu_model)
+    assert codec.tile == TILE and CUDA_WHOLE_SIDE > TILE
+    assert codec.tile_pixels(CUDA_WHOLE_SIDE, 1536) is None
+    assert codec.tile_pixels(CUDA_WHOLE_SIDE + 16, 64) == TILE
+    assert Codec(gpu_model, tile=64).tile_pixels(64, 64) == 64
 
 
 @pytest.mark.gpu
