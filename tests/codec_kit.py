@@ -62,3 +62,15 @@ def make_hyperprior(seed=0, device="numpy", scale_bias=(-0.5, 2.0)):
     state["h_s.4.bias"] = rng.uniform(*scale_bias, 12)
     model.load_state_dict(state)
     return model.to(device).eval()
+
+
+def widest_hyperprior():
+    """ScaleHyperprior(192, 320) (qualities 6-8) with every h_s weight at its layer's largest
+    magnitude and random signs: the exact hyper-synthesis's sums reach their 2^52 bound."""
+    model = ScaleHyperprior(192, 320, seed=0, device="numpy")
+    rng = np.random.default_rng(1)
+    state = model.state_dict()
+    for name in ("h_s.0.weight", "h_s.2.weight", "h_s.4.weight"):
+        state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
+    model.load_state_dict(state)
+    return model

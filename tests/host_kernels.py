@@ -140,15 +140,18 @@ class ShimDevice:
     Each kernel ``name`` is the shim ``host_<name>`` of ``library`` (taking the
     kernel's arguments, looping over the elements itself); ``launched`` lists
     the kernels run, in order. Fresh arrays are filled with NaN (or all ones
-    in their bits for integers), so an element no kernel wrote shows.
+    in their bits for integers), so an element no kernel wrote shows;
+    ``empty(shape, dtype)``, if given, makes them instead.
     """
 
     ctypes_of = {"P": ctypes.c_void_p, "i": ctypes.c_int, "d": ctypes.c_double,
                  "f": ctypes.c_float}
 
-    def __init__(self, library, source):
+    def __init__(self, library, source, empty=None):
         self.library, self.source = library, source
         self.launched = []
+        if empty is not None:
+            self.empty = empty
 
     def get_runtime(self):
         return self

@@ -12,9 +12,8 @@ from gdnflow.codec import hyper_synthesis
 from gdnflow.codec.codec import codec_for
 from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
 from gdnflow.codec.hyper_synthesis import ExactHyperSynthesis
-from gdnflow.models import ScaleHyperprior
 
-from codec_kit import make_hyperprior
+from codec_kit import make_hyperprior, widest_hyperprior
 from host_kernels import HOST_CHECK_PRELUDE, ShimDevice, host_builder
 
 SHAPE_ARGS = ", ".join(f"int s{k}" for k in range(12))
@@ -47,18 +46,6 @@ def host_device(tmp_path_factory):
     return ShimDevice(build(), hyper_synthesis.SOURCE)
 
 
-def widest_model():
-    """N=192, M=320 with every h_s weight at its layer's largest magnitude (random signs):
-    the sums reach the 2^52 bound (as in test_hyperprior_codec's bound test)."""
-    model = ScaleHyperprior(192, 320, seed=0, device="numpy")
-    rng = np.random.default_rng(1)
-    state = model.state_dict()
-    for name in ("h_s.0.weight", "h_s.2.weight", "h_s.4.weight"):
-        state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
-    model.load_state_dict(state)
-    return model
-
-
 def exact_of(model):
     return codec_for(model).tables.hyper_synthesis
 
@@ -83,7 +70,7 @@ def test_host_built_kernels_give_the_numpy_indexes(host_device, shape, tile):
 
 
 def test_host_built_kernels_are_exact_at_the_bounds(host_device):
-    model = widest_model()
+    model = widest_hyperprior()
     exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
     rng = np.random.default_rng(2)
     q_z = rng.choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 3))
@@ -110,7 +97,7 @@ def test_gpu_kernels_give_the_numpy_indexes(shape, tile):
 
 @pytest.mark.gpu
 def test_gpu_kernels_are_exact_at_the_bounds():
-    model = widest_model()
+    model = widest_hyperprior()
     exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
     q_z = np.random.default_rng(3).choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 5, 3))
     got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")

@@ -18,10 +18,9 @@ from gdnflow.codec.hyper_synthesis import FRACTION_BITS, ExactHyperSynthesis
 from gdnflow.codec.hyperprior import HyperpriorCodec
 from gdnflow.data.images import pad_to_multiple
 from gdnflow.io.checkpoint import save_checkpoint
-from gdnflow.models import ScaleHyperprior
 from gdnflow.train.losses import bits_per_pixel
 
-from codec_kit import make_hyperprior, make_model, smooth_image
+from codec_kit import make_hyperprior, make_model, smooth_image, widest_hyperprior
 
 
 @pytest.fixture(scope="module")
@@ -157,16 +156,11 @@ def test_exact_at_the_bounds_of_the_widest_models():
     """N=192, M=320 (qualities 6-8), every weight at its layer's largest magnitude with
     random signs, side information at +-(2^24 - 1): the sums reach their 2^52 bound
     and still equal int64 arithmetic."""
-    model = ScaleHyperprior(192, 320, seed=0, device="numpy")
-    rng = np.random.default_rng(1)
-    state = model.state_dict()
-    for name in ("h_s.0.weight", "h_s.2.weight", "h_s.4.weight"):
-        state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
-    model.load_state_dict(state)
+    model = widest_hyperprior()
     exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
     for layer in exact.layers:               # at the top of the 15 bits they may use
         assert 0.99 * 2 ** 15 <= np.abs(layer.weight).max() <= 2 ** 15
-    q_z = rng.choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 2))
+    q_z = np.random.default_rng(1).choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 2))
     np.testing.assert_array_equal(exact.scales(q_z), integer_scales(exact, q_z))
 
 

@@ -1,7 +1,6 @@
 """gdnflow.ops.gaussian: erfc and Phi against math.erfc, the likelihood against a
 per-element reference deep into the tails, gradients against finite differences
 and the bound's rule, the kernels (on the host and on the GPU) against NumPy."""
-import ctypes
 import decimal
 import math
 
@@ -15,7 +14,7 @@ from gdnflow.errors import ShapeError
 from gdnflow.ops import gaussian
 from gdnflow.ops.gaussian import GaussianLikelihoodOp, erfc, gaussian_likelihood, normal_cdf
 from gdnflow.testing import assert_backends_match, gradcheck
-from host_kernels import HostArray, host_builder
+from host_kernels import HostArray, ShimDevice, host_builder
 
 BOUND = 0.11
 
@@ -265,39 +264,10 @@ extern "C" void host_gaussian_likelihood_backward(const float* values, const flo
                                      &g_scales[i]);
 }
 """
-CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
-
-
 class HostFloatArray(HostArray):
     """A HostArray that says its dtype, as a CudaArray does."""
 
     dtype = np.dtype(np.float32)
-
-
-class HostDevice:
-    """For cuda.simulated: gaussian.cu's host build as the kernels, HostFloatArrays as memory."""
-
-    def __init__(self, library):
-        self.library = library
-        self.launched = []
-
-    def get_runtime(self):
-        return self
-
-    def empty(self, shape, dtype=np.float32):
-        return HostFloatArray(shape)
-
-    def kernel(self, file, name, arg_types, defines=()):
-        assert file == gaussian.SOURCE and not defines
-        function = getattr(self.library, f"host_{name}")
-        function.argtypes = [CTYPES[k] for k in arg_types]
-        launched = self.launched
-
-        class Kernel:
-            def launch(self, threads, *args):
-                launched.append(name)
-                function(*args)
-        return Kernel()
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +282,9 @@ def test_cuda_kernels_compiled_for_the_host_match_numpy(bound, host_library, rng
     values, scales = (a.astype(np.float32) for a in tail_inputs(rng, n))
     values[:50] = 0.0
     gy = rng.standard_normal(n).astype(np.float32)
-    device = HostDevice(host_library)
+    # gaussian.cu's host build as the kernels, HostFloatArrays (guarded) as memory
+    device = ShimDevice(host_library, gaussian.SOURCE,
+                        empty=lambda shape, dtype=np.float32: HostFloatArray(shape))
     op = GaussianLikelihoodOp(bound)
     inputs = [HostFloatArray((n,), a) for a in (values, scales)]
     with cuda.simulated(device):
