@@ -9,8 +9,9 @@
 // this file for the host.
 #include "gdnflow_common.cuh"
 
-// a * 255 + 1/2 with each operation rounded on its own (on the host: separate
-// statements, which the host build does not contract).
+// a * 255 + 1/2 with each operation rounded on its own. On the host (the tests'
+// build) the two statements are not contracted because x86-64 code without
+// -march has no FMA instruction to contract them into.
 __host__ __device__ inline float times_255_plus_half(float a) {
 #ifdef __CUDA_ARCH__
     return __fadd_rn(__fmul_rn(a, 255.0f), 0.5f);

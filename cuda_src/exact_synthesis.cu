@@ -9,7 +9,7 @@
 //
 // One thread per output element, the channel slowest so that a warp's threads
 // share their weights (broadcast loads). The per-element steps are __host__
-// __device__: tests/codec/test_hyper_synthesis.py builds this file for the host
+// __device__: tests/codec/test_hyper_synthesis_kernels.py builds this file for the host
 // and runs it against NumPy without a GPU.
 #include "gdnflow_common.cuh"
 

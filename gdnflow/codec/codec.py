@@ -123,8 +123,9 @@ class Codec:
     :data:`~gdnflow.codec.format.MAX_PIXELS`. The transforms run on tiles
     of ``tile`` x ``tile`` pixels (a multiple of the model's padding, 16 or
     64; None: the whole image at once; "auto": :data:`TILE`, and on a GPU
-    the whole image where its sides are at most :data:`CUDA_WHOLE_SIDE`) with the halo their receptive field needs
-    (:mod:`gdnflow.codec.tiling`): memory beyond the image and its latents
+    the whole image where its sides are at most :data:`CUDA_WHOLE_SIDE`) with
+    the halo their receptive field needs (:mod:`gdnflow.codec.tiling`):
+    memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
     written, one of :attr:`versions` (the last, substreams leaving out the
@@ -201,6 +202,17 @@ class Codec:
                 for columns in tile_ranges(latent_width, side)]
 
     # --------------------------------------------------------- encode --
+    def _unit_tile(self, image, whole, rows, columns):
+        """float32 (1, 3, len(rows), len(columns)) on the model's device: the uint8 image's
+        pixels at rows x columns over 255 (``whole``: the image already on the GPU, or None)."""
+        if whole is not None:
+            return whole.tile(rows, columns)
+        pixels = image[np.ix_(rows, columns)]
+        if self.device == "cuda":
+            return DeviceImage(pixels).tile(np.arange(len(rows)), np.arange(len(columns)))
+        return Tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)[None]
+                      / np.float32(255), device=self.device)
+
     def analyse(self, image):
         """The latent y (M, H'/16, W'/16) float32 of a uint8 image reflection-padded to H' x W',
         the multiples of ``multiple``.
@@ -217,16 +229,15 @@ class Codec:
         g_a = self.model.g_a
         y = np.empty((self.tables.channels, padded[0] // DOWNSAMPLING,
                       padded[1] // DOWNSAMPLING), np.float32)
-        on_gpu = DeviceImage(image) if self.device == "cuda" else None
-        for (top, bottom), (left, right) in self._latent_tiles(*y.shape[1:]):
+        tiles = self._latent_tiles(*y.shape[1:])
+        # On a GPU the pixels are converted there (the same values): the whole uint8 image
+        # goes up once for one tile; for many (a large image) each tile's crop, so that the
+        # device holds no more than a tile's worth (benchmarks/results/codec_memory_gpu.md).
+        whole = DeviceImage(image) if self.device == "cuda" and len(tiles) == 1 else None
+        for (top, bottom), (left, right) in tiles:
             r0, r1 = analysis_crop(g_a, top, bottom, padded[0])
             c0, c1 = analysis_crop(g_a, left, right, padded[1])
-            if on_gpu is not None:      # the same values, converted on the device
-                x = on_gpu.tile(rows[r0:r1], columns[c0:c1])
-            else:
-                pixels = image[np.ix_(rows[r0:r1], columns[c0:c1])]
-                x = Tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)[None]
-                           / np.float32(255), device=self.device)
+            x = self._unit_tile(image, whole, rows[r0:r1], columns[c0:c1])
             with no_grad():
                 latents = g_a(x).numpy()[0]
             r0, c0 = r0 // DOWNSAMPLING, c0 // DOWNSAMPLING
@@ -288,7 +299,7 @@ class Codec:
             rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
             columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
-            if self.device == "cuda":   # the same values, rounded on the device
+            if self.device == "cuda" and pixels.dtype == np.float32:   # rounded on the device
                 image[rows, columns] = uint8_pixels(pixels, rows.start - r0, columns.start - c0,
                                                     rows.stop - rows.start,
                                                     columns.stop - columns.start)

@@ -49,6 +49,9 @@ def table_groups_by_block(indexes, blocks):
         raise ValueError(f"table_groups_by_block: expected (C, h, w) table indexes below "
                          f"{TABLE_COUNT}, got {indexes.shape}")
     arrays, sizes = block_tiles(blocks, indexes.shape)
+    if not sizes.all() or sizes.sum() >= 2 ** 31:
+        raise ValueError(f"table_groups_by_block: blocks of {sizes.tolist()} elements: each "
+                         "must hold at least one, all together fewer than 2^31")
     tiles = arrays["tile_block"].size
     runtime = cuda.get_runtime()
     device = {name: runtime.from_numpy(a) for name, a in arrays.items()}

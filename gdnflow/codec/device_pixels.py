@@ -4,8 +4,9 @@ On a GPU codec the conversions between the uint8 image and the transforms'
 float32 pixels cost more on the host than the transforms do on the device (a
 2048x1536 photo: about 90 ms to gather, convert and upload float32 tiles, about
 55 ms for :func:`~gdnflow.codec.codec.to_uint8`, against about 10 ms of g_a).
-Here the uint8 image goes up once and each tile is gathered and converted on
-the device; the synthesis's pixels are rounded there and come back as uint8.
+Here the uint8 image goes up once (a large image's tiles one by one) and each
+tile is gathered and converted on the device; the synthesis's float32 pixels
+are rounded there and come back as uint8.
 The values are those of :func:`~gdnflow.codec.codec.image_to_array` and
 :func:`~gdnflow.codec.codec.to_uint8`, bit for bit (the kernel file says why).
 """
@@ -46,6 +47,8 @@ def uint8_pixels(x, top, left, height, width):
     """uint8 (height, width, 3) of the cuda tensor x (1, 3, H, W) from (top, left):
     :func:`~gdnflow.codec.codec.to_uint8` of that crop, computed on the GPU."""
     _, channels, full_height, full_width = x.shape
+    if x.dtype != np.float32:
+        raise ValueError(f"uint8_pixels: the pixels must be float32, got {x.dtype}")
     if channels != 3 or not (0 <= top and top + height <= full_height and 0 <= left
                              and left + width <= full_width):
         raise ValueError(f"uint8_pixels: a {height}x{width} crop at ({top}, {left}) of "

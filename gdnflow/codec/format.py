@@ -143,7 +143,7 @@ MAX_CHANNELS = 1 << 12
 #: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
 #: header before anything is allocated; decoding one at the limit with M = 192 latent
 #: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
-#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8) holds up to about 20 bytes a pixel
+#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8, 13) holds up to about 20 bytes a pixel
 #: (5 GB at the limit; measured 19 at 2048x2048 with every latent in one table's group:
 #: the group's positions as int64 dominate). Encoders refuse larger images, so every
 #: file written is readable.
@@ -207,9 +207,9 @@ class Header:
     ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
     ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
     (channels, latent_height, latent_width). ``hyper_channels`` is the
-    side information's channel count in a hyperprior file (versions 4 and 8), 0
+    side information's channel count in a hyperprior file (versions 4, 8 and 13), 0
     otherwise. ``splits``: one :class:`Split` per coded tensor (:meth:`coded_shapes`)
-    in versions 7 and 8, () in the single-stream versions.
+    in versions 7, 8, 11 and 13, () in the single-stream versions.
     """
 
     height: int

@@ -40,7 +40,7 @@ the NumPy backend's float64 convolutions (for a 768x512 image about 0.5 GMAC,
 55 ms on two cores); on ``device="cuda"`` (tiles of :data:`CUDA_TILE_LATENTS`)
 they are the float64 kernels of ``cuda_src/exact_synthesis.cu``, which also
 pick the table indexes there. Both compute the same integers, so both give the
-same indexes (tests/codec/test_hyper_synthesis.py checks it bit for bit, with
+same indexes (tests/codec/test_hyper_synthesis_kernels.py checks it bit for bit, with
 that file built for the host and on the GPU).
 """
 import numpy as np
@@ -92,8 +92,11 @@ class ExactLayer:
         if layer.groups != 1 or layer.dilation not in (1, (1, 1)):
             raise ValueError(f"hyper-synthesis: {layer!r} is grouped or dilated: not supported")
         self.transpose = isinstance(layer, ConvTranspose2d)
-        self.stride, self.padding = layer.stride, layer.padding
-        self.output_padding = getattr(layer, "output_padding", 0)
+        # As (rows, columns) pairs: the GPU kernels take no asymmetric padding.
+        self.stride, self.padding, self.output_padding = (
+            _pair(value, f"{what} of {layer!r}") for value, what in (
+                (layer.stride, "stride"), (layer.padding, "padding"),
+                (getattr(layer, "output_padding", 0), "output padding")))
         self.relu = relu
         self._device_arrays = None
         weight = np.asarray(layer.weight.numpy(), np.float64)
@@ -127,8 +130,7 @@ class ExactLayer:
     def output_shape(self, height, width):
         """(channels, height, width) of the output for an input of height x width."""
         kh, kw = self.weight.shape[2:]
-        (sy, sx), (py, px), (oy, ox) = (_pair(v) for v in (self.stride, self.padding,
-                                                           self.output_padding))
+        (sy, sx), (py, px), (oy, ox) = self.stride, self.padding, self.output_padding
         if self.transpose:
             return (self.bias.shape[0], (height - 1) * sy - 2 * py + kh + oy,
                     (width - 1) * sx - 2 * px + kw + ox)
@@ -136,8 +138,8 @@ class ExactLayer:
 
     def launch_shape(self, a_shape):
         """The ExactLayerShape struct's 12 ints for an input of shape ``a_shape`` (C, H, W)."""
-        (sy, sx), (py, px) = _pair(self.stride), _pair(self.padding)
-        return (*a_shape, *self.output_shape(*a_shape[1:]), *self.weight.shape[2:], sy, sx, py, px)
+        return (*a_shape, *self.output_shape(*a_shape[1:]), *self.weight.shape[2:], *self.stride,
+                *self.padding)
 
     def device_arrays(self):
         """(weight, bias) as float64 GPU arrays, uploaded on first use."""
@@ -148,9 +150,14 @@ class ExactLayer:
         return self._device_arrays
 
 
-def _pair(value):
-    """An int or pair of ints as a pair."""
-    return (value, value) if isinstance(value, int) else tuple(value)
+def _pair(value, what):
+    """An int or pair of ints as a pair of ints; ValueError naming ``what`` otherwise."""
+    if isinstance(value, (int, np.integer)):
+        return int(value), int(value)
+    if len(value) != 2:
+        raise ValueError(f"hyper-synthesis: {what} must be an int or a (rows, columns) pair, "
+                         f"got {value!r}")
+    return tuple(int(v) for v in value)
 
 
 class ExactHyperSynthesis:

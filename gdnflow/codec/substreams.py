@@ -21,9 +21,9 @@ function given to ``mapper`` is a module-level function of picklable
 arguments, so a process pool works; each worker builds a model's constriction
 models once (:func:`channel_model` keys them by the tables' model id, not by
 the pickled copy each task brings), so what a task costs beyond its coding is
-the pickling of its block and result. At 768x512 (2 to 8 substreams) that
-loses; on large images a pool of a few processes decodes several times faster
-(benchmarks/results/codec_speed_h200.md).
+the pickling of its block and result. That still loses: a pool of 4 or 8
+processes coded slower than one process at 768x512 and at 2048x1536 on the
+H200 host's 16 cores (benchmarks/results/codec_speed_h200.md).
 """
 import weakref
 from collections import OrderedDict
@@ -43,8 +43,9 @@ _ESTIMATE_SAMPLES = 1 << 15
 QUIET_BITS = 8
 #: Factorized tables whose constriction models a process keeps (the most recently used).
 MODEL_CACHE_TABLES = 8
-# Per model id (the tables are a pure function of the weights it hashes): the models of
-# its channels, least recently used first.
+# Per model id (the tables are a pure function of the weights it hashes), least recently
+# used first: a dict of the constriction models of its channels (keyed by channel number)
+# and of its quiet channels (key "quiet", see quiet_channels).
 _MODELS = OrderedDict()
 # Per tables object: its bit costs (weak keys: a Codec's tables live as long as the Codec).
 _COSTS = weakref.WeakKeyDictionary()

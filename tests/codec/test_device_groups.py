@@ -87,3 +87,30 @@ def test_indexes_past_the_tables_are_refused(host_device):
 @pytest.mark.parametrize("shape, split", CASES + [((192, 96, 128), Split(12, 4))])
 def test_gpu_kernels_group_as_the_host_sorts(shape, split, rng):
     check_against_the_host(shape, split, rng)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_coders_given_the_device_groups_write_and_read_the_same_bytes(host_device, quiet, rng):
+    """encode_by_table / decode_by_table with the groups made by the (host-built) kernels:
+    the same substream bytes as grouping on the host, and the same values back."""
+    from gdnflow.codec.hyperprior import _decode_by_table_in, encode_by_table
+    from gdnflow.codec.substreams import decode_substream, encode_substream
+    shape, split = (12, 9, 13), Split(3, 2)
+    indexes = random_indexes(rng, shape)
+    q = np.where(rng.random(shape) < 0.3, rng.integers(-3, 4, shape), 0).astype(np.int32)
+    q[indexes < 2] = 0                           # quiet tables all zero here, not elsewhere
+    blocks = split.blocks(shape)
+    with cuda.simulated(host_device):
+        groups = table_groups_by_block(indexes, blocks)
+    for (channels, rows), group in zip(blocks, groups):
+        block = (q[channels, rows], indexes[channels, rows], quiet)
+        data = encode_substream(encode_by_table, block + (group,))
+        assert data == encode_substream(encode_by_table, block + (None,))
+        values = decode_substream(_decode_by_table_in, data, (block[1], quiet, group), "f.gdn")
+        np.testing.assert_array_equal(values, q[channels, rows])
+
+
+def test_empty_blocks_are_refused(host_device):
+    blocks = [(slice(0, 2), slice(0, 2)), (slice(2, 2), slice(0, 2))]
+    with cuda.simulated(host_device), pytest.raises(ValueError, match="at least one"):
+        table_groups_by_block(np.zeros((2, 2, 2), np.uint8), blocks)

@@ -124,3 +124,10 @@ def test_gpu_codec_latents_and_images_match_numpy():
     data = cpu.compress(image)
     levels = np.abs(gpu.decompress(data).astype(int) - cpu.decompress(data).astype(int))
     assert levels.max() <= 1
+
+
+def test_pixels_that_are_not_float32_are_refused(host_device):
+    """A 16-bit synthesis output (autocast) would be read as half as many float32s."""
+    x = Tensor.wrap(HostMemory(np.zeros((1, 3, 8, 8), np.float16)), "cuda")
+    with cuda.simulated(host_device), pytest.raises(ValueError, match="must be float32"):
+        uint8_pixels(x, 0, 0, 8, 8)

@@ -115,3 +115,11 @@ def test_gpu_kernels_give_the_numpy_indexes_of_the_shipped_models(path):
     q_z = np.rint(rng.laplace(0, 2, (exact.median_units.size, 13, 12))).astype(np.int64)
     got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")
     np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
+
+
+def test_asymmetric_padding_is_refused_by_name():
+    from gdnflow.nn.conv import Conv2d
+    from gdnflow.nn.layers import Sequential
+    layer = Conv2d(4, 4, 3, padding=(1, 0, 1, 0), device="numpy")
+    with pytest.raises(ValueError, match=r"padding of .* must be an int or a \(rows, columns\)"):
+        ExactHyperSynthesis(Sequential(layer), np.zeros(4, np.float32))

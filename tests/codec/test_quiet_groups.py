@@ -7,6 +7,7 @@ import pytest
 from gdnflow.codec import FormatError, substreams
 from gdnflow.codec import hyperprior as hyperprior_codec
 from gdnflow.codec.codec import codec_for
+from gdnflow.codec import format as F
 from gdnflow.codec.format import BitReader, BitWriter
 from gdnflow.codec.gaussian_tables import gaussian_tables
 from gdnflow.codec.substreams import quiet_zero, read_coded_groups, write_coded_groups
@@ -57,11 +58,13 @@ def test_the_coded_groups_list_round_trips(coded):
         assert len(writer.bits) == 1 + 3    # one bit when none is coded
 
 
-def test_a_corrupt_coded_groups_list_is_refused():
+@pytest.mark.parametrize("coded, count, problem", [([False, True, True], 2, r"coded group 2 of 2"),
+                                                   ([True, True, True], 2, r"3 coded groups of 2")])
+def test_a_corrupt_coded_groups_list_is_refused(coded, count, problem):
     writer = BitWriter()
-    write_coded_groups(writer, np.array([False, True, True]))
-    with pytest.raises(FormatError, match="f.gdn: corrupt escape bits"):
-        read_coded_groups(BitReader(writer.getvalue(), "f.gdn"), 2, "f.gdn")
+    write_coded_groups(writer, np.array(coded))
+    with pytest.raises(FormatError, match=f"f.gdn: corrupt escape bits \\({problem}\\)"):
+        read_coded_groups(BitReader(writer.getvalue(), "f.gdn"), count, "f.gdn")
 
 
 @pytest.mark.parametrize("which", ["factorized", "hyperprior"])
@@ -104,7 +107,9 @@ def test_only_the_quiet_channels_that_are_all_zero_are_left_out(half_quiet, monk
     np.testing.assert_array_equal(y_hat, q.astype(np.float32) + medians)
 
 
-def test_hyperprior_quiet_tables_with_a_nonzero_value_are_coded(half_quiet):
+def test_hyperprior_quiet_tables_with_a_nonzero_value_are_coded(half_quiet, monkeypatch):
+    """y's quiet tables are left out unless they hold a nonzero value (counted: every
+    element coded is in a table that is not quiet or that woke)."""
     codec = codec_for(make_hyperprior())
     image = smooth_image(np.random.default_rng(5), 128, 192)
     q = codec.quantize(codec.analyse(image))
@@ -113,6 +118,20 @@ def test_hyperprior_quiet_tables_with_a_nonzero_value_are_coded(half_quiet):
     quiet = hyperprior_codec.quiet_tables()[indexes]
     assert quiet.any() and (~quiet).any()
     q[quiet] = 0
-    q[np.unravel_index(np.flatnonzero(quiet)[::7], q.shape)] = 2    # some quiet elements wake
+    woken = np.flatnonzero(quiet)[::7]
+    q[np.unravel_index(woken, q.shape)] = 2                   # some quiet elements wake
+    coded = []
+    encode_values = hyperprior_codec.encode_values
+
+    def counting(encoder, escapes, values, low, high, model):
+        coded.append(values.size)
+        encode_values(encoder, escapes, values, low, high, model)
+    monkeypatch.setattr(hyperprior_codec, "encode_values", counting)
     data = codec.encode_latents(q, 128, 192, q_z)
     np.testing.assert_array_equal(codec.decode_latents(data)[1], q.astype(np.float32))
+    # per block, a woken quiet table is coded whole, the others not at all
+    awake = np.zeros(q.shape, bool)
+    for channels, rows in F.unpack(data)[0].splits[1].blocks(q.shape):
+        tables = indexes[channels, rows]
+        awake[channels, rows] = np.isin(tables, np.unique(tables[q[channels, rows] != 0]))
+    assert sum(coded) == np.count_nonzero(~quiet | awake) < q.size
