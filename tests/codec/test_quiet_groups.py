@@ -15,23 +15,35 @@ from gdnflow.codec.substreams import quiet_zero, read_coded_groups, write_coded_
 from codec_kit import make_hyperprior, make_model, smooth_image
 
 
-@pytest.fixture
-def half_quiet(monkeypatch):
-    """Quiet groups in the small test models, some of them not all zero (encoder and
-    decoder both read the patched rules): Gaussian tables quiet from p(0) >= 1/2 on, and
-    every other channel of a factorized model (whose wide test densities have none)."""
-    monkeypatch.setattr(substreams, "QUIET_BITS", 1)
-    hyperprior_codec.quiet_tables.cache_clear()
-    monkeypatch.setattr(substreams, "quiet_channels",
-                        lambda tables: np.arange(tables.channels) % 2 == 0)
-    yield
-    hyperprior_codec.quiet_tables.cache_clear()
+class CountingEncoder:
+    """Stands where a constriction encoder goes: counts the symbols it is given."""
+
+    def __init__(self):
+        self.symbols = 0
+
+    def encode(self, symbols, model):
+        self.symbols += len(symbols)
 
 
-def test_the_shipped_models_quiet_channels_are_their_unused_ones():
-    """Most of a trained model's channels are quiet (the test model's wide densities: none)."""
+@pytest.fixture(scope="module")
+def shipped_q1():
+    """The shipped factorized q1's codec: 170 of its 192 channels are quiet."""
     from gdnflow.codec import pretrained
-    quiet = substreams.quiet_channels(pretrained("factorized_prior", 1, "numpy").tables)
+    return pretrained("factorized_prior", 1, "numpy")
+
+
+def latents_with_quiet_zeros(rng, quiet, shape, woken=()):
+    """Random latents (C, h, w) whose quiet channels are all 0 but for a 1 in each of ``woken``."""
+    q = rng.integers(-3, 4, (quiet.size,) + shape).astype(np.int32)
+    q[quiet] = 0
+    for channel in woken:
+        q[channel, rng.integers(shape[0]), rng.integers(shape[1])] = 1
+    return q
+
+
+def test_the_shipped_models_quiet_channels_are_their_unused_ones(shipped_q1):
+    """Most of a trained model's channels are quiet (the test model's wide densities: none)."""
+    quiet = substreams.quiet_channels(shipped_q1.tables)
     assert quiet.shape == (192,) and quiet.sum() > 96
     assert not substreams.quiet_channels(codec_for(make_model()).tables).any()
 
@@ -67,71 +79,66 @@ def test_a_corrupt_coded_groups_list_is_refused(coded, count, problem):
         read_coded_groups(BitReader(writer.getvalue(), "f.gdn"), count, "f.gdn")
 
 
-@pytest.mark.parametrize("which", ["factorized", "hyperprior"])
-def test_quiet_groups_decode_to_the_plain_substreams_latents(which, half_quiet):
-    net = make_model() if which == "factorized" else make_hyperprior()
-    plain_version = type(codec_for(net)).versions[1]
+def test_factorized_quiet_channels_decode_to_the_plain_substreams_latents(shipped_q1):
+    """Versions 11 and 7 of the same latents (many substreams, quiet channels zero but for
+    a few) decode to the same latents."""
+    codec = shipped_q1
+    plain = type(codec)(codec.model, substream_bits=256, version=7)
+    quiet_codec = type(codec)(codec.model, substream_bits=256)
+    quiet = substreams.quiet_channels(codec.tables)
+    rng = np.random.default_rng(3)
+    for shape, woken in [((5, 7), ()), ((3, 4), np.flatnonzero(quiet)[[0, 9, 50]]),
+                         ((1, 1), np.flatnonzero(quiet)[:40])]:
+        q = latents_with_quiet_zeros(rng, quiet, shape, woken)
+        data = quiet_codec.encode_latents(q, 16 * shape[0], 16 * shape[1])
+        assert data[4] == 11 and len(F.unpack(data)[1]) > 1
+        _, y_hat = quiet_codec.decode_latents(data)
+        want = plain.decode_latents(plain.encode_latents(q, 16 * shape[0], 16 * shape[1]))[1]
+        np.testing.assert_array_equal(y_hat, want)
+
+
+def test_hyperprior_quiet_tables_decode_to_the_plain_substreams_latents():
+    net = make_hyperprior()
     codec = type(codec_for(net))(net, substream_bits=64)
-    plain = type(codec)(net, substream_bits=64, version=plain_version)
+    plain = type(codec)(net, substream_bits=64, version=8)
     rng = np.random.default_rng(3)
     for height, width in [(130, 200), (17, 40), (64, 64)]:
         image = smooth_image(rng, height, width)
         data = codec.compress(image)
-        _, y_hat = codec.decode_latents(data)
-        np.testing.assert_array_equal(y_hat, plain.decode_latents(plain.compress(image))[1])
-        np.testing.assert_array_equal(codec.decompress(data), plain.decompress(
-            plain.compress(image)))
+        assert data[4] == 13
+        np.testing.assert_array_equal(codec.decode_latents(data)[1],
+                                      plain.decode_latents(plain.compress(image))[1])
 
 
-def test_only_the_quiet_channels_that_are_all_zero_are_left_out(half_quiet, monkeypatch):
-    """Latents with quiet channels all zero, and one quiet channel with a single 1: the
-    payload codes every other channel, that one included, and decodes to the latents."""
-    codec = codec_for(make_model())
-    quiet = substreams.quiet_channels(codec.tables)
-    rng = np.random.default_rng(4)
-    q = rng.integers(-2, 3, (quiet.size, 4, 5)).astype(np.int32)
-    q[quiet] = 0
-    awake = np.flatnonzero(quiet)[0]
-    q[awake, 2, 3] = 1
-    coded = []
-    encode_values = substreams.encode_values
-
-    def counting(encoder, escapes, values, low, high, model):
-        coded.append(values.size)
-        encode_values(encoder, escapes, values, low, high, model)
-    monkeypatch.setattr(substreams, "encode_values", counting)
-    data = codec.encode_latents(q, 64, 80)
-    assert sum(coded) == (quiet.size - quiet.sum() + 1) * 20
-    _, y_hat = codec.decode_latents(data)
-    medians = np.asarray(codec.tables.medians, np.float32)[:, None, None]
-    np.testing.assert_array_equal(y_hat, q.astype(np.float32) + medians)
+def test_only_the_quiet_channels_that_are_all_zero_are_left_out(shipped_q1):
+    """The coder is given every channel that is not quiet, and the quiet ones that hold a
+    nonzero value, whole; the quiet channels that are all zero not at all."""
+    tables = shipped_q1.tables
+    quiet = substreams.quiet_channels(tables)
+    woken = np.flatnonzero(quiet)[[2, 7]]
+    q = latents_with_quiet_zeros(np.random.default_rng(4), quiet, (4, 5), woken)
+    encoder, escapes = CountingEncoder(), BitWriter()
+    substreams.encode_channels(encoder, escapes, q, tables, quiet=True)
+    assert encoder.symbols == (np.count_nonzero(~quiet) + len(woken)) * 20
+    reader = BitReader(escapes.getvalue(), "f.gdn")
+    assert np.flatnonzero(read_coded_groups(reader, int(quiet.sum()), "f.gdn")).tolist() == \
+        [2, 7]
 
 
-def test_hyperprior_quiet_tables_with_a_nonzero_value_are_coded(half_quiet, monkeypatch):
+def test_hyperprior_quiet_tables_with_a_nonzero_value_are_coded():
     """y's quiet tables are left out unless they hold a nonzero value (counted: every
     element coded is in a table that is not quiet or that woke)."""
     codec = codec_for(make_hyperprior())
     image = smooth_image(np.random.default_rng(5), 128, 192)
-    q = codec.quantize(codec.analyse(image))
-    q_z = codec.side_information(codec.analyse(image))
-    indexes = codec.tables.indexes(q_z)
+    y = codec.analyse(image)
+    q, indexes = codec.quantize(y), codec.tables.indexes(codec.side_information(y))
     quiet = hyperprior_codec.quiet_tables()[indexes]
     assert quiet.any() and (~quiet).any()
-    q[quiet] = 0
-    woken = np.flatnonzero(quiet)[::7]
-    q[np.unravel_index(woken, q.shape)] = 2                   # some quiet elements wake
-    coded = []
-    encode_values = hyperprior_codec.encode_values
-
-    def counting(encoder, escapes, values, low, high, model):
-        coded.append(values.size)
-        encode_values(encoder, escapes, values, low, high, model)
-    monkeypatch.setattr(hyperprior_codec, "encode_values", counting)
-    data = codec.encode_latents(q, 128, 192, q_z)
+    q[quiet & (indexes > 0)] = 0             # the quiet tables but the first fall asleep
+    awake = np.isin(indexes, np.unique(indexes[q != 0]))
+    assert (quiet & awake).any() and (quiet & ~awake).any()   # woken quiet tables, and asleep
+    encoder = CountingEncoder()
+    hyperprior_codec.encode_by_table(encoder, BitWriter(), q, indexes, quiet=True)
+    assert encoder.symbols == np.count_nonzero(~quiet | awake) < q.size
+    data = codec.encode_latents(q, 128, 192, codec.side_information(y))
     np.testing.assert_array_equal(codec.decode_latents(data)[1], q.astype(np.float32))
-    # per block, a woken quiet table is coded whole, the others not at all
-    awake = np.zeros(q.shape, bool)
-    for channels, rows in F.unpack(data)[0].splits[1].blocks(q.shape):
-        tables = indexes[channels, rows]
-        awake[channels, rows] = np.isin(tables, np.unique(tables[q[channels, rows] != 0]))
-    assert sum(coded) == np.count_nonzero(~quiet | awake) < q.size
