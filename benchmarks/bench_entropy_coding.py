@@ -10,18 +10,19 @@ For each shipped quality (``--qualities``) of each architecture
 astronaut, or the images of ``--data``, at their own size unless ``--size``),
 the latents are computed once on NumPy; then:
 
-- rate: the file in one stream (format version 2; a hyperprior's version 4) and
-  in substreams (the newest version, with the split the encoder chooses), and
-  the increase in percent, per photo and summed per quality;
+- rate: the file in one stream (format version 2; a hyperprior's version 4), in
+  substreams coding every group (7; 8) and in the newest version (11; 13: the
+  quiet groups that are all zero left out), each with the split the encoder
+  chooses, and the increases in percent, per photo and summed per quality;
 - time: the entropy coding alone (``Codec.encode_latents`` and
   ``Codec.decode_latents``: the file bytes from the latents and back) of all
   the photos, per megapixel, the median of ``--repeats`` rounds (each round
   runs every coder in turn, so a passing load weighs on all), with the substreams
-  coded one after another (version 2: one stream; version 7: serial map), in a
-  thread pool of 1 and 2 threads, and in a pool of 2 processes (``--repeats 0``:
+  coded one after another (version 2: one stream; versions 7 and 11: serial map),
+  in a thread pool of 1 and 2 threads, and in a pool of 2 processes (``--repeats 0``:
   no timing).
 
-Both files decode to the same latents (checked). The timings are medians on
+All the files decode to the same latents (checked). The timings are medians on
 whatever machine runs this: say how loaded it was.
 """
 import argparse
@@ -101,33 +102,38 @@ def main():
         for quality in (int(v) for v in args.qualities.split(",")):
             codec = pretrained(architecture, quality=quality, device="numpy")
             kind, model = type(codec), codec.model
-            one, newest = kind.versions[0], kind.versions[-1]
+            one, plain, newest = kind.versions
             codecs = {f"v{one} one stream": kind(model, version=one),
+                      f"v{plain} serial (every group)": kind(model, version=plain),
                       f"v{newest} serial": codec,
                       f"v{newest} 1 thread": kind(model, executor=threads[1]),
                       f"v{newest} 2 threads": kind(model, executor=threads[2]),
                       f"v{newest} 2 processes": kind(model, executor=processes)}
             single_coder = codecs[f"v{one} one stream"]
+            plain_coder = codecs[f"v{plain} serial (every group)"]
             latents, sizes = [], []
             for name, image in images.items():
                 arguments = latents_of(codec, image)
                 latents.append(arguments)
-                single = single_coder.encode_latents(*arguments)
-                split = codec.encode_latents(*arguments)
-                same = np.array_equal(codec.decode_latents(single)[1],
-                                      codec.decode_latents(split)[1])
-                assert same, f"{name} q{quality}: the two files decode to different latents"
-                groups, bands = unpack(split)[0].splits[-1]
-                sizes.append((len(single), len(split)))
+                files = [c.encode_latents(*arguments) for c in (single_coder, plain_coder, codec)]
+                decoded = [codec.decode_latents(data)[1] for data in files]
+                same = all(np.array_equal(decoded[0], d) for d in decoded[1:])
+                assert same, f"{name} q{quality}: the files decode to different latents"
+                groups, bands = unpack(files[-1])[0].splits[-1]
+                sizes.append(tuple(len(data) for data in files))
                 height, width = image.shape[:2]
                 rate_rows.append(f"| {architecture} | {quality} | {name} {width}x{height} | "
-                                 f"{len(single)} | {len(split)} | {groups}x{bands} | "
-                                 f"{100 * (len(split) / len(single) - 1):.3f}% |")
+                                 + " | ".join(str(n) for n in sizes[-1])
+                                 + f" | {groups}x{bands} | "
+                                 f"{100 * (sizes[-1][1] / sizes[-1][0] - 1):.3f}% | "
+                                 f"{100 * (sizes[-1][2] / sizes[-1][0] - 1):.3f}% |")
                 print(rate_rows[-1], flush=True)
-            increases = [100 * (split / single - 1) for single, split in sizes]
+            increases = [100 * (quiet / single - 1) for single, _, quiet in sizes]
             totals = [sum(column) for column in zip(*sizes)]
-            summary_rows.append(f"| {architecture} | {quality} | {len(sizes)} | {totals[0]} | "
-                                f"{totals[1]} | {100 * (totals[1] / totals[0] - 1):.3f}% | "
+            summary_rows.append(f"| {architecture} | {quality} | {len(sizes)} | "
+                                + " | ".join(str(n) for n in totals)
+                                + f" | {100 * (totals[1] / totals[0] - 1):.3f}% | "
+                                f"{100 * (totals[2] / totals[0] - 1):.3f}% | "
                                 f"{max(increases):.3f}% |")
             megapixels = sum(a[1] * a[2] for a in latents) / 1e6
             if args.repeats:
@@ -152,16 +158,21 @@ def main():
         "",
         "## Rate: the file in one stream and in substreams, per quality",
         "",
-        "| architecture | quality | photos | one stream, bytes | substreams, bytes | increase "
-        "| largest increase |",
-        "|---|---|---|---|---|---|---|",
+        "Substreams coding every group (versions 7 and 8), and leaving out the quiet groups "
+        "that are all zero (the newest versions, 11 and 13); the increases are against one "
+        "stream.",
+        "",
+        "| architecture | quality | photos | one stream, bytes | substreams, bytes | "
+        "newest, bytes | increase (substreams) | increase (newest) | largest increase "
+        "(newest) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *summary_rows,
         "",
         "## Rate per photo",
         "",
-        "| architecture | quality | photo | one stream, bytes | substreams, bytes | split "
-        "(groups x bands of y) | increase |",
-        "|---|---|---|---|---|---|---|",
+        "| architecture | quality | photo | one stream, bytes | substreams, bytes | newest, "
+        "bytes | split (groups x bands of y) | increase (substreams) | increase (newest) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rate_rows,
     ]
     if time_rows:
