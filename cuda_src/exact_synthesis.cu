@@ -7,9 +7,9 @@
 // IEEE operations too. The scale indexes the decoder derives are therefore the
 // same on every device, which the file format needs.
 //
-// A thread per EXACT_CHANNELS output channels of a pixel, the channels slowest so
-// that a warp's threads share their weights (broadcast loads). The per-thread steps
-// are __host__ __device__: tests/codec/test_hyper_synthesis_kernels.py builds this file for the host
+// One thread per output element, the channel slowest so that a warp's threads
+// share their weights (broadcast loads). The per-element steps are __host__
+// __device__: tests/codec/test_hyper_synthesis_kernels.py builds this file for the host
 // and runs it against NumPy without a GPU.
 #include "gdnflow_common.cuh"
 
@@ -19,32 +19,21 @@ struct ExactLayerShape {
     int kernel_height, kernel_width, stride_y, stride_x, padding_y, padding_x;
 };
 
-// Output channels a thread sums at once: it reads each input value once for all of
-// them (the weights, the same across a warp, are broadcast).
-#define EXACT_CHANNELS 8
-
-// The layer's sums of products plus bias at outputs (channel0 + k, oy, ox) for the
-// k < EXACT_CHANNELS below out_channels, each followed by the ReLU when one follows,
-// into values[k]. A convolution's weights are (out, in, kh, kw); a transposed
-// convolution's (in, out, kh, kw), and its output row oy reads the input rows
-// iy = (oy + padding - ky) / stride where that division is exact (ky = (oy +
-// padding) mod stride, then every stride-th tap; so for columns).
-__host__ __device__ inline void exact_layer_values(
+// The layer's sum of products plus bias at output (channel, oy, ox), then the
+// ReLU when one follows. A convolution's weights are (out, in, kh, kw); a
+// transposed convolution's (in, out, kh, kw), and its output row oy reads the
+// input rows iy = (oy + padding - ky) / stride where that division is exact
+// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns).
+__host__ __device__ inline double exact_layer_value(
         const double* a, const double* weight, const double* bias,
-        const ExactLayerShape& s, int transpose, int relu, int channel0, int oy, int ox,
-        double* values) {
-    double sum[EXACT_CHANNELS];
-    for (int k = 0; k < EXACT_CHANNELS; ++k) sum[k] = 0.0;
-    const int count = s.out_channels - channel0 < EXACT_CHANNELS
-        ? s.out_channels - channel0 : EXACT_CHANNELS;
+        const ExactLayerShape& s, int transpose, int relu, int channel, int oy, int ox) {
+    double sum = 0.0;
     const int taps = s.kernel_height * s.kernel_width;
-    // From one output channel's weights to the next one's.
-    const long long step = transpose ? taps : (long long)s.in_channels * taps;
     for (int ci = 0; ci < s.in_channels; ++ci) {
         const double* plane = a + (long long)ci * s.in_height * s.in_width;
         const double* w = weight + (transpose
-            ? ((long long)ci * s.out_channels + channel0) * taps
-            : ((long long)channel0 * s.in_channels + ci) * taps);
+            ? ((long long)ci * s.out_channels + channel) * taps
+            : ((long long)channel * s.in_channels + ci) * taps);
         if (transpose) {
             for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height;
                  ky += s.stride_y) {
@@ -54,11 +43,7 @@ __host__ __device__ inline void exact_layer_values(
                      kx += s.stride_x) {
                     const int ix = (ox + s.padding_x - kx) / s.stride_x;
                     if (ix < 0 || ix >= s.in_width) continue;
-                    const double v = plane[iy * s.in_width + ix];
-                    const int t = ky * s.kernel_width + kx;
-#pragma unroll
-                    for (int k = 0; k < EXACT_CHANNELS; ++k)
-                        if (k < count) sum[k] += v * w[k * step + t];
+                    sum += plane[iy * s.in_width + ix] * w[ky * s.kernel_width + kx];
                 }
             }
         } else {
@@ -68,25 +53,13 @@ __host__ __device__ inline void exact_layer_values(
                 for (int kx = 0; kx < s.kernel_width; ++kx) {
                     const int ix = ox * s.stride_x - s.padding_x + kx;
                     if (ix < 0 || ix >= s.in_width) continue;
-                    const double v = plane[iy * s.in_width + ix];
-                    const int t = ky * s.kernel_width + kx;
-#pragma unroll
-                    for (int k = 0; k < EXACT_CHANNELS; ++k)
-                        if (k < count) sum[k] += v * w[k * step + t];
+                    sum += plane[iy * s.in_width + ix] * w[ky * s.kernel_width + kx];
                 }
             }
         }
     }
-    for (int k = 0; k < count; ++k) {
-        const double value = sum[k] + bias[channel0 + k];
-        values[k] = relu ? fmax(value, 0.0) : value;
-    }
-}
-
-// Thread i's outputs: channels [channel0, channel0 + EXACT_CHANNELS) of one pixel, the
-// channel block slowest (a warp's threads share their weights).
-__host__ __device__ inline int exact_threads(const ExactLayerShape& s) {
-    return (s.out_channels + EXACT_CHANNELS - 1) / EXACT_CHANNELS * s.out_height * s.out_width;
+    sum += bias[channel];
+    return relu ? fmax(sum, 0.0) : sum;
 }
 
 // A hidden layer's activation: the value in units of 2^-FRACTION_BITS, rounded
@@ -108,35 +81,24 @@ __host__ __device__ inline unsigned char exact_scale_index(double scale, const d
     return (unsigned char)low;
 }
 
-// Thread i of a hidden layer: its outputs' rounded, clipped activations into out
-// (out_channels, out_height, out_width).
-__host__ __device__ inline void exact_hidden_outputs(
+// Output element i (channel-major) of a hidden layer: the rounded, clipped activation.
+__host__ __device__ inline double exact_hidden_element(
         int i, const double* a, const double* weight, const double* bias,
-        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit,
-        double* out) {
-    const int plane = s.out_height * s.out_width, block = i / plane, pixel = i - block * plane;
-    const int channel0 = block * EXACT_CHANNELS;
-    double values[EXACT_CHANNELS];
-    exact_layer_values(a, weight, bias, s, transpose, relu, channel0, pixel / s.out_width,
-                       pixel % s.out_width, values);
-    for (int k = 0; k < EXACT_CHANNELS && channel0 + k < s.out_channels; ++k)
-        out[(long long)(channel0 + k) * plane + pixel] = exact_activation(values[k], exponent,
-                                                                          limit);
+        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
+    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+    return exact_activation(exact_layer_value(a, weight, bias, s, transpose, relu, channel,
+                                              pixel / s.out_width, pixel % s.out_width),
+                            exponent, limit);
 }
 
-// Thread i of the last layer: its outputs' scales ldexp(value, -shift) as table indexes.
-__host__ __device__ inline void exact_last_outputs(
+// Output element i of the last layer: its scale ldexp(value, -shift) as a table index.
+__host__ __device__ inline unsigned char exact_last_element(
         int i, const double* a, const double* weight, const double* bias, const double* table,
-        int table_count, const ExactLayerShape& s, int transpose, int relu, int shift,
-        unsigned char* indexes) {
-    const int plane = s.out_height * s.out_width, block = i / plane, pixel = i - block * plane;
-    const int channel0 = block * EXACT_CHANNELS;
-    double values[EXACT_CHANNELS];
-    exact_layer_values(a, weight, bias, s, transpose, relu, channel0, pixel / s.out_width,
-                       pixel % s.out_width, values);
-    for (int k = 0; k < EXACT_CHANNELS && channel0 + k < s.out_channels; ++k)
-        indexes[(long long)(channel0 + k) * plane + pixel] =
-            exact_scale_index(ldexp(values[k], -shift), table, table_count);
+        int table_count, const ExactLayerShape& s, int transpose, int relu, int shift) {
+    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+    const double value = exact_layer_value(a, weight, bias, s, transpose, relu, channel,
+                                           pixel / s.out_width, pixel % s.out_width);
+    return exact_scale_index(ldexp(value, -shift), table, table_count);
 }
 
 // A hidden layer: out (out_channels, out_height, out_width) from input a.
@@ -144,8 +106,8 @@ extern "C" __global__ void exact_hidden_layer(
         const double* __restrict__ a, const double* __restrict__ weight,
         const double* __restrict__ bias, double* __restrict__ out, ExactLayerShape s,
         int transpose, int relu, int exponent, double limit) {
-    GRID_STRIDE_LOOP(i, exact_threads(s))
-        exact_hidden_outputs(i, a, weight, bias, s, transpose, relu, exponent, limit, out);
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        out[i] = exact_hidden_element(i, a, weight, bias, s, transpose, relu, exponent, limit);
 }
 
 // The last layer: the table index of each output's scale, as uint8.
@@ -154,7 +116,7 @@ extern "C" __global__ void exact_last_layer(
         const double* __restrict__ bias, unsigned char* __restrict__ indexes,
         const double* __restrict__ table, int table_count, ExactLayerShape s, int transpose,
         int relu, int shift) {
-    GRID_STRIDE_LOOP(i, exact_threads(s))
-        exact_last_outputs(i, a, weight, bias, table, table_count, s, transpose, relu, shift,
-                           indexes);
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
+                                        relu, shift);
 }

@@ -69,8 +69,6 @@ TILE_LATENTS = 64
 CUDA_TILE_LATENTS = 256
 #: The GPU kernels (see the module docstring).
 SOURCE = "exact_synthesis.cu"
-#: Output channels a thread of those kernels computes (EXACT_CHANNELS there).
-EXACT_CHANNELS = 8
 
 
 def _weight_bits(terms):
@@ -152,13 +150,6 @@ class ExactLayer:
         return self._device_arrays
 
 
-def _threads(shape):
-    """The threads of a layer of launch ``shape`` (ExactLayerShape's ints): one per
-    EXACT_CHANNELS output channels of each output pixel."""
-    channels, height, width = shape[3:6]
-    return -(-channels // EXACT_CHANNELS) * height * width
-
-
 def _pair(value, what):
     """An int or pair of ints as a pair of ints; ValueError naming ``what`` otherwise."""
     if isinstance(value, (int, np.integer)):
@@ -217,7 +208,7 @@ class ExactHyperSynthesis:
             out = runtime.empty(shape[3:6], np.float64)
             # The 12 ints after the pointers are the ExactLayerShape struct.
             cuda.kernel(SOURCE, "exact_hidden_layer", "PPPPiiiiiiiiiiiiiiid").launch(
-                _threads(shape), a.ptr, *(w.ptr for w in layer.device_arrays()), out.ptr, *shape,
+                out.size, a.ptr, *(w.ptr for w in layer.device_arrays()), out.ptr, *shape,
                 int(layer.transpose), int(layer.relu), int(layer.exponent), ACTIVATION_LIMIT)
             a = out
         shape = last.launch_shape(a.shape)
@@ -225,7 +216,7 @@ class ExactHyperSynthesis:
         # scale_indexes searches all but the last table scale.
         bounds = runtime.from_numpy(np.ascontiguousarray(table[:-1], np.float64))
         cuda.kernel(SOURCE, "exact_last_layer", "PPPPPiiiiiiiiiiiiiiii").launch(
-            _threads(shape), a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
+            indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
             bounds.ptr, bounds.size, *shape, int(last.transpose), int(last.relu),
             int(last.exponent) + FRACTION_BITS)
         return runtime.to_numpy(indexes)

@@ -23,17 +23,17 @@ extern "C" void host_exact_hidden_layer(const double* a, const double* weight,
                                         const double* bias, double* out, {SHAPE_ARGS},
                                         int transpose, int relu, int exponent, double limit) {{
     {SHAPE}
-    for (int i = 0; i < exact_threads(s); ++i)
-        exact_hidden_outputs(i, a, weight, bias, s, transpose, relu, exponent, limit, out);
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        out[i] = exact_hidden_element(i, a, weight, bias, s, transpose, relu, exponent, limit);
 }}
 extern "C" void host_exact_last_layer(const double* a, const double* weight, const double* bias,
                                       unsigned char* indexes, const double* table,
                                       int table_count, {SHAPE_ARGS}, int transpose, int relu,
                                       int shift) {{
     {SHAPE}
-    for (int i = 0; i < exact_threads(s); ++i)
-        exact_last_outputs(i, a, weight, bias, table, table_count, s, transpose, relu, shift,
-                           indexes);
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
+                                        relu, shift);
 }}
 """
 SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprior_q*.h5"))
