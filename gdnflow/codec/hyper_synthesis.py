@@ -51,6 +51,8 @@ from gdnflow.backends import cuda
 from gdnflow.codec.gaussian_tables import scale_indexes
 from gdnflow.codec.tiling import synthesis_crop, tile_ranges, total_stride
 from gdnflow.nn.conv import Conv2d, ConvTranspose2d
+from gdnflow.ops.conv.geometry import (conv_geometry, conv_transpose_geometry, int_tuple,
+                                       normalize_padding)
 from gdnflow.nn.layers import ReLU
 from gdnflow.tensor import Tensor
 
@@ -92,11 +94,15 @@ class ExactLayer:
         if layer.groups != 1 or layer.dilation not in (1, (1, 1)):
             raise ValueError(f"hyper-synthesis: {layer!r} is grouped or dilated: not supported")
         self.transpose = isinstance(layer, ConvTranspose2d)
-        # As (rows, columns) pairs: the GPU kernels take no asymmetric padding.
-        self.stride, self.padding, self.output_padding = (
-            _pair(value, f"{what} of {layer!r}") for value, what in (
-                (layer.stride, "stride"), (layer.padding, "padding"),
-                (getattr(layer, "output_padding", 0), "output padding")))
+        label = f"hyper-synthesis {layer!r}"
+        self.stride = int_tuple(label, "stride", layer.stride, 2, 1)
+        self.output_padding = int_tuple(label, "output_padding",
+                                        getattr(layer, "output_padding", 0), 2, 0)
+        top, bottom, left, right = self.padding_box = normalize_padding(label, layer.padding)
+        if top != bottom or left != right:
+            raise ValueError(f"{label}: asymmetric padding {layer.padding} is not supported "
+                             "(the GPU kernels pad rows and columns alike)")
+        self.padding = (top, left)
         self.relu = relu
         self._device_arrays = None
         weight = np.asarray(layer.weight.numpy(), np.float64)
@@ -127,18 +133,21 @@ class ExactLayer:
         y = y.numpy()[0]
         return np.maximum(y, 0.0) if self.relu else y
 
-    def output_shape(self, height, width):
-        """(channels, height, width) of the output for an input of height x width."""
-        kh, kw = self.weight.shape[2:]
-        (sy, sx), (py, px), (oy, ox) = self.stride, self.padding, self.output_padding
-        if self.transpose:
-            return (self.bias.shape[0], (height - 1) * sy - 2 * py + kh + oy,
-                    (width - 1) * sx - 2 * px + kw + ox)
-        return self.bias.shape[0], (height + 2 * py - kh) // sy + 1, (width + 2 * px - kw) // sx + 1
+    def output_shape(self, a_shape):
+        """(channels, height, width) of the output for an input of shape ``a_shape`` (C, H, W)
+        (the convolution operators' own geometry)."""
+        x_shape, w_shape = (1, *a_shape), tuple(self.weight.shape)
+        if self.transpose:      # the geometry of the convolution this one is the adjoint of
+            g = conv_transpose_geometry("hyper-synthesis", x_shape, w_shape, self.stride,
+                                        self.padding_box, self.output_padding, (1, 1), 1)
+            return g.c_in, g.h, g.w
+        g = conv_geometry("hyper-synthesis", x_shape, w_shape, self.stride, self.padding_box,
+                          (1, 1), 1)
+        return g.c_out, g.oh, g.ow
 
     def launch_shape(self, a_shape):
         """The ExactLayerShape struct's 12 ints for an input of shape ``a_shape`` (C, H, W)."""
-        return (*a_shape, *self.output_shape(*a_shape[1:]), *self.weight.shape[2:], *self.stride,
+        return (*a_shape, *self.output_shape(a_shape), *self.weight.shape[2:], *self.stride,
                 *self.padding)
 
     def device_arrays(self):
@@ -148,16 +157,6 @@ class ExactLayer:
             self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
                                         for a in (self.weight, self.bias))
         return self._device_arrays
-
-
-def _pair(value, what):
-    """An int or pair of ints as a pair of ints; ValueError naming ``what`` otherwise."""
-    if isinstance(value, (int, np.integer)):
-        return int(value), int(value)
-    if len(value) != 2:
-        raise ValueError(f"hyper-synthesis: {what} must be an int or a (rows, columns) pair, "
-                         f"got {value!r}")
-    return tuple(int(v) for v in value)
 
 
 class ExactHyperSynthesis:
@@ -180,6 +179,7 @@ class ExactHyperSynthesis:
         if not self.layers:
             raise ValueError("hyper-synthesis: no convolution to compute")
         self.modules = layers
+        self._bounds = {}          # per table: its searched scales on the GPU
         self.median_units = np.rint(np.ldexp(np.asarray(medians, np.float64), FRACTION_BITS))
 
     def scales(self, q_z):
@@ -213,13 +213,21 @@ class ExactHyperSynthesis:
             a = out
         shape = last.launch_shape(a.shape)
         indexes = runtime.empty(shape[3:6], np.uint8)
-        # scale_indexes searches all but the last table scale.
-        bounds = runtime.from_numpy(np.ascontiguousarray(table[:-1], np.float64))
+        bounds = self._device_bounds(table)
         cuda.kernel(SOURCE, "exact_last_layer", "PPPPPiiiiiiiiiiiiiiii").launch(
             indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
             bounds.ptr, bounds.size, *shape, int(last.transpose), int(last.relu),
             int(last.exponent) + FRACTION_BITS)
         return runtime.to_numpy(indexes)
+
+    def _device_bounds(self, table):
+        """The scales :func:`scale_indexes` searches (all but the last of ``table``) as a
+        float64 GPU array, uploaded once per table."""
+        key = np.asarray(table, np.float64).tobytes()
+        if key not in self._bounds:
+            self._bounds[key] = cuda.get_runtime().from_numpy(
+                np.ascontiguousarray(table[:-1], np.float64))
+        return self._bounds[key]
 
     def indexes(self, q_z, table, tile=None, device="numpy"):
         """Each element's coding-table index (uint8, the scales' shape) for ``table``

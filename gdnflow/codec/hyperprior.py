@@ -10,7 +10,8 @@ y (M, h, w) (tile by tile, as the factorized codec); h_a(|y|) gives z
 z's entropy-bottleneck tables, channel by channel (:mod:`gdnflow.codec.tables`).
 The encoder then computes the scales from q_z exactly as the decoder will
 (:class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`: integer
-arithmetic, identical on every device; on the model's device), takes each element's table index
+arithmetic, identical on every device; computed on the model's device),
+takes each element's table index
 (:func:`~gdnflow.codec.gaussian_tables.scale_indexes`), and codes
 q_y = round(y) (half to even, the model's evaluation rounding) block by
 block (the substreams of :mod:`gdnflow.codec.format`), each block grouped
@@ -39,8 +40,8 @@ from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
 from gdnflow.codec.device_groups import table_groups_by_block
 from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_VERSION, QUIET_VERSIONS,
-                                  SIDE_DOWNSAMPLING,
-                                  SINGLE_STREAM_VERSIONS, Header, check_model, pack, unpack)
+                                  SIDE_DOWNSAMPLING, SINGLE_STREAM_VERSIONS, Header,
+                                  check_model, pack, unpack)
 from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
                                       decode_blocks, decode_channels, decode_factorized,
                                       decode_substream, decode_values, encode_blocks,
@@ -161,9 +162,9 @@ def encode_by_table(encoder, escapes, q, indexes, quiet=False, groups=None):
                       int(highs[k]), gaussian_models()[k])
 
 
-def decode_by_table(decoder, reader, indexes, source, quiet=False, groups=None):
+def decode_by_table(decoder, reader, indexes, quiet, groups, source):
     """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded
-    (``groups`` as there)."""
+    (``quiet`` and ``groups`` as there)."""
     flat = indexes.ravel()
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
@@ -178,11 +179,6 @@ def decode_by_table(decoder, reader, indexes, source, quiet=False, groups=None):
             decoder, reader, int(bounds[k + 1] - bounds[k]), -int(highs[k]), int(highs[k]),
             gaussian_models()[k], source)
     return q.reshape(indexes.shape)
-
-
-def _decode_by_table_in(decoder, reader, indexes, quiet, groups, source):
-    """:func:`decode_by_table` with ``source`` last (decode_blocks' order)."""
-    return decode_by_table(decoder, reader, indexes, source, quiet, groups)
 
 
 def block_groups(indexes, blocks, device):
@@ -201,8 +197,8 @@ def encode_single_stream(encoder, escapes, q_z, q, tables):
 
 def decode_single_stream(decoder, reader, tables, hyper_shape, source):
     """(q_z, q) int32 of version 4's one stream (:func:`encode_single_stream`)."""
-    q_z = decode_channels(decoder, reader, tables.z, hyper_shape, 0, source)
-    return q_z, decode_by_table(decoder, reader, tables.indexes(q_z), source)
+    q_z = decode_channels(decoder, reader, tables.z, hyper_shape, 0, False, source)
+    return q_z, decode_by_table(decoder, reader, tables.indexes(q_z), False, None, source)
 
 
 class HyperpriorCodec(Codec):
@@ -299,7 +295,7 @@ class HyperpriorCodec(Codec):
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
         groups = block_groups(indexes, blocks, self.device)
-        parts = decode_blocks(_decode_by_table_in, substreams[side:],
+        parts = decode_blocks(decode_by_table, substreams[side:],
                               [(indexes[c, r], quiet, g) for (c, r), g in zip(blocks, groups)],
                               source, self.map)
         return header, assemble(header.latent_shape, blocks, parts).astype(np.float32)

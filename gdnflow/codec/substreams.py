@@ -63,13 +63,20 @@ def categorical_model(probabilities):
     return _constriction().stream.model.Categorical(probabilities, perfect=True)
 
 
-def channel_model(tables, channel):
-    """The constriction model of ``channel`` of factorized ``tables``, built once per process
-    for the tables of each model id (the models are immutable: threads share them)."""
-    models = _MODELS.setdefault(tables.model_id, {})
+def _model_cache(tables):
+    """The process's cache entry of factorized ``tables``' model id (made, and marked most
+    recently used; the least recently used beyond MODEL_CACHE_TABLES dropped)."""
+    cache = _MODELS.setdefault(tables.model_id, {})
     _MODELS.move_to_end(tables.model_id)
     while len(_MODELS) > MODEL_CACHE_TABLES:
         _MODELS.popitem(last=False)
+    return cache
+
+
+def channel_model(tables, channel):
+    """The constriction model of ``channel`` of factorized ``tables``, built once per process
+    for the tables of each model id (the models are immutable: threads share them)."""
+    models = _model_cache(tables)
     if channel not in models:
         models[channel] = categorical_model(tables.probabilities(channel))
     return models[channel]
@@ -143,7 +150,7 @@ def quiet_zero(frequency, precision):
 
 def quiet_channels(tables):
     """Which channels of factorized ``tables`` are quiet (bool (C,); cached per model id)."""
-    cache = _MODELS.setdefault(tables.model_id, {})
+    cache = _model_cache(tables)
     if "quiet" not in cache:
         zero_frequency = [int(cdf[-low + 1] - cdf[-low]) if low <= 0 <= high else 0
                           for cdf, low, high in zip(tables.cdfs, tables.low, tables.high)]
@@ -201,8 +208,9 @@ def encode_channels(encoder, escapes, q, tables, first=0, quiet=False):
                       channel_model(tables, k))
 
 
-def decode_channels(decoder, reader, tables, shape, first, source, quiet=False):
-    """The latents (C, h, w) int32 that :func:`encode_channels` coded, ``shape`` = (C, h, w)."""
+def decode_channels(decoder, reader, tables, shape, first, quiet, source):
+    """The latents (C, h, w) int32 that :func:`encode_channels` coded, ``shape`` = (C, h, w)
+    (``quiet`` as there)."""
     channels, h, w = shape
     q = np.zeros((channels, h * w), np.int32)
     coded = np.ones(channels, bool)
@@ -265,13 +273,8 @@ def decode_factorized(substreams, tables, split, shape, source, mapper=map, quie
     blocks = split.blocks(shape)
     arguments = [(tables, (channels.stop - channels.start, rows.stop - rows.start, shape[2]),
                   channels.start, quiet) for channels, rows in blocks]
-    return assemble(shape, blocks, decode_blocks(_decode_channels_in, substreams, arguments,
+    return assemble(shape, blocks, decode_blocks(decode_channels, substreams, arguments,
                                                  source, mapper))
-
-
-def _decode_channels_in(decoder, reader, tables, shape, first, quiet, source):
-    """:func:`decode_channels` with ``quiet`` before ``source`` (decode_blocks' order)."""
-    return decode_channels(decoder, reader, tables, shape, first, source, quiet)
 
 
 # ------------------------------------------------------ the split --

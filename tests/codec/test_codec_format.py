@@ -45,7 +45,8 @@ def encode_symbols(q, tables):
 
 def decode_symbols(payload, escapes, tables, shape, source="<bytes>"):
     """The latents of ``shape`` :func:`encode_symbols` coded."""
-    return decode_substream(decode_channels, (payload, escapes), (tables, shape, 0), source)
+    return decode_substream(decode_channels, (payload, escapes), (tables, shape, 0, False),
+                            source)
 
 
 def test_symbols_round_trip_with_escapes_on_both_sides(model, rng):

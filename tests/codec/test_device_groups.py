@@ -93,7 +93,7 @@ def test_gpu_kernels_group_as_the_host_sorts(shape, split, rng):
 def test_coders_given_the_device_groups_write_and_read_the_same_bytes(host_device, quiet, rng):
     """encode_by_table / decode_by_table with the groups made by the (host-built) kernels:
     the same substream bytes as grouping on the host, and the same values back."""
-    from gdnflow.codec.hyperprior import _decode_by_table_in, encode_by_table
+    from gdnflow.codec.hyperprior import decode_by_table, encode_by_table
     from gdnflow.codec.substreams import decode_substream, encode_substream
     shape, split = (12, 9, 13), Split(3, 2)
     indexes = random_indexes(rng, shape)
@@ -106,7 +106,7 @@ def test_coders_given_the_device_groups_write_and_read_the_same_bytes(host_devic
         block = (q[channels, rows], indexes[channels, rows], quiet)
         data = encode_substream(encode_by_table, block + (group,))
         assert data == encode_substream(encode_by_table, block + (None,))
-        values = decode_substream(_decode_by_table_in, data, (block[1], quiet, group), "f.gdn")
+        values = decode_substream(decode_by_table, data, (block[1], quiet, group), "f.gdn")
         np.testing.assert_array_equal(values, q[channels, rows])
 
 

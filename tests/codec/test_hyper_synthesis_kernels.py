@@ -121,5 +121,6 @@ def test_asymmetric_padding_is_refused_by_name():
     from gdnflow.nn.conv import Conv2d
     from gdnflow.nn.layers import Sequential
     layer = Conv2d(4, 4, 3, padding=(1, 0, 1, 0), device="numpy")
-    with pytest.raises(ValueError, match=r"padding of .* must be an int or a \(rows, columns\)"):
+    with pytest.raises(ValueError, match=r"hyper-synthesis .*: asymmetric padding \(1, 0, 1, 0\) "
+                                         r"is not supported"):
         ExactHyperSynthesis(Sequential(layer), np.zeros(4, np.float32))
