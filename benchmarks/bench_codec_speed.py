@@ -47,15 +47,20 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
+#: --format: which of a codec class's ``versions`` to write (None: the device's default).
+FORMATS = {"default": None, "range-coded": 2, "plain": 1}
+
+
 def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None,
-               plain=False):
+               variant="default"):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
-    ``tile``, the substreams coded by ``executor``'s map if not None; ``plain``: the
-    format version before quiet groups, 7 or 8)."""
+    ``tile``, the substreams coded by ``executor``'s map if not None; ``variant``: a key
+    of :data:`FORMATS`: the device's default version, the newest range-coded one (11 or
+    13), or the one before quiet groups (7 or 8))."""
     codec = Codec.from_checkpoint(path, device, tile)
-    if executor is not None or plain:
-        codec = type(codec)(codec.model, tile, executor=executor,
-                            version=type(codec).versions[1] if plain else None)
+    if executor is not None or FORMATS[variant] is not None:
+        version = None if FORMATS[variant] is None else type(codec).versions[FORMATS[variant]]
+        codec = type(codec)(codec.model, tile, executor=executor, version=version)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
     decoded = codec.decompress(data)
     check = "-"
@@ -118,9 +123,11 @@ def main():
     parser.add_argument("--processes", type=int, default=0,
                         help="code the substreams in a pool of this many processes (0: one "
                              "after another in this process, the default)")
-    parser.add_argument("--plain-substreams", action="store_true",
-                        help="write format versions 7 and 8 (every group coded) instead of "
-                             "the newest")
+    parser.add_argument("--format", choices=list(FORMATS), default="default",
+                        help="the format version written: the device's default (on a GPU, "
+                             "version 14 for the factorized prior: rANS lanes), the newest "
+                             "range-coded one (11 and 13), or versions 7 and 8 (every group "
+                             "coded)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     # spawn: the workers import only the coding, never the CUDA state of this process
@@ -132,7 +139,7 @@ def main():
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
         rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
-                           executor, args.plain_substreams) for p in paths]
+                           executor, args.format) for p in paths]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -141,7 +148,7 @@ def main():
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
             f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, "
-            f"{'versions 7 and 8' if args.plain_substreams else 'the newest format'}, "
+            f"format: {args.format}, "
             "substreams coded "
             f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",

@@ -164,6 +164,9 @@ class ShimDevice:
         fill = np.nan if dtype.kind == "f" else np.iinfo(dtype).max
         return HostMemory(np.full(shape, fill, dtype))
 
+    def full(self, shape, value, dtype):
+        return HostMemory(np.full(shape, value, dtype))
+
     def to_numpy(self, memory):
         return memory.array.copy()
 
@@ -174,7 +177,7 @@ class ShimDevice:
         launched = self.launched
 
         class Kernel:
-            def launch(self, threads, *args):
+            def launch(self, threads, *args, **launch_options):
                 launched.append(name)
                 function(*args)
         return Kernel()

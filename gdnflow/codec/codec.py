@@ -37,12 +37,14 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL,
-                                  MODEL_ID_BYTES, QUIET_VERSIONS, SINGLE_STREAM_VERSIONS,
+                                  MODEL_ID_BYTES, QUIET_VERSIONS, RANS_VERSION,
+                                  SINGLE_STREAM_VERSIONS,
                                   TABLES_DIGEST_BYTES,
                                   WHOLE, CodecError, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
                                       encode_factorized, factorized_split)
 from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
+from gdnflow.codec.rans_factorized import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
@@ -128,10 +130,12 @@ class Codec:
     memory beyond the image and its latents
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
-    written, one of :attr:`versions` (the last, substreams leaving out the
-    quiet channels, by default; the middle one, substreams, is what gdnflow
-    before quiet channels reads; the first, one stream, what gdnflow before
-    substreams reads); every readable version is read. ``executor``: a
+    written, one of :attr:`versions` (by default :meth:`default_version`: on a
+    GPU the last, rANS substreams that the GPU codes; elsewhere the one before,
+    range-coded substreams leaving out the quiet channels; the second, every
+    channel coded, is what gdnflow before quiet channels reads; the first, one
+    stream, what gdnflow before substreams reads); every readable version is
+    read. ``executor``: a
     :class:`concurrent.futures.Executor` whose ``map`` codes the substreams
     (None: one after another; constriction holds the GIL, so threads gain
     nothing: :mod:`gdnflow.codec.substreams`).
@@ -142,7 +146,7 @@ class Codec:
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
-    versions = (2, 7, FORMAT_VERSION)
+    versions = (2, 7, FORMAT_VERSION, RANS_VERSION)
 
     def __init__(self, model, tile="auto", version=None, executor=None,
                  substream_bits=SUBSTREAM_BITS):
@@ -164,7 +168,7 @@ class Codec:
         self.model = model.eval()
         self.tables = self.build_tables(model)
         self.tile = tile
-        self.version = self.versions[-1] if version is None else version
+        self.version = self.default_version() if version is None else version
         if self.version not in self.versions:
             raise ValueError(f"{type(self).__name__}: writes format versions "
                              f"{self.versions}, got {version!r}")
@@ -176,6 +180,12 @@ class Codec:
         self.substream_bits = substream_bits
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
+
+    def default_version(self):
+        """The version written when none is asked for: on a GPU the rANS substreams (coded
+        there, :mod:`gdnflow.codec.rans`), else the range-coded ones (constriction codes
+        them faster on the host than NumPy's rANS lanes)."""
+        return RANS_VERSION if self.device == "cuda" else FORMAT_VERSION
 
     @staticmethod
     def build_tables(model):
@@ -255,6 +265,8 @@ class Codec:
         split = WHOLE if single else factorized_split(q, self.tables, self.substream_bits)
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
                         self._digest, self.version, splits=() if single else (split,))
+        if self.version == RANS_VERSION:
+            return pack(header, encode_rans(q, self.tables, split, True, self.device))
         return pack(header, encode_factorized(q, self.tables, split, self.map,
                                               self.version in QUIET_VERSIONS))
 
@@ -270,8 +282,12 @@ class Codec:
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source, self._digest)
         split = header.splits[0] if header.splits else WHOLE
-        q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
-                              self.map, header.version in QUIET_VERSIONS)
+        if header.version == RANS_VERSION:
+            q = decode_rans(substreams, self.tables, split, header.latent_shape, source, True,
+                            self.device)
+        else:
+            q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
+                                  self.map, header.version in QUIET_VERSIONS)
         y_hat = np.empty(q.shape, np.float32)
         medians = np.asarray(self.tables.medians, np.float32)[:, None, None]
         for chunk in channel_chunks(q.shape):

@@ -1,7 +1,7 @@
 """The ``.gdn`` bitstream: a small header, the range-coded latents in substreams, a checksum.
 
-Layout of format version 7, the factorized prior's (versions 11 and 13, the newest,
-differ only inside the substreams: see the end; integers marked varint are
+Layout of format version 7, the factorized prior's (versions 11, 13 and 14, the
+newest, differ only inside the substreams: see the end; integers marked varint are
 unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but
 the last)::
 
@@ -104,7 +104,14 @@ not in the payload; the rest is coded as in versions 7 and 8. The coder then
 spends no time on the zeros (most of the symbols at the shipped qualities),
 and the file is a few bits smaller or larger.
 
-The version numbers: 1, 2, 4, 7, 8, 11 and 13 are each at least two bits
+Version 14 is version 11 (the same header, split, index, quiet channels and escape
+bits) whose substreams' payloads are rANS streams instead of range-coded ones: the
+16-bit words of :mod:`gdnflow.codec.rans` (little-endian, padded with a zero word
+to a whole number of 32-bit words, which the index counts), coding the same symbols
+in the same order. One GPU thread decodes (and encodes) each substream, and the
+NumPy coder reads and writes the same words. A GPU codec writes it by default.
+
+The version numbers: 1, 2, 4, 7, 8, 11, 13 and 14 are each at least two bits
 from any other, so a single flipped bit of the version byte never turns one
 readable version into another (none escapes the checksum by reading as
 version 1, which has none).
@@ -126,9 +133,12 @@ SINGLE_STREAM_VERSIONS = (1, 2, 4)
 #: The scale hyperprior's versions (the header has the side information's channels).
 HYPERPRIOR_VERSIONS = (4, 8, 13)
 #: The versions whose substreams leave out their quiet groups that are all 0.
-QUIET_VERSIONS = (11, 13)
+QUIET_VERSIONS = (11, 13, 14)
+#: The factorized prior's files whose substreams are rANS streams (module docstring):
+#: what a GPU codec writes.
+RANS_VERSION = 14
 #: The versions readers accept; writers write any of them (Codec's ``version``).
-READABLE_VERSIONS = (1, 2, 4, 7, 8, 11, 13)
+READABLE_VERSIONS = (1, 2, 4, 7, 8, 11, 13, 14)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4

@@ -213,6 +213,10 @@ class HyperpriorCodec(Codec):
     #: left out).
     versions = (4, 8, HYPERPRIOR_VERSION)
 
+    def default_version(self):
+        """The newest version, on every device."""
+        return HYPERPRIOR_VERSION
+
     @staticmethod
     def build_tables(model):
         """The model's :class:`HyperpriorTables`."""

@@ -119,9 +119,27 @@ def encode_values(encoder, escapes, values, low, high, model):
     outside = (symbols < 0) | (symbols > escape - 1)
     symbols[outside] = escape
     encoder.encode(symbols.astype(np.int32), model)
-    for v in values[outside]:
-        d = int(v) - int(high if v > high else low)
+    write_escapes(escapes, values[outside], low, high)
+
+
+def write_escapes(escapes, values, low, high):
+    """Append the escape codes of ``values`` (each outside its [low, high]; ``low`` and
+    ``high`` numbers or arrays like ``values``): the Elias-gamma code of the zigzag number of
+    each one's distance past its support."""
+    for v, lo, hi in zip(values.tolist(), np.broadcast_to(low, np.shape(values)).tolist(),
+                         np.broadcast_to(high, np.shape(values)).tolist()):
+        d = v - (hi if v > hi else lo)
         escapes.write_gamma(2 * d - 1 if d > 0 else -2 * d)
+
+
+def read_escape(reader, low, high, source):
+    """The value of the next escape code in ``reader``, outside [low, high] (what
+    :func:`write_escapes` wrote); FormatError naming ``source`` for an impossible one."""
+    n = reader.read_gamma()
+    value = high + (n + 1) // 2 if n % 2 else low - n // 2
+    if abs(value) >= MAX_SYMBOL:
+        raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
+    return value
 
 
 def decode_values(decoder, reader, count, low, high, model, source):
@@ -133,11 +151,7 @@ def decode_values(decoder, reader, count, low, high, model, source):
         raise FormatError(f"{source}: corrupt or truncated payload ({exc})") from None
     values = symbols + low
     for i in np.flatnonzero(symbols == high - low + 1):
-        n = reader.read_gamma()
-        value = high + (n + 1) // 2 if n % 2 else low - n // 2
-        if abs(value) >= MAX_SYMBOL:
-            raise FormatError(f"{source}: corrupt escape bits (a latent of {value})")
-        values[i] = value
+        values[i] = read_escape(reader, low, high, source)
     return values
 
 

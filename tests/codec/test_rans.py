@@ -1,0 +1,250 @@
+"""The rANS lanes (gdnflow/codec/rans.py, cuda_src/rans.cu) and format version 14.
+
+The NumPy coder against a one-symbol-at-a-time coder written here from the
+definition; the kernels built for the host and on the GPU against the NumPy
+coder (the same words, the same values); corrupt streams refused; version 14
+files against version 11's latents, across devices byte for byte."""
+import numpy as np
+import pytest
+
+from gdnflow.backends import cuda
+from gdnflow.codec import Codec, rans
+from gdnflow.codec.format import RANS_VERSION, FormatError, Split, checksum, unpack
+from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED, STATE_LOW,
+                                Lanes, RansTables, decode_cuda, decode_numpy, encode_cuda,
+                                encode_numpy, symbols_of)
+from gdnflow.codec.rans_factorized import decode_rans, encode_rans
+
+from codec_kit import smooth_image
+from host_kernels import ShimDevice, host_builder
+
+LANE_ARGS = ("const int* lane_runs, const int* run_table, const int* run_count, "
+             "const long long* run_dest, const int* positions, const int* cdf, "
+             "const int* table_offset, const int* table_size, const int* table_low")
+LANE_NAMES = ("lane_runs, run_table, run_count, run_dest, positions, cdf, table_offset, "
+              "table_size, table_low")
+HOST_SHIM = f"""
+extern "C" void host_rans_encode(const int* latents, {LANE_ARGS}, const long long* lane_end,
+                                 int lanes, unsigned short* words, int* lane_words) {{
+    for (int lane = lanes - 1; lane >= 0; --lane)
+        lane_words[lane] = rans_encode_lane(lane, latents, {LANE_NAMES}, words, lane_end[lane]);
+}}
+extern "C" void host_rans_decode(const unsigned short* words, const long long* lane_begin,
+                                 {LANE_ARGS}, int lanes, int* latents, int* lane_status,
+                                 int* lane_escapes) {{
+    for (int lane = lanes - 1; lane >= 0; --lane)
+        lane_status[lane] = rans_decode_lane(lane, words, lane_begin[lane], lane_begin[lane + 1],
+                                             {LANE_NAMES}, latents, lane_escapes + lane);
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_device(tmp_path_factory):
+    build = host_builder(tmp_path_factory.mktemp("rans_host"), "rans.cu", suffix=HOST_SHIM)
+    return ShimDevice(build(), rans.SOURCE)
+
+
+def random_tables(rng, count=5):
+    """Tables of 16-bit frequencies like the codec's: peaked, a long thin tail, each >= 1."""
+    cdfs, lows = [], []
+    for _ in range(count):
+        size = int(rng.integers(2, 40))
+        peak = rng.uniform(0.3, 3.0)
+        masses = np.exp(-np.abs(np.arange(size) - size // 2) / peak) + 1e-4
+        frequencies = np.floor(masses / masses.sum() * (65536 - size)).astype(np.int64) + 1
+        frequencies[size // 2] += 65536 - frequencies.sum()
+        cdfs.append(np.concatenate([[0], np.cumsum(frequencies)]))
+        lows.append(-(size // 2) + int(rng.integers(-1, 2)))
+    return RansTables.of(cdfs, lows, 16), cdfs
+
+
+def reference_encode(symbols, cdfs):
+    """One lane's words, one symbol at a time from the definition (rans.py's docstring)."""
+    x, given = STATE_LOW, []
+    for table, s in reversed(symbols):
+        c, f = int(cdfs[table][s]), int(cdfs[table][s + 1] - cdfs[table][s])
+        if x >= f << 16:
+            given.append(x & 0xFFFF)
+            x >>= 16
+        x = (x // f << 16) + x % f + c
+    words = [x >> 16, x & 0xFFFF] + given[::-1]
+    return words + [0] * (len(words) % 2)
+
+
+def random_case(rng, lanes=6, size=3000):
+    """(lanes, tables, cdfs, latents): contiguous and gathered runs, an empty lane, lanes of
+    very different lengths, values beyond the supports (escapes)."""
+    tables, cdfs = random_tables(rng)
+    latents = np.round(rng.laplace(0, 3, size)).astype(np.int32)
+    positions = size - 400 + rng.permutation(400)      # the gathered run's, in any order
+    lane_runs, start = [], 0
+    for lane in range(lanes):
+        runs = []
+        if lane == 1:
+            runs.append((int(rng.integers(0, len(cdfs))), 400, -1))     # gathered
+        for _ in range(lane % 3 + (lane != 2)):
+            count = int(rng.integers(1, 200)) * (lane + 1)
+            if start + count > size - 400:
+                break
+            runs.append((int(rng.integers(0, len(cdfs))), count, start))
+            start += count
+        lane_runs.append(runs if lane != 3 else [])                     # lane 3: empty
+    return Lanes.of(lane_runs, positions), tables, cdfs, latents
+
+
+def test_numpy_coder_writes_the_definitions_words(rng):
+    lanes, tables, cdfs, latents = random_case(rng)
+    streams = encode_numpy(lanes, tables, latents)
+    assert len(streams) == lanes.lanes
+    for lane, words in enumerate(streams):
+        ids = lanes.lane_tables(lane)
+        symbols = symbols_of(latents[lanes.lane_positions(lane)], tables, ids)
+        assert words.dtype == np.uint16 and len(words) % 2 == 0
+        assert words.tolist() == reference_encode(list(zip(ids.tolist(), symbols.tolist())),
+                                                  cdfs)
+    assert streams[3].tolist() == [1, 0]            # an empty lane: the first state, 2^16
+
+
+def test_numpy_decoder_gives_the_values_back_and_marks_escapes(rng):
+    lanes, tables, cdfs, latents = random_case(rng)
+    streams = encode_numpy(lanes, tables, latents)
+    decoded = np.full(latents.shape, 12345, np.int32)
+    status = decode_numpy(lanes, tables, streams, decoded)
+    assert status.tolist() == [LANE_OK] * lanes.lanes
+    coded = np.concatenate([lanes.lane_positions(j) for j in range(lanes.lanes)])
+    ids = np.concatenate([lanes.lane_tables(j) for j in range(lanes.lanes)])
+    inside = (latents[coded] >= tables.low[ids]) & (latents[coded] <= tables.high[ids])
+    assert 0 < (~inside).sum() < inside.sum()       # escapes, but mostly values
+    np.testing.assert_array_equal(decoded[coded[inside]], latents[coded[inside]])
+    assert (decoded[coded[~inside]] == ESCAPE_MARK).all()
+    untouched = np.setdiff1d(np.arange(latents.size), coded)
+    assert (decoded[untouched] == 12345).all()
+
+
+def test_corrupt_streams_are_caught(rng):
+    lanes, tables, _, latents = random_case(rng)
+    streams = encode_numpy(lanes, tables, latents)
+    long_lane = int(np.argmax(lanes.symbols()))
+
+    def status_with(words):
+        changed = list(streams)
+        changed[long_lane] = np.asarray(words, np.uint16)
+        return decode_numpy(lanes, tables, changed, np.zeros(latents.shape, np.int32))[long_lane]
+
+    words = streams[long_lane]
+    assert status_with(words[:-4]) == LANE_TRUNCATED
+    assert status_with(words[:1]) == LANE_TRUNCATED
+    assert status_with(np.append(words, [7, 0])) == LANE_BAD_END
+    flipped = words.copy()
+    flipped[0] ^= 1
+    assert status_with(flipped) != LANE_OK
+
+
+def test_tables_of_other_precisions_are_refused():
+    with pytest.raises(ValueError, match="12-bit"):
+        RansTables.of([np.array([0, 100, 4096])], [0], 12)
+
+
+def check_kernels(rng, **kwargs):
+    lanes, tables, _, latents = random_case(rng, **kwargs)
+    streams = encode_numpy(lanes, tables, latents)
+    got = encode_cuda(lanes, tables, latents)
+    assert [s.tolist() for s in got] == [s.tolist() for s in streams]
+    runtime = cuda.get_runtime()
+    expected = np.zeros(latents.shape, np.int32)
+    want_status = decode_numpy(lanes, tables, streams, expected)
+    out = runtime.from_numpy(np.zeros(latents.shape, np.int32))
+    status, escapes = decode_cuda(lanes, tables, streams, out)
+    np.testing.assert_array_equal(runtime.to_numpy(out), expected)
+    assert status.tolist() == want_status.tolist() == [LANE_OK] * lanes.lanes
+    marks = [(expected[lanes.lane_positions(j)] == ESCAPE_MARK).sum()
+             for j in range(lanes.lanes)]
+    assert escapes.tolist() == marks and sum(marks) > 0
+    truncated = list(streams)
+    truncated[0] = streams[0][:-2]
+    status, _ = decode_cuda(lanes, tables, truncated, out)
+    assert status[0] != LANE_OK and (status[1:] == LANE_OK).all()
+
+
+def test_host_built_kernels_code_as_numpy(host_device, rng):
+    with cuda.simulated(host_device):
+        check_kernels(rng)
+    assert host_device.launched[:2] == ["rans_encode", "rans_decode"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes, size", [(6, 3000), (40, 200000)])
+def test_gpu_kernels_code_as_numpy(rng, lanes, size):
+    check_kernels(rng, lanes=lanes, size=size)
+
+
+# ------------------------------------------------------ version 14 --
+def latents_like_a_photo(rng, tables, shape):
+    """Integer latents around each channel's median, a few quiet channels all zero, some
+    values beyond the supports."""
+    q = np.round(rng.laplace(0, 1.5, shape)).astype(np.int32)
+    q[::3] = 0
+    q[1, 0, 0] = tables.high[1] + 9
+    return q
+
+
+@pytest.mark.parametrize("split", [Split(1, 1), Split(5, 2), Split(12, 3)])
+def test_version_14_substreams_round_trip_on_numpy(model, rng, split):
+    codec = Codec(model)
+    q = latents_like_a_photo(rng, codec.tables, (12, 7, 9))
+    substreams = encode_rans(q, codec.tables, split, True, "numpy")
+    assert len(substreams) == split.groups * split.bands
+    back = decode_rans(substreams, codec.tables, split, q.shape, "x.gdn", True, "numpy")
+    np.testing.assert_array_equal(back, q)
+
+
+def test_version_14_files_hold_version_11s_latents_at_about_its_size(model, small_image):
+    codec = Codec(model)
+    assert codec.version == 11              # on NumPy the range-coded files by default
+    q = codec.quantize(codec.analyse(small_image))
+    h, w = small_image.shape[:2]
+    files = {v: Codec(model, version=v).encode_latents(q, h, w) for v in (11, RANS_VERSION)}
+    assert files[RANS_VERSION][4] == RANS_VERSION
+    latents = [Codec(model).decode_latents(files[v])[1] for v in (11, RANS_VERSION)]
+    np.testing.assert_array_equal(latents[0], latents[1])
+    assert abs(len(files[RANS_VERSION]) - len(files[11])) <= 0.02 * len(files[11]) + 8
+
+
+def test_a_corrupt_version_14_payload_is_refused_by_name(model, small_image):
+    codec = Codec(model, version=RANS_VERSION)
+    data = bytearray(codec.compress(small_image))
+    coded = sum(len(payload) + len(escapes) for payload, escapes in unpack(bytes(data))[1])
+    data[len(data) - 4 - coded] ^= 0x10     # the first payload word: the coder's final state
+    data[-4:] = checksum(bytes(data[:-4]))  # past the checksum: the coder must notice
+    with pytest.raises(FormatError, match="photo.gdn: corrupt payload in substream 0"):
+        codec.decompress(bytes(data), "photo.gdn")
+
+
+def test_host_built_kernels_write_and_read_version_14_as_numpy(model, host_device, rng):
+    codec = Codec(model, version=RANS_VERSION)
+    q = latents_like_a_photo(rng, codec.tables, (12, 10, 13))
+    split = Split(4, 3)
+    on_host = encode_rans(q, codec.tables, split, True, "numpy")
+    with cuda.simulated(host_device):
+        assert encode_rans(q, codec.tables, split, True, "cuda") == on_host
+        back = decode_rans(on_host, codec.tables, split, q.shape, "x.gdn", True, "cuda")
+    np.testing.assert_array_equal(back, q)
+
+
+@pytest.mark.gpu
+def test_gpu_codec_writes_version_14_that_numpy_reads_byte_for_byte(model, rng):
+    gpu = Codec(model.to("cuda"))
+    try:
+        assert gpu.version == RANS_VERSION
+        image = smooth_image(rng, 150, 211)
+        data = gpu.compress(image)
+        cpu = Codec(model.to("numpy"), version=RANS_VERSION)
+        q = cpu.quantize(cpu.analyse(image))
+        header, y_gpu = gpu.decode_latents(data)
+        np.testing.assert_array_equal(cpu.decode_latents(data)[1], y_gpu)
+        assert cpu.encode_latents(np.round(y_gpu - cpu.tables.medians[:, None, None]).astype(
+            np.int32), 150, 211) == data
+        assert np.abs(q - np.round(y_gpu - cpu.tables.medians[:, None, None])).max() <= 1
+    finally:
+        model.to("numpy")
