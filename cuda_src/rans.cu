@@ -25,6 +25,8 @@
 #define PRECISION 16
 #define STATE_LOW 65536u
 #define ESCAPE_MARK (-2147483647 - 1)
+// Table k's bucket[k << BUCKET_BITS | b]: the symbol holding slot b << (PRECISION - BUCKET_BITS).
+#define BUCKET_BITS 8
 
 // Lane status (rans.py LANE_* constants).
 #define LANE_OK 0
@@ -38,14 +40,12 @@ __host__ __device__ inline long long run_position(int r, int i, const long long*
     return dest >= 0 ? dest + i : (long long)positions[-dest - 1 + i];
 }
 
-// The symbol of table k whose CDF interval holds slot (a binary search).
-__host__ __device__ inline int find_symbol(const int* cdf, int size, unsigned slot) {
-    int lo = 0, hi = size;                  // cdf[lo] <= slot < cdf[hi]
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if ((unsigned)cdf[mid] <= slot) lo = mid; else hi = mid;
-    }
-    return lo;
+// The symbol whose CDF interval holds slot: from the symbol holding the start of
+// slot's bucket (the slots of one BUCKET_BITS-bit prefix), onward.
+__host__ __device__ inline int find_symbol(const int* cdf, const int* bucket, unsigned slot) {
+    int s = bucket[slot >> (PRECISION - BUCKET_BITS)];
+    while ((unsigned)cdf[s + 1] <= slot) ++s;
+    return s;
 }
 
 // Encodes lane `lane`: its words go backward from words[end] (end = the lane's
@@ -82,8 +82,8 @@ __host__ __device__ inline int rans_decode_lane(
         int lane, const unsigned short* words, long long begin, long long end,
         const int* lane_runs, const int* run_table, const int* run_count,
         const long long* run_dest, const int* positions, const int* cdf,
-        const int* table_offset, const int* table_size, const int* table_low, int* latents,
-        int* escapes) {
+        const int* table_offset, const int* table_size, const int* table_low,
+        const int* buckets, int* latents, int* escapes) {
     int status = LANE_OK, escaped = 0;
     long long p = begin;
     unsigned x = 0;
@@ -96,9 +96,10 @@ __host__ __device__ inline int rans_decode_lane(
     for (int r = lane_runs[lane]; r < lane_runs[lane + 1]; ++r) {
         const int k = run_table[r], size = table_size[k], low = table_low[k];
         const int* table = cdf + table_offset[k];
+        const int* bucket = buckets + ((long long)k << BUCKET_BITS);
         for (int i = 0; i < run_count[r]; ++i) {
             const unsigned slot = x & ((1u << PRECISION) - 1u);
-            const int s = find_symbol(table, size, slot);
+            const int s = find_symbol(table, bucket, slot);
             const unsigned c = (unsigned)table[s], f = (unsigned)table[s + 1] - c;
             x = f * (x >> PRECISION) + slot - c;
             if (x < STATE_LOW) {
@@ -137,11 +138,12 @@ extern "C" __global__ void rans_decode(
         const int* __restrict__ run_count, const long long* __restrict__ run_dest,
         const int* __restrict__ positions, const int* __restrict__ cdf,
         const int* __restrict__ table_offset, const int* __restrict__ table_size,
-        const int* __restrict__ table_low, int lanes, int* __restrict__ latents,
-        int* __restrict__ lane_status, int* __restrict__ lane_escapes) {
+        const int* __restrict__ table_low, const int* __restrict__ buckets, int lanes,
+        int* __restrict__ latents, int* __restrict__ lane_status,
+        int* __restrict__ lane_escapes) {
     GRID_STRIDE_LOOP(lane, lanes)
         lane_status[lane] = rans_decode_lane(lane, words, lane_begin[lane], lane_begin[lane + 1],
                                              lane_runs, run_table, run_count, run_dest,
                                              positions, cdf, table_offset, table_size,
-                                             table_low, latents, lane_escapes + lane);
+                                             table_low, buckets, latents, lane_escapes + lane);
 }

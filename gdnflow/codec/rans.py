@@ -52,16 +52,24 @@ LANE_ERRORS = {LANE_TRUNCATED: "the stream ends early",
 _MASK = (1 << PRECISION) - 1
 
 
+#: The GPU decoder finds a symbol from the one holding the first slot of its bucket
+#: (the slots of one BUCKET_BITS-bit prefix) onward: one lookup and a step or two,
+#: where a binary search over the CDF takes a load per halving.
+BUCKET_BITS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class RansTables:
     """Coding tables for the lanes: ``cdf`` (int32, every table's CDF one after another),
     ``offset`` / ``size`` (int32 per table: where its CDF starts, its symbol count, the
-    escape last), ``low`` (int32 per table: the value of symbol 0)."""
+    escape last), ``low`` (int32 per table: the value of symbol 0), ``buckets`` (int32,
+    2^BUCKET_BITS per table: the symbol holding each bucket's first slot)."""
 
     cdf: np.ndarray
     offset: np.ndarray
     size: np.ndarray
     low: np.ndarray
+    buckets: np.ndarray
 
     @classmethod
     def of(cls, cdfs, lows, precision):
@@ -71,8 +79,11 @@ class RansTables:
                              f"takes {PRECISION}")
         sizes = np.array([len(c) - 1 for c in cdfs], np.int32)
         offsets = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]]).astype(np.int32)
+        firsts = np.arange(1 << BUCKET_BITS) << (PRECISION - BUCKET_BITS)
+        buckets = [np.searchsorted(c, firsts, side="right") - 1 for c in cdfs]
         return cls(cdf=np.concatenate(cdfs).astype(np.int32), offset=offsets, size=sizes,
-                   low=np.asarray(lows, np.int32))
+                   low=np.asarray(lows, np.int32),
+                   buckets=np.concatenate(buckets).astype(np.int32))
 
     @property
     def high(self):
@@ -253,11 +264,11 @@ def decode_numpy(lanes, tables, streams, latents):
 
 
 # -------------------------------------------------------------- CUDA --
-def _device_arrays(runtime, lanes, tables):
+def _device_arrays(runtime, lanes, tables, *more):
     """The lanes' and tables' arrays on the device, in the kernels' argument order."""
     return [runtime.from_numpy(a) for a in (lanes.runs, lanes.table, lanes.count, lanes.dest,
                                             lanes.positions, tables.cdf, tables.offset,
-                                            tables.size, tables.low)]
+                                            tables.size, tables.low, *more)]
 
 
 def encode_cuda(lanes, tables, latents):
@@ -289,11 +300,11 @@ def decode_cuda(lanes, tables, streams, latents):
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     begins = np.concatenate([[0], np.cumsum([len(s) for s in streams])]).astype(np.int64)
     words = runtime.from_numpy(np.concatenate(streams).astype(np.uint16))
-    arrays = _device_arrays(runtime, lanes, tables)
+    arrays = _device_arrays(runtime, lanes, tables, tables.buckets)
     lane_begin = runtime.from_numpy(begins)
     status = runtime.empty((lanes.lanes,), np.int32)
     escapes = runtime.empty((lanes.lanes,), np.int32)
-    cuda.kernel(SOURCE, "rans_decode", "PP" + "P" * 9 + "iPPP").launch(
+    cuda.kernel(SOURCE, "rans_decode", "PP" + "P" * 10 + "iPPP").launch(
         lanes.lanes, words.ptr, lane_begin.ptr, *(a.ptr for a in arrays), lanes.lanes,
         latents.ptr, status.ptr, escapes.ptr, block=1)
     return runtime.to_numpy(status), runtime.to_numpy(escapes)

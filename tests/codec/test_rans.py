@@ -30,11 +30,12 @@ extern "C" void host_rans_encode(const int* latents, {LANE_ARGS}, const long lon
         lane_words[lane] = rans_encode_lane(lane, latents, {LANE_NAMES}, words, lane_end[lane]);
 }}
 extern "C" void host_rans_decode(const unsigned short* words, const long long* lane_begin,
-                                 {LANE_ARGS}, int lanes, int* latents, int* lane_status,
-                                 int* lane_escapes) {{
+                                 {LANE_ARGS}, const int* buckets, int lanes, int* latents,
+                                 int* lane_status, int* lane_escapes) {{
     for (int lane = lanes - 1; lane >= 0; --lane)
         lane_status[lane] = rans_decode_lane(lane, words, lane_begin[lane], lane_begin[lane + 1],
-                                             {LANE_NAMES}, latents, lane_escapes + lane);
+                                             {LANE_NAMES}, buckets, latents,
+                                             lane_escapes + lane);
 }}
 """
 
