@@ -102,7 +102,7 @@ def main():
         for quality in (int(v) for v in args.qualities.split(",")):
             codec = pretrained(architecture, quality=quality, device="numpy")
             kind, model = type(codec), codec.model
-            one, plain, newest = kind.versions
+            one, plain, newest = kind.versions[:3]   # range-coded ones
             codecs = {f"v{one} one stream": kind(model, version=one),
                       f"v{plain} serial (every group)": kind(model, version=plain),
                       f"v{newest} serial": codec,

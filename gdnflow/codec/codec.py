@@ -136,9 +136,10 @@ class Codec:
     channel coded, is what gdnflow before quiet channels reads; the first, one
     stream, what gdnflow before substreams reads); every readable version is
     read. ``executor``: a
-    :class:`concurrent.futures.Executor` whose ``map`` codes the substreams
-    (None: one after another; constriction holds the GIL, so threads gain
-    nothing: :mod:`gdnflow.codec.substreams`).
+    :class:`concurrent.futures.Executor` whose ``map`` codes the range-coded
+    substreams (None: one after another; constriction holds the GIL, so threads
+    gain nothing: :mod:`gdnflow.codec.substreams`); version 14's rANS lanes are
+    coded together on the device, without it.
     ``substream_bits``: the estimated payload bits per substream the encoder
     aims for (smaller: more substreams to code in parallel, about 5 bytes each).
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),

@@ -6,8 +6,9 @@ codes every substream at once, one thread per substream (a *lane*), and
 the NumPy coder writes and reads the same words on a machine without one.
 
 The coder (Duda's asymmetric numeral systems, range variant), for tables of
-16-bit frequencies (:data:`PRECISION`; every table's symbols have frequency
-f >= 1, the last symbol the escape, so f < 2^16):
+16-bit frequencies (:data:`PRECISION`; every table has at least two symbols,
+the last the escape, each of frequency f >= 1, so f < 2^16: :meth:`RansTables.of`
+refuses others):
 
 - the state x is 32 bits, in [2^16, 2^32) between symbols; words are 16 bits;
 - encoding runs over a lane's symbols last to first, from x = 2^16: a symbol
@@ -23,7 +24,7 @@ f >= 1, the last symbol the escape, so f < 2^16):
 
 Each symbol costs its -log2(f / 2^16) bits to within the rounding of the
 state; a lane's termination costs 4 bytes (and 1 of padding on average),
-about what constriction's range coder costs.
+where constriction's range coder's costs about 2.
 
 What a lane codes is a list of *runs* (:class:`Lanes`): each run is a count
 of values coded with one table, the values at consecutive positions of the
@@ -77,6 +78,11 @@ class RansTables:
         if precision != PRECISION:
             raise ValueError(f"rANS lanes: tables of {precision}-bit frequencies, the coder "
                              f"takes {PRECISION}")
+        for k, cdf in enumerate(cdfs):
+            if len(cdf) < 3 or not (np.diff(cdf) > 0).all() or cdf[0] != 0 or \
+                    cdf[-1] != 1 << precision:
+                raise ValueError(f"rANS lanes: table {k} must have at least two symbols, each "
+                                 f"of frequency >= 1, its CDF rising from 0 to 2^{precision}")
         sizes = np.array([len(c) - 1 for c in cdfs], np.int32)
         offsets = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]]).astype(np.int32)
         firsts = np.arange(1 << BUCKET_BITS) << (PRECISION - BUCKET_BITS)
@@ -219,21 +225,22 @@ def decode_numpy(lanes, tables, streams, latents):
     status = np.zeros(lanes.lanes, np.int32)
     if lanes.lanes == 0:
         return status
-    ids = _padded_table(lanes.lane_tables, order, counts, 0)
-    lookup = _symbol_lookup(tables, ids)
+    # int32 (values below 2^16, table numbers): about 12 bytes a coded latent in all.
+    ids = _padded_table(lanes.lane_tables, order, counts, 0).astype(np.int32)
+    lookup = _symbol_lookup(tables, ids) or _symbol_lookup(tables, np.zeros(1, np.int32))
     slots = np.stack(list(lookup.values()))
-    row_of = np.zeros(len(tables.size), np.int64)
+    row_of = np.zeros(len(tables.size), np.int32)
     row_of[list(lookup)] = np.arange(len(lookup))
     rows = row_of[ids]
     # Reads past a lane's end read zeros (the last column) and mark it truncated below.
     length = max(len(s) for s in streams) + 1
-    words = np.zeros((len(order), length), np.int64)
+    words = np.zeros((len(order), length), np.int32)
     ends = np.array([len(streams[lane]) for lane in order], np.int64)
     for row, lane in enumerate(order):
         words[row, :ends[row]] = streams[lane]
-    x = (words[:, 0] << 16) | words[:, 1]
+    x = (words[:, 0].astype(np.int64) << 16) | words[:, 1]
     position = np.full(len(order), 2, np.int64)
-    decoded = np.zeros(ids.shape, np.int64)
+    decoded = np.zeros(ids.shape, np.int32)
     active = len(order)
     for t in range(ids.shape[1]):
         while counts[active - 1] <= t:
@@ -242,7 +249,7 @@ def decode_numpy(lanes, tables, streams, latents):
         slot = xa & _MASK
         s = slots[rows[:active, t], slot].astype(np.int64)
         base = tables.offset[ids[:active, t]] + s
-        start = tables.cdf[base]
+        start = tables.cdf[base].astype(np.int64)
         xa = (tables.cdf[base + 1] - start) * (xa >> PRECISION) + slot - start
         low = np.flatnonzero(xa < STATE_LOW)
         xa[low] = (xa[low] << 16) | words[low, np.minimum(position[low], length - 1)]
@@ -254,7 +261,7 @@ def decode_numpy(lanes, tables, streams, latents):
     pad_ok = (position == ends) | ((position == ends - 1) & (after == 0))
     for row, lane in enumerate(order):
         n = counts[row]
-        symbols, table_ids = decoded[row, :n], ids[row, :n]
+        symbols, table_ids = decoded[row, :n].astype(np.int64), ids[row, :n]
         escape = symbols == tables.size[table_ids] - 1
         values = np.where(escape, ESCAPE_MARK, symbols + tables.low[table_ids])
         latents[lanes.lane_positions(lane)] = values

@@ -22,10 +22,12 @@ _TABLES = {}        # per factorized tables' model id: their RansTables
 def rans_tables(tables):
     """The :class:`~gdnflow.codec.rans.RansTables` of factorized ``tables`` (made once per
     model id)."""
-    if tables.model_id not in _TABLES:
+    made = _TABLES.get(tables.model_id)
+    if made is None:
+        made = RansTables.of(tables.cdfs, tables.low, tables.precision)
         _TABLES.clear()         # one model at a time is the common case; tables are small
-        _TABLES[tables.model_id] = RansTables.of(tables.cdfs, tables.low, tables.precision)
-    return _TABLES[tables.model_id]
+        _TABLES[tables.model_id] = made
+    return made
 
 
 def _lanes(blocks, coded, shape):

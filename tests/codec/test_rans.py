@@ -249,3 +249,16 @@ def test_gpu_codec_writes_version_14_that_numpy_reads_byte_for_byte(model, rng):
         assert np.abs(q - np.round(y_gpu - cpu.tables.medians[:, None, None])).max() <= 1
     finally:
         model.to("numpy")
+
+
+def test_lanes_without_symbols_decode_on_numpy(rng):
+    tables, _ = random_tables(rng)
+    lanes = Lanes.of([[], [(1, 0, 5)]])
+    streams = encode_numpy(lanes, tables, np.zeros(8, np.int32))
+    assert [s.tolist() for s in streams] == [[1, 0], [1, 0]]
+    assert decode_numpy(lanes, tables, streams, np.zeros(8, np.int32)).tolist() == [LANE_OK] * 2
+
+
+def test_tables_of_one_symbol_are_refused():
+    with pytest.raises(ValueError, match="table 1 must have at least two symbols"):
+        RansTables.of([np.array([0, 1, 65536]), np.array([0, 65536])], [0, 0], 16)
