@@ -44,7 +44,7 @@ from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_
 from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
                                       encode_factorized, factorized_split)
 from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
-from gdnflow.codec.rans_factorized import decode_rans, encode_rans
+from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8

@@ -136,12 +136,16 @@ class Lanes:
 
     def lane_positions(self, lane):
         """The flat positions of ``lane``'s values, in coding order (int64)."""
-        parts = []
-        for r in range(self.runs[lane], self.runs[lane + 1]):
-            n, d = int(self.count[r]), int(self.dest[r])
-            parts.append(np.arange(d, d + n) if d >= 0
-                         else self.positions[-d - 1:-d - 1 + n].astype(np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        r = slice(self.runs[lane], self.runs[lane + 1])
+        count = self.count[r].astype(np.int64)
+        run_of = np.repeat(np.arange(len(count)), count)
+        within = np.arange(int(count.sum())) - (np.cumsum(count) - count)[run_of]
+        dest = self.dest[r][run_of]
+        out = dest + within
+        gathered = dest < 0
+        if gathered.any():
+            out[gathered] = self.positions[-dest[gathered] - 1 + within[gathered]]
+        return out
 
     def lane_tables(self, lane):
         """The table of each of ``lane``'s values, in coding order."""

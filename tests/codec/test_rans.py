@@ -13,7 +13,7 @@ from gdnflow.codec.format import RANS_VERSION, FormatError, Split, checksum, unp
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED, STATE_LOW,
                                 Lanes, RansTables, decode_cuda, decode_numpy, encode_cuda,
                                 encode_numpy, symbols_of)
-from gdnflow.codec.rans_factorized import decode_rans, encode_rans
+from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 
 from codec_kit import smooth_image
 from host_kernels import ShimDevice, host_builder
