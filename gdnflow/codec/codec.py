@@ -141,7 +141,8 @@ class Codec:
     gain nothing: :mod:`gdnflow.codec.substreams`); version 14's rANS lanes are
     coded together on the device, without it.
     ``substream_bits``: the estimated payload bits per substream the encoder
-    aims for (smaller: more substreams to code in parallel, about 5 bytes each).
+    aims for (smaller: more substreams to code in parallel, about 5 bytes each;
+    None: :meth:`default_substream_bits` of the version written).
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
     ``device``, ``tile``, ``version``, ``substream_bits``.
     """
@@ -150,7 +151,7 @@ class Codec:
     versions = (2, 7, FORMAT_VERSION, RANS_VERSION)
 
     def __init__(self, model, tile="auto", version=None, executor=None,
-                 substream_bits=SUBSTREAM_BITS):
+                 substream_bits=None):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
             raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
@@ -175,7 +176,9 @@ class Codec:
                              f"{self.versions}, got {version!r}")
         #: Runs the substreams' coding: the builtin map, or the executor's.
         self.map = map if executor is None else executor.map
-        if not substream_bits > 0:      # also NaN
+        if substream_bits is None:
+            substream_bits = self.default_substream_bits()
+        elif not substream_bits > 0:      # also NaN
             raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
                              f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
@@ -187,6 +190,11 @@ class Codec:
         there, :mod:`gdnflow.codec.rans`), else the range-coded ones (constriction codes
         them faster on the host than NumPy's rANS lanes)."""
         return RANS_VERSION if self.device == "cuda" else FORMAT_VERSION
+
+    def default_substream_bits(self):
+        """The payload bits per substream aimed for when none are asked for:
+        :data:`~gdnflow.codec.substreams.SUBSTREAM_BITS`."""
+        return SUBSTREAM_BITS
 
     @staticmethod
     def build_tables(model):

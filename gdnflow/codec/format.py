@@ -1,7 +1,7 @@
 """The ``.gdn`` bitstream: a small header, the entropy-coded latents in substreams, a checksum.
 
-Layout of format version 7, the factorized prior's (versions 11, 13 and 14, the
-newest, differ only inside the substreams: see the end; integers marked varint are
+Layout of format version 7, the factorized prior's (versions 11, 13, 14 and 16,
+the newest, differ only inside the substreams: see the end; integers marked varint are
 unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but
 the last)::
 
@@ -111,8 +111,11 @@ bits) whose substreams' payloads are rANS streams instead of range-coded ones: t
 to a whole number of 32-bit words, which the index counts), coding the same symbols
 in the same order. One GPU thread decodes (and encodes) each substream, and the
 NumPy coder reads and writes the same words. A GPU codec writes it by default.
+Version 16 is the same for version 13: z's substreams as version 14's, y's as
+lanes coding each block's values by table in version 13's order (one run per
+coded table, gathering the table's elements).
 
-The version numbers: 1, 2, 4, 7, 8, 11, 13 and 14 are each at least two bits
+The version numbers: 1, 2, 4, 7, 8, 11, 13, 14 and 16 are each at least two bits
 from any other, so a single flipped bit of the version byte never turns one
 readable version into another (none escapes the checksum by reading as
 version 1, which has none).
@@ -132,14 +135,16 @@ HYPERPRIOR_VERSION = 13
 #: The versions of one range-coded stream (1: no checksum; 2 and 4 before substreams).
 SINGLE_STREAM_VERSIONS = (1, 2, 4)
 #: The scale hyperprior's versions (the header has the side information's channels).
-HYPERPRIOR_VERSIONS = (4, 8, 13)
+HYPERPRIOR_VERSIONS = (4, 8, 13, 16)
 #: The versions whose substreams leave out their quiet groups that are all 0.
-QUIET_VERSIONS = (11, 13, 14)
+QUIET_VERSIONS = (11, 13, 14, 16)
 #: The factorized prior's files whose substreams are rANS streams (module docstring):
 #: what a GPU codec writes.
 RANS_VERSION = 14
+#: The scale hyperprior's files whose substreams are rANS streams.
+HYPERPRIOR_RANS_VERSION = 16
 #: The versions readers accept; writers write any of them (Codec's ``version``).
-READABLE_VERSIONS = (1, 2, 4, 7, 8, 11, 13, 14)
+READABLE_VERSIONS = (1, 2, 4, 7, 8, 11, 13, 14, 16)
 CHECKSUM_BYTES = 4
 MODEL_ID_BYTES = 16
 TABLES_DIGEST_BYTES = 4
@@ -154,7 +159,7 @@ MAX_CHANNELS = 1 << 12
 #: Largest image (height * width) a file may hold: 16384 x 16384. Checked from the
 #: header before anything is allocated; decoding one at the limit with M = 192 latent
 #: channels holds about 10 bytes a pixel (q as int32, y_hat as float32, the uint8
-#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8, 13) holds up to about 20 bytes a pixel
+#: image): 2.7 GB. A scale-hyperprior file (versions 4, 8, 13, 16) holds up to about 20 bytes a pixel
 #: (5 GB at the limit; measured 19 at 2048x2048 with every latent in one table's group:
 #: the group's positions as int64 dominate). A version 14 file decoded on NumPy holds
 #: about 12 bytes more a coded latent (the lanes' padded tables, int32; at most 0.75
@@ -220,9 +225,9 @@ class Header:
     ``model_id`` holds the :data:`MODEL_ID_BYTES` stored bytes and
     ``tables_digest`` the :data:`TABLES_DIGEST_BYTES`; ``latent_shape`` is
     (channels, latent_height, latent_width). ``hyper_channels`` is the
-    side information's channel count in a hyperprior file (versions 4, 8 and 13), 0
+    side information's channel count in a hyperprior file (versions 4, 8, 13 and 16), 0
     otherwise. ``splits``: one :class:`Split` per coded tensor (:meth:`coded_shapes`)
-    in versions 7, 8, 11 and 13, () in the single-stream versions.
+    in versions 7, 8, 11, 13, 14 and 16, () in the single-stream versions.
     """
 
     height: int

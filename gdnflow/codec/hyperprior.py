@@ -39,9 +39,12 @@ import numpy as np
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
 from gdnflow.codec.device_groups import table_groups_by_block
-from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_VERSION, QUIET_VERSIONS,
-                                  SIDE_DOWNSAMPLING, SINGLE_STREAM_VERSIONS, Header,
-                                  check_model, pack, unpack)
+from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_RANS_VERSION, HYPERPRIOR_VERSION,
+                                  QUIET_VERSIONS, SIDE_DOWNSAMPLING, SINGLE_STREAM_VERSIONS,
+                                  BitReader, BitWriter, Header, check_model, pack, unpack)
+from gdnflow.codec.rans import RansTables
+from gdnflow.codec.rans_substreams import (decode_lanes, decode_rans, encode_lanes, encode_rans,
+                                           table_lanes)
 from gdnflow.codec.substreams import (assemble, categorical_model, check_latents, choose_split,
                                       decode_blocks, decode_channels, decode_factorized,
                                       decode_substream, decode_values, encode_blocks,
@@ -58,6 +61,11 @@ from gdnflow.ops import entropy as entropy_ops
 from gdnflow.tensor import Tensor
 
 TABLES_VERSION = b"gdnflow-hyperprior-tables-1"
+#: Version 16's substreams aim at twice the range-coded ones' payload: a rANS lane's
+#: termination costs a few bytes more, and at the range-coded size the hyperprior's
+#: split would cost 0.54-0.60% of the file on the held-out photos, at this size
+#: 0.36-0.42% (benchmarks/results/rate_rans.md; #28 asks for under 0.5%).
+RANS_SUBSTREAM_BITS = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -140,13 +148,10 @@ def table_groups(indexes, wanted=None):
     return order, np.concatenate([[0], np.cumsum(counts)])
 
 
-def encode_by_table(encoder, escapes, q, indexes, quiet=False, groups=None):
-    """Code y's integer values ``q`` (any shape), each with the Gaussian table of its index
-    in ``indexes`` (same shape), grouped by table: table 0's values in raster order, then
-    table 1's, ...: one constriction call per table present. With ``quiet``, the quiet
-    tables whose values are all 0 are left out (listed first in the escape bits).
-    ``groups``: ``table_groups(indexes.ravel())`` if the caller has it (a GPU made it)."""
-    indexes, q = indexes.ravel(), q.ravel()
+def write_coded_tables(escapes, q, indexes, quiet, groups):
+    """(coded, (order, bounds)) of a block's flat values ``q`` and table ``indexes``: which
+    tables are coded (bool per table; with ``quiet``, the quiet tables present that are not
+    all 0, listed first in ``escapes``) and the block's groups (``groups`` if given)."""
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
         present = np.bincount(indexes, minlength=coded.size) > 0 if groups is None \
@@ -155,7 +160,29 @@ def encode_by_table(encoder, escapes, q, indexes, quiet=False, groups=None):
         nonzero = np.bincount(indexes[q != 0], minlength=coded.size) > 0
         write_coded_groups(escapes, nonzero[listed])
         coded[listed] = nonzero[listed]
-    order, bounds = table_groups(indexes, coded) if groups is None else groups
+    return coded, table_groups(indexes, coded) if groups is None else groups
+
+
+def read_coded_tables(reader, indexes, quiet, groups, source):
+    """What :func:`write_coded_tables` gave for a block of flat table ``indexes``, the coded
+    quiet tables read from ``reader``."""
+    coded = np.ones(len(gaussian_models()), bool)
+    if quiet:
+        present = np.bincount(indexes, minlength=coded.size) > 0 if groups is None \
+            else np.diff(groups[1]) > 0
+        listed = np.flatnonzero(quiet_tables() & present)
+        coded[listed] = read_coded_groups(reader, len(listed), source)
+    return coded, table_groups(indexes, coded) if groups is None else groups
+
+
+def encode_by_table(encoder, escapes, q, indexes, quiet=False, groups=None):
+    """Code y's integer values ``q`` (any shape), each with the Gaussian table of its index
+    in ``indexes`` (same shape), grouped by table: table 0's values in raster order, then
+    table 1's, ...: one constriction call per table present. With ``quiet``, the quiet
+    tables whose values are all 0 are left out (listed first in the escape bits).
+    ``groups``: ``table_groups(indexes.ravel())`` if the caller has it (a GPU made it)."""
+    indexes, q = indexes.ravel(), q.ravel()
+    coded, (order, bounds) = write_coded_tables(escapes, q, indexes, quiet, groups)
     highs = gaussian_tables().high
     for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
         encode_values(encoder, escapes, q[order[bounds[k]:bounds[k + 1]]], -int(highs[k]),
@@ -166,19 +193,51 @@ def decode_by_table(decoder, reader, indexes, quiet, groups, source):
     """The values (int32, the shape of ``indexes``) :func:`encode_by_table` coded
     (``quiet`` and ``groups`` as there)."""
     flat = indexes.ravel()
-    coded = np.ones(len(gaussian_models()), bool)
-    if quiet:
-        present = np.bincount(flat, minlength=coded.size) > 0 if groups is None \
-            else np.diff(groups[1]) > 0
-        listed = np.flatnonzero(quiet_tables() & present)
-        coded[listed] = read_coded_groups(reader, len(listed), source)
-    order, bounds = table_groups(flat, coded) if groups is None else groups
+    coded, (order, bounds) = read_coded_tables(reader, flat, quiet, groups, source)
     q, highs = np.zeros(flat.shape, np.int32), gaussian_tables().high
     for k in np.flatnonzero((np.diff(bounds) > 0) & coded):
         q[order[bounds[k]:bounds[k + 1]]] = decode_values(
             decoder, reader, int(bounds[k + 1] - bounds[k]), -int(highs[k]), int(highs[k]),
             gaussian_models()[k], source)
     return q.reshape(indexes.shape)
+
+
+@functools.lru_cache(maxsize=1)
+def gaussian_rans_tables():
+    """The Gaussian tables as rANS lanes' tables (:mod:`gdnflow.codec.rans`)."""
+    tables = gaussian_tables()
+    return RansTables.of(tables.cdfs, -np.asarray(tables.high), tables.precision)
+
+
+def encode_by_table_rans(q, indexes, blocks, groups, quiet, device):
+    """Version 16's substreams of y ``q`` (M, h, w) with table ``indexes``: each block of
+    ``blocks`` a rANS lane coding its values by table as :func:`encode_by_table` does
+    (``groups``: each block's, or None to group on the host)."""
+    writers, coded, grouped = [], [], []
+    for (channels, rows), group in zip(blocks, groups):
+        escapes = BitWriter()
+        mask, group = write_coded_tables(escapes, q[channels, rows].ravel(),
+                                         indexes[channels, rows].ravel(), quiet, group)
+        coded.append(np.flatnonzero((np.diff(group[1]) > 0) & mask))
+        grouped.append(group)
+        writers.append(escapes)
+    return encode_lanes(table_lanes(blocks, grouped, coded, q.shape), gaussian_rans_tables(),
+                        q, writers, device)
+
+
+def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, source):
+    """The y (M, h, w) int32 that :func:`encode_by_table_rans` coded."""
+    readers, coded, grouped = [], [], []
+    for (channels, rows), group, (_, escapes) in zip(blocks, groups, substreams):
+        reader = BitReader(escapes, source)
+        mask, group = read_coded_tables(reader, indexes[channels, rows].ravel(), quiet, group,
+                                        source)
+        coded.append(np.flatnonzero((np.diff(group[1]) > 0) & mask))
+        grouped.append(group)
+        readers.append(reader)
+    return decode_lanes(table_lanes(blocks, grouped, coded, indexes.shape),
+                        gaussian_rans_tables(), substreams, readers, indexes.shape, device,
+                        source)
 
 
 def block_groups(indexes, blocks, device):
@@ -209,13 +268,18 @@ class HyperpriorCodec(Codec):
     a :class:`HyperpriorTables`. See the module docstring for the file.
     """
 
-    #: Version 4 (one stream), 8 (substreams) and the newest (substreams, quiet tables
-    #: left out).
-    versions = (4, 8, HYPERPRIOR_VERSION)
+    #: Version 4 (one stream), 8 (substreams), 13 (substreams, quiet tables left out) and
+    #: 16 (13's substreams as rANS lanes).
+    versions = (4, 8, HYPERPRIOR_VERSION, HYPERPRIOR_RANS_VERSION)
 
     def default_version(self):
-        """The newest version, on every device."""
-        return HYPERPRIOR_VERSION
+        """On a GPU version 16 (rANS lanes, coded there), else 13 (range-coded)."""
+        return HYPERPRIOR_RANS_VERSION if self.device == "cuda" else HYPERPRIOR_VERSION
+
+    def default_substream_bits(self):
+        """:data:`RANS_SUBSTREAM_BITS` for version 16, else the range-coded versions'."""
+        return RANS_SUBSTREAM_BITS if self.version == HYPERPRIOR_RANS_VERSION \
+            else super().default_substream_bits()
 
     @staticmethod
     def build_tables(model):
@@ -267,9 +331,14 @@ class HyperpriorCodec(Codec):
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
             groups = block_groups(indexes, blocks, self.device)
-            substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
-                encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
-                                                for (c, r), g in zip(blocks, groups)], self.map)
+            if self.version == HYPERPRIOR_RANS_VERSION:
+                substreams = encode_rans(q_z, tables.z, splits[0], True, self.device) + \
+                    encode_by_table_rans(q, indexes, blocks, groups, True, self.device)
+            else:
+                substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
+                    encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
+                                                    for (c, r), g in zip(blocks, groups)],
+                                  self.map)
         else:
             splits, substreams = (), [encode_substream(encode_single_stream, (q_z, q, tables))]
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
@@ -292,13 +361,22 @@ class HyperpriorCodec(Codec):
                                  (tables, header.hyper_shape), source)[1]
             return header, q.astype(np.float32)
         quiet = header.version in QUIET_VERSIONS
+        rans = header.version == HYPERPRIOR_RANS_VERSION
         split_z, split_y = header.splits
         side = split_z.groups * split_z.bands
-        q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
-                                source, self.map, quiet)
+        if rans:
+            q_z = decode_rans(substreams[:side], tables.z, split_z, header.hyper_shape, source,
+                              True, self.device)
+        else:
+            q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
+                                    source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
         groups = block_groups(indexes, blocks, self.device)
+        if rans:
+            q = decode_by_table_rans(substreams[side:], indexes, blocks, groups, True,
+                                     self.device, source)
+            return header, q.astype(np.float32)
         parts = decode_blocks(decode_by_table, substreams[side:],
                               [(indexes[c, r], quiet, g) for (c, r), g in zip(blocks, groups)],
                               source, self.map)

@@ -39,7 +39,8 @@ SUBSTREAM_BITS = 1 << 14
 #: About how many values :func:`estimated_bits` looks at.
 _ESTIMATE_SAMPLES = 1 << 15
 #: A table is quiet when its value 0 is at least 1 - 2^-QUIET_BITS likely: format versions
-#: 11 and 13 leave out a block's quiet groups (channels, tables) whose values are all 0.
+#: 11, 13, 14 and 16 leave out a block's quiet groups (channels, tables) whose values are
+#: all 0.
 QUIET_BITS = 8
 #: Factorized tables whose constriction models a process keeps (the most recently used).
 MODEL_CACHE_TABLES = 8

@@ -1,4 +1,4 @@
-"""The rANS lanes (gdnflow/codec/rans.py, cuda_src/rans.cu) and format version 14.
+"""The rANS lanes (gdnflow/codec/rans.py, cuda_src/rans.cu) and format versions 14 and 16.
 
 The NumPy coder against a one-symbol-at-a-time coder written here from the
 definition; the kernels built for the host and on the GPU against the NumPy
@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 from gdnflow.backends import cuda
-from gdnflow.codec import Codec, rans
-from gdnflow.codec.format import RANS_VERSION, FormatError, Split, checksum, unpack
+from gdnflow.codec import Codec, codec_for, rans
+from gdnflow.codec.format import (HYPERPRIOR_RANS_VERSION, RANS_VERSION, FormatError, Split,
+                                  checksum, unpack)
+from gdnflow.codec.hyperprior import decode_by_table_rans, encode_by_table_rans, table_groups
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED, STATE_LOW,
                                 Lanes, RansTables, decode_cuda, decode_numpy, encode_cuda,
                                 encode_numpy, symbols_of)
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 
-from codec_kit import smooth_image
+from codec_kit import make_hyperprior, smooth_image
 from host_kernels import ShimDevice, host_builder
 
 LANE_ARGS = ("const int* lane_runs, const int* run_table, const int* run_count, "
@@ -262,3 +264,79 @@ def test_lanes_without_symbols_decode_on_numpy(rng):
 def test_tables_of_one_symbol_are_refused():
     with pytest.raises(ValueError, match="table 1 must have at least two symbols"):
         RansTables.of([np.array([0, 1, 65536]), np.array([0, 65536])], [0, 0], 16)
+
+
+# ------------------------------------------------------ version 16 --
+@pytest.fixture(scope="module")
+def hyperprior():
+    return make_hyperprior()
+
+
+def test_version_16_files_hold_version_13s_latents(hyperprior):
+    image = smooth_image(np.random.default_rng(5), 150, 211)
+    codec = codec_for(hyperprior)
+    assert codec.version == 13              # on NumPy the range-coded files by default
+    y = codec.analyse(image)
+    q, q_z = codec.quantize(y), codec.side_information(y)
+    files = {v: type(codec)(hyperprior, version=v, substream_bits=256).encode_latents(
+        q, 150, 211, q_z) for v in (13, HYPERPRIOR_RANS_VERSION)}
+    assert files[HYPERPRIOR_RANS_VERSION][4] == HYPERPRIOR_RANS_VERSION
+    assert len(unpack(files[HYPERPRIOR_RANS_VERSION])[1]) > 4       # several lanes
+    latents = [codec.decode_latents(files[v])[1] for v in files]
+    np.testing.assert_array_equal(latents[0], latents[1])
+    np.testing.assert_array_equal(latents[1], q)
+    assert abs(len(files[16]) - len(files[13])) <= 0.03 * len(files[13]) + 8 * 6
+
+
+def y_case(rng, shape=(12, 8, 12)):
+    """y with its table indexes, quiet tables all zero but one (coded anyway)."""
+    indexes = rng.integers(0, 64, shape).astype(np.uint8)
+    indexes[rng.random(shape) < 0.6] = 1
+    q = np.round(rng.laplace(0, 2, shape)).astype(np.int32)
+    q[indexes < 4] = 0
+    q[0, 0, 0], indexes[0, 0, 0] = 3, 2             # a quiet table coded
+    q[1, 2, 3], indexes[1, 2, 3] = 500, 10          # an escape
+    return q, indexes
+
+
+@pytest.mark.parametrize("split", [Split(1, 1), Split(4, 3)])
+def test_y_by_table_lanes_round_trip_with_host_groups(rng, split):
+    q, indexes = y_case(rng)
+    blocks = split.blocks(q.shape)
+    nones = [None] * len(blocks)
+    substreams = encode_by_table_rans(q, indexes, blocks, nones, True, "numpy")
+    back = decode_by_table_rans(substreams, indexes, blocks, nones, True, "numpy", "y.gdn")
+    np.testing.assert_array_equal(back, q)
+
+
+def test_host_built_kernels_code_y_by_table_as_numpy(host_device, rng):
+    """The device groups' full order (every table) and the host's (coded tables only) give
+    the same lanes' words."""
+    q, indexes = y_case(rng)
+    blocks = Split(4, 3).blocks(q.shape)
+    nones = [None] * len(blocks)
+    on_host = encode_by_table_rans(q, indexes, blocks, nones, True, "numpy")
+    groups = [table_groups(indexes[c, r].ravel()) for c, r in blocks]
+    with cuda.simulated(host_device):
+        assert encode_by_table_rans(q, indexes, blocks, groups, True, "cuda") == on_host
+        back = decode_by_table_rans(on_host, indexes, blocks, groups, True, "cuda", "y.gdn")
+    np.testing.assert_array_equal(back, q)
+
+
+@pytest.mark.gpu
+def test_gpu_hyperprior_writes_version_16_that_numpy_reads_byte_for_byte(hyperprior):
+    """The same latents: the GPU's encoder (device groups, lanes on the GPU) writes the
+    NumPy encoder's bytes (host groups, NumPy lanes); both decoders give them back."""
+    image = smooth_image(np.random.default_rng(6), 150, 211)
+    gpu = codec_for(hyperprior.to("cuda"))
+    try:
+        assert gpu.version == HYPERPRIOR_RANS_VERSION
+        y = gpu.analyse(image)
+        q, q_z = gpu.quantize(y), gpu.side_information(y)
+        data = gpu.encode_latents(q, 150, 211, q_z)
+        np.testing.assert_array_equal(gpu.decode_latents(data)[1], q)
+        cpu = type(gpu)(hyperprior.to("numpy"), version=HYPERPRIOR_RANS_VERSION)
+        assert cpu.encode_latents(q, 150, 211, q_z) == data
+        np.testing.assert_array_equal(cpu.decode_latents(data)[1], q)
+    finally:
+        hyperprior.to("numpy")

@@ -128,7 +128,7 @@ def test_writers_refuse_versions_of_the_other_model(model, hyperprior):
     with pytest.raises(ValueError, match=r"Codec: writes format versions \(2, 7, 11, 14\), got 4"):
         Codec(model, version=4)
     with pytest.raises(ValueError,
-                       match=r"HyperpriorCodec: writes format versions \(4, 8, 13\), got 7"):
+                       match=r"HyperpriorCodec: writes format versions \(4, 8, 13, 16\), got 7"):
         codec_for(hyperprior).__class__(hyperprior, version=7)
 
 
