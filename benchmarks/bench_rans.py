@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from gdnflow.benchmarking import emit, gpu_name, markdown_table, median_wall_ms
-from gdnflow.codec.rans import Lanes, RansTables, decode_cuda, encode_cuda, symbols_of
+from gdnflow.codec.rans import ESCAPE_MARK, Lanes, RansTables, decode_cuda, encode_cuda, symbols_of
 from gdnflow.codec.substreams import categorical_model, range_decoder, range_encoder
 from gdnflow.backends import cuda
 
@@ -84,9 +84,10 @@ def main():
         streams = encode_cuda(lanes, tables, device_latents)
         out = runtime.from_numpy(np.zeros_like(latents))
         status, _ = decode_cuda(lanes, tables, streams, out)
-        assert (status == 0).all() and np.array_equal(
-            runtime.to_numpy(out)[latents == np.clip(latents, -1, 1)],
-            latents[latents == np.clip(latents, -1, 1)])
+        decoded = runtime.to_numpy(out)
+        coded = decoded != ESCAPE_MARK
+        assert (status == 0).all() and coded.mean() > 0.9
+        assert np.array_equal(decoded[coded], latents[coded])
         gpu_encode = median_wall_ms(lambda: encode_cuda(lanes, tables, device_latents), 5)
         gpu_decode = median_wall_ms(lambda: decode_cuda(lanes, tables, streams, out), 5)
         host_encode, host_decode = host_range_coder(lanes, tables, cdfs, latents)

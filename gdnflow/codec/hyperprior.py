@@ -273,8 +273,12 @@ class HyperpriorCodec(Codec):
     versions = (4, 8, HYPERPRIOR_VERSION, HYPERPRIOR_RANS_VERSION)
 
     def default_version(self):
-        """On a GPU version 16 (rANS lanes, coded there), else 13 (range-coded)."""
-        return HYPERPRIOR_RANS_VERSION if self.device == "cuda" else HYPERPRIOR_VERSION
+        """Version 13 (range-coded) on every device. Version 16's lanes are written on
+        request: at the rate #28 allows they are few for the hyperprior's small files (2 to
+        9 of y at 768x512), and a GPU lane decodes about 8x slower than the host's range
+        decoder (benchmarks/results/rans_lanes.md), so 16 was slower than 13 on a GPU at
+        quality 1-3 (codec_speed_h200.md)."""
+        return HYPERPRIOR_VERSION
 
     def default_substream_bits(self):
         """:data:`RANS_SUBSTREAM_BITS` for version 16, else the range-coded versions'."""
