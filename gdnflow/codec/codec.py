@@ -43,6 +43,7 @@ from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_
                                   WHOLE, CodecError, Header, check_model, pack, unpack)
 from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_factorized,
                                       encode_factorized, factorized_split)
+from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
 from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
@@ -232,6 +233,15 @@ class Codec:
         return Tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)[None]
                       / np.float32(255), device=self.device)
 
+    def _analysis_layout(self, image):
+        """(padded sides, source rows, source columns, y's shape, y's tiles) of a uint8 image."""
+        height, width = image.shape[:2]
+        m = self.multiple
+        padded = (-(-height // m) * m, -(-width // m) * m)
+        rows, columns = reflected_indices(height, padded[0]), reflected_indices(width, padded[1])
+        shape = (self.tables.channels, padded[0] // DOWNSAMPLING, padded[1] // DOWNSAMPLING)
+        return padded, rows, columns, shape, self._latent_tiles(*shape[1:])
+
     def analyse(self, image):
         """The latent y (M, H'/16, W'/16) float32 of a uint8 image reflection-padded to H' x W',
         the multiples of ``multiple``.
@@ -241,14 +251,9 @@ class Codec:
         (on a GPU codec, on the device: :mod:`gdnflow.codec.device_pixels`).
         """
         image = check_image(image)
-        height, width = image.shape[:2]
-        m = self.multiple
-        padded = (-(-height // m) * m, -(-width // m) * m)
-        rows, columns = reflected_indices(height, padded[0]), reflected_indices(width, padded[1])
+        padded, rows, columns, shape, tiles = self._analysis_layout(image)
         g_a = self.model.g_a
-        y = np.empty((self.tables.channels, padded[0] // DOWNSAMPLING,
-                      padded[1] // DOWNSAMPLING), np.float32)
-        tiles = self._latent_tiles(*y.shape[1:])
+        y = np.empty(shape, np.float32)
         # On a GPU the pixels are converted there (the same values): the whole uint8 image
         # goes up once for one tile; for many (a large image) each tile's crop, so that the
         # device holds no more than a tile's worth (benchmarks/results/codec_memory_gpu.md).
@@ -261,6 +266,21 @@ class Codec:
                 latents = g_a(x).numpy()[0]
             r0, c0 = r0 // DOWNSAMPLING, c0 // DOWNSAMPLING
             y[:, top:bottom, left:right] = latents[:, top - r0:bottom - r0, left - c0:right - c0]
+        return y
+
+    def analyse_on_device(self, image):
+        """y (1, M, H'/16, W'/16) as a cuda Tensor, for a GPU codec whose image is one tile
+        (what :meth:`analyse` computes, left on the device); None otherwise."""
+        image = check_image(image)
+        padded, rows, columns, shape, tiles = self._analysis_layout(image)
+        if self.device != "cuda" or len(tiles) != 1:
+            return None
+        with no_grad():
+            y = self.model.g_a(DeviceImage(image).tile(rows, columns))
+        if y.shape[1:] != shape:
+            raise CodecError(f"{type(self).__name__}: the analysis made latents of "
+                             f"{y.shape[1:]} for a {padded[0]}x{padded[1]} image, expected "
+                             f"{shape}")
         return y
 
     def quantize(self, y):
@@ -280,47 +300,75 @@ class Codec:
                                               self.version in QUIET_VERSIONS))
 
     def compress(self, image):
-        """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
+        """The ``.gdn`` bytes of a uint8 (H, W, 3) image (on a GPU, an image of one tile is
+        quantised on the device: :mod:`gdnflow.codec.device_latents`)."""
         image = check_image(image)
-        q = self.quantize(self.analyse(image))
+        y = self.analyse_on_device(image)
+        q = self.quantize(self.analyse(image)) if y is None else \
+            quantize_on_device(y, self.tables.medians)
         return self.encode_latents(q, image.shape[0], image.shape[1])
 
     # --------------------------------------------------------- decode --
-    def decode_latents(self, data, source="<bytes>"):
-        """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
+    def decode_quantized(self, data, source="<bytes>"):
+        """(Header, q int32 (M, h, w)): the integer latents of a file's bytes; errors name
+        ``source``."""
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source, self._digest)
         split = header.splits[0] if header.splits else WHOLE
         if header.version == RANS_VERSION:
-            q = decode_rans(substreams, self.tables, split, header.latent_shape, source, True,
-                            self.device)
-        else:
-            q = decode_factorized(substreams, self.tables, split, header.latent_shape, source,
-                                  self.map, header.version in QUIET_VERSIONS)
-        y_hat = np.empty(q.shape, np.float32)
-        medians = np.asarray(self.tables.medians, np.float32)[:, None, None]
-        for chunk in channel_chunks(q.shape):
-            y_hat[chunk] = q[chunk].astype(np.float32) + medians[chunk]
-        return header, y_hat
+            return header, decode_rans(substreams, self.tables, split, header.latent_shape,
+                                       source, True, self.device)
+        return header, decode_factorized(substreams, self.tables, split, header.latent_shape,
+                                         source, self.map, header.version in QUIET_VERSIONS)
+
+    def decode_latents(self, data, source="<bytes>"):
+        """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
+        header, q = self.decode_quantized(data, source)
+        return header, dequantize_latents(q, self.tables.medians)
+
+    def _synthesis_tiles(self, height, width, latent_shape):
+        """[(tile's latent rows, columns, the latent rows and columns it reads)] of the
+        synthesis of a height x width image from latents of ``latent_shape`` (M, h, w)."""
+        g_s = self.model.g_s
+        needed = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
+        return [((top, bottom), (left, right),
+                 synthesis_crop(g_s, top * DOWNSAMPLING, bottom * DOWNSAMPLING, latent_shape[1]),
+                 synthesis_crop(g_s, left * DOWNSAMPLING, right * DOWNSAMPLING, latent_shape[2]))
+                for (top, bottom), (left, right) in self._latent_tiles(*needed)]
+
+    def dequantize_on_device(self, q, height, width):
+        """y_hat (1, M, h, w) as a cuda Tensor (:mod:`gdnflow.codec.device_latents`) where a
+        GPU codec synthesises the height x width image as one tile reading all of q; else
+        None."""
+        if self.device != "cuda":
+            return None
+        tiles = self._synthesis_tiles(height, width, q.shape)
+        if len(tiles) != 1 or (tiles[0][2], tiles[0][3]) != ((0, q.shape[1]), (0, q.shape[2])):
+            return None
+        return dequantized_on_device(q, self.tables.medians)
 
     def synthesise(self, y_hat, height, width):
-        """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w).
+        """The uint8 (height, width, 3) image the synthesis transform makes of y_hat (M, h, w),
+        or of the cuda Tensor that :meth:`dequantize_on_device` makes.
 
         Tile by tile: each tile's latents with the halo it reads, its pixels
         rounded to uint8 into the output (on a GPU codec, on the device).
         """
-        y_hat = np.asarray(y_hat, np.float32)
-        g_s = self.model.g_s
+        on_device = isinstance(y_hat, Tensor)
+        if not on_device:
+            y_hat = np.asarray(y_hat, np.float32)
+        shape = y_hat.shape[1:] if on_device else y_hat.shape
+        tiles = self._synthesis_tiles(height, width, shape)
+        if on_device and (len(tiles) != 1 or (tiles[0][2], tiles[0][3]) !=
+                          ((0, shape[1]), (0, shape[2]))):
+            raise ValueError(f"{type(self).__name__}.synthesise: a device y_hat of {shape} is "
+                             f"not one tile's whole input for a {height}x{width} image")
         image = np.empty((height, width, 3), np.uint8)
-        # Tiles of the latents the image needs (the hyperprior's padding to 64 leaves
-        # up to 3 more rows and columns, which only the halos read).
-        needed = (-(-height // DOWNSAMPLING), -(-width // DOWNSAMPLING))
-        for (top, bottom), (left, right) in self._latent_tiles(*needed):
-            r0, r1 = synthesis_crop(g_s, top * DOWNSAMPLING, bottom * DOWNSAMPLING, y_hat.shape[1])
-            c0, c1 = synthesis_crop(g_s, left * DOWNSAMPLING, right * DOWNSAMPLING, y_hat.shape[2])
+        for (top, bottom), (left, right), (r0, r1), (c0, c1) in tiles:
+            latents = y_hat if on_device else Tensor(
+                np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]), device=self.device)
             with no_grad():
-                pixels = g_s(Tensor(np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]),
-                                    device=self.device))
+                pixels = self.model.g_s(latents)
             rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
             columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
@@ -334,8 +382,12 @@ class Codec:
         return image
 
     def decompress(self, data, source="<bytes>"):
-        """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source``."""
-        header, y_hat = self.decode_latents(data, source)
+        """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a
+        GPU, y_hat of an image of one tile is made on the device)."""
+        header, q = self.decode_quantized(data, source)
+        y_hat = self.dequantize_on_device(q, header.height, header.width)
+        if y_hat is None:
+            y_hat = dequantize_latents(q, self.tables.medians)
         return self.synthesise(y_hat, header.height, header.width)
 
 
@@ -348,6 +400,15 @@ def channel_chunks(shape):
     """Slices of the leading axis of a (C, h, w) array, each about CHANNEL_CHUNK_ELEMENTS."""
     step = max(1, CHANNEL_CHUNK_ELEMENTS // max(1, int(np.prod(shape[1:]))))
     return [slice(c, min(c + step, shape[0])) for c in range(0, shape[0], step)]
+
+
+def dequantize_latents(q, medians):
+    """y_hat float32 = q + medians[c] per channel c of integer latents q (C, h, w)."""
+    y_hat = np.empty(q.shape, np.float32)
+    medians = np.asarray(medians, np.float32)[:, None, None]
+    for chunk in channel_chunks(q.shape):
+        y_hat[chunk] = q[chunk].astype(np.float32) + medians[chunk]
+    return y_hat
 
 
 def quantize_latents(y, medians):

@@ -39,9 +39,11 @@ import numpy as np
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
 from gdnflow.codec.device_groups import table_groups_by_block
+from gdnflow.codec.device_latents import quantize_on_device
 from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_RANS_VERSION, HYPERPRIOR_VERSION,
                                   QUIET_VERSIONS, SIDE_DOWNSAMPLING, SINGLE_STREAM_VERSIONS,
-                                  BitReader, BitWriter, Header, check_model, pack, unpack)
+                                  BitReader, BitWriter, CodecError, Header, check_model, pack,
+                                  unpack)
 from gdnflow.codec.rans import RansTables
 from gdnflow.codec.rans_substreams import (decode_lanes, decode_rans, encode_lanes, encode_rans,
                                            table_lanes)
@@ -314,6 +316,19 @@ class HyperpriorCodec(Codec):
                     z[:, top - r:bottom - r, left - c:right - c], self.tables.z.medians)
         return q_z
 
+    def side_on_device(self, y):
+        """:meth:`side_information` of the cuda Tensor y (1, M, h, w) that
+        :meth:`~gdnflow.codec.codec.Codec.analyse_on_device` made: h_a of all of it, z
+        quantised on the device."""
+        m = SIDE_DOWNSAMPLING
+        shape = (self.tables.hyper_channels, y.shape[2] // m, y.shape[3] // m)
+        with no_grad():
+            z = self.model.h_a(entropy_ops.abs(y))
+        if z.shape[1:] != shape:
+            raise CodecError(f"{type(self).__name__}: h_a made side information of "
+                             f"{z.shape[1:]} from y of {y.shape[1:]}, expected {shape}")
+        return quantize_on_device(z, self.tables.z.medians)
+
     def encode_latents(self, q, height, width, q_z):
         """The file bytes for integer latents ``q`` (M, h, w) and side information ``q_z``
         (N, h/4, w/4) of an image of height x width."""
@@ -350,20 +365,25 @@ class HyperpriorCodec(Codec):
         return pack(header, substreams)
 
     def compress(self, image):
-        """The ``.gdn`` bytes of a uint8 (H, W, 3) image."""
-        y = self.analyse(image)
-        q = self.quantize(y)
-        return self.encode_latents(q, image.shape[0], image.shape[1], self.side_information(y))
+        """The ``.gdn`` bytes of a uint8 (H, W, 3) image (on a GPU, y and z of an image of one
+        tile are quantised on the device: :mod:`gdnflow.codec.device_latents`)."""
+        y = self.analyse_on_device(image)
+        if y is None:
+            y = self.analyse(image)
+            q, q_z = self.quantize(y), self.side_information(y)
+        else:
+            q, q_z = quantize_on_device(y, self.tables.medians), self.side_on_device(y)
+        return self.encode_latents(q, image.shape[0], image.shape[1], q_z)
 
-    def decode_latents(self, data, source="<bytes>"):
-        """(Header, y_hat float32 (M, h, w)) of a file's bytes; errors name ``source``."""
+    def decode_quantized(self, data, source="<bytes>"):
+        """(Header, q int32 (M, h, w)): y's integer latents of a file's bytes; errors name
+        ``source``."""
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source, self._digest)
         tables = self.tables
         if header.version in SINGLE_STREAM_VERSIONS:
-            q = decode_substream(decode_single_stream, substreams[0],
-                                 (tables, header.hyper_shape), source)[1]
-            return header, q.astype(np.float32)
+            return header, decode_substream(decode_single_stream, substreams[0],
+                                            (tables, header.hyper_shape), source)[1]
         quiet = header.version in QUIET_VERSIONS
         rans = header.version == HYPERPRIOR_RANS_VERSION
         split_z, split_y = header.splits
@@ -378,13 +398,12 @@ class HyperpriorCodec(Codec):
         blocks = split_y.blocks(header.latent_shape)
         groups = block_groups(indexes, blocks, self.device)
         if rans:
-            q = decode_by_table_rans(substreams[side:], indexes, blocks, groups, True,
-                                     self.device, source)
-            return header, q.astype(np.float32)
+            return header, decode_by_table_rans(substreams[side:], indexes, blocks, groups,
+                                                True, self.device, source)
         parts = decode_blocks(decode_by_table, substreams[side:],
                               [(indexes[c, r], quiet, g) for (c, r), g in zip(blocks, groups)],
                               source, self.map)
-        return header, assemble(header.latent_shape, blocks, parts).astype(np.float32)
+        return header, assemble(header.latent_shape, blocks, parts)
 
 
 CODECS[ScaleHyperprior.name] = HyperpriorCodec

@@ -1,0 +1,114 @@
+"""The latents quantised and dequantised on the GPU (cuda_src/codec_latents.cu) against
+the host's quantize_latents and y_hat, bit for bit: built for the host (values at the
+rounding boundaries, out of range, not finite) and on the GPU, and the GPU codecs'
+compress and decompress against their host paths."""
+import numpy as np
+import pytest
+
+from gdnflow.backends import cuda
+from gdnflow.codec import codec_for, device_latents
+from gdnflow.codec.codec import dequantize_latents, quantize_latents
+from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
+from gdnflow.codec.format import MAX_SYMBOL, CodecError
+from gdnflow.tensor import Tensor
+
+from codec_kit import make_hyperprior, smooth_image
+from host_kernels import HostMemory, ShimDevice, host_builder
+
+HOST_SHIM = """
+extern "C" int host_quantize_latents(const float* y, const float* medians, int size, int plane,
+                                     float limit, int* q, int* out_of_range) {
+    for (int i = 0; i < size; ++i) {
+        const float v = rounded_latent(i, y, medians, plane);
+        const bool inside = fabsf(v) < limit;
+        if (!inside) *out_of_range = 1;
+        q[i] = inside ? (int)v : 0;
+    }
+    return 0;
+}
+extern "C" void host_dequantize_latents(const int* q, const float* medians, int size, int plane,
+                                        float* y_hat) {
+    for (int i = 0; i < size; ++i) y_hat[i] = dequantized_latent(i, q, medians, plane);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_device(tmp_path_factory):
+    build = host_builder(tmp_path_factory.mktemp("codec_latents_host"), "codec_latents.cu",
+                         suffix=HOST_SHIM)
+    return ShimDevice(build(), device_latents.SOURCE)
+
+
+def boundary_latents(rng, shape=(5, 7, 9)):
+    """y at and near the rounding boundaries around non-integer medians, float32."""
+    medians = rng.uniform(-0.6, 0.6, shape[0]).astype(np.float32)
+    halves = rng.integers(-40, 40, shape) + 0.5
+    y = np.where(rng.random(shape) < 0.5, halves + medians[:, None, None],
+                 rng.normal(0, 20, shape)).astype(np.float32)
+    y.flat[::7] = np.nextafter(y.flat[::7], np.float32(np.inf))
+    return y, medians
+
+
+class _Stand:
+    """What quantize_on_device reads of a cuda Tensor (shape, dtype, data.ptr), over
+    host memory."""
+
+    def __init__(self, memory):
+        self.data, self.shape, self.dtype = memory, memory.shape, memory.dtype
+
+
+def test_host_built_kernels_round_as_the_host(host_device, rng):
+    y, medians = boundary_latents(rng)
+    with cuda.simulated(host_device):
+        q = quantize_on_device(_Stand(HostMemory(y[None])), medians)
+    np.testing.assert_array_equal(q, quantize_latents(y, medians))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, float(MAX_SYMBOL) + 1])
+def test_host_built_kernels_refuse_what_the_host_refuses(host_device, rng, bad):
+    y, medians = boundary_latents(rng)
+    y[2, 3, 4] = bad
+    with pytest.raises(CodecError, match="beyond"):
+        quantize_latents(y, medians)
+    with cuda.simulated(host_device), pytest.raises(CodecError, match="beyond"):
+        quantize_on_device(_Stand(HostMemory(y[None])), medians)
+
+
+def test_host_built_dequantize_is_the_hosts_y_hat(host_device, rng):
+    q = rng.integers(-3000, 3000, (4, 6, 5)).astype(np.int32)
+    medians = rng.uniform(-0.6, 0.6, 4).astype(np.float32)
+    with cuda.simulated(host_device):
+        y_hat = dequantized_on_device(q, medians)
+    np.testing.assert_array_equal(y_hat.data.array[0], dequantize_latents(q, medians))
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_round_as_the_host(rng):
+    y, medians = boundary_latents(rng, (13, 31, 17))
+    q = quantize_on_device(Tensor(y[None], device="cuda"), medians)
+    np.testing.assert_array_equal(q, quantize_latents(y, medians))
+    y_hat = dequantized_on_device(q, medians).numpy()[0]
+    np.testing.assert_array_equal(y_hat, dequantize_latents(q, medians))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["factorized", "hyperprior"])
+def test_gpu_codecs_compress_and_decompress_as_their_host_paths(model, kind):
+    """On the device (y quantised there, y_hat made there) the same bytes and pixels as
+    through the host arrays, and the device paths were taken."""
+    net = (model if kind == "factorized" else make_hyperprior()).to("cuda")
+    try:
+        codec = codec_for(net)
+        image = smooth_image(np.random.default_rng(4), 150, 211)
+        assert codec.analyse_on_device(image) is not None
+        y = codec.analyse(image)
+        extra = (codec.side_information(y),) if kind == "hyperprior" else ()
+        data = codec.compress(image)
+        assert data == codec.encode_latents(codec.quantize(y), 150, 211, *extra)
+        header, q = codec.decode_quantized(data)
+        assert codec.dequantize_on_device(q, 150, 211) is not None
+        np.testing.assert_array_equal(
+            codec.decompress(data), codec.synthesise(codec.decode_latents(data)[1], 150, 211))
+    finally:
+        net.to("numpy")
