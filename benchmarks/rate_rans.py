@@ -69,8 +69,9 @@ def main():
         ["codec", "one stream bytes", "range-coded substreams", "rANS substreams",
          "rANS vs range-coded", "range-coded split cost", "rANS split cost"], rows,
         notes=["NumPy backend; bytes summed over the photos; one stream: versions 2 and 4, "
-               "range-coded: 11 and 13, rANS: 14 and 16; each version's split (by default "
-               "version 16's substreams are twice the others', hyperprior.RANS_SUBSTREAM_BITS)"],
+               "range-coded: 11 and 13, rANS: 14 and 16; each codec's split (by default the "
+               "hyperprior's substreams are twice the factorized prior's, "
+               "hyperprior.HYPERPRIOR_SUBSTREAM_BITS)"],
         gpu="none"), args.out)
 
 

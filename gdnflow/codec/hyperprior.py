@@ -63,11 +63,15 @@ from gdnflow.ops import entropy as entropy_ops
 from gdnflow.tensor import Tensor
 
 TABLES_VERSION = b"gdnflow-hyperprior-tables-1"
-#: Version 16's substreams aim at twice the range-coded ones' payload: a rANS lane's
-#: termination costs a few bytes more, and at the range-coded size the hyperprior's
-#: split would cost 0.54-0.60% of the file on the held-out photos, at this size
-#: 0.36-0.42% (benchmarks/results/rate_rans.md; #28 asks for under 0.5%).
-RANS_SUBSTREAM_BITS = 1 << 15
+#: The hyperprior's substreams aim at twice the factorized prior's payload (SUBSTREAM_BITS):
+#: y is coded by table, one constriction call per table present in a block, so half as
+#: many blocks is about half as many calls: at 768x512, y's coding took 2.7-7.8 ms
+#: against 2.9-10.9 ms encoding and 3.4-6.5 against 2.8-7.6 decoding (q1-q4, 2 cores),
+#: and the split costs 0.15-0.18% of the file instead of 0.29-0.31%. For version 16 the
+#: size is needed: a rANS lane's termination costs a few bytes more, and at the smaller
+#: size its split would cost 0.54-0.60% (benchmarks/results/rate_rans.md; #28 asks for
+#: under 0.5%).
+HYPERPRIOR_SUBSTREAM_BITS = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -283,9 +287,8 @@ class HyperpriorCodec(Codec):
         return HYPERPRIOR_VERSION
 
     def default_substream_bits(self):
-        """:data:`RANS_SUBSTREAM_BITS` for version 16, else the range-coded versions'."""
-        return RANS_SUBSTREAM_BITS if self.version == HYPERPRIOR_RANS_VERSION \
-            else super().default_substream_bits()
+        """:data:`HYPERPRIOR_SUBSTREAM_BITS`, twice the factorized prior's."""
+        return HYPERPRIOR_SUBSTREAM_BITS
 
     @staticmethod
     def build_tables(model):
