@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from gdnflow.autograd import no_grad
+from gdnflow.backends import cuda
 from gdnflow.codec.format import (DOWNSAMPLING, FORMAT_VERSION, MAX_PIXELS, MAX_SIDE, MAX_SYMBOL,
                                   MODEL_ID_BYTES, QUIET_VERSIONS, RANS_VERSION,
                                   SINGLE_STREAM_VERSIONS,
@@ -309,15 +310,16 @@ class Codec:
         return self.encode_latents(q, image.shape[0], image.shape[1])
 
     # --------------------------------------------------------- decode --
-    def decode_quantized(self, data, source="<bytes>"):
+    def decode_quantized(self, data, source="<bytes>", on_device=False):
         """(Header, q int32 (M, h, w)): the integer latents of a file's bytes; errors name
-        ``source``."""
+        ``source``. ``on_device``: q may be a device array where a GPU codec decoded it
+        there (version 14)."""
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source, self._digest)
         split = header.splits[0] if header.splits else WHOLE
         if header.version == RANS_VERSION:
             return header, decode_rans(substreams, self.tables, split, header.latent_shape,
-                                       source, True, self.device)
+                                       source, True, self.device, on_device)
         return header, decode_factorized(substreams, self.tables, split, header.latent_shape,
                                          source, self.map, header.version in QUIET_VERSIONS)
 
@@ -338,8 +340,8 @@ class Codec:
 
     def dequantize_on_device(self, q, height, width):
         """y_hat (1, M, h, w) as a cuda Tensor (:mod:`gdnflow.codec.device_latents`) where a
-        GPU codec synthesises the height x width image as one tile reading all of q; else
-        None."""
+        GPU codec synthesises the height x width image as one tile reading all of q (a host
+        or device array); else None."""
         if self.device != "cuda":
             return None
         tiles = self._synthesis_tiles(height, width, q.shape)
@@ -384,9 +386,11 @@ class Codec:
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a
         GPU, y_hat of an image of one tile is made on the device)."""
-        header, q = self.decode_quantized(data, source)
+        header, q = self.decode_quantized(data, source, on_device=self.device == "cuda")
         y_hat = self.dequantize_on_device(q, header.height, header.width)
         if y_hat is None:
+            if not isinstance(q, np.ndarray):
+                q = cuda.get_runtime().to_numpy(q)
             y_hat = dequantize_latents(q, self.tables.medians)
         return self.synthesise(y_hat, header.height, header.width)
 

@@ -45,10 +45,10 @@ def quantize_on_device(y, medians):
 
 def dequantized_on_device(q, medians):
     """y_hat (1, C, h, w) float32 cuda Tensor: q + medians[c] of the integer latents q
-    (C, h, w), a host array."""
+    (C, h, w), a host array or an int32 device array."""
     channels, height, width = q.shape
     runtime = cuda.get_runtime()
-    device_q = runtime.from_numpy(np.ascontiguousarray(q, np.int32))
+    device_q = q if hasattr(q, "ptr") else runtime.from_numpy(np.ascontiguousarray(q, np.int32))
     device_medians = _medians(medians, channels, "dequantized_on_device")
     y_hat = runtime.empty((1, channels, height, width), np.float32)
     cuda.kernel(SOURCE, "dequantize_latents", "PPiiP").launch(

@@ -378,9 +378,9 @@ class HyperpriorCodec(Codec):
             q, q_z = quantize_on_device(y, self.tables.medians), self.side_on_device(y)
         return self.encode_latents(q, image.shape[0], image.shape[1], q_z)
 
-    def decode_quantized(self, data, source="<bytes>"):
-        """(Header, q int32 (M, h, w)): y's integer latents of a file's bytes; errors name
-        ``source``."""
+    def decode_quantized(self, data, source="<bytes>", on_device=False):
+        """(Header, q int32 (M, h, w)): y's integer latents of a file's bytes, on the host
+        (``on_device`` as the base class's, unused); errors name ``source``."""
         header, substreams = unpack(data, source)
         check_model(header, self.tables, source, self._digest)
         tables = self.tables

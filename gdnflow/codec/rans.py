@@ -285,9 +285,15 @@ def _device_arrays(runtime, lanes, tables, *more):
 def encode_cuda(lanes, tables, latents):
     """:func:`encode_numpy` on the GPU, one thread per lane; ``latents``: a flat int32 NumPy
     array or device array."""
+    return start_encode_cuda(lanes, tables, latents)()
+
+
+def start_encode_cuda(lanes, tables, latents):
+    """Launch :func:`encode_cuda`'s kernel and return a function that waits for it and
+    returns the streams: the host may work in between."""
     runtime = cuda.get_runtime()
     if lanes.lanes == 0:
-        return []
+        return list
     source = latents if hasattr(latents, "ptr") else runtime.from_numpy(
         np.ascontiguousarray(latents, np.int32))
     capacity = lanes.symbols() + 2
@@ -299,8 +305,11 @@ def encode_cuda(lanes, tables, latents):
     cuda.kernel(SOURCE, "rans_encode", "P" * 11 + "iPP").launch(
         lanes.lanes, source.ptr, *(a.ptr for a in arrays), lane_end.ptr, lanes.lanes, words.ptr,
         used.ptr, block=1)
-    host, used = runtime.to_numpy(words), runtime.to_numpy(used)
-    return [_padded(host[end - n:end]) for end, n in zip(ends, used)]
+
+    def finish():
+        host, counts = runtime.to_numpy(words), runtime.to_numpy(used)
+        return [_padded(host[end - n:end]) for end, n in zip(ends, counts)]
+    return finish
 
 
 def decode_cuda(lanes, tables, streams, latents):

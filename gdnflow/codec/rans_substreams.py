@@ -18,9 +18,10 @@ together, one vectorised step per symbol.
 """
 import numpy as np
 
+from gdnflow.backends import cuda
 from gdnflow.codec.format import BitReader, BitWriter, FormatError
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_ERRORS, LANE_OK, Lanes, RansTables,
-                                decode_cuda, decode_numpy, encode_cuda, encode_numpy)
+                                decode_cuda, decode_numpy, encode_numpy, start_encode_cuda)
 from gdnflow.codec.substreams import (quiet_channels, read_coded_groups, read_escape,
                                       write_coded_groups, write_escapes)
 
@@ -44,31 +45,39 @@ def encode_lanes(lanes, tables, q, writers, device):
     (any shape) under ``tables`` (RansTables): each lane's escape codes appended to its
     BitWriter in ``writers`` (which may hold the quiet groups already), coded on ``device``."""
     flat = np.ascontiguousarray(q, np.int32).ravel()
+    # On a GPU the lanes are coded while the host writes the escape codes.
+    finish = start_encode_cuda(lanes, tables, flat) if device == "cuda" else None
     for lane, escapes in enumerate(writers):
         values, ids = flat[lanes.lane_positions(lane)], lanes.lane_tables(lane)
         outside = (values < tables.low[ids]) | (values > tables.high[ids])
         if outside.any():
             write_escapes(escapes, values[outside], tables.low[ids[outside]],
                           tables.high[ids[outside]])
-    encode = encode_cuda if device == "cuda" else encode_numpy
+    streams = finish() if finish is not None else encode_numpy(lanes, tables, flat)
     return [(words.astype("<u2").tobytes(), escapes.getvalue())
-            for words, escapes in zip(encode(lanes, tables, flat), writers)]
+            for words, escapes in zip(streams, writers)]
 
 
-def decode_lanes(lanes, tables, substreams, readers, shape, device, source):
+def decode_lanes(lanes, tables, substreams, readers, shape, device, source, on_device=False):
     """The int32 latents of ``shape`` that :func:`encode_lanes` coded (0 where no lane
     codes), decoded on ``device``; each lane's escape codes read from its BitReader in
     ``readers`` (past the quiet groups), which must end there. FormatError naming
-    ``source`` for a corrupt substream."""
+    ``source`` for a corrupt substream. ``on_device`` (a cuda ``device`` only): return
+    the device array, which comes to the host only if a lane escaped."""
     streams = [np.frombuffer(payload, "<u2").astype(np.uint16) for payload, _ in substreams]
-    size = int(np.prod(shape))
+    device_q = None
     if device == "cuda":
-        from gdnflow.backends import cuda    # local import: PyCUDA on first use
-        flat = cuda.zeros((size,), np.int32)
-        status, escaped = decode_cuda(lanes, tables, streams, flat)
-        q = cuda.get_runtime().to_numpy(flat)
+        runtime = cuda.get_runtime()
+        device_q = cuda.zeros(tuple(shape), np.int32)
+        status, escaped = decode_cuda(lanes, tables, streams, device_q)
+        bad = np.flatnonzero(status != LANE_OK)
+        if on_device and not bad.size and not escaped.any():
+            for reader in readers:
+                reader.check_end()
+            return device_q
+        q = runtime.to_numpy(device_q).ravel()
     else:
-        q = np.zeros(size, np.int32)
+        q = np.zeros(int(np.prod(shape)), np.int32)
         status = decode_numpy(lanes, tables, streams, q)
         escaped = np.ones(lanes.lanes, np.int32)     # looked for below
     for lane, reader in enumerate(readers):
@@ -82,6 +91,8 @@ def decode_lanes(lanes, tables, substreams, readers, shape, device, source):
                 q[position] = read_escape(reader, int(tables.low[k]), int(tables.high[k]),
                                           source)
         reader.check_end()
+    if on_device and device_q is not None:
+        return runtime.from_numpy(q.reshape(shape))
     return q.reshape(shape)
 
 
@@ -115,8 +126,9 @@ def encode_rans(q, tables, split, quiet, device):
                         writers, device)
 
 
-def decode_rans(substreams, tables, split, shape, source, quiet, device):
-    """The latents (C, h, w) int32 that :func:`encode_rans` coded, decoded on ``device``."""
+def decode_rans(substreams, tables, split, shape, source, quiet, device, on_device=False):
+    """The latents (C, h, w) int32 that :func:`encode_rans` coded, decoded on ``device``
+    (``on_device``: as :func:`decode_lanes`)."""
     blocks = split.blocks(shape)
     is_quiet = quiet_channels(tables) if quiet else np.zeros(shape[0], bool)
     readers, coded = [], []
@@ -129,7 +141,7 @@ def decode_rans(substreams, tables, split, shape, source, quiet, device):
         readers.append(reader)
         coded.append(channels.start + np.flatnonzero(keep))
     return decode_lanes(_channel_lanes(blocks, coded, shape), rans_tables(tables), substreams,
-                        readers, shape, device, source)
+                        readers, shape, device, source, on_device)
 
 
 # ---------------------------------------------------- by table --

@@ -339,3 +339,21 @@ def test_gpu_hyperprior_writes_version_16_that_numpy_reads_byte_for_byte(hyperpr
         np.testing.assert_array_equal(cpu.decode_latents(data)[1], q)
     finally:
         hyperprior.to("numpy")
+
+
+@pytest.mark.parametrize("escape", [False, True])
+def test_host_built_decoding_can_leave_the_latents_on_the_device(model, host_device, rng,
+                                                                 escape):
+    """on_device: the device array itself without escapes; with one, the patched latents
+    uploaded again; the same values either way."""
+    codec = Codec(model, version=RANS_VERSION)
+    q = latents_like_a_photo(rng, codec.tables, (12, 10, 13))
+    if not escape:
+        q = np.clip(q, codec.tables.low[:, None, None], codec.tables.high[:, None, None])
+    split = Split(4, 3)
+    substreams = encode_rans(q, codec.tables, split, True, "numpy")
+    with cuda.simulated(host_device):
+        back = decode_rans(substreams, codec.tables, split, q.shape, "x.gdn", True, "cuda",
+                           on_device=True)
+    assert back.shape == q.shape and not isinstance(back, np.ndarray)
+    np.testing.assert_array_equal(back.array, q)
