@@ -52,15 +52,17 @@ FORMATS = {"default": None, "range-coded": 2, "plain": 1}
 
 
 def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None,
-               variant="default"):
+               variant="default", substream_bits=None):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
     ``tile``, the substreams coded by ``executor``'s map if not None; ``variant``: a key
     of :data:`FORMATS`: the device's default version, the newest range-coded one (11 or
-    13), or the one before quiet groups (7 or 8))."""
+    13), or the one before quiet groups (7 or 8); ``substream_bits``: the codec's, None for
+    its default)."""
     codec = Codec.from_checkpoint(path, device, tile)
-    if executor is not None or FORMATS[variant] is not None:
+    if executor is not None or FORMATS[variant] is not None or substream_bits is not None:
         version = None if FORMATS[variant] is None else type(codec).versions[FORMATS[variant]]
-        codec = type(codec)(codec.model, tile, executor=executor, version=version)
+        codec = type(codec)(codec.model, tile, executor=executor, version=version,
+                            substream_bits=substream_bits)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
     decoded = codec.decompress(data)
     check = "-"
@@ -128,6 +130,8 @@ def main():
                              "version 14 for the factorized prior: rANS lanes), the newest "
                              "range-coded one (11 and 13), or versions 7 and 8 (every group "
                              "coded)")
+    parser.add_argument("--substream-bits", type=int,
+                        help="the substreams' payload bits aimed for (default: the codec's)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     # spawn: the workers import only the coding, never the CUDA state of this process
@@ -139,7 +143,7 @@ def main():
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
         rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
-                           executor, args.format) for p in paths]
+                           executor, args.format, args.substream_bits) for p in paths]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -148,7 +152,8 @@ def main():
         tables.append(markdown_table(
             f"{size[0]}x{size[1]}: encode and decode, ms per megapixel (median of "
             f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, "
-            f"format: {args.format}, "
+            f"format: {args.format}, substreams of "
+            f"{args.substream_bits or 'the default'} bits, "
             "substreams coded "
             f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
