@@ -19,6 +19,8 @@ SOURCE = "table_groups.cu"
 TILE_ELEMENTS = 1024
 #: The kernels' table count (TABLE_COUNT in the .cu file): the Gaussian tables.
 TABLE_COUNT = 64
+#: Threads a block of the kernels (TILE_THREADS in the .cu file: their shared counters).
+TILE_THREADS = 64
 
 
 def block_tiles(blocks, shape):
@@ -60,7 +62,8 @@ def table_groups_by_block(indexes, blocks):
                                               "block_channel", "block_row", "block_rows")]
     counts = runtime.empty((tiles, TABLE_COUNT), np.int32)
     cuda.kernel(SOURCE, "table_tile_counts", "PPPPPPPiiiP").launch(
-        tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], counts.ptr)
+        tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], counts.ptr,
+        block=TILE_THREADS)
     # Table-major (TABLE_COUNT, tiles): the prefix sums below run along contiguous rows.
     tile_counts = np.ascontiguousarray(runtime.to_numpy(counts).T)
     # Slots: block b's table k starts at its base + the block's counts of tables < k; a tile's
@@ -77,7 +80,7 @@ def table_groups_by_block(indexes, blocks):
     order = runtime.empty((int(sizes.sum()),), np.int32)
     cuda.kernel(SOURCE, "table_tile_order", "PPPPPPPiiiPP").launch(
         tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], slots.ptr,
-        order.ptr)
+        order.ptr, block=TILE_THREADS)
     order = runtime.to_numpy(order)
     groups = []
     for b, base in enumerate(bases):

@@ -20,11 +20,13 @@ ARGUMENTS = ("tile_block, tile_first, tile_count, block_channel, block_row, bloc
              "width")
 HOST_SHIM = f"""
 extern "C" void host_table_tile_counts(const unsigned char* indexes, {GEOMETRY}, int* counts) {{
-    for (int t = 0; t < tiles; ++t) tile_counts(t, indexes, {ARGUMENTS}, counts);
+    for (int t = 0; t < tiles; ++t)
+        tile_counts(t, indexes, {ARGUMENTS}, counts + (long long)t * TABLE_COUNT);
 }}
 extern "C" void host_table_tile_order(const unsigned char* indexes, {GEOMETRY}, int* slots,
                                       int* order) {{
-    for (int t = tiles - 1; t >= 0; --t) tile_order(t, indexes, {ARGUMENTS}, slots, order);
+    for (int t = tiles - 1; t >= 0; --t)
+        tile_order(t, indexes, {ARGUMENTS}, slots + (long long)t * TABLE_COUNT, order);
 }}
 """
 
