@@ -144,7 +144,7 @@ class Codec:
     coded together on the device, without it.
     ``substream_bits``: the estimated payload bits per substream the encoder
     aims for (smaller: more substreams to code in parallel, about 5 bytes each;
-    None: :meth:`default_substream_bits` of the version written).
+    None: the class's :meth:`default_substream_bits`).
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
     ``device``, ``tile``, ``version``, ``substream_bits``.
     """
@@ -357,6 +357,10 @@ class Codec:
         rounded to uint8 into the output (on a GPU codec, on the device).
         """
         on_device = isinstance(y_hat, Tensor)
+        if on_device and (y_hat.device != "cuda" or len(y_hat.shape) != 4):
+            raise ValueError(f"{type(self).__name__}.synthesise: y_hat must be an (M, h, w) "
+                             f"array or a (1, M, h, w) cuda Tensor, got a {y_hat.device} Tensor "
+                             f"of {y_hat.shape}")
         if not on_device:
             y_hat = np.asarray(y_hat, np.float32)
         shape = y_hat.shape[1:] if on_device else y_hat.shape
@@ -392,6 +396,7 @@ class Codec:
             if not isinstance(q, np.ndarray):
                 q = cuda.get_runtime().to_numpy(q)
             y_hat = dequantize_latents(q, self.tables.medians)
+        del q       # y_hat holds what the synthesis needs: let the latents go first
         return self.synthesise(y_hat, header.height, header.width)
 
 

@@ -20,8 +20,8 @@ the last)::
                              payload's length in 32-bit words, its escape bits' length
                              in bytes
     substreams               each substream's payload (constriction RangeEncoder
-                             words, little-endian uint32; version 14: rANS
-                             uint16 words, padded) then its escape bits
+                             words, little-endian uint32; versions 14 and 16:
+                             rANS uint16 words, padded) then its escape bits
                              (Elias-gamma codes of the values outside the
                              supports, most significant bit first, zero-padded
                              to a whole byte), one substream after the other
@@ -37,7 +37,8 @@ by channel, each channel's rows of the block in raster order, every symbol
 with its channel's categorical model (:class:`~gdnflow.codec.tables.CodingTables`;
 values outside the support as the escape symbol, their distance past it in
 the block's escape bits, in the same order). How the encoder chooses G and B
-(about one substream per 2 KiB of payload, each costing about 5 bytes) is
+(about one substream per 2 KiB of payload, 4 KiB for a hyperprior's, each costing
+about 5 bytes) is
 :mod:`gdnflow.codec.substreams`'s business: readers take any split that fits.
 The header is 32 to 46 bytes before the index, which takes 2 to 4 a substream
 (at the encoder's substream sizes), and the checksum 4; bpp counts the whole file.

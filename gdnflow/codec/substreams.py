@@ -1,6 +1,6 @@
 """Entropy coding of the latents in independent substreams, in parallel where asked.
 
-A file of format version 7, 8, 11 or 13 (:mod:`gdnflow.codec.format`) cuts each
+A file of format version 7, 8, 11, 13, 14 or 16 (:mod:`gdnflow.codec.format`) cuts each
 coded tensor into channel groups x row bands (a :class:`~gdnflow.codec.format.Split`);
 each block is one substream, range-coded by a coder of its own with its own
 escape bits, so substreams can be coded and decoded in any order and at once.

@@ -285,6 +285,10 @@ def test_version_16_files_hold_version_13s_latents(hyperprior):
     latents = [codec.decode_latents(files[v])[1] for v in files]
     np.testing.assert_array_equal(latents[0], latents[1])
     np.testing.assert_array_equal(latents[1], q)
+    # The same symbols in the same order: every substream's escape bits (the coded quiet
+    # groups, then the escapes in coding order) are version 13's, byte for byte.
+    escapes = [[e for _, e in unpack(files[v])[1]] for v in files]
+    assert escapes[0] == escapes[1] and any(escapes[0])
     assert abs(len(files[16]) - len(files[13])) <= 0.03 * len(files[13]) + 8 * 6
 
 
@@ -343,17 +347,33 @@ def test_gpu_hyperprior_writes_version_16_that_numpy_reads_byte_for_byte(hyperpr
 
 @pytest.mark.parametrize("escape", [False, True])
 def test_host_built_decoding_can_leave_the_latents_on_the_device(model, host_device, rng,
-                                                                 escape):
-    """on_device: the device array itself without escapes; with one, the patched latents
-    uploaded again; the same values either way."""
+                                                                 escape, monkeypatch):
+    """on_device: the device array itself without escapes (nothing read back); with one,
+    the latents read back, patched and uploaded again; the same values either way."""
     codec = Codec(model, version=RANS_VERSION)
     q = latents_like_a_photo(rng, codec.tables, (12, 10, 13))
     if not escape:
         q = np.clip(q, codec.tables.low[:, None, None], codec.tables.high[:, None, None])
     split = Split(4, 3)
     substreams = encode_rans(q, codec.tables, split, True, "numpy")
+    reads = []
+    to_numpy = host_device.to_numpy
+    monkeypatch.setattr(host_device, "to_numpy", lambda a: reads.append(a.shape) or to_numpy(a))
     with cuda.simulated(host_device):
         back = decode_rans(substreams, codec.tables, split, q.shape, "x.gdn", True, "cuda",
                            on_device=True)
     assert back.shape == q.shape and not isinstance(back, np.ndarray)
     np.testing.assert_array_equal(back.array, q)
+    assert (q.shape in reads) == escape
+
+
+def test_host_built_decoding_on_the_device_refuses_a_corrupt_lane(model, host_device, rng):
+    codec = Codec(model, version=RANS_VERSION)
+    q = latents_like_a_photo(rng, codec.tables, (12, 10, 13))
+    split = Split(4, 3)
+    substreams = encode_rans(q, codec.tables, split, True, "numpy")
+    payload, escapes = substreams[2]
+    substreams[2] = (payload[:-4], escapes)
+    with cuda.simulated(host_device), pytest.raises(FormatError, match="substream 2"):
+        decode_rans(substreams, codec.tables, split, q.shape, "x.gdn", True, "cuda",
+                    on_device=True)
