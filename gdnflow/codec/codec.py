@@ -342,10 +342,8 @@ class Codec:
         """y_hat (1, M, h, w) as a cuda Tensor (:mod:`gdnflow.codec.device_latents`) where a
         GPU codec synthesises the height x width image as one tile reading all of q (a host
         or device array); else None."""
-        if self.device != "cuda":
-            return None
-        tiles = self._synthesis_tiles(height, width, q.shape)
-        if len(tiles) != 1 or (tiles[0][2], tiles[0][3]) != ((0, q.shape[1]), (0, q.shape[2])):
+        if self.device != "cuda" or not reads_all(self._synthesis_tiles(height, width, q.shape),
+                                                  q.shape):
             return None
         return dequantized_on_device(q, self.tables.medians)
 
@@ -365,8 +363,7 @@ class Codec:
             y_hat = np.asarray(y_hat, np.float32)
         shape = y_hat.shape[1:] if on_device else y_hat.shape
         tiles = self._synthesis_tiles(height, width, shape)
-        if on_device and (len(tiles) != 1 or (tiles[0][2], tiles[0][3]) !=
-                          ((0, shape[1]), (0, shape[2]))):
+        if on_device and not reads_all(tiles, shape):
             raise ValueError(f"{type(self).__name__}.synthesise: a device y_hat of {shape} is "
                              f"not one tile's whole input for a {height}x{width} image")
         image = np.empty((height, width, 3), np.uint8)
@@ -398,6 +395,12 @@ class Codec:
             y_hat = dequantize_latents(q, self.tables.medians)
         del q       # y_hat holds what the synthesis needs: let the latents go first
         return self.synthesise(y_hat, header.height, header.width)
+
+
+def reads_all(tiles, shape):
+    """Whether ``tiles`` (:meth:`Codec._synthesis_tiles`) are one tile reading every latent
+    row and column of ``shape`` (M, h, w): then the synthesis can take y_hat as it is."""
+    return len(tiles) == 1 and (tiles[0][2], tiles[0][3]) == ((0, shape[1]), (0, shape[2]))
 
 
 #: Elements per step of the codec's per-channel loops: a few channels at a time bound the

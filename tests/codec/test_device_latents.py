@@ -116,3 +116,14 @@ def test_gpu_codecs_compress_and_decompress_as_their_host_paths(model, kind, hei
             codec.synthesise(codec.decode_latents(data)[1], height, 211))
     finally:
         net.to("numpy")
+
+
+@pytest.mark.parametrize("height, whole", [(150, True), (128, True), (129, False)])
+def test_a_one_tile_synthesis_reads_all_of_y_hat_unless_padding_passes_its_halo(height, whole):
+    """The test that sends y_hat to the device (Codec.dequantize_on_device): a hyperprior
+    image 129 rows high has 12 latent rows, its synthesis needs 9 and reads 2 more; at 150
+    and 128 rows it reads them all."""
+    from gdnflow.codec.codec import reads_all
+    codec = codec_for(make_hyperprior())
+    shape = (codec.tables.channels, 4 * -(-height // 64), 4 * -(-211 // 64))
+    assert reads_all(codec._synthesis_tiles(height, 211, shape), shape) == whole
