@@ -9,7 +9,9 @@
 // channels of one group at one output pixel from the CG*KH*KW inputs under
 // its window, so each group's input planes are read OG/OPT times, once per
 // chunk of output channels (from L1/L2 where windows overlap), and y is
-// written once, bias and activation fused.
+// written once, bias and activation fused. A first layer on image channels
+// (groups 1, C_in 1 to 4) with a small output is one such group: OG = C_out,
+// CG = C_in.
 //
 // A block takes one image, one chunk of OPT consecutive output channels (all
 // in one group: OPT divides OG) and a run of `blockDim.x` consecutive output

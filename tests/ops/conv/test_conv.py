@@ -358,6 +358,9 @@ def _geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
     (((1, 8, 20, 20), (16, 8, 1, 1), 2, 0, 1, 1), (Im2colDirect, Im2colGemm)),   # strided 1x1
     (((1, 8, 20, 20), (16, 8, 1, 1), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),   # padded 1x1
     (((64, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),  # RGB input
+    # Image channels and a small output (batch 1): the grouped kernel, as one group.
+    (((1, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1, 1), (GroupedDirect, Im2colGemm)),
+    (((1, 5, 224, 224), (64, 5, 3, 3), 1, 1, 1, 1), (Im2colDirect, Im2colGemm)),    # 5 channels
     (((1, 64, 20, 20), (64, 64, 3, 3), 2, 1, 1, 1), Im2colGemm),      # K = 576: compute-bound
 ])
 def test_planner_heuristic(geometry, expected):

@@ -9,6 +9,7 @@ from gdnflow.config import override
 from gdnflow.ops.conv.algorithms import grouped as grouped_module
 from gdnflow.ops.conv.algorithms.grouped import GroupedDirect, outputs_per_thread, pixel_tiling
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm
+from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect
 from gdnflow.ops.conv.epilogue import epilogue_numpy
 from gdnflow.ops.conv.geometry import conv_geometry, normalize_padding
 from gdnflow.ops.conv.planning import ConvPlanner
@@ -41,6 +42,12 @@ GROUPED_CASES = {
     "k7_stride2_asymmetric": ((1, 8, 20, 23), 16, 2, 7, (2, 1), (3, 2, 1, 3), 1),
     "many_pixel_tiles": ((1, 8, 40, 37), 8, 2, 3, 1, 1, 1),       # 1480 pixels: 6 blocks
     "single_pixel": ((3, 8, 1, 1), 8, 2, 3, 1, 1, 1),
+    # Ungrouped first layers on image channels: RGB 3x3/2 (SqueezeNet, MobileNet),
+    # RGB 7x7/2 (ResNet, GoogLeNet), gray 5x5/2 with 4 outputs, RGBA with 12.
+    "rgb_stem_3x3_stride2": ((2, 3, 17, 19), 16, 1, 3, 2, 1, 1),
+    "rgb_stem_7x7_stride2": ((1, 3, 23, 21), 8, 1, 7, 2, 3, 1),
+    "gray_stem_5x5": ((2, 1, 11, 13), 4, 1, 5, 2, 2, 1),
+    "rgba_stem_12_outputs": ((1, 4, 9, 8), 12, 1, 3, 1, 1, 1),
 }
 
 
@@ -164,6 +171,25 @@ def test_planner_prefers_the_grouped_kernel_for_narrow_groups(x_shape, w_shape, 
     # Forward only: the gradients stay with im2col + GEMM.
     assert planner.choose(g, "backward_data") is Im2colGemm
     assert planner.choose(g, "backward_weight") is Im2colGemm
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,forward", [
+    ((1, 3, 224, 224), (64, 3, 3, 3), 2, 0, GroupedDirect),       # SqueezeNet 1.1's stem
+    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, GroupedDirect),       # ResNet's and GoogLeNet's
+    ((8, 1, 64, 64), (32, 1, 3, 3), 1, 1, GroupedDirect),         # a gray image
+    ((8, 5, 64, 64), (32, 5, 3, 3), 1, 1, Im2colDirect),          # past MAX_STEM_CHANNELS
+    # Past MAX_STEM_OUTPUTS: 25 million outputs (SqueezeNet at batch 32), where
+    # im2col + GEMM was faster.
+    ((32, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
+    ((1, 3, 512, 768), (128, 3, 5, 5), 2, 2, Im2colGemm),         # the codec's, 12.6 million
+])
+def test_planner_runs_first_layers_on_image_channels_directly(x_shape, w_shape, stride, padding,
+                                                             forward):
+    g = _geometry(x_shape, w_shape, stride, padding)
+    planner = ConvPlanner(autotune=False)
+    assert planner.choose(g, "forward") is forward
+    assert planner.choose(g, "backward_data") is not GroupedDirect
+    assert planner.choose(g, "backward_weight") is not GroupedDirect
 
 
 def test_grouped_kernel_refuses_what_it_does_not_compile():

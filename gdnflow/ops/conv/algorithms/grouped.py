@@ -1,16 +1,18 @@
 """Grouped convolutions with few channels per group: a direct kernel (``cuda_src/grouped.cu``).
 
-For x [N, C_in, H, W] and w [C_out, CG, kh, kw] with ``groups`` > 1 and
-CG = C_in / groups (not depthwise: that is :mod:`.depthwise`'s)::
+For x [N, C_in, H, W] and w [C_out, CG, kh, kw] with CG = C_in / groups
+(not depthwise: that is :mod:`.depthwise`'s)::
 
     y[n, o, p, q] = act(b[o] + residual[n, o, p, q]
                         + sum_{c < CG, i, j} w[o, c, i, j] x[n, g(o)*CG + c, p*sh - top + i*dh, q*sw - left + j*dw])
 
 with g(o) = o // (C_out / groups). RegNet's 3x3 layers (8 channels per group)
 and ResNeXt's (4 to 32) have products too small per group for a GEMM: the
-im2col path runs hundreds of tiny cuBLAS calls per network. Forward only; the
-gradients stay with im2col + GEMM (training such layers is not what this
-kernel is for).
+im2col path runs hundreds of tiny cuBLAS calls per network. A network's first
+layer, on image channels (groups 1, C_in at most :data:`MAX_STEM_CHANNELS`), is
+one such group: with a small output (:data:`MAX_STEM_OUTPUTS`, a batch of one)
+the kernel beats writing a column matrix and multiplying it. Forward only; the gradients stay with im2col + GEMM (training such layers is
+not what this kernel is for).
 """
 import functools
 
@@ -30,6 +32,16 @@ MAX_OUTPUTS_PER_THREAD = 8
 #: The heuristic prefers the kernel for groups of at most this many input
 #: channels; wider groups are products a GEMM fills the GPU with.
 PREFERRED_GROUP_CHANNELS = 16
+#: Ungrouped layers (groups 1) run here with at most this many input channels (the
+#: image channels of a first layer: gray, RGB, RGBA) ...
+MAX_STEM_CHANNELS = 4
+#: ... and at most this many output values (N*C_out*OH*OW). Measured on an H200
+#: (``ConvPlanner`` autotune): the kernel took RGB first layers at batch 1 in 15-26 us
+#: where im2col + GEMM took 38-74 (and im2col + the direct product 26-49); at batch 32
+#: (6 to 26 million outputs) it ranged from 1.3x faster (MobileNetV3's 16 channels)
+#: to 1.5x slower (7x7 layers, K = 147), and on the codec's 5x5 layer at 768x512
+#: (13 million outputs) 3x slower.
+MAX_STEM_OUTPUTS = 1 << 22
 
 
 def outputs_per_thread(g):
@@ -63,15 +75,21 @@ class GroupedDirect:
 
     @staticmethod
     def supports(g):
-        """Grouped, not depthwise; kernels up to 7x7, strides and dilations up to 2, and a
-        chunk of output channels whose weights fit in shared memory."""
-        return (g.groups > 1 and not g.is_depthwise and g.kh <= MAX_KERNEL
+        """Grouped and not depthwise, or ungrouped on at most :data:`MAX_STEM_CHANNELS`
+        input channels; kernels up to 7x7, strides and dilations up to 2, and a chunk of
+        output channels whose weights fit in shared memory."""
+        narrow = g.groups > 1 or g.c_in <= MAX_STEM_CHANNELS
+        return (narrow and not g.is_depthwise and g.kh <= MAX_KERNEL
                 and g.kw <= MAX_KERNEL and max(g.stride) <= MAX_STRIDE
                 and max(g.dilation) <= MAX_DILATION and outputs_per_thread(g) is not None)
 
     @staticmethod
     def preferred(g):
-        """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels."""
+        """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels; an ungrouped
+        layer (supported on image channels only) with at most :data:`MAX_STEM_OUTPUTS`
+        output values."""
+        if g.groups == 1:
+            return g.n * g.c_out * g.oh * g.ow <= MAX_STEM_OUTPUTS
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
 
     @staticmethod
