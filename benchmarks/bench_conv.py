@@ -4,7 +4,7 @@ and 64), VGG16 (224², batch 1 and 64) and the factorized-prior GDN autoencoder
 conv_transpose2d (cuDNN, benchmark mode, TF32 off) in the same process.
 
     python benchmarks/bench_conv.py --out benchmarks/results/conv.md [--quick]
-        [--backward] [--autotune] [--models mobilenet_v2,vgg16,gdn]
+        [--backward] [--autotune] [--models mobilenet_v2,vgg16,gdn,stems]
 
 Each row is one distinct layer shape (``count`` = how often the model uses
 it); the "all conv layers" rows weight each shape by its count. Forward only
@@ -45,6 +45,7 @@ from gdnflow.backends import cuda
 from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.config import override
 from gdnflow.ops.conv.algorithms import winograd
+from gdnflow.ops.conv.algorithms.grouped import GroupedDirect
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
 from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
 from gdnflow.ops.conv.algorithms.winograd import WinogradF2, WinogradF4
@@ -52,7 +53,8 @@ from gdnflow.ops.conv.geometry import STAGES, conv_geometry, normalize_padding
 from gdnflow.ops.conv.planning import ConvPlanner, current_planner
 
 #: The algorithms timed side by side (extra columns) where they apply.
-COMPARED = (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2, Pointwise, PointwiseDirect)
+COMPARED = (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2, Pointwise, PointwiseDirect,
+            GroupedDirect)
 #: The floors of benchmarks/results (TARGETS.md): HBM copy rate, SGEMM rate.
 HBM_BYTES_PER_S = 4.1e12
 SGEMM_FLOP_PER_S = 50e12
@@ -116,11 +118,21 @@ def gdn_autoencoder_layers(n=16, big=128, latent=192, size=256):
     return analysis + synthesis
 
 
+def stem_layers(n):
+    """The first layers (RGB in, groups 1) of the torchvision families at 224², "same"
+    padding: SqueezeNet 1.1's 3x3/2 to 64, ResNet's, GoogLeNet's and DenseNet's 7x7/2
+    to 64, MobileNetV2's, EfficientNet's and RegNet's 3x3/2 to 32, MobileNetV3's to 16,
+    and a 3x3/1 to 64 (VGG's)."""
+    return [conv(n, 3, 224, 64, 3, 2), conv(n, 3, 224, 64, 7, 2), conv(n, 3, 224, 32, 3, 2),
+            conv(n, 3, 224, 16, 3, 2), conv(n, 3, 224, 64, 3)]
+
+
 MODELS = {
     "mobilenet_v2": [("MobileNetV2", 1, mobilenet_v2_layers(1)),
                      ("MobileNetV2", 64, mobilenet_v2_layers(64))],
     "vgg16": [("VGG16", 1, vgg16_layers(1)), ("VGG16", 64, vgg16_layers(64))],
     "gdn": [("GDN autoencoder", 16, gdn_autoencoder_layers())],
+    "stems": [("RGB first layers", 1, stem_layers(1)), ("RGB first layers", 32, stem_layers(32))],
 }
 
 
@@ -144,12 +156,16 @@ def geometry(layer):
 
 def compared_algorithms(layer):
     """The algorithms to time one by one for this layer: im2col (GEMM and direct product) and
-    Winograd's two, or the two 1x1 ones."""
+    Winograd's two, or the two 1x1 ones; for a first layer on image channels also the
+    grouped kernel (as one group)."""
     if layer.transposed:
         return ()
     g = geometry(layer)
+    stem = (GroupedDirect,) if g.groups == 1 and GroupedDirect.supports(g) else ()
     if winograd.supports(g):
-        return (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2)
+        return (Im2colGemm, Im2colDirect, WinogradF4, WinogradF2) + stem
+    if stem:
+        return (Im2colGemm, Im2colDirect) + stem
     if PointwiseDirect.supports(g):
         return (Pointwise, PointwiseDirect)
     if Im2colDirect.supports(g):
@@ -434,7 +450,8 @@ def run(args):
                  "forward of groups-1 layers, the rest on im2col_gemm; 3x3 stride-1 layers: "
                  "Winograd runs forward and backward-data, the weight gradient stays on "
                  "im2col; 1x1 layers: pointwise = one cuBLAS GEMM per image, pointwise_direct "
-                 "= the direct kernel, forward and backward-data); their total rows count the "
+                 "= the direct kernel, forward and backward-data; grouped_direct: the forward "
+                 "of a first layer on image channels); their total rows count the "
                  "planner's time for the other layers, with the ratio to torch in parentheses; "
                  "best of all: the fastest per layer")
     notes.append("gpu ms, torch gpu ms: GPU time per call with the calls queued behind a "
