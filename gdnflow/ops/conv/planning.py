@@ -37,7 +37,8 @@ class ConvPlanner:
     By default the choice is a heuristic: the first algorithm of
     :meth:`candidates` that supports the geometry and stage and is
     ``preferred`` for it, in the order depthwise (direct kernel), grouped
-    direct kernel (forward of groups of few channels), pointwise
+    direct kernel (forward of groups of few channels, and of first layers on
+    image channels with a small output), pointwise
     direct kernel (memory-bound 1x1 layers), pointwise (GEMM, no lowering),
     Winograd F(4x4) (wide 3x3 stride-1 layers; F(2x2) is
     never preferred), the sub-pixel rewrite (strided layers whose stride-1
