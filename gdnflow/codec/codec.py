@@ -50,6 +50,7 @@ from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
+from gdnflow.inference import compile as compile_plans
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models import CODEC_MODELS
 from gdnflow.sparse.checkpoint import load_pruned
@@ -64,6 +65,13 @@ TILE = 512
 #: with the 128-channel models; larger images run in tiles of TILE, which keeps a
 #: 50-megapixel photo under 2 GB (benchmarks/results/codec_memory_gpu.md).
 CUDA_WHOLE_SIDE = 2048
+#: Latent shapes whose synthesis a GPU codec keeps an inference plan (one CUDA graph)
+#: for, for images of one tile: a shape gets one the second time it is decoded (the
+#: first runs eagerly: a build took 44 ms at 768x512 on an H200, where a decode took 7),
+#: and each keeps its activations' memory (337 MiB at 768x512, 1.7 GiB at 2048x1536).
+#: Replays took the factorized prior's decode at 768x512 from 10 to 9 ms/MP
+#: (benchmarks/results/codec_speed_h200.md).
+SYNTHESIS_PLANS = 2
 
 
 def check_image(image):
@@ -184,6 +192,7 @@ class Codec:
             raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
                              f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
+        self._synthesis_plans = None     # made on the first GPU synthesis (_synthesis)
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -370,8 +379,8 @@ class Codec:
         for (top, bottom), (left, right), (r0, r1), (c0, c1) in tiles:
             latents = y_hat if on_device else Tensor(
                 np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]), device=self.device)
-            with no_grad():
-                pixels = self.model.g_s(latents)
+            with no_grad():     # a device y_hat is one tile: one shape, worth a plan
+                pixels = self._synthesis(latents) if on_device else self.model.g_s(latents)
             rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
             columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
@@ -383,6 +392,15 @@ class Codec:
                 image[rows, columns] = to_uint8(pixels.numpy()[0][
                     :, rows.start - r0:rows.stop - r0, columns.start - c0:columns.stop - c0])
         return image
+
+    def _synthesis(self, latents):
+        """g_s of a one-tile image's cuda latents (1, M, h, w), through an inference plan
+        for a latent shape decoded before (:data:`SYNTHESIS_PLANS`); its result is the
+        plan's buffer, which the next synthesis of that shape overwrites."""
+        if self._synthesis_plans is None:
+            self._synthesis_plans = compile_plans(self.model.g_s, device="cuda", eager_calls=1,
+                                                  max_plans=SYNTHESIS_PLANS)
+        return self._synthesis_plans(latents)
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a

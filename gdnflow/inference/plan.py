@@ -299,18 +299,30 @@ class CompiledModel:
     first). ``on_stale``: "rebuild" (default) builds anew after the weights
     changed; "error" raises :class:`StalePlanError` instead. Options ``graph``
     and ``verify`` are passed to each :class:`InferencePlan`.
+
+    ``eager_calls``: the first that many calls of each shape run the model
+    itself (under no_grad, and autocast for a 16-bit ``dtype``) and build
+    nothing; the next one builds the plan. A build costs a few forwards, so
+    callers that see many shapes once each (a codec's image sizes) pass 1:
+    only a shape met again gets a plan.
     """
 
     def __init__(self, model, device=None, graph=True, verify=True, on_stale="rebuild",
-                 max_plans=8, dtype=None):
+                 max_plans=8, dtype=None, eager_calls=0):
         if on_stale not in ("rebuild", "error"):
             raise ValueError(f"compile: on_stale must be 'rebuild' or 'error', got {on_stale!r}")
+        if not (isinstance(eager_calls, int) and eager_calls >= 0):
+            raise ValueError(f"compile: eager_calls must be a whole number >= 0, got "
+                             f"{eager_calls!r}")
         self.model = model
         self.device = check_device(device) if device is not None else _model_device(model)
         self.graph, self.verify, self.on_stale = graph, verify, on_stale
         self.dtype = plan_dtype(dtype)
         self.max_plans = int(max_plans)
         self.plans = OrderedDict()
+        self.eager_calls = eager_calls
+        #: Calls run eagerly so far per shape without a plan (the most recent shapes only).
+        self.eager_counts = OrderedDict()
         #: How many plans were built, and how many of those because weights changed.
         self.builds = self.rebuilds = 0
 
@@ -340,11 +352,29 @@ class CompiledModel:
     def __call__(self, x):
         shape = (tuple(x.shape), settings.matmul_precision)
         plan = self.plans.get(shape)
+        if plan is None and self.eager_counts.get(shape, 0) < self.eager_calls:
+            return self._run_eagerly(shape, x)
         if plan is None or plan.version != weights_version():
             plan = self.plan(shape[0])
+            self.eager_counts.pop(shape, None)
         else:
             self.plans.move_to_end(shape)
         return plan(x)
+
+    def _run_eagerly(self, shape, x):
+        """The model's own forward of ``x``, counted against ``shape``'s eager calls."""
+        self.eager_counts[shape] = self.eager_counts.pop(shape, 0) + 1
+        while len(self.eager_counts) > 8 * self.max_plans:     # forget the oldest shapes
+            self.eager_counts.popitem(last=False)
+        if not isinstance(x, Tensor):
+            x = Tensor(np.asarray(x, np.float32), device=self.device)
+        with no_grad():
+            if self.dtype is None:
+                return self.model(x)
+            with autocast(self.dtype):
+                y = self.model(x)
+            return cast(y, FLOAT32) if isinstance(y, Tensor) else type(y)(
+                cast(t, FLOAT32) for t in y)
 
     def invalidate(self):
         """Drop every plan (the next call builds afresh)."""
@@ -360,7 +390,7 @@ class CompiledModel:
 
 
 def compile(model, input_shape=None, device=None, graph=True, verify=True,  # noqa: A001
-            on_stale="rebuild", max_plans=8, dtype=None):
+            on_stale="rebuild", max_plans=8, dtype=None, eager_calls=0):
     """Compile ``model`` (in eval mode) for inference; returns a :class:`CompiledModel`.
 
     ``input_shape``, if given, builds that plan at once (others are built on
@@ -372,7 +402,8 @@ def compile(model, input_shape=None, device=None, graph=True, verify=True,  # no
     :class:`InferencePlan` for the options.
     """
     _check_eval_mode(model)
-    compiled = CompiledModel(model, device, graph, verify, on_stale, max_plans, dtype)
+    compiled = CompiledModel(model, device, graph, verify, on_stale, max_plans, dtype,
+                             eager_calls)
     if input_shape is not None:
         compiled.plan(input_shape)
     return compiled

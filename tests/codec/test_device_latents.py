@@ -5,12 +5,14 @@ compress and decompress against their host paths."""
 import numpy as np
 import pytest
 
+from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
 from gdnflow.codec import codec_for, device_latents
 from gdnflow.codec.codec import dequantize_latents, quantize_latents
 from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
 from gdnflow.codec.format import MAX_SYMBOL, CodecError
 from gdnflow.tensor import Tensor
+from gdnflow.testing import relative_error
 
 from codec_kit import make_hyperprior, smooth_image
 from host_kernels import HostMemory, ShimDevice, host_builder
@@ -114,6 +116,32 @@ def test_gpu_codecs_compress_and_decompress_as_their_host_paths(model, kind, hei
         np.testing.assert_array_equal(
             codec.decompress(data),
             codec.synthesise(codec.decode_latents(data)[1], height, 211))
+    finally:
+        net.to("numpy")
+
+
+@pytest.mark.gpu
+def test_gpu_synthesis_of_a_shape_decoded_again_runs_its_plan(model):
+    """The first decode of a size runs g_s eagerly, the second builds its inference plan,
+    the third replays it: the same pixels, up to a rounding boundary's level."""
+    net = model.to("cuda")
+    try:
+        codec = codec_for(net)
+        image = smooth_image(np.random.default_rng(5), 150, 211)
+        data = codec.compress(image)
+        first = codec.decompress(data)
+        assert codec._synthesis_plans.builds == 0
+        second, third = codec.decompress(data), codec.decompress(data)
+        assert codec._synthesis_plans.builds == 1 and len(codec._synthesis_plans.plans) == 1
+        np.testing.assert_array_equal(second, third)
+        assert np.abs(second.astype(int) - first).max() <= 1
+        assert np.mean(second == first) > 0.999
+        _, q = codec.decode_quantized(data, on_device=True)
+        y_hat = codec.dequantize_on_device(q, 150, 211)
+        with no_grad():
+            eager = codec.model.g_s(y_hat).numpy()
+            planned = codec._synthesis(y_hat).numpy()
+        assert relative_error(planned, eager) <= 1e-5
     finally:
         net.to("numpy")
 

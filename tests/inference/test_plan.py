@@ -47,6 +47,30 @@ def test_least_recently_used_plan_is_dropped_beyond_max_plans(rng):
     assert list(compiled.plans) == [((1, 3, 4, 4), "fp32"), ((1, 3, 6, 6), "fp32")]
 
 
+def test_eager_calls_run_the_model_until_a_shape_comes_again(rng):
+    model = small_model(rng)
+    compiled = inference.compile(model, eager_calls=1)
+    x, y = tensor(rng, (1, 3, 5, 5)), tensor(rng, (2, 3, 6, 6))
+    first = compiled(x)
+    assert compiled.builds == 0 and not compiled.plans      # the first call builds nothing
+    assert relative_error(first.numpy(), eager(model, x)) < 1e-6
+    assert not first.requires_grad                          # run under no_grad
+    second = compiled(x).numpy()
+    assert compiled.builds == 1 and list(compiled.plans) == [((1, 3, 5, 5), "fp32")]
+    assert relative_error(second, eager(model, x)) < 1e-5
+    compiled(x)
+    compiled(y)                                             # a new shape: eager again
+    assert compiled.builds == 1 and len(compiled.plans) == 1
+    compiled(y.numpy())                                     # arrays as well as tensors
+    assert compiled.builds == 2
+
+
+def test_eager_calls_must_be_a_whole_number(rng):
+    for bad in (-1, 1.5, "1"):
+        with pytest.raises(ValueError, match="eager_calls must be a whole number"):
+            inference.compile(small_model(rng), eager_calls=bad)
+
+
 def test_loading_new_weights_rebuilds_the_plan(rng):
     model = small_model(rng)
     compiled = inference.compile(model, (2, 3, 5, 5))
