@@ -28,7 +28,10 @@ device: one IEEE rounding and one IEEE addition), runs the synthesis g_s on
 the model's device, crops the padding and rounds to 8 bits
 (:func:`to_uint8`). The image therefore equals the evaluation path's
 ``x_hat`` rounded the same way: exactly on the same device, within float
-tolerance (at most 1 level where a value straddles .5) on another.
+tolerance (at most 1 level where a value straddles .5) on another. (On a
+GPU, from the second decode of a one-tile size on, the synthesis is a
+replayed inference plan, whose float rounding may differ from the eager
+forward's: the same 1-level tolerance.)
 """
 import os
 from pathlib import Path
@@ -50,7 +53,8 @@ from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
-from gdnflow.inference import compile as compile_plans
+from gdnflow.errors import DeviceMemoryError
+from gdnflow.inference import PlanError, compile as compile_plans
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models import CODEC_MODELS
 from gdnflow.sparse.checkpoint import load_pruned
@@ -66,12 +70,14 @@ TILE = 512
 #: 50-megapixel photo under 2 GB (benchmarks/results/codec_memory_gpu.md).
 CUDA_WHOLE_SIDE = 2048
 #: Latent shapes whose synthesis a GPU codec keeps an inference plan (one CUDA graph)
-#: for, for images of one tile: a shape gets one the second time it is decoded (the
-#: first runs eagerly: a build took 44 ms at 768x512 on an H200, where a decode took 7),
-#: and each keeps its activations' memory (337 MiB at 768x512, 1.7 GiB at 2048x1536).
-#: Replays took the factorized prior's decode at 768x512 from 10 to 9 ms/MP
+#: for, for images of one tile up to SYNTHESIS_PLAN_PIXELS: a shape gets one the second
+#: time it is decoded (the first runs eagerly: a build took 44 ms at 768x512 on an
+#: H200, where a decode took 7), and each keeps its activations' memory (337 MiB at
+#: 768x512). Replays took the factorized prior's decode at 768x512 from 10 to 9 ms/MP;
+#: at 2048x1536 (1.7 GiB of buffers) they gained nothing measurable, hence the bound
 #: (benchmarks/results/codec_speed_h200.md).
 SYNTHESIS_PLANS = 2
+SYNTHESIS_PLAN_PIXELS = 1 << 20
 
 
 def check_image(image):
@@ -192,7 +198,9 @@ class Codec:
             raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
                              f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
-        self._synthesis_plans = None     # made on the first GPU synthesis (_synthesis)
+        #: The synthesis's CompiledModel, made on first use (None), or False once a plan
+        #: could not be built (_synthesis).
+        self._synthesis_plans = None
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -379,8 +387,8 @@ class Codec:
         for (top, bottom), (left, right), (r0, r1), (c0, c1) in tiles:
             latents = y_hat if on_device else Tensor(
                 np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]), device=self.device)
-            with no_grad():     # a device y_hat is one tile: one shape, worth a plan
-                pixels = self._synthesis(latents) if on_device else self.model.g_s(latents)
+            with no_grad():
+                pixels = self._synthesis(latents, on_device)
             rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
             columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
@@ -393,14 +401,25 @@ class Codec:
                     :, rows.start - r0:rows.stop - r0, columns.start - c0:columns.stop - c0])
         return image
 
-    def _synthesis(self, latents):
-        """g_s of a one-tile image's cuda latents (1, M, h, w), through an inference plan
-        for a latent shape decoded before (:data:`SYNTHESIS_PLANS`); its result is the
-        plan's buffer, which the next synthesis of that shape overwrites."""
+    def _synthesis(self, latents, whole):
+        """g_s of ``latents`` (1, M, h, w). Where they are a ``whole`` image's device
+        latents of at most :data:`SYNTHESIS_PLAN_PIXELS` pixels, through an inference plan
+        for a shape decoded before (:data:`SYNTHESIS_PLANS`): its result is the plan's
+        buffer, which the next synthesis of that shape overwrites. A plan that cannot be
+        built (too little device memory, the model put back in training mode) leaves the
+        codec eager."""
+        pixels = latents.shape[2] * latents.shape[3] * DOWNSAMPLING ** 2
+        if not whole or pixels > SYNTHESIS_PLAN_PIXELS or self._synthesis_plans is False:
+            return self.model.g_s(latents)
         if self._synthesis_plans is None:
             self._synthesis_plans = compile_plans(self.model.g_s, device="cuda", eager_calls=1,
                                                   max_plans=SYNTHESIS_PLANS)
-        return self._synthesis_plans(latents)
+        try:
+            return self._synthesis_plans(latents)
+        except (PlanError, DeviceMemoryError):
+            self._synthesis_plans.close()
+            self._synthesis_plans = False
+            return self.model.g_s(latents)
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a

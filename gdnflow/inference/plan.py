@@ -301,17 +301,21 @@ class CompiledModel:
     and ``verify`` are passed to each :class:`InferencePlan`.
 
     ``eager_calls``: the first that many calls of each shape run the model
-    itself (under no_grad, and autocast for a 16-bit ``dtype``) and build
-    nothing; the next one builds the plan. A build costs a few forwards, so
-    callers that see many shapes once each (a codec's image sizes) pass 1:
-    only a shape met again gets a plan.
+    itself (under no_grad, and autocast for a 16-bit ``dtype``; the result
+    packed as a plan's: a Tensor, tuple or list) and build nothing; the next
+    one builds the plan. A build costs a few forwards, so callers that see
+    many shapes once each (a codec's image sizes) pass 1: only a shape met
+    again gets a plan. With ``eager_calls``, a shape whose plan was dropped
+    for ``max_plans`` runs eagerly from then on, so that more shapes than
+    ``max_plans`` in rotation do not rebuild over and over.
     """
 
     def __init__(self, model, device=None, graph=True, verify=True, on_stale="rebuild",
                  max_plans=8, dtype=None, eager_calls=0):
         if on_stale not in ("rebuild", "error"):
             raise ValueError(f"compile: on_stale must be 'rebuild' or 'error', got {on_stale!r}")
-        if not (isinstance(eager_calls, int) and eager_calls >= 0):
+        if isinstance(eager_calls, bool) or not (isinstance(eager_calls, int)
+                                                  and eager_calls >= 0):
             raise ValueError(f"compile: eager_calls must be a whole number >= 0, got "
                              f"{eager_calls!r}")
         self.model = model
@@ -321,7 +325,8 @@ class CompiledModel:
         self.max_plans = int(max_plans)
         self.plans = OrderedDict()
         self.eager_calls = eager_calls
-        #: Calls run eagerly so far per shape without a plan (the most recent shapes only).
+        #: Calls run eagerly so far per shape without a plan (the most recent shapes only);
+        #: a shape whose plan was dropped counts as None: eager from then on.
         self.eager_counts = OrderedDict()
         #: How many plans were built, and how many of those because weights changed.
         self.builds = self.rebuilds = 0
@@ -344,7 +349,10 @@ class CompiledModel:
             self.builds += 1
             self.plans[shape] = plan
             while len(self.plans) > self.max_plans:
-                self.plans.popitem(last=False)[1].close()
+                dropped, old_plan = self.plans.popitem(last=False)
+                old_plan.close()
+                if self.eager_calls:
+                    self._count_eager(dropped, None)
         else:
             self.plans.move_to_end(shape)
         return plan
@@ -352,8 +360,14 @@ class CompiledModel:
     def __call__(self, x):
         shape = (tuple(x.shape), settings.matmul_precision)
         plan = self.plans.get(shape)
-        if plan is None and self.eager_counts.get(shape, 0) < self.eager_calls:
-            return self._run_eagerly(shape, x)
+        if plan is None and shape in self.eager_counts:
+            count = self.eager_counts[shape]
+            if count is None or count < self.eager_calls:
+                self._count_eager(shape, None if count is None else count + 1)
+                return self._run_eagerly(x)
+        elif plan is None and self.eager_calls:
+            self._count_eager(shape, 1)
+            return self._run_eagerly(x)
         if plan is None or plan.version != weights_version():
             plan = self.plan(shape[0])
             self.eager_counts.pop(shape, None)
@@ -361,20 +375,27 @@ class CompiledModel:
             self.plans.move_to_end(shape)
         return plan(x)
 
-    def _run_eagerly(self, shape, x):
-        """The model's own forward of ``x``, counted against ``shape``'s eager calls."""
-        self.eager_counts[shape] = self.eager_counts.pop(shape, 0) + 1
-        while len(self.eager_counts) > 8 * self.max_plans:     # forget the oldest shapes
+    def _count_eager(self, shape, count):
+        """Record ``shape``'s eager calls so far (None: eager for good), forgetting the
+        oldest shapes past 8 * max_plans."""
+        self.eager_counts.pop(shape, None)
+        self.eager_counts[shape] = count
+        while len(self.eager_counts) > 8 * self.max_plans:
             self.eager_counts.popitem(last=False)
-        if not isinstance(x, Tensor):
-            x = Tensor(np.asarray(x, np.float32), device=self.device)
-        with no_grad():
-            if self.dtype is None:
-                return self.model(x)
-            with autocast(self.dtype):
-                y = self.model(x)
-            return cast(y, FLOAT32) if isinstance(y, Tensor) else type(y)(
-                cast(t, FLOAT32) for t in y)
+
+    def _run_eagerly(self, x):
+        """The model's own forward of ``x`` on the plans' device, packed as a plan packs
+        its outputs (16-bit results widened to float32)."""
+        x = x.to(self.device) if isinstance(x, Tensor) else Tensor(
+            np.asarray(x, np.float32), device=self.device)
+        with no_grad(), autocast(self.dtype, enabled=self.dtype is not None):
+            y = self.model(x)
+        outputs = [y] if isinstance(y, Tensor) else list(y)
+        if self.dtype is not None:
+            outputs = [cast(t, FLOAT32) for t in outputs]
+        if isinstance(y, Tensor):
+            return outputs[0]
+        return list(outputs) if isinstance(y, list) else tuple(outputs)
 
     def invalidate(self):
         """Drop every plan (the next call builds afresh)."""

@@ -65,8 +65,29 @@ def test_eager_calls_run_the_model_until_a_shape_comes_again(rng):
     assert compiled.builds == 2
 
 
+def test_eager_calls_take_arrays(rng):
+    model = small_model(rng)
+    compiled = inference.compile(model, eager_calls=1)
+    x = tensor(rng, (1, 3, 5, 5))
+    first = compiled(x.numpy())
+    assert compiled.builds == 0 and first.device == "numpy"
+    assert relative_error(first.numpy(), eager(model, x)) < 1e-6
+
+
+def test_with_eager_calls_a_shape_whose_plan_was_dropped_stays_eager(rng):
+    # Three shapes in rotation over one plan: each built once at most, not on every turn.
+    compiled = inference.compile(small_model(rng), eager_calls=1, max_plans=1)
+    shapes = [(1, 3, 4, 4), (1, 3, 5, 5), (1, 3, 6, 6)]
+    for turn in range(4):
+        for shape in shapes:
+            compiled(tensor(rng, shape))
+        # Turn 0 runs each eagerly; turn 1 builds each, each build dropping the last.
+        assert compiled.builds == (0 if turn == 0 else 3)
+    assert list(compiled.plans) == [((1, 3, 6, 6), "fp32")]
+
+
 def test_eager_calls_must_be_a_whole_number(rng):
-    for bad in (-1, 1.5, "1"):
+    for bad in (-1, 1.5, "1", True):
         with pytest.raises(ValueError, match="eager_calls must be a whole number"):
             inference.compile(small_model(rng), eager_calls=bad)
 
