@@ -178,10 +178,11 @@ def test_planner_prefers_the_grouped_kernel_for_narrow_groups(x_shape, w_shape, 
     ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, GroupedDirect),       # ResNet's and GoogLeNet's
     ((8, 1, 64, 64), (32, 1, 3, 3), 1, 1, GroupedDirect),         # a gray image
     ((8, 5, 64, 64), (32, 5, 3, 3), 1, 1, Im2colDirect),          # past MAX_STEM_CHANNELS
-    # Past MAX_STEM_OUTPUTS: 25 million outputs (SqueezeNet at batch 32), where
-    # im2col + GEMM was faster.
+    ((32, 3, 224, 224), (16, 3, 3, 3), 2, 1, GroupedDirect),      # MobileNetV3's, 173 M
+    # Past MAX_STEM_MULTIPLY_ADDS, where the im2col paths were faster: SqueezeNet's
+    # at batch 32 (681 million) and the codec's at 768x512 (943 million).
     ((32, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
-    ((1, 3, 512, 768), (128, 3, 5, 5), 2, 2, Im2colGemm),         # the codec's, 12.6 million
+    ((1, 3, 512, 768), (128, 3, 5, 5), 2, 2, Im2colGemm),
 ])
 def test_planner_runs_first_layers_on_image_channels_directly(x_shape, w_shape, stride, padding,
                                                              forward):

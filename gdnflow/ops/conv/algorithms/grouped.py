@@ -10,8 +10,9 @@ with g(o) = o // (C_out / groups). RegNet's 3x3 layers (8 channels per group)
 and ResNeXt's (4 to 32) have products too small per group for a GEMM: the
 im2col path runs hundreds of tiny cuBLAS calls per network. A network's first
 layer, on image channels (groups 1, C_in at most :data:`MAX_STEM_CHANNELS`), is
-one such group: with a small output (:data:`MAX_STEM_OUTPUTS`, a batch of one)
-the kernel beats writing a column matrix and multiplying it. Forward only; the gradients stay with im2col + GEMM (training such layers is
+one such group: for a small layer (:data:`MAX_STEM_MULTIPLY_ADDS`, a batch of
+one at 224x224) the kernel beats writing a column matrix and multiplying it.
+Forward only; the gradients stay with im2col + GEMM (training such layers is
 not what this kernel is for).
 """
 import functools
@@ -35,13 +36,15 @@ PREFERRED_GROUP_CHANNELS = 16
 #: Ungrouped layers (groups 1) run here with at most this many input channels (the
 #: image channels of a first layer: gray, RGB, RGBA) ...
 MAX_STEM_CHANNELS = 4
-#: ... and at most this many output values (N*C_out*OH*OW). Measured on an H200
-#: (``ConvPlanner`` autotune): the kernel took RGB first layers at batch 1 in 15-26 us
-#: where im2col + GEMM took 38-74 (and im2col + the direct product 26-49); at batch 32
-#: (6 to 26 million outputs) it ranged from 1.3x faster (MobileNetV3's 16 channels)
-#: to 1.5x slower (7x7 layers, K = 147), and on the codec's 5x5 layer at 768x512
-#: (13 million outputs) 3x slower.
-MAX_STEM_OUTPUTS = 1 << 22
+#: ... and at most this many multiply-adds (N*C_out*OH*OW*C_in*kh*kw). Measured on an
+#: H200 (``ConvPlanner`` autotune, docs/conv.md): RGB first layers at batch 1 (at most
+#: 118 million) took 18-26 us on the kernel against 30-49 for im2col + the direct
+#: product and 38-74 for im2col + GEMM; at batch 32 it won below about 300 million
+#: (MobileNetV3's 3x3 to 16 channels, 173 million: 34 against 45 us), tied at 347
+#: million and lost from 681 million (SqueezeNet's 3x3 to 64: 117 against 103 us;
+#: the 7x7 layers, 3.8 billion: 432 against 284), as on the codec's 5x5 layer at
+#: 768x512 (943 million: 207 against 70 us).
+MAX_STEM_MULTIPLY_ADDS = 1 << 28
 
 
 def outputs_per_thread(g):
@@ -86,10 +89,11 @@ class GroupedDirect:
     @staticmethod
     def preferred(g):
         """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels; an ungrouped
-        layer (supported on image channels only) with at most :data:`MAX_STEM_OUTPUTS`
-        output values."""
+        layer (supported on image channels only) of at most :data:`MAX_STEM_MULTIPLY_ADDS`
+        multiply-adds."""
         if g.groups == 1:
-            return g.n * g.c_out * g.oh * g.ow <= MAX_STEM_OUTPUTS
+            return (g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
+                    <= MAX_STEM_MULTIPLY_ADDS)
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
 
     @staticmethod
