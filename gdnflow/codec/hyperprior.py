@@ -155,15 +155,21 @@ def table_groups(indexes, wanted=None):
     return order, np.concatenate([[0], np.cumsum(counts)])
 
 
+def listed_quiet_tables(indexes, groups):
+    """The quiet tables present in a block of flat table ``indexes`` (``groups``: its
+    :func:`table_groups`, or None): those whose coded-or-not bits the escapes list."""
+    present = np.bincount(indexes, minlength=len(gaussian_models())) > 0 if groups is None \
+        else np.diff(groups[1]) > 0
+    return np.flatnonzero(quiet_tables() & present)
+
+
 def write_coded_tables(escapes, q, indexes, quiet, groups):
     """(coded, (order, bounds)) of a block's flat values ``q`` and table ``indexes``: which
     tables are coded (bool per table; with ``quiet``, the quiet tables present that are not
     all 0, listed first in ``escapes``) and the block's groups (``groups`` if given)."""
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
-        present = np.bincount(indexes, minlength=coded.size) > 0 if groups is None \
-            else np.diff(groups[1]) > 0
-        listed = np.flatnonzero(quiet_tables() & present)
+        listed = listed_quiet_tables(indexes, groups)
         nonzero = np.bincount(indexes[q != 0], minlength=coded.size) > 0
         write_coded_groups(escapes, nonzero[listed])
         coded[listed] = nonzero[listed]
@@ -175,9 +181,7 @@ def read_coded_tables(reader, indexes, quiet, groups, source):
     quiet tables read from ``reader``."""
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
-        present = np.bincount(indexes, minlength=coded.size) > 0 if groups is None \
-            else np.diff(groups[1]) > 0
-        listed = np.flatnonzero(quiet_tables() & present)
+        listed = listed_quiet_tables(indexes, groups)
         coded[listed] = read_coded_groups(reader, len(listed), source)
     return coded, table_groups(indexes, coded) if groups is None else groups
 

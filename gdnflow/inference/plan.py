@@ -360,14 +360,11 @@ class CompiledModel:
     def __call__(self, x):
         shape = (tuple(x.shape), settings.matmul_precision)
         plan = self.plans.get(shape)
-        if plan is None and shape in self.eager_counts:
-            count = self.eager_counts[shape]
+        if plan is None and self.eager_calls:
+            count = self.eager_counts.get(shape, 0)
             if count is None or count < self.eager_calls:
                 self._count_eager(shape, None if count is None else count + 1)
                 return self._run_eagerly(x)
-        elif plan is None and self.eager_calls:
-            self._count_eager(shape, 1)
-            return self._run_eagerly(x)
         if plan is None or plan.version != weights_version():
             plan = self.plan(shape[0])
             self.eager_counts.pop(shape, None)
@@ -390,12 +387,11 @@ class CompiledModel:
             np.asarray(x, np.float32), device=self.device)
         with no_grad(), autocast(self.dtype, enabled=self.dtype is not None):
             y = self.model(x)
-        outputs = [y] if isinstance(y, Tensor) else list(y)
-        if self.dtype is not None:
-            outputs = [cast(t, FLOAT32) for t in outputs]
+        widen = (lambda t: cast(t, FLOAT32)) if self.dtype is not None else (lambda t: t)
         if isinstance(y, Tensor):
-            return outputs[0]
-        return list(outputs) if isinstance(y, list) else tuple(outputs)
+            return widen(y)
+        outputs = [widen(t) for t in y]
+        return outputs if isinstance(y, list) else tuple(outputs)
 
     def invalidate(self):
         """Drop every plan (the next call builds afresh)."""
