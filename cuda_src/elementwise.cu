@@ -210,6 +210,26 @@ struct ProgramLayout {
     unsigned shift[PROGRAM_DIMS];
 };
 
+// offset[k]: the element of input k that out's element i is computed from (in
+// fused_program_vector, out's vector i starts at).
+__device__ __forceinline__ void input_offsets(unsigned i, const ProgramLayout& layout,
+                                              int (&offset)[PROGRAM_INPUTS]) {
+#pragma unroll
+    for (int k = 0; k < PROGRAM_INPUTS; ++k) offset[k] = 0;
+    unsigned rest = i;
+#pragma unroll
+    for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
+        if (layout.dims[d] == 1) continue;
+        const unsigned quotient = quotient_of(rest, layout.magic[d], layout.shift[d]);
+        const int index = rest - quotient * layout.dims[d];
+        rest = quotient;
+#pragma unroll
+        for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += index * layout.strides[k][d];
+    }
+#pragma unroll
+    for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += rest * layout.strides[k][0];
+}
+
 #define LOAD_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(in##k[offset[k]]) : 0.0f;
 
 extern "C" __global__ void fused_program(
@@ -219,24 +239,54 @@ extern "C" __global__ void fused_program(
         const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
         const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
     GRID_STRIDE_LOOP(i, n) {
-        int offset[PROGRAM_INPUTS] = {0, 0, 0, 0, 0, 0, 0, 0};
-        unsigned rest = i;
-#pragma unroll
-        for (int d = PROGRAM_DIMS - 1; d > 0; --d) {
-            if (layout.dims[d] == 1) continue;
-            const unsigned quotient = quotient_of(rest, layout.magic[d], layout.shift[d]);
-            const int index = rest - quotient * layout.dims[d];
-            rest = quotient;
-#pragma unroll
-            for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += index * layout.strides[k][d];
-        }
-#pragma unroll
-        for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += rest * layout.strides[k][0];
+        int offset[PROGRAM_INPUTS];
+        input_offsets(i, layout, offset);
         LOAD_INPUT(0) LOAD_INPUT(1) LOAD_INPUT(2) LOAD_INPUT(3)
         LOAD_INPUT(4) LOAD_INPUT(5) LOAD_INPUT(6) LOAD_INPUT(7)
         float result;
         FUSED_PROGRAM
         out[i] = store_value(result);
+    }
+}
+
+// fused_program_vector: the same program, VECTOR_ELEMENTS consecutive elements a
+// thread (16 bytes a load and a store), where the host found that out's
+// innermost merged dimension is a multiple of VECTOR_ELEMENTS, that every input
+// steps along it by 1 (read as one vector) or 0 (one value serves the vector),
+// and that every array is 16-byte aligned at every vector. Indices count vectors:
+// the layout's innermost dimension and strides are in vectors (the host divides
+// and scales them). One 4-byte value a thread at a time kept too few loads in
+// flight: ConvNeXt's bias + GELU over [32, 56, 56, 384] ran at 2.3 TB/s on the H200.
+#define LOAD_VECTOR(k) StorageVector vector##k;                                   \
+    if (k < FUSED_INPUTS) {                                                       \
+        if (layout.strides[k][PROGRAM_DIMS - 1] != 0)                             \
+            vector##k = *reinterpret_cast<const StorageVector*>(in##k + offset[k]); \
+        else                                                                      \
+            for (int j = 0; j < VECTOR_ELEMENTS; ++j) vector##k.v[j] = in##k[offset[k]]; \
+    }
+#define VECTOR_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(vector##k.v[j]) : 0.0f;
+
+extern "C" __global__ void fused_program_vector(
+        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
+        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
+        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
+        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
+        const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
+    GRID_STRIDE_LOOP(i, n) {
+        int offset[PROGRAM_INPUTS];
+        input_offsets(i, layout, offset);
+        LOAD_VECTOR(0) LOAD_VECTOR(1) LOAD_VECTOR(2) LOAD_VECTOR(3)
+        LOAD_VECTOR(4) LOAD_VECTOR(5) LOAD_VECTOR(6) LOAD_VECTOR(7)
+        StorageVector stored;
+#pragma unroll
+        for (int j = 0; j < VECTOR_ELEMENTS; ++j) {
+            VECTOR_INPUT(0) VECTOR_INPUT(1) VECTOR_INPUT(2) VECTOR_INPUT(3)
+            VECTOR_INPUT(4) VECTOR_INPUT(5) VECTOR_INPUT(6) VECTOR_INPUT(7)
+            float result;
+            FUSED_PROGRAM
+            stored.v[j] = store_value(result);
+        }
+        reinterpret_cast<StorageVector*>(out)[i] = stored;
     }
 }
 

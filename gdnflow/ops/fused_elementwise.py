@@ -13,7 +13,10 @@ result. The program is written out as C statements
 (:meth:`FusedElementwise.program_source`) and compiled into a module of its
 own with ``-DFUSED_PROGRAM`` (once per program and dtype; the cubin cache
 keeps it across processes): an interpreted version, one kernel for every
-program, ran 5-7x slower on the H200 (its registers in local memory).
+program, ran 5-7x slower on the H200 (its registers in local memory). Where
+every input steps along the output's innermost axis by 1 or 0 and every
+address is 16-byte aligned, ``fused_program_vector`` runs the same program
+on 16 bytes of each input per thread (:func:`vector_problem` says when not).
 
 A program may read one of its inputs as a concatenation of several arrays
 (:class:`ConcatInput`: DenseNet's batch norm and ReLU after each
@@ -57,6 +60,9 @@ OPCODES = ("neg", "exp", "log", "sqrt", "pow", "relu", "relu6", "sigmoid", "clam
 #: The kernel's inputs and index dimensions (``PROGRAM_INPUTS``, ``PROGRAM_DIMS``), and
 #: the longest program the pass writes (one kernel's worth of registers).
 MAX_INPUTS, DIMS, MAX_INSTRUCTIONS = 8, 6, 16
+#: Bytes a thread of ``fused_program_vector`` loads from each input and stores at once (its
+#: StorageVector: 4 float32 or 8 16-bit values).
+VECTOR_BYTES = 16
 _OPCODES = frozenset(OPCODES)
 # out, the inputs, n, then the ProgramLayout struct (dims, strides per input, magic numbers,
 # shifts: (3 + MAX_INPUTS) * DIMS 4-byte fields); a constant, so that
@@ -223,10 +229,18 @@ class FusedElementwise:
         lines.append(f"result = r{count + len(self.instructions) - 1};")
         return " ".join(lines)
 
-    def layout_bytes(self):
+    def layout_bytes(self, vector=1):
         """The kernel's ProgramLayout argument: merged dimensions, strides and the dimensions'
-        division constants (:func:`division_constants`), packed."""
+        division constants (:func:`division_constants`), packed. With ``vector`` > 1, that of
+        ``fused_program_vector`` moving ``vector`` elements a thread (its innermost dimension
+        and strides counted in vectors), or None where the program's layout does not allow
+        it (:func:`vector_problem`)."""
         dims, strides = merged_layout(self.shape, [list(s) for s in self.strides])
+        if vector > 1:
+            if vector_problem(dims, strides, vector) is not None:
+                return None
+            dims = dims[:-1] + [dims[-1] // vector]
+            strides = [st[:-1] + (st[-1] * vector,) for st in strides]
         words = np.zeros((3 + MAX_INPUTS, DIMS), np.int64)
         words[0] = dims
         words[1:1 + len(strides)] = strides
@@ -263,19 +277,42 @@ class FusedElementwise:
         return out
 
     def _run_kernel(self, arrays):
+        """fused_program, or fused_program_vector where the layout and every address allow."""
         dtype = arrays[0].dtype
         out = cuda.empty(self.shape, dtype)
         if out.size == 0:
             return out
         if dtype not in self._launches:
-            defines = (("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
-            self._launches[dtype] = (cuda.kernel(SOURCE, "fused_program", _ARGUMENTS,
-                                                 tuple(cuda.storage_defines(dtype)) + defines),
-                                     self.layout_bytes())
-        kernel, layout = self._launches[dtype]
+            defines = tuple(cuda.storage_defines(dtype)) + (
+                ("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
+            vector_layout = self.layout_bytes(VECTOR_BYTES // dtype.itemsize)
+            self._launches[dtype] = (
+                cuda.kernel(SOURCE, "fused_program", _ARGUMENTS, defines), self.layout_bytes(),
+                None if vector_layout is None else
+                cuda.kernel(SOURCE, "fused_program_vector", _ARGUMENTS, defines), vector_layout)
+        kernel, layout, vector_kernel, vector_layout = self._launches[dtype]
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
-        kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
+        if vector_kernel is not None and all(p % VECTOR_BYTES == 0 for p in pointers):
+            vectors = out.size * dtype.itemsize // VECTOR_BYTES
+            vector_kernel.launch(vectors, out.ptr, *pointers, vectors, vector_layout)
+        else:
+            kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+
+def vector_problem(dims, strides, vector):
+    """Why fused_program_vector cannot run a program over merged ``dims`` read through
+    ``strides`` (from :func:`merged_layout`) ``vector`` elements at a time, or None if it
+    can: the innermost dimension must be a multiple of ``vector``, every input step along it
+    by 1 or 0, and an input that steps by 1 start each vector on a multiple of ``vector``."""
+    if dims[-1] % vector:
+        return f"the innermost dimension, {dims[-1]}, is not a multiple of {vector}"
+    for k, st in enumerate(strides):
+        if st[-1] not in (0, 1):
+            return f"input {k} steps by {st[-1]} along the innermost dimension"
+        if st[-1] == 1 and any(s % vector for s in st[:-1]):
+            return f"input {k}'s strides {tuple(st)} do not keep its vectors aligned"
+    return None
 
 
 def concat_input_problem(shape, strides, register, axis, widths):

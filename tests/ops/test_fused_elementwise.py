@@ -17,12 +17,13 @@ from gdnflow.inference import InferencePlan
 from gdnflow.nn.module import Module, Parameter
 from gdnflow.backends.cuda.limits import division_constants
 from gdnflow.ops.fused_elementwise import (_CONCAT_ARGUMENTS, CONCAT_LAYOUT, MAX_CONCAT_PARTS,
-                                           OPCODES, ConcatInput, FusedElementwise, Instruction,
-                                           axis_strides)
+                                           MAX_INPUTS, OPCODES, ConcatInput, FusedElementwise,
+                                           Instruction, axis_strides, vector_problem)
 from gdnflow.ops.shape import ConcatOp, contiguous_strides
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
 from gdnflow.ops.special import ErfOp
+from gdnflow.tensor import Tensor
 from gdnflow.testing import relative_error
 from inference_models import randomize_batch_norms
 
@@ -232,6 +233,68 @@ def test_cuda_program_matches_the_numpy_operators(rng, shape):
     got = program(gf.tensor(x, device="cuda"), gf.tensor(bias, device="cuda"))
     assert got.device == "cuda" and got.shape == shape
     assert relative_error(got.numpy(), expected) <= 1e-5
+
+
+def bias_gelu_program(shape):
+    """gelu_program with x read as it lies (contiguous): the vector kernel's case."""
+    program = gelu_program(shape)
+    return FusedElementwise(shape, [contiguous_strides(shape), (0, 0, 1)],
+                            [i for i in program.instructions])
+
+
+def test_vector_layout_where_every_input_steps_by_one_or_zero():
+    layout = np.frombuffer(bias_gelu_program((2, 5, 8)).layout_bytes(4), np.uint32)
+    words = layout.reshape(3 + MAX_INPUTS, 6)
+    # (2, 5, 8) merges to (10, 8) for x (8, 1) and the bias (0, 1): 10 x 2 vectors.
+    assert list(words[0]) == [1, 1, 1, 1, 10, 2]
+    assert list(words[1][-2:]) == [8, 4] and list(words[2][-2:]) == [0, 4]
+    assert vector_problem([1, 1, 1, 1, 10, 8], [(0, 0, 0, 0, 8, 1), (0, 0, 0, 0, 0, 1)], 4) is None
+
+
+@pytest.mark.parametrize("dims, strides, reason", [
+    ([1, 1, 1, 1, 10, 6], [(0, 0, 0, 0, 6, 1)], "not a multiple of 4"),
+    ([1, 1, 1, 1, 8, 8], [(0, 0, 0, 0, 1, 8)], "steps by 8"),
+    ([1, 1, 1, 1, 3, 8], [(0, 0, 0, 0, 10, 1)], "aligned")])
+def test_no_vector_layout_where_a_vector_would_straddle(dims, strides, reason):
+    assert reason in vector_problem(dims, strides, 4)
+
+
+def test_transposed_programs_keep_the_scalar_kernel():
+    assert gelu_program((2, 5, 8)).layout_bytes(4) is None
+    assert gelu_program((2, 5, 8)).layout_bytes() is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 7, 16), (2, 33, 72), (1, 1, 8)])
+def test_cuda_vector_program_matches_the_numpy_operators(rng, shape, dtype):
+    x = rng.standard_normal(shape).astype(np.float32)
+    bias = rng.standard_normal(shape[-1]).astype(np.float32)
+    program = bias_gelu_program(shape)
+    x_gpu, bias_gpu = gf.tensor(x, device="cuda"), gf.tensor(bias, device="cuda")
+    if dtype == "bf16":
+        # Both inputs rounded to bf16 first: the reference sees what the kernel reads.
+        x_gpu, bias_gpu = x_gpu.astype("bf16"), bias_gpu.astype("bf16")
+        x, bias = x_gpu.astype("float32").numpy(), bias_gpu.astype("float32").numpy()
+    assert program.layout_bytes(16 // x_gpu.data.dtype.itemsize) is not None
+    expected = program(gf.tensor(x), gf.tensor(bias)).numpy()
+    got = program(x_gpu, bias_gpu)
+    assert got.shape == shape and got.dtype == x_gpu.dtype
+    tolerance = 1e-5 if dtype == "float32" else 8e-3      # bf16's rounding of the result
+    assert relative_error(got.astype("float32").numpy(), expected) <= tolerance
+
+
+@pytest.mark.gpu
+def test_cuda_vector_program_falls_back_at_an_unaligned_address(rng):
+    shape = (4, 9, 12)
+    x = rng.standard_normal(math.prod(shape) + 1).astype(np.float32)
+    bias = rng.standard_normal(shape[-1]).astype(np.float32)
+    program = bias_gelu_program(shape)
+    whole = gf.tensor(x, device="cuda")
+    view = Tensor.wrap(whole.data.offset(1, shape), "cuda")     # 4 bytes past alignment
+    expected = program(gf.tensor(x[1:].reshape(shape)), gf.tensor(bias)).numpy()
+    got = program(view, gf.tensor(bias, device="cuda")).numpy()
+    assert relative_error(got, expected) <= 1e-5
 
 
 @pytest.mark.gpu
