@@ -107,7 +107,9 @@ extern "C" __global__ void layer_norm_backward_params(
 // Channels first: x is [N, C, S] (S: the product of the spatial axes) and
 // the rows are its N * S columns (n, s), each normalised over its C values;
 // y is written [N, S, C], as the layer norm of x moved to channels last (the
-// transpose that ConvNeXt's exported block puts before it, fused). A block
+// transpose that ConvNeXt's exported block puts before it, fused), or, with
+// channels_out_first, [N, C, S] like x (the transpose back after it fused too:
+// torchvision's LayerNorm2d before each downsampling). A block
 // of 32 x 8 threads takes 32 consecutive s of one n (a one-dimensional grid
 // of N times the tiles of S): the statistics read x
 // along s (coalesced), each of the 8 thread rows summing every 8th channel;
@@ -119,7 +121,8 @@ extern "C" __global__ void layer_norm_backward_params(
 extern "C" __global__ void layer_norm_channels_first_forward(
         const float* __restrict__ x, const float* __restrict__ scale,
         const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ mean_out,
-        float* __restrict__ inv_out, int channels, int spatial, float eps) {
+        float* __restrict__ inv_out, int channels, int spatial, float eps,
+        int channels_out_first) {
     __shared__ float partial[TILE_ROWS][TILE];
     __shared__ float row_mean[TILE], row_inv[TILE];
     __shared__ float tile[TILE][TILE + 1];
@@ -162,6 +165,14 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     __syncthreads();
     const float inv = row_inv[lane];
     float* yn = y + static_cast<long long>(n) * spatial * channels;
+    if (channels_out_first) {       // the same for every thread of the launch
+        if (s < spatial)
+            for (int c = ty; c < channels; c += TILE_ROWS) {
+                const long long at = static_cast<long long>(c) * spatial + s;
+                yn[at] = (xn[at] - mean) * inv * scale[c] + bias[c];
+            }
+        return;
+    }
     for (int c0 = 0; c0 < channels; c0 += TILE) {
         // tile[c - c0][s - s0]: read along s ...
         for (int k = ty; k < TILE; k += TILE_ROWS) {

@@ -208,7 +208,8 @@ def fuse_activations(program):
 
 def fuse_transposed_layer_norms(program):
     """A layer norm over the last axis of a transpose that moved the channels (axis 1) last,
-    the transpose read by nothing else, becomes a channels-first layer norm; returns the count."""
+    the transpose read by nothing else, becomes a channels-first layer norm; a transpose
+    moving its result's channels back to axis 1 then goes into it too. Returns the count."""
     def match(step, producer_of, uses):
         op = step.call
         if type(op) is not LayerNormOp or op.channels_first:
@@ -224,7 +225,24 @@ def fuse_transposed_layer_norms(program):
         return j, Step(fused, (program.steps[j].inputs[0],) + tuple(step.inputs[1:]),
                        step.output, "layer_norm", ("transpose", "layer_norm"))
 
-    return _fuse_pass(program, match)
+    def match_back(step, producer_of, uses):
+        # A transpose moving the channels back to axis 1, of such a layer norm's result
+        # read by nothing else: the layer norm writes channels first itself.
+        if type(step.call) is not TransposeOp:
+            return None
+        y = step.inputs[0]
+        j = producer_of(y)
+        ndim = len(program.shapes[y])
+        if j is None or uses[y] != 1 or step.call.perm != (0, ndim - 1) + tuple(range(1, ndim - 1)):
+            return None
+        op = program.steps[j].call
+        if type(op) is not LayerNormOp or not op.channels_first or op.channels_out_first:
+            return None
+        fused = LayerNormOp(-1, op.eps, channels_first=True, channels_out_first=True)
+        return j, Step(fused, program.steps[j].inputs, step.output, "layer_norm",
+                       program.steps[j].fused + ("transpose",))
+
+    return _fuse_pass(program, match) + _fuse_pass(program, match_back)
 
 
 class _Node:

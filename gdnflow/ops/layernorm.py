@@ -21,7 +21,9 @@ norm over C of x moved to channels last, [N, spatial..., C]: what the
 exported ConvNeXt block computes with a transpose first, in one pass (the
 inference plans fuse the pair, :func:`gdnflow.inference.passes.fuse_transposed_layer_norms`).
 Its CUDA backward moves x and the gradient with transposes around the
-row kernels.
+row kernels. ``channels_out_first=True`` (with ``channels_first``) also
+writes y back as [N, C, spatial...]: torchvision's ``LayerNorm2d`` (a
+transpose, the layer norm, the transpose back) in one pass.
 """
 import math
 
@@ -46,13 +48,17 @@ class LayerNormOp(Operator):
     Inputs: x, scale and bias (each of shape ``x.shape[axis:]``).
     """
 
-    def __init__(self, axis=-1, eps=1e-5, channels_first=False):
+    def __init__(self, axis=-1, eps=1e-5, channels_first=False, channels_out_first=False):
         self.axis, self.eps, self.channels_first = int(axis), float(eps), bool(channels_first)
+        self.channels_out_first = bool(channels_out_first)
         if not self.eps > 0:
             raise ValueError(f"layer_norm: eps must be positive, got {eps}")
         if self.channels_first and self.axis != -1:
             raise ValueError(f"layer_norm: channels_first normalises the channels alone "
                              f"(axis -1 of the channels-last tensor), got axis {axis}")
+        if self.channels_out_first and not self.channels_first:
+            raise ValueError("layer_norm: channels_out_first writes a channels_first layer "
+                             "norm's result channels first; it needs channels_first=True")
 
     def check(self, x, scale, bias):
         if self.channels_first:
@@ -62,6 +68,7 @@ class LayerNormOp(Operator):
                                  f"{bias.shape}")
             self.cols, self.rows = x.shape[1], x.size // x.shape[1] if x.shape[1] else 0
             self.moved_shape = (x.shape[0],) + x.shape[2:] + (x.shape[1],)
+            self.out_shape = x.shape if self.channels_out_first else self.moved_shape
             return
         if not -x.ndim <= self.axis < x.ndim:
             raise ShapeError(f"{self.label}: axis {self.axis} is out of range for an input of "
@@ -89,10 +96,13 @@ class LayerNormOp(Operator):
         xhat = centred * inv
         if self.recording:
             self.save(xhat=xhat, inv=inv, scale=scale)
-        return (xhat * scale.reshape(-1) + bias.reshape(-1)).reshape(x.shape)
+        y = (xhat * scale.reshape(-1) + bias.reshape(-1)).reshape(x.shape)
+        return np.ascontiguousarray(np.moveaxis(y, -1, 1)) if self.channels_out_first else y
 
     def backward_numpy(self, gy):
         xhat, inv, scale = self.saved.xhat, self.saved.inv, self.saved.scale
+        if self.channels_out_first:
+            gy = np.moveaxis(gy, 1, -1)
         gy = gy.reshape(self.rows, self.cols)
         g = gy * scale.reshape(-1)
         gx = inv * (g - g.mean(axis=1, keepdims=True)
@@ -104,14 +114,15 @@ class LayerNormOp(Operator):
 
     # -------------------------------------------------------------- CUDA --
     def forward_cuda(self, x, scale, bias):
-        y = cuda.empty(self.moved_shape if self.channels_first else x.shape)
+        y = cuda.empty(self.out_shape if self.channels_first else x.shape)
         statistics = cuda.empty((2, self.rows))        # mean and 1/std per row
         mean, inv = (statistics.offset(k * self.rows, (self.rows,)) for k in range(2))
         if self.rows and self.channels_first:
             spatial = self.rows // x.shape[0]
-            cuda.kernel(SOURCE, "layer_norm_channels_first_forward", "PPPPPPiif")(
+            cuda.kernel(SOURCE, "layer_norm_channels_first_forward", "PPPPPPiifi")(
                 (-(-spatial // TILE) * x.shape[0], 1, 1), (TILE, TILE_ROWS, 1), x.ptr, scale.ptr,
-                bias.ptr, y.ptr, mean.ptr, inv.ptr, self.cols, spatial, self.eps)
+                bias.ptr, y.ptr, mean.ptr, inv.ptr, self.cols, spatial, self.eps,
+                int(self.channels_out_first))
         elif self.rows:
             cuda.kernel(SOURCE, "layer_norm_forward", "PPPPPPiif").launch(
                 self.rows * 32, x.ptr, scale.ptr, bias.ptr, y.ptr, mean.ptr, inv.ptr,
@@ -123,8 +134,12 @@ class LayerNormOp(Operator):
     def backward_cuda(self, gy):
         x, scale, statistics = self.saved.x, self.saved.scale, self.saved.statistics
         if self.channels_first:
-            # The row kernels on x moved to channels last; gx moved back.
-            x = cuda_transpose(x, (0,) + tuple(range(2, x.ndim)) + (1,))
+            # The row kernels on x (and a channels-first gy) moved to channels last; gx
+            # moved back.
+            to_last = (0,) + tuple(range(2, x.ndim)) + (1,)
+            x = cuda_transpose(x, to_last)
+            if self.channels_out_first:
+                gy = cuda_transpose(gy, to_last)
         mean, inv = (statistics.offset(k * self.rows, (self.rows,)) for k in range(2))
         gx = cuda.empty(x.shape)
         gscale, gbias = cuda.zeros(scale.shape), cuda.zeros(scale.shape)

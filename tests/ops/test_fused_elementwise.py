@@ -88,6 +88,44 @@ def test_convnext_block_fuses_bias_gelu_and_the_transposed_epilogue(rng):
     assert relative_error(plan(x).numpy(), expected) < 1e-6
 
 
+class LayerNorm2d(Module):
+    """torchvision's LayerNorm2d as exported: to channels last, the layer norm, back."""
+
+    def __init__(self, channels, rng):
+        super().__init__()
+        self.scale = Parameter(rng.uniform(0.5, 1.5, channels))
+        self.bias = Parameter(rng.standard_normal(channels))
+
+    def forward(self, x):
+        h = ops.layer_norm(ops.transpose(x, (0, 2, 3, 1)), self.scale, self.bias, eps=1e-6)
+        return ops.relu(ops.transpose(h, (0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("device", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_layer_norm_2d_is_one_step(rng, device):
+    model = LayerNorm2d(6, rng).to(device).eval()
+    x = gf.tensor(rng.standard_normal((2, 6, 5, 7)) * 2 + 1, device=device)
+    plan = InferencePlan(model, x.shape, device=device)
+    assert [(s.name, s.fused) for s in plan.program.steps] == [
+        ("layer_norm", ("transpose", "layer_norm", "transpose")), ("relu", ())]
+    with gf.no_grad():
+        expected = model(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) <= (1e-6 if device == "numpy" else 1e-5)
+
+
+def test_a_transpose_read_twice_stays(rng):
+    class Both(LayerNorm2d):
+        def forward(self, x):
+            h = ops.layer_norm(ops.transpose(x, (0, 2, 3, 1)), self.scale, self.bias)
+            return ops.transpose(h, (0, 3, 1, 2)), h
+    model = Both(4, rng).eval()
+    x = gf.tensor(rng.standard_normal((2, 4, 3, 5)))
+    plan = InferencePlan(model, x.shape)
+    assert [s.name for s in plan.program.steps] == ["layer_norm", "transpose"]
+    got, expected = plan(x), model(x)
+    assert all(relative_error(g.numpy(), e.numpy()) < 1e-6 for g, e in zip(got, expected))
+
+
 def test_a_value_read_outside_the_chain_is_computed_and_kept(rng):
     class Shared(Module):
         def forward(self, x):

@@ -72,6 +72,27 @@ def test_channels_first_gradients_match_finite_differences(rng):
                rng.standard_normal(4)], names=["x", "scale", "bias"])
 
 
+def test_channels_out_first_is_layer_norm_2d(rng):
+    # torchvision's LayerNorm2d: to channels last, the layer norm, back to channels first.
+    x, scale, bias = rng.standard_normal((2, 5, 3, 4)) + 2, rng.uniform(0.5, 1.5, 5), \
+        rng.standard_normal(5)
+    got = LayerNormOp(eps=1e-6, channels_first=True, channels_out_first=True)(
+        *(gf.tensor(a, dtype=np.float64) for a in (x, scale, bias))).numpy()
+    expected = np.moveaxis(reference(np.moveaxis(x, 1, -1), scale, bias, -1, 1e-6), -1, 1)
+    assert got.shape == (2, 5, 3, 4) and relative_error(got, expected) < 1e-12
+
+
+def test_channels_out_first_gradients_match_finite_differences(rng):
+    gradcheck(lambda x, s, b: LayerNormOp(channels_first=True, channels_out_first=True)(x, s, b),
+              [rng.standard_normal((2, 4, 3, 2)), rng.uniform(0.5, 1.5, 4),
+               rng.standard_normal(4)], names=["x", "scale", "bias"])
+
+
+def test_channels_out_first_needs_channels_first():
+    with pytest.raises(ValueError, match="needs channels_first=True"):
+        LayerNormOp(channels_out_first=True)
+
+
 def test_channels_first_refuses_parameters_of_another_width(rng):
     with pytest.raises(ShapeError, match="channels_first takes x"):
         LayerNormOp(channels_first=True)(gf.tensor(rng.standard_normal((2, 3, 4))),
@@ -81,7 +102,9 @@ def test_channels_first_refuses_parameters_of_another_width(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 5, 7, 9), (3, 96, 11, 13), (1, 40, 33), (2, 3, 1, 1)],
                          ids=str)
-def test_channels_first_cuda_matches_numpy(rng, shape):
-    assert_backends_match(lambda x, s, b: LayerNormOp(channels_first=True)(x, s, b),
-                          [rng.standard_normal(shape) * 3 + 5, rng.uniform(0.5, 1.5, shape[1]),
-                           rng.standard_normal(shape[1])], rtol=1e-4, names=["x", "scale", "bias"])
+@pytest.mark.parametrize("out_first", [False, True], ids=["channels_last_out", "channels_first_out"])
+def test_channels_first_cuda_matches_numpy(rng, shape, out_first):
+    assert_backends_match(
+        lambda x, s, b: LayerNormOp(channels_first=True, channels_out_first=out_first)(x, s, b),
+        [rng.standard_normal(shape) * 3 + 5, rng.uniform(0.5, 1.5, shape[1]),
+         rng.standard_normal(shape[1])], rtol=1e-4, names=["x", "scale", "bias"])
