@@ -290,6 +290,73 @@ extern "C" __global__ void fused_program_vector(
     }
 }
 
+// fused_program_staged (a module built with -DFUSED_STAGED=<mask> as well): the
+// same program where the inputs in the bit mask are read through shared memory.
+// out's last two merged dimensions are [rows, cols] (cols innermost); a staged
+// input steps by 1 along rows and by more along cols: one read transposed, as
+// ConvNeXt's block reads its last product [N, H, W, C] for a [N, C, H, W]
+// result. Read one element a thread along out's order, each warp's loads of
+// it touched 32 lines; here a block of 32 x 8 threads takes a 32 x 32 tile
+// of (row, col) of one outer index, first reads each staged input's tile with
+// lanes along rows (coalesced) into shared memory, then computes with lanes
+// along cols, the other inputs read as fused_program reads them and out
+// written along cols (coalesced too).
+#ifdef FUSED_STAGED
+#define STAGE_TILE 32
+#define STAGE_ROWS 8
+__host__ __device__ constexpr int bits_set(unsigned mask) { return mask ? (mask & 1u) + bits_set(mask >> 1) : 0; }
+constexpr int STAGED_INPUTS = bits_set(FUSED_STAGED);
+// The shared tile of staged input k: how many staged inputs come before it
+// (clamped, for the inputs that are not staged: their branch never runs).
+__host__ __device__ constexpr int stage_slot(int k) {
+    return bits_set(FUSED_STAGED & ((1u << k) - 1u)) < STAGED_INPUTS
+        ? bits_set(FUSED_STAGED & ((1u << k) - 1u)) : STAGED_INPUTS - 1;
+}
+#define IS_STAGED(k) (k < FUSED_INPUTS && ((FUSED_STAGED >> (k)) & 1))
+#define STAGE_INPUT(k) \
+    if (IS_STAGED(k)) tile[stage_slot(k)][lane][j] = load_value(in##k[offset[k]]);
+#define STAGED_INPUT(k) [[maybe_unused]] const float input##k = k >= FUSED_INPUTS ? 0.0f \
+    : IS_STAGED(k) ? tile[stage_slot(k)][j][lane] : load_value(in##k[offset[k]]);
+
+extern "C" __global__ void fused_program_staged(
+        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
+        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
+        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
+        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
+        const storage_t* __restrict__ in7, int rows, int cols, int row_tiles, int col_tiles,
+        const ProgramLayout layout) {
+    __shared__ float tile[STAGED_INPUTS][STAGE_TILE][STAGE_TILE + 1];
+    const int lane = threadIdx.x;
+    const int col0 = (blockIdx.x % col_tiles) * STAGE_TILE;
+    const int rest = blockIdx.x / col_tiles;
+    const int row0 = (rest % row_tiles) * STAGE_TILE;
+    const long long first = static_cast<long long>(rest / row_tiles) * rows * cols;
+    for (int j = threadIdx.y; j < STAGE_TILE; j += STAGE_ROWS) {
+        const int row = row0 + lane, col = col0 + j;     // lanes along rows
+        if (row < rows && col < cols) {
+            int offset[PROGRAM_INPUTS];
+            input_offsets(first + static_cast<long long>(row) * cols + col, layout, offset);
+            STAGE_INPUT(0) STAGE_INPUT(1) STAGE_INPUT(2) STAGE_INPUT(3)
+            STAGE_INPUT(4) STAGE_INPUT(5) STAGE_INPUT(6) STAGE_INPUT(7)
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < STAGE_TILE; j += STAGE_ROWS) {
+        const int row = row0 + j, col = col0 + lane;     // lanes along cols
+        if (row < rows && col < cols) {
+            const unsigned i = first + static_cast<long long>(row) * cols + col;
+            int offset[PROGRAM_INPUTS];
+            input_offsets(i, layout, offset);
+            STAGED_INPUT(0) STAGED_INPUT(1) STAGED_INPUT(2) STAGED_INPUT(3)
+            STAGED_INPUT(4) STAGED_INPUT(5) STAGED_INPUT(6) STAGED_INPUT(7)
+            float result;
+            FUSED_PROGRAM
+            out[i] = store_value(result);
+        }
+    }
+}
+#endif
+
 // fused_concat_program (a module built with -DFUSED_CONCAT=<r> as well): the
 // same program where input r is a concatenation, read from its parts instead
 // of from a copy. out is [outer, total, inner] (total: the concatenated axis,

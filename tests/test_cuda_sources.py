@@ -32,11 +32,11 @@ def kernel_declarations():
 
 #: Sources with kernels that only some module variants hold, and the defines of one such
 #: variant: gdn.cu's 16-bit section; elementwise.cu's fused programs (any program will do,
-#: its register 1 read as a concatenation); pool.cu's fixed-window forward (the max pool of
+#: its register 1 read as a concatenation, register 0 staged); pool.cu's fixed-window forward (the max pool of
 #: a 3x3 window at stride 1).
 POOL_WINDOW = (("POOL_KH", 3), ("POOL_KW", 3), ("POOL_SH", 1), ("POOL_SW", 1))
 VARIANT_SECTIONS = {"gdn.cu": (("STORAGE_BF16", 1),),
-                    "elementwise.cu": (("FUSED_INPUTS", 2), ("FUSED_CONCAT", 1),
+                    "elementwise.cu": (("FUSED_INPUTS", 2), ("FUSED_CONCAT", 1), ("FUSED_STAGED", 1),
                                        ("FUSED_PROGRAM", "result = input0 * input1;")),
                     "pool.cu": POOL_WINDOW + (("POOL_MAX", 1),)}
 

@@ -16,7 +16,10 @@ keeps it across processes): an interpreted version, one kernel for every
 program, ran 5-7x slower on the H200 (its registers in local memory). Where
 every input steps along the output's innermost axis by 1 or 0 and every
 address is 16-byte aligned, ``fused_program_vector`` runs the same program
-on 16 bytes of each input per thread (:func:`vector_problem` says when not).
+on 16 bytes of each input per thread (:func:`vector_problem` says when not);
+where an input is read transposed (the output's innermost axis is not its
+own), ``fused_program_staged`` reads it through a shared-memory tile
+(:func:`staged_inputs`).
 
 A program may read one of its inputs as a concatenation of several arrays
 (:class:`ConcatInput`: DenseNet's batch norm and ReLU after each
@@ -63,6 +66,11 @@ MAX_INPUTS, DIMS, MAX_INSTRUCTIONS = 8, 6, 16
 #: Bytes a thread of ``fused_program_vector`` loads from each input and stores at once (its
 #: StorageVector: 4 float32 or 8 16-bit values).
 VECTOR_BYTES = 16
+#: fused_program_staged's tile (STAGE_TILE rows by STAGE_TILE columns) and its block
+#: (STAGE_TILE x STAGE_ROWS threads); its arguments: out, the inputs, rows, cols, the row and
+#: column tile counts, the ProgramLayout.
+STAGE_TILE, STAGE_ROWS = 32, 8
+_STAGED_ARGUMENTS = "PPPPPPPPPiiii264s"
 _OPCODES = frozenset(OPCODES)
 # out, the inputs, n, then the ProgramLayout struct (dims, strides per input, magic numbers,
 # shifts: (3 + MAX_INPUTS) * DIMS 4-byte fields); a constant, so that
@@ -277,27 +285,55 @@ class FusedElementwise:
         return out
 
     def _run_kernel(self, arrays):
-        """fused_program, or fused_program_vector where the layout and every address allow."""
+        """fused_program_vector where the layout and every address allow, fused_program_staged
+        where an input is read transposed (:func:`staged_inputs`), else fused_program."""
         dtype = arrays[0].dtype
         out = cuda.empty(self.shape, dtype)
         if out.size == 0:
             return out
         if dtype not in self._launches:
-            defines = tuple(cuda.storage_defines(dtype)) + (
-                ("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
-            vector_layout = self.layout_bytes(VECTOR_BYTES // dtype.itemsize)
-            self._launches[dtype] = (
-                cuda.kernel(SOURCE, "fused_program", _ARGUMENTS, defines), self.layout_bytes(),
-                None if vector_layout is None else
-                cuda.kernel(SOURCE, "fused_program_vector", _ARGUMENTS, defines), vector_layout)
-        kernel, layout, vector_kernel, vector_layout = self._launches[dtype]
+            self._launches[dtype] = self._kernels(dtype)
+        kernel, layout, vector_kernel, vector_layout, staged = self._launches[dtype]
         pointers = [a.ptr for a in arrays] + [out.ptr] * (MAX_INPUTS - len(arrays))
         if vector_kernel is not None and all(p % VECTOR_BYTES == 0 for p in pointers):
             vectors = out.size * dtype.itemsize // VECTOR_BYTES
             vector_kernel.launch(vectors, out.ptr, *pointers, vectors, vector_layout)
+        elif staged is not None:
+            rows, cols, row_tiles, col_tiles, outer = staged
+            kernel((outer * row_tiles * col_tiles, 1, 1), (STAGE_TILE, STAGE_ROWS, 1), out.ptr,
+                   *pointers, rows, cols, row_tiles, col_tiles, layout)
         else:
             kernel.launch(out.size, out.ptr, *pointers, out.size, layout)
         return out
+
+    def _kernels(self, dtype):
+        """(kernel, its layout, the vector kernel or None, its layout, the staged kernel's
+        (rows, cols, row tiles, col tiles, outer count) or None) for ``dtype``."""
+        defines = tuple(cuda.storage_defines(dtype)) + (
+            ("FUSED_INPUTS", len(self.strides)), ("FUSED_PROGRAM", self.program_source()))
+        dims, strides = merged_layout(self.shape, [list(s) for s in self.strides])
+        vector_layout = self.layout_bytes(VECTOR_BYTES // dtype.itemsize)
+        vector_kernel = None if vector_layout is None else cuda.kernel(
+            SOURCE, "fused_program_vector", _ARGUMENTS, defines)
+        mask = staged_inputs(dims, strides)
+        if not mask:
+            return (cuda.kernel(SOURCE, "fused_program", _ARGUMENTS, defines), self.layout_bytes(),
+                    vector_kernel, vector_layout, None)
+        rows, cols = dims[-2], dims[-1]
+        staged = (rows, cols, -(-rows // STAGE_TILE), -(-cols // STAGE_TILE), math.prod(dims[:-2]))
+        return (cuda.kernel(SOURCE, "fused_program_staged", _STAGED_ARGUMENTS,
+                            defines + (("FUSED_STAGED", mask),)),
+                self.layout_bytes(), vector_kernel, vector_layout, staged)
+
+
+def staged_inputs(dims, strides):
+    """The bit mask of the inputs ``fused_program_staged`` reads through shared memory, for
+    a program over merged ``dims`` read through ``strides`` (from :func:`merged_layout`): those
+    stepping by 1 along the second innermost dimension and by more along the innermost (an
+    input read transposed). 0 if there are none."""
+    if dims[-2] == 1:
+        return 0
+    return sum(1 << k for k, st in enumerate(strides) if st[-2] == 1 and st[-1] not in (0, 1))
 
 
 def vector_problem(dims, strides, vector):

@@ -18,7 +18,9 @@ from gdnflow.nn.module import Module, Parameter
 from gdnflow.backends.cuda.limits import division_constants
 from gdnflow.ops.fused_elementwise import (_CONCAT_ARGUMENTS, CONCAT_LAYOUT, MAX_CONCAT_PARTS,
                                            MAX_INPUTS, OPCODES, ConcatInput, FusedElementwise,
-                                           Instruction, axis_strides, vector_problem)
+                                           Instruction, axis_strides, staged_inputs,
+                                           vector_problem)
+from gdnflow.ops.broadcast import merged_layout
 from gdnflow.ops.shape import ConcatOp, contiguous_strides
 from gdnflow.ops.arithmetic import AddOp, MulOp
 from gdnflow.ops.elementwise import AffineOp
@@ -300,6 +302,45 @@ def test_no_vector_layout_where_a_vector_would_straddle(dims, strides, reason):
 def test_transposed_programs_keep_the_scalar_kernel():
     assert gelu_program((2, 5, 8)).layout_bytes(4) is None
     assert gelu_program((2, 5, 8)).layout_bytes() is not None
+
+
+def test_inputs_read_transposed_are_staged():
+    # gelu_program reads x [n, cols, rows] for a [n, rows, cols] result: x steps by 1 along
+    # rows, by rows along cols; the bias is broadcast along rows.
+    dims, strides = merged_layout((2, 5, 7), [[35, 1, 5], [0, 0, 1]])
+    assert staged_inputs(dims, strides) == 0b01
+    dims, strides = merged_layout((2, 5, 8), [[40, 8, 1], [0, 0, 1]])
+    assert staged_inputs(dims, strides) == 0
+    dims, strides = merged_layout((6, 9), [[9, 1], [1, 6]])     # the second, transposed
+    assert staged_inputs(dims, strides) == 0b10
+
+
+def transposed_pair_program(shape):
+    """(a + b^T) * c + d over [n, rows, cols]: a and d as they lie, b and c read
+    transposed (two staged inputs), d broadcast along rows."""
+    n, rows, cols = shape
+    return FusedElementwise(shape, [(rows * cols, cols, 1), (rows * cols, 1, rows),
+                                    (rows * cols, 1, rows), (cols, 0, 1)], [
+        Instruction(AddOp(), (0, 1)), Instruction(MulOp(), (4, 2)), Instruction(AddOp(), (5, 3))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 33, 65), (2, 32, 32), (1, 7, 100), (5, 97, 1)], ids=str)
+def test_cuda_staged_program_matches_the_numpy_operators(rng, shape, dtype):
+    n, rows, cols = shape
+    arrays = [rng.standard_normal(s).astype(np.float32)
+              for s in ((n, rows, cols), (n, cols, rows), (n, cols, rows), (n, cols))]
+    program = transposed_pair_program(shape)
+    on_gpu = [gf.tensor(a, device="cuda") for a in arrays]
+    if dtype == "bf16":
+        on_gpu = [t.astype("bf16") for t in on_gpu]
+        arrays = [t.astype("float32").numpy() for t in on_gpu]
+    expected = program(*[gf.tensor(a) for a in arrays]).numpy()
+    got = program(*on_gpu)
+    assert got.shape == shape and got.dtype == on_gpu[0].dtype
+    tolerance = 1e-5 if dtype == "float32" else 8e-3
+    assert relative_error(got.astype("float32").numpy(), expected) <= tolerance
 
 
 @pytest.mark.gpu
