@@ -331,7 +331,10 @@ extern "C" __global__ void fused_program_staged(
     const int rest = blockIdx.x / col_tiles;
     const int row0 = (rest % row_tiles) * STAGE_TILE;
     const long long first = static_cast<long long>(rest / row_tiles) * rows * cols;
-    for (int j = threadIdx.y; j < STAGE_TILE; j += STAGE_ROWS) {
+    // Loops of a fixed count, unrolled: every load of a phase in flight at once.
+#pragma unroll
+    for (int r = 0; r < STAGE_TILE / STAGE_ROWS; ++r) {
+        const int j = threadIdx.y + r * STAGE_ROWS;
         const int row = row0 + lane, col = col0 + j;     // lanes along rows
         if (row < rows && col < cols) {
             int offset[PROGRAM_INPUTS];
@@ -341,7 +344,9 @@ extern "C" __global__ void fused_program_staged(
         }
     }
     __syncthreads();
-    for (int j = threadIdx.y; j < STAGE_TILE; j += STAGE_ROWS) {
+#pragma unroll
+    for (int r = 0; r < STAGE_TILE / STAGE_ROWS; ++r) {
+        const int j = threadIdx.y + r * STAGE_ROWS;
         const int row = row0 + j, col = col0 + lane;     // lanes along cols
         if (row < rows && col < cols) {
             const unsigned i = first + static_cast<long long>(row) * cols + col;

@@ -123,7 +123,7 @@ extern "C" __global__ void layer_norm_channels_first_forward(
         const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ mean_out,
         float* __restrict__ inv_out, int channels, int spatial, float eps,
         int channels_out_first) {
-    __shared__ float partial[TILE_ROWS][TILE];
+    __shared__ float partial[2][TILE_ROWS][TILE];
     __shared__ float row_mean[TILE], row_inv[TILE];
     __shared__ float tile[TILE][TILE + 1];
     // blockIdx.x = n * tiles + tile: any batch (gridDim.y would stop at 65535).
@@ -132,30 +132,31 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     const int lane = threadIdx.x, ty = threadIdx.y;
     const int s = s0 + lane;
     const float* xn = x + static_cast<long long>(n) * channels * spatial;
-    float sum = 0.0f;
-    if (s < spatial)
-        for (int c = ty; c < channels; c += TILE_ROWS) sum += xn[static_cast<long long>(c) * spatial + s];
-    partial[ty][lane] = sum;
-    __syncthreads();
-    if (ty == 0) {
-        float total = 0.0f;
-        for (int k = 0; k < TILE_ROWS; ++k) total += partial[k][lane];
-        row_mean[lane] = total / channels;
-    }
-    __syncthreads();
-    const float mean = row_mean[lane];
-    float squares = 0.0f;
+    // One pass for both statistics, over d = x - shift with the row's channel-0
+    // value as the shift: var = mean(d^2) - mean(d)^2 then does not cancel (the
+    // shift is one of the row's values, within a few deviations of its mean),
+    // and x is read twice in all instead of three times.
+    const float shift = s < spatial ? xn[s] : 0.0f;
+    float sum = 0.0f, squares = 0.0f;
     if (s < spatial)
         for (int c = ty; c < channels; c += TILE_ROWS) {
-            const float d = xn[static_cast<long long>(c) * spatial + s] - mean;
+            const float d = xn[static_cast<long long>(c) * spatial + s] - shift;
+            sum += d;
             squares += d * d;
         }
-    partial[ty][lane] = squares;
+    partial[0][ty][lane] = sum;
+    partial[1][ty][lane] = squares;
     __syncthreads();
     if (ty == 0) {
-        float total = 0.0f;
-        for (int k = 0; k < TILE_ROWS; ++k) total += partial[k][lane];
-        const float inv = 1.0f / sqrtf(total / channels + eps);
+        float total = 0.0f, total_squares = 0.0f;
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            total += partial[0][k][lane];
+            total_squares += partial[1][k][lane];
+        }
+        const float centre = total / channels;
+        const float mean = shift + centre;
+        row_mean[lane] = mean;
+        const float inv = 1.0f / sqrtf(fmaxf(total_squares / channels - centre * centre, 0.0f) + eps);
         row_inv[lane] = inv;
         if (s < spatial) {
             mean_out[static_cast<long long>(n) * spatial + s] = mean;
@@ -163,7 +164,7 @@ extern "C" __global__ void layer_norm_channels_first_forward(
         }
     }
     __syncthreads();
-    const float inv = row_inv[lane];
+    const float mean = row_mean[lane], inv = row_inv[lane];
     float* yn = y + static_cast<long long>(n) * spatial * channels;
     if (channels_out_first) {       // the same for every thread of the launch
         if (s < spatial)

@@ -88,6 +88,24 @@ def test_channels_out_first_gradients_match_finite_differences(rng):
                rng.standard_normal(4)], names=["x", "scale", "bias"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["far_from_zero", "channel_0_outlier"])
+def test_channels_first_cuda_statistics_do_not_cancel(rng, case):
+    # The kernel sums x - (each row's channel-0 value) and its square in one pass: rows far
+    # from zero, and rows whose channel 0 is far from the rest, must still match float64.
+    x = rng.standard_normal((2, 96, 5, 7))
+    if case == "far_from_zero":
+        x += 1000.0
+    else:
+        x[:, 0] += 50.0
+    x = x.astype(np.float32).astype(np.float64)     # the values the kernel reads
+    scale, bias = rng.uniform(0.5, 1.5, 96), rng.standard_normal(96)
+    expected = reference(np.moveaxis(x, 1, -1), scale, bias, -1, 1e-5)
+    got = LayerNormOp(channels_first=True)(
+        *(gf.tensor(a, device="cuda") for a in (x, scale, bias))).numpy()
+    assert relative_error(got, expected) <= 1e-4
+
+
 def test_channels_out_first_needs_channels_first():
     with pytest.raises(ValueError, match="needs channels_first=True"):
         LayerNormOp(channels_out_first=True)
