@@ -297,10 +297,10 @@ extern "C" __global__ void fused_program_vector(
 // ConvNeXt's block reads its last product [N, H, W, C] for a [N, C, H, W]
 // result. Read one element a thread along out's order, each warp's loads of
 // it touched 32 lines; here a block of 32 x 8 threads takes a 32 x 32 tile
-// of (row, col) of one outer index, first reads each staged input's tile with
-// lanes along rows (coalesced) into shared memory, then computes with lanes
-// along cols, the other inputs read as fused_program reads them and out
-// written along cols (coalesced too).
+// of (row, col) of one outer index, reads each staged input's tile with lanes
+// along rows (coalesced) into shared memory and the other inputs with lanes
+// along cols into registers, then computes with lanes along cols, out written
+// along cols (coalesced too).
 #ifdef FUSED_STAGED
 #define STAGE_TILE 32
 #define STAGE_ROWS 8
@@ -315,8 +315,11 @@ __host__ __device__ constexpr int stage_slot(int k) {
 #define IS_STAGED(k) (k < FUSED_INPUTS && ((FUSED_STAGED >> (k)) & 1))
 #define STAGE_INPUT(k) \
     if (IS_STAGED(k)) tile[stage_slot(k)][lane][j] = load_value(in##k[offset[k]]);
+#define LOAD_UNSTAGED(k) \
+    if (k < FUSED_INPUTS && !IS_STAGED(k)) loaded[r][k] = load_value(in##k[offset[k]]);
 #define STAGED_INPUT(k) [[maybe_unused]] const float input##k = k >= FUSED_INPUTS ? 0.0f \
-    : IS_STAGED(k) ? tile[stage_slot(k)][j][lane] : load_value(in##k[offset[k]]);
+    : IS_STAGED(k) ? tile[stage_slot(k)][j][lane] : loaded[r][k];
+#define STAGE_STEPS (STAGE_TILE / STAGE_ROWS)
 
 extern "C" __global__ void fused_program_staged(
         storage_t* __restrict__ out, const storage_t* __restrict__ in0,
@@ -331,32 +334,37 @@ extern "C" __global__ void fused_program_staged(
     const int rest = blockIdx.x / col_tiles;
     const int row0 = (rest % row_tiles) * STAGE_TILE;
     const long long first = static_cast<long long>(rest / row_tiles) * rows * cols;
-    // Loops of a fixed count, unrolled: every load of a phase in flight at once.
+    // Both reads before the barrier, so that a block waits on memory once: the staged
+    // inputs with lanes along rows into the tile, the others with lanes along cols
+    // into registers. Loops of a fixed count, unrolled: every load in flight at once.
+    float loaded[STAGE_STEPS][PROGRAM_INPUTS];
 #pragma unroll
-    for (int r = 0; r < STAGE_TILE / STAGE_ROWS; ++r) {
+    for (int r = 0; r < STAGE_STEPS; ++r) {
         const int j = threadIdx.y + r * STAGE_ROWS;
-        const int row = row0 + lane, col = col0 + j;     // lanes along rows
-        if (row < rows && col < cols) {
-            int offset[PROGRAM_INPUTS];
-            input_offsets(first + static_cast<long long>(row) * cols + col, layout, offset);
+        int offset[PROGRAM_INPUTS];
+        if (row0 + lane < rows && col0 + j < cols) {
+            input_offsets(first + static_cast<long long>(row0 + lane) * cols + col0 + j,
+                          layout, offset);
             STAGE_INPUT(0) STAGE_INPUT(1) STAGE_INPUT(2) STAGE_INPUT(3)
             STAGE_INPUT(4) STAGE_INPUT(5) STAGE_INPUT(6) STAGE_INPUT(7)
+        }
+        if (row0 + j < rows && col0 + lane < cols) {
+            input_offsets(first + static_cast<long long>(row0 + j) * cols + col0 + lane,
+                          layout, offset);
+            LOAD_UNSTAGED(0) LOAD_UNSTAGED(1) LOAD_UNSTAGED(2) LOAD_UNSTAGED(3)
+            LOAD_UNSTAGED(4) LOAD_UNSTAGED(5) LOAD_UNSTAGED(6) LOAD_UNSTAGED(7)
         }
     }
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < STAGE_TILE / STAGE_ROWS; ++r) {
+    for (int r = 0; r < STAGE_STEPS; ++r) {
         const int j = threadIdx.y + r * STAGE_ROWS;
-        const int row = row0 + j, col = col0 + lane;     // lanes along cols
-        if (row < rows && col < cols) {
-            const unsigned i = first + static_cast<long long>(row) * cols + col;
-            int offset[PROGRAM_INPUTS];
-            input_offsets(i, layout, offset);
+        if (row0 + j < rows && col0 + lane < cols) {
             STAGED_INPUT(0) STAGED_INPUT(1) STAGED_INPUT(2) STAGED_INPUT(3)
             STAGED_INPUT(4) STAGED_INPUT(5) STAGED_INPUT(6) STAGED_INPUT(7)
             float result;
             FUSED_PROGRAM
-            out[i] = store_value(result);
+            out[first + static_cast<long long>(row0 + j) * cols + col0 + lane] = store_value(result);
         }
     }
 }
