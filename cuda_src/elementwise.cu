@@ -313,10 +313,15 @@ __host__ __device__ constexpr int stage_slot(int k) {
         ? bits_set(FUSED_STAGED & ((1u << k) - 1u)) : STAGED_INPUTS - 1;
 }
 #define IS_STAGED(k) (k < FUSED_INPUTS && ((FUSED_STAGED >> (k)) & 1))
+// Input k's element at (row0 + a, col0 + b) of the block's tile: base[k], the
+// tile's first, plus the steps along rows and cols (the last two dimensions:
+// a tile never wraps past either, so no index is split per element).
+#define TILE_AT(k, a, b) (base[k] + (a) * layout.strides[k][PROGRAM_DIMS - 2] \
+                          + (b) * layout.strides[k][PROGRAM_DIMS - 1])
 #define STAGE_INPUT(k) \
-    if (IS_STAGED(k)) tile[stage_slot(k)][lane][j] = load_value(in##k[offset[k]]);
+    if (IS_STAGED(k)) tile[stage_slot(k)][lane][j] = load_value(in##k[TILE_AT(k, lane, j)]);
 #define LOAD_UNSTAGED(k) \
-    if (k < FUSED_INPUTS && !IS_STAGED(k)) loaded[r][k] = load_value(in##k[offset[k]]);
+    if (k < FUSED_INPUTS && !IS_STAGED(k)) loaded[r][k] = load_value(in##k[TILE_AT(k, j, lane)]);
 #define STAGED_INPUT(k) [[maybe_unused]] const float input##k = k >= FUSED_INPUTS ? 0.0f \
     : IS_STAGED(k) ? tile[stage_slot(k)][j][lane] : loaded[r][k];
 #define STAGE_STEPS (STAGE_TILE / STAGE_ROWS)
@@ -333,7 +338,9 @@ extern "C" __global__ void fused_program_staged(
     const int col0 = (blockIdx.x % col_tiles) * STAGE_TILE;
     const int rest = blockIdx.x / col_tiles;
     const int row0 = (rest % row_tiles) * STAGE_TILE;
-    const long long first = static_cast<long long>(rest / row_tiles) * rows * cols;
+    const unsigned first = static_cast<unsigned>(rest / row_tiles) * rows * cols;
+    int base[PROGRAM_INPUTS];
+    input_offsets(first + row0 * cols + col0, layout, base);
     // Both reads before the barrier, so that a block waits on memory once: the staged
     // inputs with lanes along rows into the tile, the others with lanes along cols
     // into registers. Loops of a fixed count, unrolled: every load in flight at once.
@@ -341,16 +348,11 @@ extern "C" __global__ void fused_program_staged(
 #pragma unroll
     for (int r = 0; r < STAGE_STEPS; ++r) {
         const int j = threadIdx.y + r * STAGE_ROWS;
-        int offset[PROGRAM_INPUTS];
         if (row0 + lane < rows && col0 + j < cols) {
-            input_offsets(first + static_cast<long long>(row0 + lane) * cols + col0 + j,
-                          layout, offset);
             STAGE_INPUT(0) STAGE_INPUT(1) STAGE_INPUT(2) STAGE_INPUT(3)
             STAGE_INPUT(4) STAGE_INPUT(5) STAGE_INPUT(6) STAGE_INPUT(7)
         }
         if (row0 + j < rows && col0 + lane < cols) {
-            input_offsets(first + static_cast<long long>(row0 + j) * cols + col0 + lane,
-                          layout, offset);
             LOAD_UNSTAGED(0) LOAD_UNSTAGED(1) LOAD_UNSTAGED(2) LOAD_UNSTAGED(3)
             LOAD_UNSTAGED(4) LOAD_UNSTAGED(5) LOAD_UNSTAGED(6) LOAD_UNSTAGED(7)
         }
@@ -364,7 +366,7 @@ extern "C" __global__ void fused_program_staged(
             STAGED_INPUT(4) STAGED_INPUT(5) STAGED_INPUT(6) STAGED_INPUT(7)
             float result;
             FUSED_PROGRAM
-            out[first + static_cast<long long>(row0 + j) * cols + col0 + lane] = store_value(result);
+            out[first + (row0 + j) * cols + col0 + lane] = store_value(result);
         }
     }
 }
