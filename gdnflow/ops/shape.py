@@ -56,13 +56,14 @@ def flatten(x, start_dim=1):
 # more launches of strided_gather / strided_scatter (cuda_src/shape.cu),
 # which pair a dense array with a strided view of another.
 SOURCE = "shape.cu"
-#: Inputs one concat_inputs launch takes (``CONCAT_INPUTS`` in shape.cu).
-CONCAT_INPUTS = 32
-# out, outer, total, inner, count, then the ConcatInputs table: 32 pointers, 33 starts
-# (392 bytes with the padding to 8); a constant, so that tests/test_cuda_sources.py checks it
+#: Inputs one concat_inputs launch takes, and the values a block copies at a time
+#: (``CONCAT_INPUTS``, ``CONCAT_PIECE`` in shape.cu).
+CONCAT_INPUTS, CONCAT_PIECE = 32, 4096
+# out, outer, total, inner, count, then the ConcatInputs table: 32 pointers, 33 starts, 33
+# piece numbers (520 bytes); a constant, so that tests/test_cuda_sources.py checks it
 # against the compiled kernel.
-_CONCAT_ARGUMENTS = "Piiii392s"
-_CONCAT_TABLE_WORDS = 49        # the table in 8-byte words
+_CONCAT_ARGUMENTS = "Piiii520s"
+_CONCAT_TABLE_WORDS = 65        # the table in 8-byte words
 VIEW_DIMS = 6
 
 
@@ -223,10 +224,15 @@ class ConcatOp(Operator):
             table[:len(group)] = [x.ptr for x in group]
             rows = list(itertools.accumulate((x.shape[self.axis] for x in group),
                                              initial=starts[first]))
-            table[CONCAT_INPUTS:].view(np.int32)[:len(rows)] = rows
-            lines = outer * (rows[-1] - rows[0])    # a block per line (shape.cu)
-            block = 128 if inner >= 512 else 64 if inner >= 128 else 32
-            kernel((max(1, min(lines, 64 * cuda.sm_count())), 1, 1), (block, 1, 1), out.ptr,
+            pieces = list(itertools.accumulate(
+                (-(-x.shape[self.axis] * inner // CONCAT_PIECE) for x in group), initial=0))
+            words = table[CONCAT_INPUTS:].view(np.int32)
+            words[:len(rows)] = rows
+            words[CONCAT_INPUTS + 1:CONCAT_INPUTS + 1 + len(pieces)] = pieces
+            tasks = outer * pieces[-1]      # a block per piece of a segment (shape.cu)
+            longest = max(x.shape[self.axis] for x in group) * inner
+            block = 256 if longest >= 1024 else 64
+            kernel((max(1, min(tasks, 64 * cuda.sm_count())), 1, 1), (block, 1, 1), out.ptr,
                    outer, self.out_shape[self.axis], inner, len(group), table.tobytes())
         return out
 

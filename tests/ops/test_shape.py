@@ -129,3 +129,14 @@ def test_concat_of_many_inputs_cuda(rng, axis):
     arrays = [rng.standard_normal(s) for s in shapes]
     got = ops.concat([gf.tensor(a, device="cuda") for a in arrays], axis=axis).numpy()
     np.testing.assert_array_equal(got, np.concatenate(arrays, axis=axis).astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("widths", [(64, 64), (5, 64, 3), (1, 1)], ids=str)
+def test_concat_of_segments_longer_than_a_piece_cuda(rng, widths):
+    # SqueezeNet's concatenations: each input's rows of one image are 55 x 55 x width
+    # values, many pieces of CONCAT_PIECE with a short last one; odd widths put the
+    # segments off 16-byte alignment (the copy goes 4 bytes at a time there).
+    arrays = [rng.standard_normal((3, w, 55, 55)) for w in widths]
+    got = ops.concat([gf.tensor(a, device="cuda") for a in arrays], axis=1).numpy()
+    np.testing.assert_array_equal(got, np.concatenate(arrays, axis=1).astype(np.float32))
