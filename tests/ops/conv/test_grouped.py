@@ -179,10 +179,16 @@ def test_planner_prefers_the_grouped_kernel_for_narrow_groups(x_shape, w_shape, 
     ((8, 1, 64, 64), (32, 1, 3, 3), 1, 1, GroupedDirect),         # a gray image
     ((8, 5, 64, 64), (32, 5, 3, 3), 1, 1, Im2colDirect),          # past MAX_STEM_CHANNELS
     ((32, 3, 224, 224), (16, 3, 3, 3), 2, 1, GroupedDirect),      # MobileNetV3's, 173 M
-    # Past MAX_STEM_MULTIPLY_ADDS, where the im2col paths were faster: SqueezeNet's
-    # at batch 32 (681 million) and the codec's at 768x512 (943 million).
-    ((32, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
+    # Past MAX_STEM_MULTIPLY_ADDS, where the im2col paths were faster: MobileNetV2's at
+    # batch 32 (347 million) and the codec's at 768x512 (943 million) ...
+    ((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, Im2colDirect),
     ((1, 3, 512, 768), (128, 3, 5, 5), 2, 2, Im2colGemm),
+    # ... but not on an output plane of an odd size up to MAX_ODD_PLANE_STEM_MULTIPLY_ADDS:
+    # SqueezeNet's 111x111 at batch 32 (681 million), not at 64 (1.36 billion), and not
+    # past 3x3 windows (a 7x7 layer at 111x111, 1.2 billion at batch 8).
+    ((32, 3, 224, 224), (64, 3, 3, 3), 2, 0, GroupedDirect),
+    ((64, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
+    ((8, 3, 224, 224), (64, 3, 7, 7), 2, 2, Im2colGemm),
 ])
 def test_planner_runs_first_layers_on_image_channels_directly(x_shape, w_shape, stride, padding,
                                                              forward):

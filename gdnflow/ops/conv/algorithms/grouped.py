@@ -11,7 +11,9 @@ and ResNeXt's (4 to 32) have products too small per group for a GEMM: the
 im2col path runs hundreds of tiny cuBLAS calls per network. A network's first
 layer, on image channels (groups 1, C_in at most :data:`MAX_STEM_CHANNELS`), is
 one such group: for a small layer (:data:`MAX_STEM_MULTIPLY_ADDS`, a batch of
-one at 224x224) the kernel beats writing a column matrix and multiplying it.
+one at 224x224), or a 3x3 one with an output plane of an odd size
+(:data:`MAX_ODD_PLANE_STEM_MULTIPLY_ADDS`), the kernel beats writing a column
+matrix and multiplying it.
 Forward only; the gradients stay with im2col + GEMM (training such layers is
 not what this kernel is for).
 """
@@ -45,6 +47,17 @@ MAX_STEM_CHANNELS = 4
 #: the 7x7 layers, 3.8 billion: 432 against 284), as on the codec's 5x5 layer at
 #: 768x512 (943 million: 207 against 70 us).
 MAX_STEM_MULTIPLY_ADDS = 1 << 28
+#: ... or, with a window of at most 3x3 and an output plane that is not a multiple of 4
+#: pixels, at most this many. The im2col + direct product copies such planes one value
+#: at a time (pointwise.cu's VEC_X 1); with the layer's bias and ReLU, on the H200
+#: (2026-11-27, forward with its epilogue, GPU time of 20 back-to-back calls):
+#: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8, 16 and 32 took 35, 74 and 140 us on
+#: the kernel against 57, 108 and 191 for im2col + the direct product and 94, 93 and 180
+#: for im2col + GEMM; where the plane is a multiple of 4 (112x112, 224x224) the direct
+#: product won (MobileNetV2's 3x3/2 to 32 at batch 32: 64 against 78 us on the kernel;
+#: VGG's 3x3 to 64 at batch 8: 91 against 101).
+MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 30
+MAX_ODD_PLANE_STEM_TAPS = 9
 
 
 def outputs_per_thread(g):
@@ -90,10 +103,14 @@ class GroupedDirect:
     def preferred(g):
         """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels; an ungrouped
         layer (supported on image channels only) of at most :data:`MAX_STEM_MULTIPLY_ADDS`
-        multiply-adds."""
+        multiply-adds, or of at most :data:`MAX_ODD_PLANE_STEM_MULTIPLY_ADDS` with a window
+        of at most :data:`MAX_ODD_PLANE_STEM_TAPS` taps and an output plane that is not a
+        multiple of 4 pixels."""
         if g.groups == 1:
-            return (g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
-                    <= MAX_STEM_MULTIPLY_ADDS)
+            multiply_adds = g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
+            odd_plane = (g.oh * g.ow) % 4 != 0 and g.kh * g.kw <= MAX_ODD_PLANE_STEM_TAPS
+            return multiply_adds <= (MAX_ODD_PLANE_STEM_MULTIPLY_ADDS if odd_plane
+                                     else MAX_STEM_MULTIPLY_ADDS)
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
 
     @staticmethod
