@@ -184,10 +184,12 @@ def test_planner_prefers_the_grouped_kernel_for_narrow_groups(x_shape, w_shape, 
     ((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, Im2colDirect),
     ((1, 3, 512, 768), (128, 3, 5, 5), 2, 2, Im2colGemm),
     # ... but not on an output plane of an odd size up to MAX_ODD_PLANE_STEM_MULTIPLY_ADDS:
-    # SqueezeNet's 111x111 at batch 32 (681 million), not at 64 (1.36 billion), and not
-    # past 3x3 windows (a 7x7 layer at 111x111, 1.2 billion at batch 8).
+    # SqueezeNet's 111x111 at batch 32 and 64 (681 million, 1.36 billion), not at 128
+    # (2.7 billion), and not past 3x3 windows (a 7x7 layer at 111x111, 1.2 billion at
+    # batch 8).
     ((32, 3, 224, 224), (64, 3, 3, 3), 2, 0, GroupedDirect),
-    ((64, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
+    ((64, 3, 224, 224), (64, 3, 3, 3), 2, 0, GroupedDirect),
+    ((128, 3, 224, 224), (64, 3, 3, 3), 2, 0, Im2colDirect),
     ((8, 3, 224, 224), (64, 3, 7, 7), 2, 2, Im2colGemm),
 ])
 def test_planner_runs_first_layers_on_image_channels_directly(x_shape, w_shape, stride, padding,

@@ -49,14 +49,15 @@ MAX_STEM_CHANNELS = 4
 MAX_STEM_MULTIPLY_ADDS = 1 << 28
 #: ... or, with a window of at most 3x3 and an output plane that is not a multiple of 4
 #: pixels, at most this many. The im2col + direct product copies such planes one value
-#: at a time (pointwise.cu's VEC_X 1); with the layer's bias and ReLU, on the H200
-#: (2026-11-27, forward with its epilogue, GPU time of 20 back-to-back calls):
-#: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8, 16 and 32 took 35, 74 and 140 us on
-#: the kernel against 57, 108 and 191 for im2col + the direct product and 94, 93 and 180
-#: for im2col + GEMM; where the plane is a multiple of 4 (112x112, 224x224) the direct
-#: product won (MobileNetV2's 3x3/2 to 32 at batch 32: 64 against 78 us on the kernel;
-#: VGG's 3x3 to 64 at batch 8: 91 against 101).
-MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 30
+#: at a time (pointwise.cu's VEC_X 1). With the layer's bias and ReLU, on the H200
+#: (``benchmarks/bench_stem_epilogue.py``, benchmarks/results/stem_epilogue.md):
+#: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8 to 64 took 35-268 us on the
+#: kernel against 58-383 for im2col + the direct product and 58-338 for im2col + GEMM
+#: (Inception v3's 3x3/2 to 32, 149x149 out, batch 32: 125 against 186 and 194);
+#: where the plane is a multiple of 4 (112x112, 224x224) the direct product won
+#: (MobileNetV2's 3x3/2 to 32 at batch 32: 64 against 78 us on the kernel; VGG's 3x3 to
+#: 64 at batch 8: 88 against 99). Larger layers were not measured.
+MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 31
 MAX_ODD_PLANE_STEM_TAPS = 9
 
 
