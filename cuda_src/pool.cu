@@ -32,7 +32,11 @@ extern "C" __global__ void max_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const storage_t* xp = x + (size_t)plane * h * w;
+        const int n = plane / channels, c = plane - n * channels;
+        int k = 0;
+        while (c >= parts.start[k + 1]) ++k;
+        const int width = parts.start[k + 1] - parts.start[k];
+        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
         // padding < kernel (checked on the host) keeps every window non-empty.
         int best_index = hs * w + ws;
         float best = load_value(xp[best_index]);
@@ -87,7 +91,11 @@ extern "C" __global__ void avg_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const storage_t* xp = x + (size_t)plane * h * w;
+        const int n = plane / channels, c = plane - n * channels;
+        int k = 0;
+        while (c >= parts.start[k + 1]) ++k;
+        const int width = parts.start[k + 1] - parts.start[k];
+        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
         float acc = 0.0f;
         for (int r = hs; r < he; ++r)
             for (int c = ws; c < we; ++c) acc += load_value(xp[r * w + c]);
@@ -134,12 +142,24 @@ extern "C" __global__ void global_avg_pool_backward(
 // the window loops unroll, and one index split serves POOL_Q outputs.
 // Padding reads as -inf (max) or 0 (average), so each output's terms are
 // combined in the order of the kernels above and the results are the same.
+//
+// x comes as up to POOL_PARTS parts of a concatenation along the channels
+// (part k holds channels [start[k], start[k + 1]) of the `channels`, itself
+// [N, start[k + 1] - start[k], H, W]): an inference plan pools a concatenation
+// read by nothing else from its parts, so it is never written (SqueezeNet's
+// fire modules before each pool). A plain input is one part.
 #ifdef POOL_KH
 #define POOL_Q 4
+#define POOL_PARTS 4
+struct PoolParts {                          // passed by value (the host packs it)
+    const storage_t* x[POOL_PARTS];
+    int start[POOL_PARTS + 1];
+};
+
 extern "C" __global__ void pool_forward_fixed(
-        const storage_t* __restrict__ x, storage_t* __restrict__ y,
-        int planes, int h, int w, int oh, int ow, int pad_top, int pad_left,
-        int include_pad, int q_groups) {
+        storage_t* __restrict__ y, int planes, int h, int w, int oh, int ow, int pad_top,
+        int pad_left, int include_pad, int q_groups, int channels,
+        const __grid_constant__ PoolParts parts) {
     constexpr int SPAN = (POOL_Q - 1) * POOL_SW + POOL_KW;
 #ifdef POOL_MAX
     const float pad = -INFINITY;
@@ -151,7 +171,11 @@ extern "C" __global__ void pool_forward_fixed(
         const int p = row % oh, plane = row / oh;
         const int q0 = group * POOL_Q;
         const int h0 = p * POOL_SH - pad_top, w0 = q0 * POOL_SW - pad_left;
-        const storage_t* xp = x + (size_t)plane * h * w;
+        const int n = plane / channels, c = plane - n * channels;
+        int k = 0;
+        while (c >= parts.start[k + 1]) ++k;
+        const int width = parts.start[k + 1] - parts.start[k];
+        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
         float acc[POOL_Q];
 #pragma unroll
         for (int k = 0; k < POOL_Q; ++k) acc[k] = pad;

@@ -26,6 +26,9 @@ the program returns, and folds only constants (weights):
 - :func:`fuse_concatenations`: a concatenation that only such a step reads,
   as it lies, becomes that step's concatenated input (DenseNet: the batch
   norm and ReLU after each concatenation read the parts in place);
+- :func:`fuse_pooled_concatenations`: a max pool of a concatenation along the
+  channels that nothing else reads pools the parts in place (SqueezeNet's
+  fire modules before each pool);
 - :func:`drop_unused`: steps whose results nothing reads are removed.
 """
 import dataclasses
@@ -46,6 +49,7 @@ from gdnflow.ops.fused_elementwise import (MAX_INPUTS, MAX_INSTRUCTIONS, ConcatI
 from gdnflow.ops.shape import ConcatOp, TransposeOp, contiguous_strides
 from gdnflow.ops.gdn import GDNOp
 from gdnflow.ops.layernorm import LayerNormOp
+from gdnflow.ops.pool import FIXED_MAX_PARTS, MaxPool2dOp, MaxPoolOfConcat
 from gdnflow.precision import FLOAT32
 from gdnflow.tensor import Tensor
 
@@ -442,6 +446,28 @@ def fuse_concatenations(program):
     return _fuse_pass(program, match)
 
 
+def fuse_pooled_concatenations(program):
+    """A max pool (inference) of a concatenation along the channels of at most
+    :data:`~gdnflow.ops.pool.FIXED_MAX_PARTS` parts, read by nothing else, with a window
+    the fixed-window kernel is built for, becomes a :class:`MaxPoolOfConcat` reading the
+    parts (the concatenated tensor is never made); returns the count."""
+    def match(step, producer_of, uses):
+        if type(step.call) is not MaxPool2dOp or not step.call.fixed_window():
+            return None
+        v = step.inputs[0]
+        j = producer_of(v)
+        if j is None or uses[v] != 1 or type(program.steps[j].call) is not ConcatOp:
+            return None
+        concat = program.steps[j]
+        if (len(program.shapes[v]) != 4 or concat.call.axis % 4 != 1
+                or not 1 < len(concat.inputs) <= FIXED_MAX_PARTS):
+            return None
+        return j, Step(MaxPoolOfConcat(step.call, concat.call), concat.inputs, step.output,
+                       "max_pool2d", ("concat", "max_pool2d"))
+
+    return _fuse_pass(program, match)
+
+
 def drop_unused(program):
     """Remove steps whose results nothing reads (inference operators have no side effects)."""
     needed = set(program.outputs)
@@ -544,4 +570,5 @@ def optimize(program):
             "fused_transposed_layer_norm": fuse_transposed_layer_norms(program),
             "fused_elementwise": fuse_elementwise(program),
             "fused_concatenation": fuse_concatenations(program),
+            "fused_pooled_concatenation": fuse_pooled_concatenations(program),
             "removed_unused": drop_unused(program)}

@@ -34,13 +34,21 @@ from gdnflow.errors import ShapeError
 from gdnflow.ops.reduction import sum_cuda
 from gdnflow.precision import emulate
 from gdnflow.registry import register
+from gdnflow.tensor import Tensor
 
 SOURCE = "pool.cu"
 #: Windows pool_forward_fixed is built for: taps and stride per side at most these.
 FIXED_MAX_KERNEL = 5
 FIXED_MAX_STRIDE = 3
-#: Outputs of a row each thread of pool_forward_fixed computes (POOL_Q in pool.cu).
+#: Outputs of a row each thread of pool_forward_fixed computes (POOL_Q in pool.cu), and the
+#: parts of a concatenation it reads x from (POOL_PARTS).
 FIXED_OUTPUTS_PER_THREAD = 4
+FIXED_MAX_PARTS = 4
+#: pool_forward_fixed's PoolParts argument: the part pointers, then their first channels
+#: and the channel count (NumPy's ``align=True`` lays it out by C's rules: 56 bytes).
+POOL_PARTS_LAYOUT = np.dtype([("x", np.uint64, (FIXED_MAX_PARTS,)),
+                              ("start", np.int32, (FIXED_MAX_PARTS + 1,))], align=True)
+_FIXED_ARGUMENTS = "P" + "i" * 10 + f"{POOL_PARTS_LAYOUT.itemsize}s"
 
 
 def _pair(op, name, value, minimum):
@@ -85,40 +93,58 @@ class Pool2dOp(Operator):
                              f"kernel {self.kernel} (so that every window holds an input element)")
 
     def check(self, x):
-        if x.ndim != 4:
-            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {x.shape}")
-        n, c, h, w = x.shape
+        self.check_shape(tuple(x.shape))
+
+    def check_shape(self, shape):
+        """Refuse an input of ``shape`` this pooling cannot take; else note the output's."""
+        if len(shape) != 4:
+            raise ShapeError(f"{self.label}: input must be 4-D [N, C, H, W], got shape {shape}")
+        n, c, h, w = shape
         (kh, kw), (sh, sw) = self.kernel, self.stride
         top, bottom, left, right = self.padding
         if h == 0 or w == 0:
-            raise ShapeError(f"{self.label}: input has no pixels to pool: shape {x.shape}")
+            raise ShapeError(f"{self.label}: input has no pixels to pool: shape {shape}")
         if h + top + bottom < kh or w + left + right < kw:
             raise ShapeError(f"{self.label}: kernel {kh}x{kw} is larger than the padded input "
-                             f"{h + top + bottom}x{w + left + right} (input {x.shape}, padding "
+                             f"{h + top + bottom}x{w + left + right} (input {shape}, padding "
                              f"{self.padding})")
         self.out_hw = ((h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1)
         self.out_shape = (n, c) + self.out_hw
+        self.x_shape = shape
 
     def _kernel_args(self):
         """The geometry arguments every pool.cu kernel takes after its pointers."""
-        n, c, h, w = self.input_shapes[0]
+        n, c, h, w = self.x_shape
         return (n * c, h, w, *self.out_hw, *self.kernel, *self.stride,
                 self.padding[0], self.padding[2])
 
-    def _forward_fixed(self, x, maximum, include_pad=False):
-        """y by pool.cu's pool_forward_fixed (the window compiled in, no argmax), or None
-        for windows past :data:`FIXED_MAX_KERNEL` taps or :data:`FIXED_MAX_STRIDE`."""
-        (kh, kw), (sh, sw) = self.kernel, self.stride
-        if max(kh, kw) > FIXED_MAX_KERNEL or max(sh, sw) > FIXED_MAX_STRIDE:
+    def fixed_window(self):
+        """Whether pool_forward_fixed is built for this window (at most
+        :data:`FIXED_MAX_KERNEL` taps and :data:`FIXED_MAX_STRIDE` a side)."""
+        return max(self.kernel) <= FIXED_MAX_KERNEL and max(self.stride) <= FIXED_MAX_STRIDE
+
+    def _forward_fixed(self, parts, maximum, include_pad=False):
+        """y by pool.cu's pool_forward_fixed (the window compiled in, no argmax) from x
+        given as ``parts``, the arrays x is the concatenation of along the channels (one
+        for a plain x; at most :data:`FIXED_MAX_PARTS`), or None where
+        :meth:`fixed_window` says no."""
+        if not self.fixed_window():
             return None
-        y = cuda.empty(self.out_shape, x.dtype)
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        dtype = parts[0].dtype
+        y = cuda.empty(self.out_shape, dtype)
         planes, h, w, oh, ow = self._kernel_args()[:5]
         q_groups = -(-ow // FIXED_OUTPUTS_PER_THREAD)
+        table = np.zeros((), POOL_PARTS_LAYOUT)
+        table["x"][:len(parts)] = [a.ptr for a in parts]
+        starts = np.cumsum([0] + [a.shape[1] for a in parts])
+        table["start"][:] = starts[-1]          # past the last part: every channel is in one
+        table["start"][:len(starts)] = starts
         defines = (("POOL_KH", kh), ("POOL_KW", kw), ("POOL_SH", sh), ("POOL_SW", sw)) + (
-            (("POOL_MAX", 1),) if maximum else ()) + cuda.storage_defines(x.dtype)
-        cuda.kernel(SOURCE, "pool_forward_fixed", "PP" + "i" * 9, defines).launch(
-            planes * oh * q_groups, x.ptr, y.ptr, planes, h, w, oh, ow, self.padding[0],
-            self.padding[2], int(include_pad), q_groups)
+            (("POOL_MAX", 1),) if maximum else ()) + cuda.storage_defines(dtype)
+        cuda.kernel(SOURCE, "pool_forward_fixed", _FIXED_ARGUMENTS, defines).launch(
+            planes * oh * q_groups, y.ptr, planes, h, w, oh, ow, self.padding[0],
+            self.padding[2], int(include_pad), q_groups, self.x_shape[1], table.tobytes())
         return y
 
     def _windows(self, x, fill):
@@ -157,7 +183,7 @@ class MaxPool2dOp(Pool2dOp):
 
     def forward_cuda(self, x):
         if not self.recording:          # no argmax to keep: the faster kernel where it applies
-            y = self._forward_fixed(x, maximum=True)
+            y = self._forward_fixed([x], maximum=True)
             if y is not None:
                 return y
         y = cuda.empty(self.out_shape, x.dtype)
@@ -217,7 +243,7 @@ class AvgPool2dOp(Pool2dOp):
                                                       / self.divisors(x.dtype)), x)
 
     def forward_cuda(self, x):
-        y = self._forward_fixed(x, maximum=False, include_pad=self.count_include_pad)
+        y = self._forward_fixed([x], maximum=False, include_pad=self.count_include_pad)
         if y is not None:
             return y
         y = cuda.empty(self.out_shape, x.dtype)
@@ -316,3 +342,40 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
 def global_avg_pool2d(x):
     """Mean over H and W: x [N, C, H, W] -> [N, C, 1, 1]."""
     return GlobalAvgPool2dOp()(x)
+
+
+class MaxPoolOfConcat:
+    """``max_pool2d(concat(parts, axis=1))`` reading the parts: an inference rewrite
+    (:func:`gdnflow.inference.passes.fuse_pooled_concatenations`).
+
+    ``pool`` and ``concat`` are the traced operators. On the GPU, for a window
+    ``pool_forward_fixed`` is built for and at most :data:`FIXED_MAX_PARTS` parts,
+    one launch pools each channel from the part it is in, so the concatenation is
+    never written; elsewhere it runs the two operators (the reference). It
+    computes no gradients (inference plans record none).
+    """
+
+    def __init__(self, pool, concat):
+        self.pool, self.concat = pool, concat
+
+    def __repr__(self):
+        return f"MaxPoolOfConcat({self.pool.kernel} window, stride {self.pool.stride})"
+
+    def __call__(self, *parts):
+        arrays = [t.data for t in parts]
+        if (parts[0].device == "cuda" and len(parts) <= FIXED_MAX_PARTS
+                and self.pool.fixed_window() and len({a.dtype for a in arrays}) == 1):
+            first = tuple(arrays[0].shape)
+            for k, a in enumerate(arrays):
+                if len(a.shape) != 4 or (a.shape[0],) + tuple(a.shape[2:]) != \
+                        (first[0],) + first[2:]:
+                    raise ShapeError(f"{self.pool.label}: concatenated part {k} has shape "
+                                     f"{tuple(a.shape)}, which differs from part 0's {first} "
+                                     "outside the channels")
+            self.pool.check_shape((first[0], sum(a.shape[1] for a in arrays)) + first[2:])
+            return Tensor.wrap(self.pool._forward_fixed(arrays, maximum=True), "cuda")
+        joined = self.concat(*parts)
+        self.concat.release()
+        y = self.pool(joined)
+        self.pool.release()
+        return y

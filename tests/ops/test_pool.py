@@ -5,8 +5,13 @@ import numpy as np
 import pytest
 
 import gdnflow as gf
-from gdnflow import ops
-from gdnflow.testing import assert_backends_match, gradcheck
+from gdnflow import nn, ops
+from gdnflow.errors import ShapeError
+from gdnflow.inference import InferencePlan
+from gdnflow.nn.module import Module
+from gdnflow.ops.pool import MaxPool2dOp, MaxPoolOfConcat
+from gdnflow.ops.shape import ConcatOp
+from gdnflow.testing import assert_backends_match, gradcheck, relative_error
 
 
 def t64(a, requires_grad=False):
@@ -218,3 +223,67 @@ def test_fixed_window_max_pool_keeps_nan_and_infinities(rng):
         got = ops.max_pool2d(gf.tensor(x, device="cuda"), 3, 1, 1).numpy()
     assert np.isnan(want).sum() == 9
     np.testing.assert_array_equal(got, want)
+
+
+# --------------------------------------------------- a pooled concatenation --
+class FirePool(Module):
+    """Branches of one input concatenated along the channels, then a 3x3/2 max pool (with
+    padding 1 here): SqueezeNet's fire modules before each pool (``parts`` branches)."""
+
+    def __init__(self, rng, channels, parts=2):
+        super().__init__()
+        self.parts = parts
+        for k in range(parts):
+            setattr(self, f"conv{k}", nn.Conv2d(channels, 3 + 2 * k, 1, rng=rng))
+
+    def forward(self, x):
+        branches = [ops.relu(getattr(self, f"conv{k}")(x)) for k in range(self.parts)]
+        return ops.max_pool2d(ops.concat(branches, axis=1), 3, 2, 1)
+
+
+@pytest.mark.parametrize("device", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("parts", [2, 4])
+def test_plan_pools_a_concatenation_from_its_parts(rng, device, parts):
+    model = FirePool(rng, 5, parts).to(device).eval()
+    x = gf.tensor(rng.standard_normal((3, 5, 13, 17)), device=device)
+    plan = InferencePlan(model, x.shape, device=device)
+    names = [(s.name, s.fused) for s in plan.program.steps]
+    assert ("max_pool2d", ("concat", "max_pool2d")) in names
+    assert "concat" not in [s.name for s in plan.program.steps]
+    with gf.no_grad():
+        expected = model(x).numpy()
+    assert relative_error(plan(x).numpy(), expected) == 0      # a maximum moves values only
+
+
+def test_a_concatenation_read_twice_or_of_many_parts_is_made(rng):
+    class Both(FirePool):
+        def forward(self, x):
+            joined = ops.concat([getattr(self, f"conv{k}")(x) for k in range(self.parts)], 1)
+            return ops.max_pool2d(joined, 2), joined
+    for model in (Both(rng, 4), FirePool(rng, 4, parts=5)):
+        plan = InferencePlan(model.eval(), (2, 4, 8, 8))
+        assert "concat" in [s.name for s in plan.program.steps]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("widths, shape", [((3, 5), (2, 9, 9)), ((1, 64, 7, 2), (3, 27, 31)),
+                                          ((16,), (1, 12, 12))], ids=str)
+def test_max_pool_of_parts_cuda_matches_the_concatenation(rng, widths, shape, dtype):
+    n, h, w = shape
+    parts = [gf.tensor(rng.standard_normal((n, c, h, w)), device="cuda") for c in widths]
+    if dtype == "bf16":
+        parts = [p.astype("bf16") for p in parts]
+    pool = MaxPool2dOp(3, 2, 1)
+    got = MaxPoolOfConcat(pool, ConcatOp(1))(*parts)
+    joined = np.concatenate([p.astype("float32").numpy() for p in parts], axis=1)
+    expected = ops.max_pool2d(gf.tensor(joined), 3, 2, 1).numpy()
+    assert got.shape == expected.shape and got.dtype == parts[0].dtype
+    np.testing.assert_array_equal(got.astype("float32").numpy(), expected)
+
+
+@pytest.mark.gpu
+def test_max_pool_of_parts_refuses_parts_of_other_sizes(rng):
+    parts = [gf.tensor(rng.standard_normal(s), device="cuda") for s in ((2, 3, 9, 9), (2, 4, 9, 8))]
+    with pytest.raises(ShapeError, match="part 1 has shape"):
+        MaxPoolOfConcat(MaxPool2dOp(3, 2, 1), ConcatOp(1))(*parts)
