@@ -32,11 +32,7 @@ extern "C" __global__ void max_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const int n = plane / channels, c = plane - n * channels;
-        int k = 0;
-        while (c >= parts.start[k + 1]) ++k;
-        const int width = parts.start[k + 1] - parts.start[k];
-        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
+        const storage_t* xp = x + (size_t)plane * h * w;
         // padding < kernel (checked on the host) keeps every window non-empty.
         int best_index = hs * w + ws;
         float best = load_value(xp[best_index]);
@@ -91,11 +87,7 @@ extern "C" __global__ void avg_pool_forward(
         const int h0 = p * sh - pad_top, w0 = q * sw - pad_left;
         const int hs = max(h0, 0), he = min(h0 + kh, h);
         const int ws = max(w0, 0), we = min(w0 + kw, w);
-        const int n = plane / channels, c = plane - n * channels;
-        int k = 0;
-        while (c >= parts.start[k + 1]) ++k;
-        const int width = parts.start[k + 1] - parts.start[k];
-        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
+        const storage_t* xp = x + (size_t)plane * h * w;
         float acc = 0.0f;
         for (int r = hs; r < he; ++r)
             for (int c = ws; c < we; ++c) acc += load_value(xp[r * w + c]);
@@ -172,10 +164,11 @@ extern "C" __global__ void pool_forward_fixed(
         const int q0 = group * POOL_Q;
         const int h0 = p * POOL_SH - pad_top, w0 = q0 * POOL_SW - pad_left;
         const int n = plane / channels, c = plane - n * channels;
-        int k = 0;
-        while (c >= parts.start[k + 1]) ++k;
-        const int width = parts.start[k + 1] - parts.start[k];
-        const storage_t* xp = parts.x[k] + ((size_t)n * width + c - parts.start[k]) * h * w;
+        int part = 0;
+        while (c >= parts.start[part + 1]) ++part;
+        const int width = parts.start[part + 1] - parts.start[part];
+        const storage_t* xp =
+            parts.x[part] + ((size_t)n * width + c - parts.start[part]) * h * w;
         float acc[POOL_Q];
 #pragma unroll
         for (int k = 0; k < POOL_Q; ++k) acc[k] = pad;
