@@ -51,12 +51,12 @@ MAX_STEM_MULTIPLY_ADDS = 1 << 28
 #: pixels, at most this many. The im2col + direct product copies such planes one value
 #: at a time (pointwise.cu's VEC_X 1). With the layer's bias and ReLU, on the H200
 #: (``benchmarks/bench_stem_epilogue.py``, benchmarks/results/stem_epilogue.md):
-#: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8 to 64 took 35-268 us on the
-#: kernel against 58-383 for im2col + the direct product and 58-338 for im2col + GEMM
-#: (Inception v3's 3x3/2 to 32, 149x149 out, batch 32: 125 against 186 and 194);
+#: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8 to 64 took 34-269 us on the
+#: kernel against 58-383 for im2col + the direct product and 81-339 for im2col + GEMM
+#: (Inception v3's 3x3/2 to 32, 149x149 out, batch 32: 126 against 191 and 197);
 #: where the plane is a multiple of 4 (112x112, 224x224) the direct product won
-#: (MobileNetV2's 3x3/2 to 32 at batch 32: 64 against 78 us on the kernel; VGG's 3x3 to
-#: 64 at batch 8: 88 against 99). Larger layers were not measured.
+#: (MobileNetV2's 3x3/2 to 32 at batch 32: 69 against 78 us on the kernel; VGG's 3x3 to
+#: 64 at batch 8: 90 against 100). Larger layers were not measured.
 MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 31
 MAX_ODD_PLANE_STEM_TAPS = 9
 
