@@ -230,19 +230,23 @@ __device__ __forceinline__ void input_offsets(unsigned i, const ProgramLayout& l
     for (int k = 0; k < FUSED_INPUTS; ++k) offset[k] += rest * layout.strides[k][0];
 }
 
+// Every program kernel's first arguments (out, then the inputs), and a macro
+// applied to each input's number.
+#define PROGRAM_POINTERS storage_t* __restrict__ out,                              \
+    const storage_t* __restrict__ in0, const storage_t* __restrict__ in1,          \
+    const storage_t* __restrict__ in2, const storage_t* __restrict__ in3,          \
+    const storage_t* __restrict__ in4, const storage_t* __restrict__ in5,          \
+    const storage_t* __restrict__ in6, const storage_t* __restrict__ in7
+#define FOR_EACH_INPUT(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+
 #define LOAD_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(in##k[offset[k]]) : 0.0f;
 
 extern "C" __global__ void fused_program(
-        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
-        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
-        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
-        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
-        const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
+        PROGRAM_POINTERS, int n, const ProgramLayout layout) {
     GRID_STRIDE_LOOP(i, n) {
         int offset[PROGRAM_INPUTS];
         input_offsets(i, layout, offset);
-        LOAD_INPUT(0) LOAD_INPUT(1) LOAD_INPUT(2) LOAD_INPUT(3)
-        LOAD_INPUT(4) LOAD_INPUT(5) LOAD_INPUT(6) LOAD_INPUT(7)
+        FOR_EACH_INPUT(LOAD_INPUT)
         float result;
         FUSED_PROGRAM
         out[i] = store_value(result);
@@ -267,21 +271,15 @@ extern "C" __global__ void fused_program(
 #define VECTOR_INPUT(k) [[maybe_unused]] const float input##k = k < FUSED_INPUTS ? load_value(vector##k.v[j]) : 0.0f;
 
 extern "C" __global__ void fused_program_vector(
-        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
-        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
-        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
-        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
-        const storage_t* __restrict__ in7, int n, const ProgramLayout layout) {
+        PROGRAM_POINTERS, int n, const ProgramLayout layout) {
     GRID_STRIDE_LOOP(i, n) {
         int offset[PROGRAM_INPUTS];
         input_offsets(i, layout, offset);
-        LOAD_VECTOR(0) LOAD_VECTOR(1) LOAD_VECTOR(2) LOAD_VECTOR(3)
-        LOAD_VECTOR(4) LOAD_VECTOR(5) LOAD_VECTOR(6) LOAD_VECTOR(7)
+        FOR_EACH_INPUT(LOAD_VECTOR)
         StorageVector stored;
 #pragma unroll
         for (int j = 0; j < VECTOR_ELEMENTS; ++j) {
-            VECTOR_INPUT(0) VECTOR_INPUT(1) VECTOR_INPUT(2) VECTOR_INPUT(3)
-            VECTOR_INPUT(4) VECTOR_INPUT(5) VECTOR_INPUT(6) VECTOR_INPUT(7)
+            FOR_EACH_INPUT(VECTOR_INPUT)
             float result;
             FUSED_PROGRAM
             stored.v[j] = store_value(result);
@@ -327,11 +325,7 @@ __host__ __device__ constexpr int stage_slot(int k) {
 #define STAGE_STEPS (STAGE_TILE / STAGE_ROWS)
 
 extern "C" __global__ void fused_program_staged(
-        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
-        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
-        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
-        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
-        const storage_t* __restrict__ in7, int rows, int cols, int row_tiles, int col_tiles,
+        PROGRAM_POINTERS, int rows, int cols, int row_tiles, int col_tiles,
         const ProgramLayout layout) {
     __shared__ float tile[STAGED_INPUTS][STAGE_TILE][STAGE_TILE + 1];
     const int lane = threadIdx.x;
@@ -349,12 +343,10 @@ extern "C" __global__ void fused_program_staged(
     for (int r = 0; r < STAGE_STEPS; ++r) {
         const int j = threadIdx.y + r * STAGE_ROWS;
         if (row0 + lane < rows && col0 + j < cols) {
-            STAGE_INPUT(0) STAGE_INPUT(1) STAGE_INPUT(2) STAGE_INPUT(3)
-            STAGE_INPUT(4) STAGE_INPUT(5) STAGE_INPUT(6) STAGE_INPUT(7)
+            FOR_EACH_INPUT(STAGE_INPUT)
         }
         if (row0 + j < rows && col0 + lane < cols) {
-            LOAD_UNSTAGED(0) LOAD_UNSTAGED(1) LOAD_UNSTAGED(2) LOAD_UNSTAGED(3)
-            LOAD_UNSTAGED(4) LOAD_UNSTAGED(5) LOAD_UNSTAGED(6) LOAD_UNSTAGED(7)
+            FOR_EACH_INPUT(LOAD_UNSTAGED)
         }
     }
     __syncthreads();
@@ -362,8 +354,7 @@ extern "C" __global__ void fused_program_staged(
     for (int r = 0; r < STAGE_STEPS; ++r) {
         const int j = threadIdx.y + r * STAGE_ROWS;
         if (row0 + j < rows && col0 + lane < cols) {
-            STAGED_INPUT(0) STAGED_INPUT(1) STAGED_INPUT(2) STAGED_INPUT(3)
-            STAGED_INPUT(4) STAGED_INPUT(5) STAGED_INPUT(6) STAGED_INPUT(7)
+            FOR_EACH_INPUT(STAGED_INPUT)
             float result;
             FUSED_PROGRAM
             out[first + (row0 + j) * cols + col0 + lane] = store_value(result);
@@ -402,11 +393,7 @@ struct ConcatProgramLayout {                         // passed by value (the hos
     : load_value(k == FUSED_CONCAT ? source : in##k[offset[k]]);
 
 extern "C" __global__ void fused_concat_program(
-        storage_t* __restrict__ out, const storage_t* __restrict__ in0,
-        const storage_t* __restrict__ in1, const storage_t* __restrict__ in2,
-        const storage_t* __restrict__ in3, const storage_t* __restrict__ in4,
-        const storage_t* __restrict__ in5, const storage_t* __restrict__ in6,
-        const storage_t* __restrict__ in7, int n, int total, int inner, int count,
+        PROGRAM_POINTERS, int n, int total, int inner, int count,
         const __grid_constant__ ConcatProgramLayout layout) {
     // __grid_constant__: the table is indexed with run-time values in place (constant
     // bank loads), not copied to local memory first.
@@ -434,8 +421,7 @@ extern "C" __global__ void fused_concat_program(
         for (int q = 0; q < PROGRAM_INPUTS; ++q)
             offset[q] = o * layout.strides[q][0] + row * layout.strides[q][1]
                         + j * layout.strides[q][2];
-        LOAD_CONCAT_INPUT(0) LOAD_CONCAT_INPUT(1) LOAD_CONCAT_INPUT(2) LOAD_CONCAT_INPUT(3)
-        LOAD_CONCAT_INPUT(4) LOAD_CONCAT_INPUT(5) LOAD_CONCAT_INPUT(6) LOAD_CONCAT_INPUT(7)
+        FOR_EACH_INPUT(LOAD_CONCAT_INPUT)
         float result;
         FUSED_PROGRAM
         out[i] = store_value(result);
