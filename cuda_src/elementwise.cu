@@ -374,7 +374,7 @@ extern "C" __global__ void fused_program_staged(
 // memory, which part each row is in (one byte a row, at most CONCAT_ROWS
 // rows); then each element finds its line and row with two multiply-shift
 // divisions and its part with one shared-memory read. (A line per block, as
-// concat_inputs does, left most threads idle on DenseNet's 7x7 and 14x14
+// concat_inputs did then, left most threads idle on DenseNet's 7x7 and 14x14
 // planes, lines of 49 and 196 values: 1.7 ms for its 62 launches at batch 32
 // on the H200, against 0.65 ms of memory traffic.) The concatenation's copy,
 // a write and a read of the whole tensor, is gone.

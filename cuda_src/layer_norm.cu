@@ -4,9 +4,10 @@
 // each row is normalised over its cols values, with scale and bias [cols]:
 //   mean = (1/cols) sum x,   var = (1/cols) sum (x - mean)^2,   inv = 1 / sqrt(var + eps)
 //   xhat = (x - mean) inv,   y = xhat scale + bias
-// The variance is that of the centred values (a second pass over the row,
-// read again from cache), not E[x^2] - mean^2, whose cancellation loses
-// digits where |mean| >> std. Backward, with g = gy scale:
+// The variance is that of the centred values (the row kernels: a second pass
+// over the row, read again from cache; the channels-first kernel: Welford's
+// running mean and sum of squared deviations), not E[x^2] - mean^2, whose
+// cancellation loses digits where |mean| >> std. Backward, with g = gy scale:
 //   gx = inv (g - mean_j(g) - xhat mean_j(g xhat))
 //   gscale = sum over rows of gy xhat,   gbias = sum over rows of gy
 // One warp per row (rows of a few hundred values: ConvNeXt's 96 to 768).
@@ -132,31 +133,39 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     const int lane = threadIdx.x, ty = threadIdx.y;
     const int s = s0 + lane;
     const float* xn = x + static_cast<long long>(n) * channels * spatial;
-    // One pass for both statistics, over d = x - shift with the row's channel-0
-    // value as the shift: var = mean(d^2) - mean(d)^2 then does not cancel (the
-    // shift is one of the row's values, within a few deviations of its mean),
-    // and x is read twice in all instead of three times.
-    const float shift = s < spatial ? xn[s] : 0.0f;
-    float sum = 0.0f, squares = 0.0f;
-    if (s < spatial)
+    // One pass for both statistics: each thread keeps Welford's running mean and
+    // sum of squared deviations over its channels (c = ty, ty + 8, ...), and
+    // thread row 0 merges the 8 (Chan et al.'s pairwise update). No difference
+    // of large sums is taken, so nothing cancels (a one-pass E[(x - shift)^2]
+    // lost a factor of up to C in the variance where one channel was far from
+    // the rest), and x is read twice in all instead of three times.
+    float mean_part = 0.0f, squares_part = 0.0f;
+    if (s < spatial) {
+        float count = 0.0f;
         for (int c = ty; c < channels; c += TILE_ROWS) {
-            const float d = xn[static_cast<long long>(c) * spatial + s] - shift;
-            sum += d;
-            squares += d * d;
+            const float v = xn[static_cast<long long>(c) * spatial + s];
+            count += 1.0f;
+            const float delta = v - mean_part;
+            mean_part += delta / count;
+            squares_part += delta * (v - mean_part);
         }
-    partial[0][ty][lane] = sum;
-    partial[1][ty][lane] = squares;
+    }
+    partial[0][ty][lane] = mean_part;
+    partial[1][ty][lane] = squares_part;
     __syncthreads();
     if (ty == 0) {
-        float total = 0.0f, total_squares = 0.0f;
-        for (int k = 0; k < TILE_ROWS; ++k) {
-            total += partial[0][k][lane];
-            total_squares += partial[1][k][lane];
+        // Thread row k holds ceil((channels - k) / 8) channels.
+        float count = 0.0f, mean = 0.0f, squares = 0.0f;
+        for (int k = 0; k < TILE_ROWS && k < channels; ++k) {
+            const float count_k = static_cast<float>((channels - k + TILE_ROWS - 1) / TILE_ROWS);
+            const float total = count + count_k;
+            const float delta = partial[0][k][lane] - mean;
+            mean += delta * (count_k / total);
+            squares += partial[1][k][lane] + delta * delta * (count * count_k / total);
+            count = total;
         }
-        const float centre = total / channels;
-        const float mean = shift + centre;
         row_mean[lane] = mean;
-        const float inv = 1.0f / sqrtf(fmaxf(total_squares / channels - centre * centre, 0.0f) + eps);
+        const float inv = 1.0f / sqrtf(squares / channels + eps);
         row_inv[lane] = inv;
         if (s < spatial) {
             mean_out[static_cast<long long>(n) * spatial + s] = mean;

@@ -32,7 +32,8 @@ from gdnflow.autograd import Operator
 from gdnflow.backends import cuda
 from gdnflow.errors import ShapeError
 from gdnflow.ops.reduction import sum_cuda
-from gdnflow.precision import emulate
+from gdnflow.ops.cast import cast_array
+from gdnflow.precision import FLOAT32, emulate
 from gdnflow.registry import register
 from gdnflow.tensor import Tensor
 
@@ -373,7 +374,10 @@ class MaxPoolOfConcat:
                                      f"{tuple(a.shape)}, which differs from part 0's {first} "
                                      "outside the channels")
             self.pool.check_shape((first[0], sum(a.shape[1] for a in arrays)) + first[2:])
-            return Tensor.wrap(self.pool._forward_fixed(arrays, maximum=True), "cuda")
+            y = self.pool._forward_fixed(arrays, maximum=True)
+            # float32 out, as the concatenation it replaces computes (16-bit parts are
+            # widened under autocast); a maximum of 16-bit values widens exactly.
+            return Tensor.wrap(cast_array(y, FLOAT32), "cuda")
         joined = self.concat(*parts)
         self.concat.release()
         y = self.pool(joined)

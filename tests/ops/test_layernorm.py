@@ -89,20 +89,28 @@ def test_channels_out_first_gradients_match_finite_differences(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["far_from_zero", "channel_0_outlier"])
+@pytest.mark.parametrize("case", ["far_from_zero", "one_channel_far_out", "infinity"])
 def test_channels_first_cuda_statistics_do_not_cancel(rng, case):
-    # The kernel sums x - (each row's channel-0 value) and its square in one pass: rows far
-    # from zero, and rows whose channel 0 is far from the rest, must still match float64.
-    x = rng.standard_normal((2, 96, 5, 7))
+    # The kernel's one pass keeps running means and squared deviations (Welford): rows
+    # far from zero, and rows with one channel 1000 deviations out (where a one-pass
+    # E[(x - x_0)^2] - E[x - x_0]^2 lost a factor of C), must still match float64; an
+    # infinite value makes its row NaN, as in NumPy.
+    x = rng.standard_normal((2, 768, 5, 7))
     if case == "far_from_zero":
         x += 1000.0
+    elif case == "one_channel_far_out":
+        x[:, 5] += 1000.0
     else:
-        x[:, 0] += 50.0
+        x[1, 7, 2, 3] = np.inf
     x = x.astype(np.float32).astype(np.float64)     # the values the kernel reads
-    scale, bias = rng.uniform(0.5, 1.5, 96), rng.standard_normal(96)
-    expected = reference(np.moveaxis(x, 1, -1), scale, bias, -1, 1e-5)
+    scale, bias = rng.uniform(0.5, 1.5, 768), rng.standard_normal(768)
+    with np.errstate(invalid="ignore"):
+        expected = reference(np.moveaxis(x, 1, -1), scale, bias, -1, 1e-5)
     got = LayerNormOp(channels_first=True)(
         *(gf.tensor(a, device="cuda") for a in (x, scale, bias))).numpy()
+    if case == "infinity":
+        assert np.isnan(got[1, 2, 3]).all() and np.isnan(expected[1, 2, 3]).all()
+        got, expected = got[0], expected[0]
     assert relative_error(got, expected) <= 1e-4
 
 

@@ -11,9 +11,9 @@ and ResNeXt's (4 to 32) have products too small per group for a GEMM: the
 im2col path runs hundreds of tiny cuBLAS calls per network. A network's first
 layer, on image channels (groups 1, C_in at most :data:`MAX_STEM_CHANNELS`), is
 one such group: for a small layer (:data:`MAX_STEM_MULTIPLY_ADDS`, a batch of
-one at 224x224), or a 3x3 one with an output plane of an odd size
-(:data:`MAX_ODD_PLANE_STEM_MULTIPLY_ADDS`), the kernel beats writing a column
-matrix and multiplying it.
+one at 224x224), or one of at most 3x3 whose output plane is not a multiple
+of 4 pixels (:data:`MAX_ODD_PLANE_STEM_MULTIPLY_ADDS`), the kernel beats
+writing a column matrix and multiplying it.
 Forward only; the gradients stay with im2col + GEMM (training such layers is
 not what this kernel is for).
 """
@@ -58,7 +58,7 @@ MAX_STEM_MULTIPLY_ADDS = 1 << 28
 #: (MobileNetV2's 3x3/2 to 32 at batch 32: 69 against 78 us on the kernel; VGG's 3x3 to
 #: 64 at batch 8: 90 against 100). Larger layers were not measured.
 MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 31
-MAX_ODD_PLANE_STEM_TAPS = 9
+MAX_ODD_PLANE_STEM_WINDOW = 3
 
 
 def outputs_per_thread(g):
@@ -105,11 +105,12 @@ class GroupedDirect:
         """Groups of at most :data:`PREFERRED_GROUP_CHANNELS` input channels; an ungrouped
         layer (supported on image channels only) of at most :data:`MAX_STEM_MULTIPLY_ADDS`
         multiply-adds, or of at most :data:`MAX_ODD_PLANE_STEM_MULTIPLY_ADDS` with a window
-        of at most :data:`MAX_ODD_PLANE_STEM_TAPS` taps and an output plane that is not a
-        multiple of 4 pixels."""
+        of at most :data:`MAX_ODD_PLANE_STEM_WINDOW` taps a side and an output plane that is
+        not a multiple of 4 pixels."""
         if g.groups == 1:
             multiply_adds = g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
-            odd_plane = (g.oh * g.ow) % 4 != 0 and g.kh * g.kw <= MAX_ODD_PLANE_STEM_TAPS
+            odd_plane = ((g.oh * g.ow) % 4 != 0 and g.kh <= MAX_ODD_PLANE_STEM_WINDOW
+                         and g.kw <= MAX_ODD_PLANE_STEM_WINDOW)
             return multiply_adds <= (MAX_ODD_PLANE_STEM_MULTIPLY_ADDS if odd_plane
                                      else MAX_STEM_MULTIPLY_ADDS)
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
