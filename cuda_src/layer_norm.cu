@@ -139,14 +139,18 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     // of large sums is taken, so nothing cancels (a one-pass E[(x - shift)^2]
     // lost a factor of up to C in the variance where one channel was far from
     // the rest), and x is read twice in all instead of three times.
+    // __fdividef (a reciprocal and a product, 2 ulp): an IEEE division's slow-path
+    // branch kept the loop's loads from being issued ahead (ConvNeXt-T's 23 layer
+    // norms took 0.4 ms more at batch 32 on the H200).
     float mean_part = 0.0f, squares_part = 0.0f;
     if (s < spatial) {
         float count = 0.0f;
+#pragma unroll 4
         for (int c = ty; c < channels; c += TILE_ROWS) {
             const float v = xn[static_cast<long long>(c) * spatial + s];
             count += 1.0f;
             const float delta = v - mean_part;
-            mean_part += delta / count;
+            mean_part += __fdividef(delta, count);
             squares_part += delta * (v - mean_part);
         }
     }
