@@ -121,11 +121,12 @@ extern "C" __global__ void layer_norm_backward_params(
 
 // (count, mean, squares) of some values, squares the sum of their squared
 // deviations from their mean, merged with those of others (count_b of them):
-// Chan, Golub and LeVeque's pairwise update. An empty side changes nothing.
+// Chan, Golub and LeVeque's pairwise update. Branch-free, so that the loads of
+// the loop around it issue ahead; both sides empty give NaN (only for positions
+// past the plane, whose statistics are never used).
 __device__ __forceinline__ void merge_statistics(float& count, float& mean, float& squares,
                                                  float count_b, float mean_b, float squares_b) {
     const float total = count + count_b;
-    if (total == 0.0f) return;
     const float delta = mean_b - mean;
     mean += delta * __fdividef(count_b, total);
     squares += squares_b + delta * delta * __fdividef(count * count_b, total);
@@ -159,6 +160,7 @@ extern "C" __global__ void layer_norm_channels_first_forward(
     float count = 0.0f, centre = 0.0f, squares = 0.0f;     // the mean so far
     if (s < spatial) {
         int c = ty;
+#pragma unroll 2
         for (; c + 3 * TILE_ROWS < channels; c += 4 * TILE_ROWS) {
             float v[4];
 #pragma unroll
