@@ -366,14 +366,8 @@ class MaxPoolOfConcat:
         arrays = [t.data for t in parts]
         if (parts[0].device == "cuda" and len(parts) <= FIXED_MAX_PARTS
                 and self.pool.fixed_window() and len({a.dtype for a in arrays}) == 1):
-            first = tuple(arrays[0].shape)
-            for k, a in enumerate(arrays):
-                if len(a.shape) != 4 or (a.shape[0],) + tuple(a.shape[2:]) != \
-                        (first[0],) + first[2:]:
-                    raise ShapeError(f"{self.pool.label}: concatenated part {k} has shape "
-                                     f"{tuple(a.shape)}, which differs from part 0's {first} "
-                                     "outside the channels")
-            self.pool.check_shape((first[0], sum(a.shape[1] for a in arrays)) + first[2:])
+            self.concat.check(*parts)           # the parts agree outside the channels
+            self.pool.check_shape(self.concat.out_shape)
             y = self.pool._forward_fixed(arrays, maximum=True)
             # float32 out, as the concatenation it replaces computes (16-bit parts are
             # widened under autocast); a maximum of 16-bit values widens exactly.

@@ -20,6 +20,7 @@ not what this kernel is for).
 import functools
 
 from gdnflow.backends import cuda
+from gdnflow.ops.conv.algorithms.pointwise import VECTOR_COLUMNS
 
 SOURCE = "grouped.cu"
 cuda.declare_variants(SOURCE)   # every module is built for a shape: none known ahead
@@ -49,7 +50,8 @@ MAX_STEM_CHANNELS = 4
 MAX_STEM_MULTIPLY_ADDS = 1 << 28
 #: ... or, with a window of at most 3x3 and an output plane that is not a multiple of 4
 #: pixels, at most this many. The im2col + direct product copies such planes one value
-#: at a time (pointwise.cu's VEC_X 1). With the layer's bias and ReLU, on the H200
+#: at a time (pointwise.cu's VEC_X 1, :data:`.pointwise.VECTOR_COLUMNS`). With the
+#: layer's bias and ReLU, on the H200
 #: (``benchmarks/bench_stem_epilogue.py``, benchmarks/results/stem_epilogue.md):
 #: SqueezeNet's 3x3/2 to 64 (111x111 out) at batch 8 to 64 took 34-269 us on the
 #: kernel against 58-383 for im2col + the direct product and 81-339 for im2col + GEMM
@@ -109,8 +111,8 @@ class GroupedDirect:
         not a multiple of 4 pixels."""
         if g.groups == 1:
             multiply_adds = g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
-            odd_plane = ((g.oh * g.ow) % 4 != 0 and g.kh <= MAX_ODD_PLANE_STEM_WINDOW
-                         and g.kw <= MAX_ODD_PLANE_STEM_WINDOW)
+            odd_plane = ((g.oh * g.ow) % VECTOR_COLUMNS != 0
+                         and max(g.kh, g.kw) <= MAX_ODD_PLANE_STEM_WINDOW)
             return multiply_adds <= (MAX_ODD_PLANE_STEM_MULTIPLY_ADDS if odd_plane
                                      else MAX_STEM_MULTIPLY_ADDS)
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS

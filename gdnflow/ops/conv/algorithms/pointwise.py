@@ -21,6 +21,10 @@ from gdnflow.ops.conv.algorithms.im2col import Pointwise, chunk_images, im2col
 from gdnflow.ops.conv.algorithms.pointwise_tiles import (choose_config, intensity,
                                                          product_intensity)
 
+#: Columns (pixels of one image) the product copies at once (pointwise.cu's VEC_X 4),
+#: where an image's plane is a multiple of this many pixels; other planes go one at a time.
+VECTOR_COLUMNS = 4
+
 SOURCE = "pointwise.cu"
 cuda.declare_variants(SOURCE)   # every module is built for a tile chosen per layer
 
@@ -53,7 +57,7 @@ def pointwise_product(a, x, y, m, k, n, hw, trans_a=False, bias=None, residual=N
     cuda.check_index_range(columns, "pointwise pixels")
     if columns == 0 or m == 0:
         return y
-    vec_x = 4 if hw % 4 == 0 and _aligned(x, y, residual) else 1
+    vec_x = VECTOR_COLUMNS if hw % VECTOR_COLUMNS == 0 and _aligned(x, y, residual) else 1
     chooser = settings.pointwise_config_chooser or choose_config
     config = chooser(m, k, hw, columns, vec_x, cuda.sm_count())
     m_tiles = -(-m // config.bm)
