@@ -52,17 +52,18 @@ FORMATS = {"default": None, "range-coded": 2, "plain": 1}
 
 
 def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None,
-               variant="default", substream_bits=None):
+               variant="default", substream_bits=None, lanes=None):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
     ``tile``, the substreams coded by ``executor``'s map if not None; ``variant``: a key
     of :data:`FORMATS`: the device's default version, the newest range-coded one (11 or
     13), or the one before quiet groups (7 or 8); ``substream_bits``: the codec's, None for
-    its default)."""
+    its default; ``lanes``: where the rANS lanes are coded, the codec's ``lanes``)."""
     codec = Codec.from_checkpoint(path, device, tile)
-    if executor is not None or FORMATS[variant] is not None or substream_bits is not None:
+    if executor is not None or FORMATS[variant] is not None or substream_bits is not None \
+            or lanes is not None:
         version = None if FORMATS[variant] is None else type(codec).versions[FORMATS[variant]]
         codec = type(codec)(codec.model, tile, executor=executor, version=version,
-                            substream_bits=substream_bits)
+                            substream_bits=substream_bits, lanes=lanes)
     data = codec.compress(image)        # the warm-up: kernels, plans and tables built
     decoded = codec.decompress(data)
     codec.decompress(data)              # a GPU codec builds its synthesis plan on a size's second
@@ -133,6 +134,8 @@ def main():
                              "coded)")
     parser.add_argument("--substream-bits", type=int,
                         help="the substreams' payload bits aimed for (default: the codec's)")
+    parser.add_argument("--lanes", choices=["host", "cuda", "numpy"],
+                        help="where the rANS lanes are coded (default: the codec's default)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     # spawn: the workers import only the coding, never the CUDA state of this process
@@ -144,7 +147,8 @@ def main():
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
         rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
-                           executor, args.format, args.substream_bits) for p in paths]
+                           executor, args.format, args.substream_bits, args.lanes)
+                for p in paths]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -155,11 +159,12 @@ def main():
             f"{args.repeats}), gdnflow on {device}, tiles: {args.tile or 'the whole image'}, "
             f"format: {args.format}, substreams of "
             f"{args.substream_bits or 'the default'} bits, "
-            "substreams coded "
-            f"{f'in {args.processes} processes' if args.processes else 'one after another'}",
+            "range-coded substreams coded "
+            f"{f'in {args.processes} processes' if args.processes else 'one after another'}, "
+            f"rANS lanes coded on {args.lanes or 'the default (host threads on a GPU)'}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,
-            notes=[f"host CPU: {host_cpu()}; wall time, array in and out, one thread"],
+            notes=[f"host CPU: {host_cpu()}; wall time, array in and out"],
             gpu=gpu or "none"))
     emit("\n".join(tables), args.out)
 

@@ -1,5 +1,6 @@
-"""The rANS lanes' speed on the GPU beside constriction's range coder on the host
-(what the range-coded versions use), the same symbols and tables.
+"""The rANS lanes' speed on the GPU and on the host's threads (:mod:`gdnflow.codec.host_lanes`)
+beside constriction's range coder on the host (what the range-coded versions use), the
+same symbols and tables.
 
     python benchmarks/bench_rans.py [--lanes 4,19,64,256] [--symbols 8192] [--out FILE]
 
@@ -13,6 +14,7 @@ import argparse
 import numpy as np
 
 from gdnflow.benchmarking import emit, gpu_name, markdown_table, median_wall_ms
+from gdnflow.codec.host_lanes import decode_host, encode_host, workers
 from gdnflow.codec.rans import ESCAPE_MARK, Lanes, RansTables, decode_cuda, encode_cuda, symbols_of
 from gdnflow.codec.substreams import categorical_model, range_decoder, range_encoder
 from gdnflow.backends import cuda
@@ -90,22 +92,33 @@ def main():
         assert np.array_equal(decoded[coded], latents[coded])
         gpu_encode = median_wall_ms(lambda: encode_cuda(lanes, tables, device_latents), 5)
         gpu_decode = median_wall_ms(lambda: decode_cuda(lanes, tables, streams, out), 5)
+        assert all(np.array_equal(a, b) for a, b in
+                   zip(encode_host(lanes, tables, latents)[0], streams))
+        host_out = np.zeros_like(latents)
+        decode_host(lanes, tables, streams, host_out)
+        assert np.array_equal(host_out, decoded)
+        threads_encode = median_wall_ms(lambda: encode_host(lanes, tables, latents), 5)
+        threads_decode = median_wall_ms(lambda: decode_host(lanes, tables, streams, host_out), 5)
         host_encode, host_decode = host_range_coder(lanes, tables, cdfs, latents)
         host_encode()
         cpu_encode = median_wall_ms(host_encode, 5)
         cpu_decode = median_wall_ms(host_decode, 5)
         total = lanes_count * args.symbols
         rows.append([str(lanes_count), str(total),
-                     f"{gpu_encode:.2f}", f"{gpu_decode:.2f}", f"{cpu_encode:.2f}",
+                     f"{gpu_encode:.2f}", f"{gpu_decode:.2f}", f"{threads_encode:.2f}",
+                     f"{threads_decode:.2f}", f"{cpu_encode:.2f}",
                      f"{cpu_decode:.2f}", f"{1e6 * gpu_decode / args.symbols:.0f}",
-                     f"{cpu_decode / gpu_decode:.2f}x"])
+                     f"{cpu_decode / gpu_decode:.2f}x", f"{cpu_decode / threads_decode:.2f}x"])
     emit(markdown_table(
-        f"rANS lanes on the GPU against constriction's range coder on the host, "
-        f"{args.symbols} symbols a lane",
-        ["lanes", "symbols", "GPU encode ms", "GPU decode ms", "host encode ms",
-         "host decode ms", "GPU decode ns per symbol of a lane", "decode: host / GPU"], rows,
-        notes=["wall time of a whole call, medians of 5; host: one thread, one constriction "
-               "call per run as in version 11"], gpu=gpu_name()), args.out)
+        f"rANS lanes on the GPU and on the host's threads against constriction's range coder "
+        f"on the host, {args.symbols} symbols a lane",
+        ["lanes", "symbols", "GPU encode ms", "GPU decode ms", "host lanes encode ms",
+         "host lanes decode ms", "range coder encode ms", "range coder decode ms",
+         "GPU decode ns per symbol of a lane", "decode: range coder / GPU",
+         "decode: range coder / host lanes"], rows,
+        notes=["wall time of a whole call, medians of 5; range coder: one thread, one "
+               "constriction call per run as in version 11; host lanes: "
+               f"{workers()} threads"], gpu=gpu_name()), args.out)
 
 
 if __name__ == "__main__":

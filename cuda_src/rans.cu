@@ -49,20 +49,25 @@ __host__ __device__ inline int find_symbol(const int* cdf, const int* bucket, un
 }
 
 // Encodes lane `lane`: its words go backward from words[end] (end = the lane's
-// capacity's end); returns how many (the stream is words[end - count, end)).
+// capacity's end); returns how many (the stream is words[end - count, end)), and
+// where `escapes` is not null, how many values it coded as the escape.
 __host__ __device__ inline int rans_encode_lane(
         int lane, const int* latents, const int* lane_runs, const int* run_table,
         const int* run_count, const long long* run_dest, const int* positions,
         const int* cdf, const int* table_offset, const int* table_size, const int* table_low,
-        unsigned short* words, long long end) {
+        unsigned short* words, long long end, int* escapes = nullptr) {
     unsigned x = STATE_LOW;
     long long p = end;
+    int escaped = 0;
     for (int r = lane_runs[lane + 1] - 1; r >= lane_runs[lane]; --r) {
         const int k = run_table[r], size = table_size[k], low = table_low[k];
         const int* table = cdf + table_offset[k];
         for (int i = run_count[r] - 1; i >= 0; --i) {
             int s = latents[run_position(r, i, run_dest, positions)] - low;
-            if (s < 0 || s > size - 1) s = size - 1;        // the escape
+            if (s < 0 || s >= size - 1) {                   // the escape
+                s = size - 1;
+                ++escaped;
+            }
             const unsigned c = (unsigned)table[s], f = (unsigned)table[s + 1] - c;
             if (x >= (f << (32 - PRECISION))) {
                 words[--p] = (unsigned short)(x & 0xffffu);
@@ -73,6 +78,7 @@ __host__ __device__ inline int rans_encode_lane(
     }
     words[--p] = (unsigned short)(x & 0xffffu);
     words[--p] = (unsigned short)(x >> 16);
+    if (escapes) *escapes = escaped;
     return (int)(end - p);
 }
 
@@ -147,3 +153,34 @@ extern "C" __global__ void rans_decode(
                                              positions, cdf, table_offset, table_size,
                                              table_low, buckets, latents, lane_escapes + lane);
 }
+
+// Host entry points: lanes [first, last) coded one after another on the calling
+// thread, for gdnflow/codec/host_lanes.py, which builds this file for the host
+// with nvcc and gives each of its threads a range of lanes (lanes write disjoint
+// words and latents). The device pass skips them: the GPU module holds kernels only.
+#ifndef __CUDA_ARCH__
+extern "C" void rans_encode_lanes_host(
+        int first, int last, const int* latents, const int* lane_runs, const int* run_table,
+        const int* run_count, const long long* run_dest, const int* positions, const int* cdf,
+        const int* table_offset, const int* table_size, const int* table_low,
+        const long long* lane_end, unsigned short* words, int* lane_words, int* lane_escapes) {
+    for (int lane = first; lane < last; ++lane)
+        lane_words[lane] = rans_encode_lane(lane, latents, lane_runs, run_table, run_count,
+                                            run_dest, positions, cdf, table_offset, table_size,
+                                            table_low, words, lane_end[lane],
+                                            lane_escapes + lane);
+}
+
+extern "C" void rans_decode_lanes_host(
+        int first, int last, const unsigned short* words, const long long* lane_begin,
+        const int* lane_runs, const int* run_table, const int* run_count,
+        const long long* run_dest, const int* positions, const int* cdf,
+        const int* table_offset, const int* table_size, const int* table_low,
+        const int* buckets, int* latents, int* lane_status, int* lane_escapes) {
+    for (int lane = first; lane < last; ++lane)
+        lane_status[lane] = rans_decode_lane(lane, words, lane_begin[lane], lane_begin[lane + 1],
+                                             lane_runs, run_table, run_count, run_dest,
+                                             positions, cdf, table_offset, table_size,
+                                             table_low, buckets, latents, lane_escapes + lane);
+}
+#endif

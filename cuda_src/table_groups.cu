@@ -3,7 +3,9 @@
 // channels [c0, c0 + nc) x rows [r0, r0 + nr) x every column, its elements in
 // raster order) is coded table by table, each table's elements in raster
 // order; its "order" lists the block's element numbers so grouped (a stable
-// counting sort by table), what hyperprior.table_groups computes on the host.
+// counting sort by table), what hyperprior.table_groups computes on the host;
+// "positions" lists the same elements as offsets into y (what the rANS lanes
+// gather: rans_substreams.table_lanes).
 //
 // Two passes over tiles of TILE_ELEMENTS consecutive elements of a block, one
 // thread per tile: table_tile_counts counts each table in each tile; the host
@@ -37,16 +39,21 @@ __host__ __device__ inline void tile_counts(
                                            width)]];
 }
 
-// order[slot] = e for each element e of tile t, slot = its table's next slot
-// (next: the tile's TABLE_COUNT first slots, advanced here).
+// order[slot] = e and positions[slot] = e's offset into y for each element e of
+// tile t, slot = its table's next slot (next: the tile's TABLE_COUNT first slots,
+// advanced here).
 __host__ __device__ inline void tile_order(
         int t, const unsigned char* indexes, const int* tile_block, const int* tile_first,
         const int* tile_count, const int* block_channel, const int* block_row,
-        const int* block_rows, int height, int width, int* next, int* order) {
+        const int* block_rows, int height, int width, int* next, int* order, int* positions) {
     const int b = tile_block[t];
-    for (int e = tile_first[t]; e < tile_first[t] + tile_count[t]; ++e)
-        order[next[indexes[block_element_offset(e, block_channel, block_row, block_rows, b,
-                                                height, width)]]++] = e;
+    for (int e = tile_first[t]; e < tile_first[t] + tile_count[t]; ++e) {
+        const long long offset = block_element_offset(e, block_channel, block_row, block_rows,
+                                                      b, height, width);
+        const int slot = next[indexes[offset]]++;
+        order[slot] = e;
+        positions[slot] = (int)offset;
+    }
 }
 
 // A thread's counters live in shared memory, where an increment takes a few dozen
@@ -75,12 +82,12 @@ extern "C" __global__ void table_tile_order(
         const int* __restrict__ tile_first, const int* __restrict__ tile_count,
         const int* __restrict__ block_channel, const int* __restrict__ block_row,
         const int* __restrict__ block_rows, int tiles, int height, int width,
-        const int* __restrict__ slots, int* __restrict__ order) {
+        const int* __restrict__ slots, int* __restrict__ order, int* __restrict__ positions) {
     __shared__ int local[TILE_THREADS][TABLE_COUNT + 1];
     int* next = local[threadIdx.x];
     GRID_STRIDE_LOOP(t, tiles) {
         for (int k = 0; k < TABLE_COUNT; ++k) next[k] = slots[(long long)t * TABLE_COUNT + k];
         tile_order(t, indexes, tile_block, tile_first, tile_count, block_channel, block_row,
-                   block_rows, height, width, next, order);
+                   block_rows, height, width, next, order, positions);
     }
 }

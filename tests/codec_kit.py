@@ -1,7 +1,9 @@
 """Models and images of the codec tests: small models with non-trivial entropy
-models (factorized prior and scale hyperprior) and photo-like images."""
+models (factorized prior and scale hyperprior), photo-like images, and rANS lanes
+of random tables."""
 import numpy as np
 
+from gdnflow.codec.rans import Lanes, RansTables
 from gdnflow.models import ScaleHyperprior
 from gdnflow.models.factorized_prior import FactorizedPrior
 
@@ -74,3 +76,38 @@ def widest_hyperprior():
         state[name] = rng.choice([-0.9999, 0.9999], state[name].shape).astype(np.float32)
     model.load_state_dict(state)
     return model
+
+
+def random_tables(rng, count=5):
+    """Tables of 16-bit frequencies like the codec's: peaked, a long thin tail, each >= 1."""
+    cdfs, lows = [], []
+    for _ in range(count):
+        size = int(rng.integers(2, 40))
+        peak = rng.uniform(0.3, 3.0)
+        masses = np.exp(-np.abs(np.arange(size) - size // 2) / peak) + 1e-4
+        frequencies = np.floor(masses / masses.sum() * (65536 - size)).astype(np.int64) + 1
+        frequencies[size // 2] += 65536 - frequencies.sum()
+        cdfs.append(np.concatenate([[0], np.cumsum(frequencies)]))
+        lows.append(-(size // 2) + int(rng.integers(-1, 2)))
+    return RansTables.of(cdfs, lows, 16), cdfs
+
+
+def random_case(rng, lanes=6, size=3000):
+    """(lanes, tables, cdfs, latents): contiguous and gathered runs, an empty lane, lanes of
+    very different lengths, values beyond the supports (escapes)."""
+    tables, cdfs = random_tables(rng)
+    latents = np.round(rng.laplace(0, 3, size)).astype(np.int32)
+    positions = size - 400 + rng.permutation(400)      # the gathered run's, in any order
+    lane_runs, start = [], 0
+    for lane in range(lanes):
+        runs = []
+        if lane == 1:
+            runs.append((int(rng.integers(0, len(cdfs))), 400, -1))     # gathered
+        for _ in range(lane % 3 + (lane != 2)):
+            count = int(rng.integers(1, 200)) * (lane + 1)
+            if start + count > size - 400:
+                break
+            runs.append((int(rng.integers(0, len(cdfs))), count, start))
+            start += count
+        lane_runs.append(runs if lane != 3 else [])                     # lane 3: empty
+    return Lanes.of(lane_runs, positions), tables, cdfs, latents

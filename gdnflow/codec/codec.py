@@ -49,11 +49,12 @@ from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_fact
                                       encode_factorized, factorized_split)
 from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
 from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
+from gdnflow.codec import host_lanes
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
 from gdnflow.data.images import open_image, read_rgb8
-from gdnflow.errors import DeviceMemoryError
+from gdnflow.errors import BackendUnavailableError, DeviceMemoryError
 from gdnflow.inference import PlanError, compile as compile_plans
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models import CODEC_MODELS
@@ -122,6 +123,26 @@ def read_image(path, max_pixels=None):
     return read_rgb8(path, max_pixels)
 
 
+#: Where a codec's rANS lanes may be coded (Codec's ``lanes``).
+LANE_DEVICES = ("host", "cuda", "numpy")
+
+
+def lane_device(device, lanes, name):
+    """Where the rANS lanes of a codec on ``device`` are coded: ``lanes`` checked, or the
+    default for None (Codec's docstring); ``name`` (the codec's class) leads the errors."""
+    if lanes is None:
+        return "host" if device == "cuda" and host_lanes.available() else device
+    if lanes not in LANE_DEVICES:
+        raise ValueError(f"{name}: lanes must be one of {LANE_DEVICES} or None, got {lanes!r}")
+    if lanes == "cuda" and device != "cuda":
+        raise ValueError(f"{name}: lanes=\"cuda\" needs a model on the cuda device, this one "
+                         f"is on {device}")
+    if lanes == "host" and not host_lanes.available():
+        raise BackendUnavailableError(f"{name}: lanes=\"host\" needs nvcc to build the lane "
+                                      "coder for the host (cuda_src/rans.cu); none works here")
+    return lanes
+
+
 def model_device(model):
     """The device of the model's parameters."""
     for p in model.parameters():
@@ -159,15 +180,20 @@ class Codec:
     ``substream_bits``: the estimated payload bits per substream the encoder
     aims for (smaller: more substreams to code in parallel, about 5 bytes each;
     None: the class's :meth:`default_substream_bits`).
+    ``lanes``: where rANS lanes (versions 14 and 16) are coded: ``"host"``
+    (rans.cu's lane coder built for the host, the lanes shared among threads:
+    :mod:`gdnflow.codec.host_lanes`), ``"cuda"`` (one GPU thread a lane) or
+    ``"numpy"``; None: ``"host"`` on a GPU codec where that build can be made
+    (nvcc), else the codec's device.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
-    ``device``, ``tile``, ``version``, ``substream_bits``.
+    ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``.
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
     versions = (2, 7, FORMAT_VERSION, RANS_VERSION)
 
     def __init__(self, model, tile="auto", version=None, executor=None,
-                 substream_bits=None):
+                 substream_bits=None, lanes=None):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
             raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
@@ -186,6 +212,7 @@ class Codec:
         self.model = model.eval()
         self.tables = self.build_tables(model)
         self.tile = tile
+        self.lanes = lane_device(self.device, lanes, type(self).__name__)
         self.version = self.default_version() if version is None else version
         if self.version not in self.versions:
             raise ValueError(f"{type(self).__name__}: writes format versions "
@@ -205,10 +232,11 @@ class Codec:
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
     def default_version(self):
-        """The version written when none is asked for: on a GPU the rANS substreams (coded
-        there, :mod:`gdnflow.codec.rans`), else the range-coded ones (constriction codes
-        them faster on the host than NumPy's rANS lanes)."""
-        return RANS_VERSION if self.device == "cuda" else FORMAT_VERSION
+        """The version written when none is asked for: the rANS substreams where their lanes
+        are coded on the host's threads or a GPU (:mod:`gdnflow.codec.host_lanes`,
+        :mod:`gdnflow.codec.rans`), else the range-coded ones (constriction codes them faster
+        than NumPy's rANS lanes)."""
+        return RANS_VERSION if self.lanes != "numpy" else FORMAT_VERSION
 
     def default_substream_bits(self):
         """The payload bits per substream aimed for when none are asked for:
@@ -313,7 +341,7 @@ class Codec:
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,
                         self._digest, self.version, splits=() if single else (split,))
         if self.version == RANS_VERSION:
-            return pack(header, encode_rans(q, self.tables, split, True, self.device))
+            return pack(header, encode_rans(q, self.tables, split, True, self.lanes))
         return pack(header, encode_factorized(q, self.tables, split, self.map,
                                               self.version in QUIET_VERSIONS))
 
@@ -336,7 +364,7 @@ class Codec:
         split = header.splits[0] if header.splits else WHOLE
         if header.version == RANS_VERSION:
             return header, decode_rans(substreams, self.tables, split, header.latent_shape,
-                                       source, True, self.device, on_device)
+                                       source, True, self.lanes, on_device)
         return header, decode_factorized(substreams, self.tables, split, header.latent_shape,
                                          source, self.map, header.version in QUIET_VERSIONS)
 

@@ -8,7 +8,9 @@ more than the range coding it serves. Here a GPU codec does it for every block
 at once: a stable counting sort in two passes over tiles of
 :data:`TILE_ELEMENTS` elements (counts per tile and table; then, from the
 prefix sums of those counts, each element's slot). The (order, bounds) of each
-block are exactly what ``table_groups`` gives for the block's indexes.
+block are exactly what ``table_groups`` gives for the block's indexes; the same
+pass lists each grouped element's offset into y, which the rANS lanes gather
+(:func:`~gdnflow.codec.rans_substreams.table_lanes`).
 """
 import numpy as np
 
@@ -44,8 +46,10 @@ def block_tiles(blocks, shape):
 
 
 def table_groups_by_block(indexes, blocks):
-    """[(order, bounds)] per block of ``indexes`` (C, h, w) uint8, computed on the GPU:
-    ``hyperprior.table_groups(indexes[block].ravel())`` of each block (order int32)."""
+    """([(order, bounds)] per block, positions) of ``indexes`` (C, h, w) uint8, computed on
+    the GPU: ``hyperprior.table_groups(indexes[block].ravel())`` of each block (order
+    int32), and the blocks' grouped elements one block after another as flat offsets
+    into ``indexes`` (int32)."""
     indexes = np.ascontiguousarray(indexes, np.uint8)
     if indexes.ndim != 3 or indexes.size and indexes.max() >= TABLE_COUNT:
         raise ValueError(f"table_groups_by_block: expected (C, h, w) table indexes below "
@@ -77,13 +81,14 @@ def table_groups_by_block(indexes, blocks):
     before = np.cumsum(tile_counts, axis=1, dtype=np.int32) - tile_counts   # all earlier tiles
     before += (table_starts - before[:, first_tiles])[:, block]     # ... of the block, + start
     slots = runtime.from_numpy(np.ascontiguousarray(before.T))
-    order = runtime.empty((int(sizes.sum()),), np.int32)
-    cuda.kernel(SOURCE, "table_tile_order", "PPPPPPPiiiPP").launch(
+    total = int(sizes.sum())
+    grouped = runtime.empty((2, total), np.int32)      # order, then positions: one download
+    cuda.kernel(SOURCE, "table_tile_order", "PPPPPPPiiiPPP").launch(
         tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], slots.ptr,
-        order.ptr, block=TILE_THREADS)
-    order = runtime.to_numpy(order)
+        grouped.ptr, grouped.ptr + 4 * total, block=TILE_THREADS)
+    order, positions = runtime.to_numpy(grouped)
     groups = []
     for b, base in enumerate(bases):
         bounds = np.concatenate([[0], np.cumsum(totals[:, b])])
         groups.append((order[base:base + sizes[b]], bounds))
-    return groups
+    return groups, positions

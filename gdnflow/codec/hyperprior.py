@@ -220,10 +220,11 @@ def gaussian_rans_tables():
     return RansTables.of(tables.cdfs, -np.asarray(tables.high), tables.precision)
 
 
-def encode_by_table_rans(q, indexes, blocks, groups, quiet, device):
+def encode_by_table_rans(q, indexes, blocks, groups, quiet, device, positions=None):
     """Version 16's substreams of y ``q`` (M, h, w) with table ``indexes``: each block of
     ``blocks`` a rANS lane coding its values by table as :func:`encode_by_table` does
-    (``groups``: each block's, or None to group on the host)."""
+    (``groups``: each block's, or None to group on the host; ``positions``: as
+    :func:`block_groups` gives)."""
     writers, coded, grouped = [], [], []
     for (channels, rows), group in zip(blocks, groups):
         escapes = BitWriter()
@@ -232,11 +233,12 @@ def encode_by_table_rans(q, indexes, blocks, groups, quiet, device):
         coded.append(np.flatnonzero((np.diff(group[1]) > 0) & mask))
         grouped.append(group)
         writers.append(escapes)
-    return encode_lanes(table_lanes(blocks, grouped, coded, q.shape), gaussian_rans_tables(),
-                        q, writers, device)
+    return encode_lanes(table_lanes(blocks, grouped, coded, q.shape, positions),
+                        gaussian_rans_tables(), q, writers, device)
 
 
-def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, source):
+def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, source,
+                         positions=None):
     """The y (M, h, w) int32 that :func:`encode_by_table_rans` coded."""
     readers, coded, grouped = [], [], []
     for (channels, rows), group, (_, escapes) in zip(blocks, groups, substreams):
@@ -246,16 +248,17 @@ def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, sou
         coded.append(np.flatnonzero((np.diff(group[1]) > 0) & mask))
         grouped.append(group)
         readers.append(reader)
-    return decode_lanes(table_lanes(blocks, grouped, coded, indexes.shape),
+    return decode_lanes(table_lanes(blocks, grouped, coded, indexes.shape, positions),
                         gaussian_rans_tables(), substreams, readers, indexes.shape, device,
                         source)
 
 
 def block_groups(indexes, blocks, device):
-    """Each block's ``table_groups`` made on the GPU for a cuda codec
-    (:mod:`gdnflow.codec.device_groups`), else Nones: the coders group on the host."""
+    """(groups, positions): each block's ``table_groups`` and the grouped elements' offsets
+    into y, made on the GPU for a cuda codec (:mod:`gdnflow.codec.device_groups`); else
+    Nones and None: the coders group on the host."""
     if device != "cuda":
-        return [None] * len(blocks)
+        return [None] * len(blocks), None
     return table_groups_by_block(indexes, blocks)
 
 
@@ -284,12 +287,14 @@ class HyperpriorCodec(Codec):
     versions = (4, 8, HYPERPRIOR_VERSION, HYPERPRIOR_RANS_VERSION)
 
     def default_version(self):
-        """Version 13 (range-coded) on every device. Version 16's lanes are written on
-        request: at the rate #28 allows they are few for the hyperprior's small files (2 to
-        9 of y at 768x512), and a GPU lane decodes about 8x slower than the host's range
-        decoder (benchmarks/results/rans_lanes.md), so 16 was slower than 13 on a GPU at
-        quality 1-3 (codec_speed_h200.md)."""
-        return HYPERPRIOR_VERSION
+        """Version 16 (rANS lanes) where the lanes are coded on the host's threads
+        (``lanes="host"``, a GPU codec's default), else 13 (range-coded). At the rate #28
+        allows the lanes are few for the hyperprior's small files (2 to 9 of y at 768x512):
+        a GPU lane decodes about 8x slower than constriction's range decoder
+        (benchmarks/results/rans_lanes.md), so 16 on GPU lanes was slower than 13 at
+        quality 1-3 (codec_speed_h200.md), where the host build of the lane coder is
+        faster than constriction on one thread and runs the lanes side by side."""
+        return HYPERPRIOR_RANS_VERSION if self.lanes == "host" else HYPERPRIOR_VERSION
 
     def default_substream_bits(self):
         """:data:`HYPERPRIOR_SUBSTREAM_BITS`, twice the factorized prior's."""
@@ -357,10 +362,10 @@ class HyperpriorCodec(Codec):
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
-            groups = block_groups(indexes, blocks, self.device)
+            groups, positions = block_groups(indexes, blocks, self.device)
             if self.version == HYPERPRIOR_RANS_VERSION:
-                substreams = encode_rans(q_z, tables.z, splits[0], True, self.device) + \
-                    encode_by_table_rans(q, indexes, blocks, groups, True, self.device)
+                substreams = encode_rans(q_z, tables.z, splits[0], True, self.lanes) + \
+                    encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes, positions)
             else:
                 substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
                     encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
@@ -398,16 +403,16 @@ class HyperpriorCodec(Codec):
         side = split_z.groups * split_z.bands
         if rans:
             q_z = decode_rans(substreams[:side], tables.z, split_z, header.hyper_shape, source,
-                              True, self.device)
+                              True, self.lanes)
         else:
             q_z = decode_factorized(substreams[:side], tables.z, split_z, header.hyper_shape,
                                     source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
-        groups = block_groups(indexes, blocks, self.device)
+        groups, positions = block_groups(indexes, blocks, self.device)
         if rans:
             return header, decode_by_table_rans(substreams[side:], indexes, blocks, groups,
-                                                True, self.device, source)
+                                                True, self.lanes, source, positions)
         parts = decode_blocks(decode_by_table, substreams[side:],
                               [(indexes[c, r], quiet, g) for (c, r), g in zip(blocks, groups)],
                               source, self.map)

@@ -153,7 +153,7 @@ class Lanes:
         return np.repeat(self.table[r], self.count[r])
 
 
-def _padded(words):
+def padded_words(words):
     """uint16 ``words`` with a zero word appended if their count is odd."""
     return np.append(words, np.uint16(0)) if len(words) % 2 else words
 
@@ -209,7 +209,7 @@ def encode_numpy(lanes, tables, latents):
         x[:active] = ((xa // f) << PRECISION) + xa % f + starts[:active, t]
     for row, lane in enumerate(order):
         words = np.concatenate([[x[row] >> 16, x[row] & 0xFFFF], out[row, :given[row]][::-1]])
-        streams[lane] = _padded(words.astype(np.uint16))
+        streams[lane] = padded_words(words.astype(np.uint16))
     return streams
 
 
@@ -308,7 +308,7 @@ def start_encode_cuda(lanes, tables, latents):
 
     def finish():
         host, counts = runtime.to_numpy(words), runtime.to_numpy(used)
-        return [_padded(host[end - n:end]) for end, n in zip(ends, counts)]
+        return [padded_words(host[end - n:end]) for end, n in zip(ends, counts)]
     return finish
 
 

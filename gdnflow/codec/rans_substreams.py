@@ -12,14 +12,17 @@ range-coded versions 11 and 13 do:
   positions :func:`~gdnflow.codec.hyperprior.table_groups` lists).
 
 The escape bits are the range-coded versions': which quiet groups are coded (the
-caller writes and reads those), then the escape codes in coding order. On a GPU
-codec every lane is coded at once (one thread each); on NumPy the lanes advance
-together, one vectorised step per symbol.
+caller writes and reads those), then the escape codes in coding order. The
+``device`` that codes the lanes: ``"host"`` (the lane coder built for the host, the
+lanes shared among threads: :mod:`gdnflow.codec.host_lanes`), ``"cuda"`` (every
+lane at once, one GPU thread each) or ``"numpy"`` (the lanes advance together,
+one vectorised step per symbol).
 """
 import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.codec.format import BitReader, BitWriter, FormatError
+from gdnflow.codec.host_lanes import decode_host, encode_host
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_ERRORS, LANE_OK, Lanes, RansTables,
                                 decode_cuda, decode_numpy, encode_numpy, start_encode_cuda)
 from gdnflow.codec.substreams import (quiet_channels, read_coded_groups, read_escape,
@@ -45,15 +48,22 @@ def encode_lanes(lanes, tables, q, writers, device):
     (any shape) under ``tables`` (RansTables): each lane's escape codes appended to its
     BitWriter in ``writers`` (which may hold the quiet groups already), coded on ``device``."""
     flat = np.ascontiguousarray(q, np.int32).ravel()
-    # On a GPU the lanes are coded while the host writes the escape codes.
+    # On a GPU the lanes are coded while the host writes the escape codes; the host's
+    # coder says which lanes have escapes, so that only those are looked through.
     finish = start_encode_cuda(lanes, tables, flat) if device == "cuda" else None
+    streams, escaped = encode_host(lanes, tables, flat) if device == "host" else (None, None)
     for lane, escapes in enumerate(writers):
+        if escaped is not None and not escaped[lane]:
+            continue
         values, ids = flat[lanes.lane_positions(lane)], lanes.lane_tables(lane)
         outside = (values < tables.low[ids]) | (values > tables.high[ids])
         if outside.any():
             write_escapes(escapes, values[outside], tables.low[ids[outside]],
                           tables.high[ids[outside]])
-    streams = finish() if finish is not None else encode_numpy(lanes, tables, flat)
+    if finish is not None:
+        streams = finish()
+    elif streams is None:
+        streams = encode_numpy(lanes, tables, flat)
     return [(words.astype("<u2").tobytes(), escapes.getvalue())
             for words, escapes in zip(streams, writers)]
 
@@ -62,8 +72,9 @@ def decode_lanes(lanes, tables, substreams, readers, shape, device, source, on_d
     """The int32 latents of ``shape`` that :func:`encode_lanes` coded (0 where no lane
     codes), decoded on ``device``; each lane's escape codes read from its BitReader in
     ``readers`` (past the quiet groups), which must end there. FormatError naming
-    ``source`` for a corrupt substream. ``on_device`` (a cuda ``device`` only): return
-    the device array, which comes to the host only if a lane escaped."""
+    ``source`` for a corrupt substream. ``on_device`` (a GPU codec's): return a device
+    array (decoded there by a ``"cuda"`` device, which brings it to the host only if a lane
+    escaped; else uploaded)."""
     streams = [np.frombuffer(payload, "<u2").astype(np.uint16) for payload, _ in substreams]
     device_q = None
     if device == "cuda":
@@ -76,6 +87,9 @@ def decode_lanes(lanes, tables, substreams, readers, shape, device, source, on_d
                 reader.check_end()
             return device_q
         q = runtime.to_numpy(device_q).ravel()
+    elif device == "host":
+        q = np.zeros(int(np.prod(shape)), np.int32)
+        status, escaped = decode_host(lanes, tables, streams, q)
     else:
         q = np.zeros(int(np.prod(shape)), np.int32)
         status = decode_numpy(lanes, tables, streams, q)
@@ -91,8 +105,8 @@ def decode_lanes(lanes, tables, substreams, readers, shape, device, source, on_d
                 q[position] = read_escape(reader, int(tables.low[k]), int(tables.high[k]),
                                           source)
         reader.check_end()
-    if on_device and device_q is not None:
-        return runtime.from_numpy(q.reshape(shape))
+    if on_device:
+        return cuda.get_runtime().from_numpy(q.reshape(shape))
     return q.reshape(shape)
 
 
@@ -145,20 +159,23 @@ def decode_rans(substreams, tables, split, shape, source, quiet, device, on_devi
 
 
 # ---------------------------------------------------- by table --
-def table_lanes(blocks, groups, coded, shape):
+def table_lanes(blocks, groups, coded, shape, positions=None):
     """The lanes of y's ``blocks`` ((channel slice, row slice) of a (M, h, w) tensor) coded
     by table: block b's tables ``coded[b]`` in order, table k's run gathering the block's
     elements ``order[bounds[k]:bounds[k + 1]]`` of its ``groups[b]`` = (order, bounds)
-    (element numbers in the block's raster order)."""
+    (element numbers in the block's raster order). ``positions``: those elements' offsets
+    into y, block after block, where the GPU grouping listed them (else made here)."""
     height, width = shape[1:]
-    lane_runs, positions, offset = [], [], 0
+    lane_runs, made, offset = [], [], 0
     for (channels, rows), (order, bounds), tables in zip(blocks, groups, coded):
-        per_channel = (rows.stop - rows.start) * width
-        order = np.asarray(order, np.int64)
-        channel, rest = np.divmod(order, per_channel)
-        positions.append((channels.start + channel) * (height * width)
-                         + rows.start * width + rest)
+        if positions is None:
+            per_channel = (rows.stop - rows.start) * width
+            channel, rest = np.divmod(np.asarray(order, np.int64), per_channel)
+            made.append((channels.start + channel) * (height * width) + rows.start * width
+                        + rest)
         lane_runs.append([(int(k), int(bounds[k + 1] - bounds[k]), -1 - (offset + int(bounds[k])))
                           for k in tables])
         offset += len(order)
-    return Lanes.of(lane_runs, np.concatenate(positions) if positions else None)
+    if positions is None and made:
+        positions = np.concatenate(made)
+    return Lanes.of(lane_runs, positions)

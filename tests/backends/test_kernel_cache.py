@@ -18,7 +18,7 @@ from gdnflow.backends.cuda.kernel_builds import Builds, prefetch_list
 from gdnflow.backends.cuda.kernel_cache import CACHE_VARIABLE, KernelCache, NvccRunner
 from gdnflow.backends.cuda.sources import InlineSource
 from gdnflow.cli import main
-from gdnflow.errors import KernelCompileError
+from gdnflow.errors import BackendUnavailableError, KernelCompileError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -422,3 +422,40 @@ def test_a_module_loaded_on_the_gpu_is_journaled_for_its_arch_and_sm_count(tmp_p
     arch, sm_count = result.stdout.split()
     journal = variant_journal.journal_path(tmp_path, arch, int(sm_count))
     assert variant_journal.read(journal) == [VARIANT]
+
+
+HOST_SOURCE = InlineSource('extern "C" int add_one(int x) { return x + 1; }\n', "host.cu")
+
+
+@needs_nvcc
+def test_a_host_library_is_built_once_kept_and_rebuilt_when_damaged(tmp_path):
+    runner = CountingRunner()
+    library = KernelCache(tmp_path / "a", run=runner).host_library(HOST_SOURCE)
+    assert library.add_one(41) == 42 and len(runner.calls) == 1
+    assert "--shared" in runner.calls[0]
+    kept = list((tmp_path / "a" / "host").glob("*.so"))
+    assert len(kept) == 1
+    # Another process's cache on the same folder loads it without nvcc.
+    assert KernelCache(tmp_path / "a", run=runner).host_library(HOST_SOURCE).add_one(1) == 2
+    assert len(runner.calls) == 1
+    # A damaged entry (in a folder this process has not loaded from: a loaded path is
+    # reused by the dynamic loader) is built again and replaced.
+    damaged = tmp_path / "b" / "host" / kept[0].name
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not a library")
+    assert KernelCache(tmp_path / "b", run=runner).host_library(HOST_SOURCE).add_one(2) == 3
+    assert len(runner.calls) == 2 and damaged.read_bytes()[:4] == b"\x7fELF"
+
+
+@needs_nvcc
+def test_a_host_library_that_does_not_compile_names_the_file(tmp_path):
+    bad = tmp_path / "bad_host.cu"
+    bad.write_text('extern "C" int f(int x) {\n  x = ;\n  return x;\n}\n')
+    with pytest.raises(KernelCompileError, match=f"nvcc failed on {bad}, line 2"):
+        KernelCache(tmp_path / "cache").host_library(bad)
+    assert not any((tmp_path / "cache").rglob("*.so"))
+
+
+def test_a_host_library_without_nvcc_says_so(tmp_path):
+    with pytest.raises(BackendUnavailableError, match="cannot build host.cu for the host"):
+        KernelCache(tmp_path, nvcc="").host_library(HOST_SOURCE)

@@ -24,9 +24,10 @@ extern "C" void host_table_tile_counts(const unsigned char* indexes, {GEOMETRY},
         tile_counts(t, indexes, {ARGUMENTS}, counts + (long long)t * TABLE_COUNT);
 }}
 extern "C" void host_table_tile_order(const unsigned char* indexes, {GEOMETRY}, int* slots,
-                                      int* order) {{
+                                      int* order, int* positions) {{
     for (int t = tiles - 1; t >= 0; --t)
-        tile_order(t, indexes, {ARGUMENTS}, slots + (long long)t * TABLE_COUNT, order);
+        tile_order(t, indexes, {ARGUMENTS}, slots + (long long)t * TABLE_COUNT, order,
+                   positions);
 }}
 """
 
@@ -51,12 +52,19 @@ def random_indexes(rng, shape):
 def check_against_the_host(shape, split, rng):
     indexes = random_indexes(rng, shape)
     blocks = split.blocks(shape)
-    groups = table_groups_by_block(indexes, blocks)
+    groups, positions = table_groups_by_block(indexes, blocks)
     assert len(groups) == len(blocks)
+    flat = np.arange(indexes.size).reshape(shape)
+    offset = 0
     for (channels, rows), (order, bounds) in zip(blocks, groups):
         want_order, want_bounds = table_groups(indexes[channels, rows].ravel())
         np.testing.assert_array_equal(bounds, want_bounds)
         np.testing.assert_array_equal(order, want_order)
+        # the offsets into the whole of y of those elements, in that order
+        np.testing.assert_array_equal(positions[offset:offset + len(order)],
+                                      flat[channels, rows].ravel()[want_order])
+        offset += len(order)
+    assert offset == len(positions)
 
 
 def test_the_kernels_know_every_gaussian_table():
@@ -103,7 +111,7 @@ def test_coders_given_the_device_groups_write_and_read_the_same_bytes(host_devic
     q[indexes < 2] = 0                           # quiet tables all zero here, not elsewhere
     blocks = split.blocks(shape)
     with cuda.simulated(host_device):
-        groups = table_groups_by_block(indexes, blocks)
+        groups, _ = table_groups_by_block(indexes, blocks)
     for (channels, rows), group in zip(blocks, groups):
         block = (q[channels, rows], indexes[channels, rows], quiet)
         data = encode_substream(encode_by_table, block + (group,))

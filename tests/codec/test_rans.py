@@ -17,7 +17,7 @@ from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCAT
                                 encode_numpy, symbols_of)
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 
-from codec_kit import make_hyperprior, smooth_image
+from codec_kit import make_hyperprior, random_case, random_tables, smooth_image
 from host_kernels import ShimDevice, host_builder
 
 LANE_ARGS = ("const int* lane_runs, const int* run_table, const int* run_count, "
@@ -48,20 +48,6 @@ def host_device(tmp_path_factory):
     return ShimDevice(build(), rans.SOURCE)
 
 
-def random_tables(rng, count=5):
-    """Tables of 16-bit frequencies like the codec's: peaked, a long thin tail, each >= 1."""
-    cdfs, lows = [], []
-    for _ in range(count):
-        size = int(rng.integers(2, 40))
-        peak = rng.uniform(0.3, 3.0)
-        masses = np.exp(-np.abs(np.arange(size) - size // 2) / peak) + 1e-4
-        frequencies = np.floor(masses / masses.sum() * (65536 - size)).astype(np.int64) + 1
-        frequencies[size // 2] += 65536 - frequencies.sum()
-        cdfs.append(np.concatenate([[0], np.cumsum(frequencies)]))
-        lows.append(-(size // 2) + int(rng.integers(-1, 2)))
-    return RansTables.of(cdfs, lows, 16), cdfs
-
-
 def reference_encode(symbols, cdfs):
     """One lane's words, one symbol at a time from the definition (rans.py's docstring)."""
     x, given = STATE_LOW, []
@@ -73,27 +59,6 @@ def reference_encode(symbols, cdfs):
         x = (x // f << 16) + x % f + c
     words = [x >> 16, x & 0xFFFF] + given[::-1]
     return words + [0] * (len(words) % 2)
-
-
-def random_case(rng, lanes=6, size=3000):
-    """(lanes, tables, cdfs, latents): contiguous and gathered runs, an empty lane, lanes of
-    very different lengths, values beyond the supports (escapes)."""
-    tables, cdfs = random_tables(rng)
-    latents = np.round(rng.laplace(0, 3, size)).astype(np.int32)
-    positions = size - 400 + rng.permutation(400)      # the gathered run's, in any order
-    lane_runs, start = [], 0
-    for lane in range(lanes):
-        runs = []
-        if lane == 1:
-            runs.append((int(rng.integers(0, len(cdfs))), 400, -1))     # gathered
-        for _ in range(lane % 3 + (lane != 2)):
-            count = int(rng.integers(1, 200)) * (lane + 1)
-            if start + count > size - 400:
-                break
-            runs.append((int(rng.integers(0, len(cdfs))), count, start))
-            start += count
-        lane_runs.append(runs if lane != 3 else [])                     # lane 3: empty
-    return Lanes.of(lane_runs, positions), tables, cdfs, latents
 
 
 def test_numpy_coder_writes_the_definitions_words(rng):

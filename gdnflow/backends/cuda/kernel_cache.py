@@ -16,7 +16,12 @@ so concurrent processes can share a cache; each starts with a header holding
 the SHA-256 of its cubin, so a truncated or corrupted entry reads as missing
 and is compiled again. A cache folder that cannot be written is reported
 once (a warning) and modules are compiled without being kept.
+
+A source whose ``__host__`` functions the host runs too (rans.cu's lane coder)
+is also built as a shared library for the host (:meth:`KernelCache.host_library`):
+``host/<key>.so`` in the same folder, the key made the same way.
 """
+import ctypes
 import hashlib
 import os
 import shutil
@@ -36,6 +41,9 @@ CACHE_VARIABLE = "GDNFLOW_KERNEL_CACHE"
 NVCC_OPTIONS = ("-O3", "-std=c++17")
 #: Start of every entry; the SHA-256 of the cubin follows, then the cubin.
 ENTRY_MAGIC = b"gdnflow-cubin-1\n"
+#: The cache's folder (in place of an architecture) and nvcc's options for host libraries.
+HOST_FOLDER = "host"
+HOST_LIBRARY_OPTIONS = ("-x", "cu", "--shared", "-Xcompiler", "-fPIC")
 _DIGEST_BYTES = 32
 _SCRIPT_BYTES = 4096    # a wrapper script of nvcc is at most this long (the binary is MBs)
 
@@ -201,15 +209,20 @@ class KernelCache:
 
     def store(self, key, arch, cubin):
         """Write ``cubin`` under ``key`` atomically; warn once (and keep going) if it cannot."""
-        path = self.path(key, arch)
+        return self._write(self.path(key, arch),
+                           ENTRY_MAGIC + hashlib.sha256(cubin).digest() + cubin)
+
+    def _write(self, path, data):
+        """Write ``data`` to ``path`` atomically (a temporary file renamed); False, after one
+        warning per cache, where the folder cannot be written."""
         temporary = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}-",
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}-",
                                                  suffix=".tmp")
             os.fchmod(handle, 0o644)        # mkstemp's 0600 would hide a shared cache
             with os.fdopen(handle, "wb") as out:
-                out.write(ENTRY_MAGIC + hashlib.sha256(cubin).digest() + cubin)
+                out.write(data)
             os.replace(temporary, path)
         except OSError as exc:
             if temporary is not None:
@@ -232,6 +245,39 @@ class KernelCache:
             cubin = self.compile(file, defines, arch)
             self.store(key, arch, cubin)
         return cubin
+
+    def host_library(self, file):
+        """``file``'s host functions as a loaded ``ctypes.CDLL``: the shared library that
+        ``nvcc -x cu --shared`` builds of the expanded source, from the cache, else built
+        and kept (a kept library that does not load, e.g. truncated, is built again).
+        Raises :class:`BackendUnavailableError` without nvcc, :class:`KernelCompileError`
+        where nvcc fails."""
+        key = self.key(file, (), " ".join((HOST_FOLDER, *HOST_LIBRARY_OPTIONS)))
+        path = self.folder / HOST_FOLDER / f"{key}.so"
+        if path.is_file():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                pass
+        if not self.nvcc:
+            raise BackendUnavailableError(
+                f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot build {file} for the host")
+        source_path = resolve(file)
+        with tempfile.TemporaryDirectory(prefix="gdnflow-nvcc-") as folder:
+            source = Path(folder) / Path(str(source_path)).name
+            source.write_text(expand_source(file))
+            output = Path(folder) / "library.so"
+            status, text = self.run([self.nvcc, *HOST_LIBRARY_OPTIONS, *nvcc_options(()),
+                                     "-o", str(output), str(source)])
+            if status != 0 or not output.is_file():
+                raise KernelCompileError(compile_error_message(
+                    source_path, text.replace(str(source), str(source_path)), (),
+                    owner_of(source_path)))
+            # Loaded from the scratch copy: the library stays mapped after the folder goes,
+            # so an unwritable cache costs a build per process, not a failure.
+            library = ctypes.CDLL(str(output))
+            self._write(path, output.read_bytes())
+        return library
 
     def compile(self, file, defines, arch, owner=None):
         """Compile ``file`` (its header expanded) with ``defines`` for ``arch``; the cubin.

@@ -1,0 +1,136 @@
+"""rANS lanes coded on the host's cores: ``cuda_src/rans.cu``'s lane steps built for the host.
+
+A GPU walks a lane's symbols one thread at a time, about 200 ns a symbol
+(``benchmarks/results/rans_lanes.md``), so it wins only with many lanes; a
+hyperprior's small files have a few (the split's rate cost bounds them). The
+same per-lane steps (``__host__ __device__`` in rans.cu) built for the host
+with nvcc code a symbol in a few nanoseconds, and lanes are independent: each
+worker thread codes a range of them (ctypes lets go of the GIL while the
+library runs). The words and values are the GPU kernels' and the NumPy
+coder's (:mod:`gdnflow.codec.rans`), so any of the three reads what another
+wrote.
+
+:func:`available` says whether the library can be built here (nvcc, which
+the cuda backend needs anyway); :func:`encode_host` and :func:`decode_host`
+take and give what :func:`~gdnflow.codec.rans.encode_numpy` and
+:func:`~gdnflow.codec.rans.decode_cuda` do, on NumPy arrays.
+"""
+import ctypes
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from gdnflow.codec.rans import SOURCE, padded_words
+from gdnflow.errors import BackendUnavailableError, KernelCompileError
+
+#: Fewer symbols than this in all are coded on the calling thread (a thread's hand-over
+#: costs more than coding them).
+THREAD_SYMBOLS = 1 << 14
+
+_pool_lock = threading.Lock()
+_pool = None
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    """rans.cu's host build (kernel cache), its entry points' argument types set."""
+    from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
+    library = KernelCache().host_library(SOURCE)
+    pointer, number = ctypes.c_void_p, ctypes.c_int
+    library.rans_encode_lanes_host.argtypes = [number, number] + [pointer] * 14
+    library.rans_decode_lanes_host.argtypes = [number, number] + [pointer] * 15
+    return library
+
+
+@functools.lru_cache(maxsize=1)
+def available():
+    """Whether the host build of the lane coder can be made (or is kept) on this machine."""
+    try:
+        _library()
+    except (BackendUnavailableError, KernelCompileError, OSError):
+        return False
+    return True
+
+
+def workers():
+    """The threads that share the lanes: the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _executor():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(workers(), thread_name_prefix="gdnflow-lanes")
+        return _pool
+
+
+def lane_ranges(symbols, count):
+    """At most ``count`` consecutive (first, last) ranges of lanes with about equal numbers
+    of ``symbols`` (per lane), none empty."""
+    totals = np.cumsum(symbols)
+    if len(symbols) == 0:
+        return []
+    cuts = np.searchsorted(totals, totals[-1] * np.arange(1, count) / count, side="left") + 1
+    bounds = np.unique(np.concatenate([[0], np.minimum(cuts, len(symbols)), [len(symbols)]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def _run(entry, symbols, *arguments):
+    """``entry(first, last, *arguments)`` over all lanes: ranges of lanes on worker threads,
+    or all on this thread for few symbols."""
+    if symbols.sum() < THREAD_SYMBOLS or workers() == 1:
+        entry(0, len(symbols), *arguments)
+        return
+    for job in [_executor().submit(entry, first, last, *arguments)
+                for first, last in lane_ranges(symbols, workers())]:
+        job.result()
+
+
+def _pointers(*arrays):
+    return [a.ctypes.data for a in arrays]
+
+
+def _lane_arrays(lanes, tables):
+    return (lanes.runs, lanes.table, lanes.count, lanes.dest, lanes.positions, tables.cdf,
+            tables.offset, tables.size, tables.low)
+
+
+def encode_host(lanes, tables, latents):
+    """(streams, escapes): each lane's stream (uint16 words, padded) of the flat int32
+    ``latents``, as :func:`~gdnflow.codec.rans.encode_numpy` gives, and how many of its
+    values it coded as the escape (int32 per lane)."""
+    if lanes.lanes == 0:
+        return [], np.zeros(0, np.int32)
+    latents = np.ascontiguousarray(latents, np.int32)
+    symbols = lanes.symbols()
+    ends = np.cumsum(symbols + 2).astype(np.int64)
+    words = np.empty(int(ends[-1]), np.uint16)
+    used = np.empty(lanes.lanes, np.int32)
+    escapes = np.empty(lanes.lanes, np.int32)
+    arrays = _lane_arrays(lanes, tables)
+    _run(_library().rans_encode_lanes_host, symbols,
+         *_pointers(latents, *arrays, ends, words, used, escapes))
+    streams = [padded_words(words[end - n:end]) for end, n in zip(ends.tolist(), used.tolist())]
+    return streams, escapes
+
+
+def decode_host(lanes, tables, streams, latents):
+    """Decode each lane's stream into the flat int32 NumPy array ``latents`` (escapes as
+    :data:`~gdnflow.codec.rans.ESCAPE_MARK`); each lane's status and escape count (int32),
+    as :func:`~gdnflow.codec.rans.decode_cuda` gives."""
+    if lanes.lanes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    if not (latents.flags.c_contiguous and latents.dtype == np.int32):
+        raise ValueError("decode_host: latents must be a contiguous int32 array")
+    begins = np.concatenate([[0], np.cumsum([len(s) for s in streams])]).astype(np.int64)
+    words = np.concatenate(streams).astype(np.uint16) if streams else np.zeros(1, np.uint16)
+    status = np.empty(lanes.lanes, np.int32)
+    escapes = np.empty(lanes.lanes, np.int32)
+    arrays = _lane_arrays(lanes, tables) + (tables.buckets,)
+    _run(_library().rans_decode_lanes_host, lanes.symbols(),
+         *_pointers(words, begins, *arrays, latents, status, escapes))
+    return status, escapes

@@ -1,0 +1,131 @@
+"""The rANS lanes coded on the host's threads (gdnflow/codec/host_lanes.py: cuda_src/rans.cu
+built for the host) against the NumPy coder: the same words and values, on one thread and
+on many; corrupt streams caught; codecs writing and reading the same bytes either way."""
+import shutil
+
+import numpy as np
+import pytest
+
+from gdnflow.codec import host_lanes
+from gdnflow.codec.codec import Codec
+from gdnflow.codec.hyperprior import HyperpriorCodec
+from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED,
+                                decode_numpy, encode_numpy)
+from gdnflow.errors import BackendUnavailableError
+
+from codec_kit import make_hyperprior, make_model, random_case, smooth_image
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+def outside_the_supports(lanes, tables, latents):
+    """Per lane, how many of its values are beyond their table's support."""
+    counts = []
+    for lane in range(lanes.lanes):
+        values, ids = latents[lanes.lane_positions(lane)], lanes.lane_tables(lane)
+        counts.append(int(((values < tables.low[ids]) | (values > tables.high[ids])).sum()))
+    return counts
+
+
+@needs_nvcc
+@pytest.mark.parametrize("lane_count, size", [(6, 3000), (40, 200_000)])
+def test_host_lanes_code_as_the_numpy_coder(rng, lane_count, size):
+    """The small case runs on the calling thread, the large one on the worker threads."""
+    lanes, tables, _, latents = random_case(rng, lanes=lane_count, size=size)
+    assert (lanes.symbols().sum() >= host_lanes.THREAD_SYMBOLS) == (size > 3000)
+    want = encode_numpy(lanes, tables, latents)
+    streams, escapes = host_lanes.encode_host(lanes, tables, latents)
+    assert len(streams) == len(want)
+    for got, expected in zip(streams, want):
+        np.testing.assert_array_equal(got, expected)
+    assert escapes.tolist() == outside_the_supports(lanes, tables, latents)
+    assert escapes.sum() > 0
+    expected_values = np.zeros(size, np.int32)
+    expected_status = decode_numpy(lanes, tables, want, expected_values)
+    values = np.full(size, 7, np.int32)
+    status, decoded_escapes = host_lanes.decode_host(lanes, tables, want, values)
+    np.testing.assert_array_equal(status, expected_status)
+    assert (status == LANE_OK).all()
+    coded = np.concatenate([lanes.lane_positions(j) for j in range(lanes.lanes)])
+    np.testing.assert_array_equal(values[coded], expected_values[coded])
+    assert decoded_escapes.tolist() == [int((values[lanes.lane_positions(j)] == ESCAPE_MARK).sum())
+                                        for j in range(lanes.lanes)]
+    assert decoded_escapes.tolist() == escapes.tolist()
+
+
+@needs_nvcc
+def test_host_lanes_catch_corrupt_streams(rng):
+    lanes, tables, _, latents = random_case(rng)
+    streams, _ = host_lanes.encode_host(lanes, tables, latents)
+    long_lane = int(np.argmax(lanes.symbols()))
+
+    def status_with(words):
+        changed = list(streams)
+        changed[long_lane] = np.asarray(words, np.uint16)
+        return host_lanes.decode_host(lanes, tables, changed,
+                                      np.zeros(latents.shape, np.int32))[0][long_lane]
+
+    words = streams[long_lane]
+    assert status_with(words[:-4]) == LANE_TRUNCATED
+    assert status_with(words[:1]) == LANE_TRUNCATED
+    assert status_with(np.append(words, [7, 0])) == LANE_BAD_END
+    flipped = words.copy()
+    flipped[0] ^= 1
+    assert status_with(flipped) != LANE_OK
+
+
+@needs_nvcc
+def test_decoding_refuses_latents_it_cannot_write_in_place(rng):
+    lanes, tables, _, latents = random_case(rng)
+    streams, _ = host_lanes.encode_host(lanes, tables, latents)
+    with pytest.raises(ValueError, match="contiguous int32"):
+        host_lanes.decode_host(lanes, tables, streams, np.zeros(latents.shape, np.int64))
+
+
+@pytest.mark.parametrize("symbols, count", [([5, 1, 1, 1, 9, 0, 3], 3), ([4] * 10, 4),
+                                            ([1, 2], 8), ([100, 0, 0], 2), ([], 3)])
+def test_lane_ranges_cover_every_lane_once_in_about_equal_shares(symbols, count):
+    ranges = host_lanes.lane_ranges(np.array(symbols, np.int64), count)
+    assert len(ranges) <= count
+    covered = [lane for first, last in ranges for lane in range(first, last)]
+    assert covered == list(range(len(symbols)))
+    assert all(last > first for first, last in ranges)
+    if symbols and len(ranges) > 1:
+        shares = [sum(symbols[first:last]) for first, last in ranges]
+        # a cut falls at the first lane that reaches its share: no share is more than a
+        # share and one lane's worth beyond what it should be
+        assert max(shares) <= sum(symbols) / count + max(symbols)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("make, version", [(make_model, 14), (make_hyperprior, 16)])
+def test_codecs_write_and_read_the_same_bytes_with_host_or_numpy_lanes(rng, make, version):
+    model = make()
+    image = smooth_image(rng, 80, 144)
+    kind = HyperpriorCodec if version == 16 else Codec
+    host = kind(model, lanes="host", version=version, substream_bits=256)
+    numpy = kind(model, lanes="numpy", version=version, substream_bits=256)
+    data = host.compress(image)
+    assert data == numpy.compress(image)
+    np.testing.assert_array_equal(host.decompress(data), numpy.decompress(data))
+    _, q = host.decode_quantized(data)
+    np.testing.assert_array_equal(q, numpy.decode_quantized(data)[1])
+
+
+@needs_nvcc
+def test_host_lanes_make_the_hyperprior_write_its_lanes_version():
+    model = make_hyperprior()
+    assert HyperpriorCodec(model, lanes="host").version == 16
+    assert HyperpriorCodec(model).version == 13          # a NumPy codec's lanes: NumPy's
+    assert Codec(make_model(), lanes="host").version == 14
+
+
+def test_the_lanes_argument_is_checked(monkeypatch):
+    model = make_model()
+    with pytest.raises(ValueError, match="Codec: lanes must be one of .* got 'gpu'"):
+        Codec(model, lanes="gpu")
+    with pytest.raises(ValueError, match="lanes=\"cuda\" needs a model on the cuda device"):
+        Codec(model, lanes="cuda")
+    monkeypatch.setattr(host_lanes, "available", lambda: False)
+    with pytest.raises(BackendUnavailableError, match="lanes=\"host\" needs nvcc"):
+        Codec(model, lanes="host")
