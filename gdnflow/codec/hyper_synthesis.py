@@ -71,8 +71,8 @@ TILE_LATENTS = 64
 CUDA_TILE_LATENTS = 256
 #: The GPU kernels (see the module docstring).
 SOURCE = "exact_synthesis.cu"
-#: The most kernel taps that may reach one output (MAX_EXACT_TAPS in the kernels, which
-#: list them once per output): a 5x5 convolution's.
+#: The most kernel taps of a transposed convolution that may reach one output
+#: (MAX_EXACT_TAPS in the kernels, which list them once per output).
 MAX_EXACT_TAPS = 25
 
 
@@ -110,9 +110,8 @@ class ExactLayer:
         self._device_arrays = None
         weight = np.asarray(layer.weight.numpy(), np.float64)
         in_channels, kh, kw = weight.shape[0 if self.transpose else 1], *weight.shape[2:]
-        reaching = (-(-kh // self.stride[0]) * -(-kw // self.stride[1]) if self.transpose
-                    else kh * kw)
-        if reaching > MAX_EXACT_TAPS:
+        reaching = -(-kh // self.stride[0]) * -(-kw // self.stride[1])
+        if self.transpose and reaching > MAX_EXACT_TAPS:
             raise ValueError(f"{label}: {reaching} kernel taps reach each output; the exact "
                              f"kernels take at most {MAX_EXACT_TAPS}")
         bits = _weight_bits(in_channels * kh * kw)

@@ -126,19 +126,19 @@ def test_asymmetric_padding_is_refused_by_name():
         ExactHyperSynthesis(Sequential(layer), np.zeros(4, np.float32))
 
 
-def h_s_with_a_5x5_convolution(rng):
-    """A transposed 5x5/2 layer, then a 5x5 convolution at stride 1: 25 taps reach each of its
-    outputs (MAX_EXACT_TAPS), with random weights and medians."""
+def h_s_with_the_most_taps(rng):
+    """A transposed 9x9 layer at stride 2 (25 taps reach each output: MAX_EXACT_TAPS), then a
+    5x5 convolution, with random weights and medians."""
     from gdnflow.nn.conv import Conv2d, ConvTranspose2d
     from gdnflow.nn.layers import ReLU, Sequential
-    h_s = Sequential(ConvTranspose2d(6, 6, 5, stride=2, padding=2, output_padding=1,
+    h_s = Sequential(ConvTranspose2d(6, 6, 9, stride=2, padding=4, output_padding=1,
                                      device="numpy"), ReLU(),
                      Conv2d(6, 8, 5, padding=2, device="numpy"))
     return ExactHyperSynthesis(h_s, rng.uniform(-1, 1, 6).astype(np.float32))
 
 
-def test_host_built_kernels_take_a_5x5_convolution_at_the_tap_bound(host_device, rng):
-    exact = h_s_with_a_5x5_convolution(rng)
+def test_host_built_kernels_take_a_transposed_layer_at_the_tap_bound(host_device, rng):
+    exact = h_s_with_the_most_taps(rng)
     q_z = rng.integers(-6, 7, (6, 5, 7))
     want = numpy_indexes(exact, q_z)
     assert len(np.unique(want)) > 3
@@ -148,17 +148,18 @@ def test_host_built_kernels_take_a_5x5_convolution_at_the_tap_bound(host_device,
 
 
 @pytest.mark.gpu
-def test_gpu_kernels_take_a_5x5_convolution_at_the_tap_bound(rng):
-    exact = h_s_with_a_5x5_convolution(rng)
+def test_gpu_kernels_take_a_transposed_layer_at_the_tap_bound(rng):
+    exact = h_s_with_the_most_taps(rng)
     q_z = rng.integers(-6, 7, (6, 9, 13))
     np.testing.assert_array_equal(exact.indexes(q_z, gaussian_tables().scales, device="cuda"),
                                   numpy_indexes(exact, q_z))
 
 
 def test_more_taps_per_output_than_the_kernels_list_are_refused_by_name():
-    from gdnflow.nn.conv import Conv2d
+    from gdnflow.nn.conv import ConvTranspose2d
     from gdnflow.nn.layers import Sequential
-    with pytest.raises(ValueError, match=r"hyper-synthesis .*: 49 kernel taps reach each output; "
+    with pytest.raises(ValueError, match=r"hyper-synthesis .*: 36 kernel taps reach each output; "
                                          r"the exact kernels take at most 25"):
-        ExactHyperSynthesis(Sequential(Conv2d(4, 4, 7, padding=3, device="numpy")),
+        ExactHyperSynthesis(Sequential(ConvTranspose2d(4, 4, 11, stride=2, padding=5,
+                                                       output_padding=1, device="numpy")),
                             np.zeros(4, np.float32))
