@@ -110,11 +110,12 @@ Version 14 is version 11 (the same header, split, index, quiet channels and esca
 bits) whose substreams' payloads are rANS streams instead of range-coded ones: the
 16-bit words of :mod:`gdnflow.codec.rans` (little-endian, padded with a zero word
 to a whole number of 32-bit words, which the index counts), coding the same symbols
-in the same order. One GPU thread decodes (and encodes) each substream, and the
+in the same order. One lane (a GPU thread, or a host thread's turn:
+:mod:`gdnflow.codec.host_lanes`) decodes (and encodes) each substream, and the
 NumPy coder reads and writes the same words. A GPU codec writes it by default.
 Version 16 is the same for version 13: z's substreams as version 14's, y's as
 lanes coding each block's values by table in version 13's order (one run per
-coded table, gathering the table's elements).
+coded table, gathering the table's elements); a GPU codec's hyperprior writes it.
 
 The version numbers: 1, 2, 4, 7, 8, 11, 13, 14 and 16 are each at least two bits
 from any other, so a single flipped bit of the version byte never turns one

@@ -1,4 +1,5 @@
-"""Scale-hyperprior ``.gdn`` files (format version 13; 16 on request; 8 and 4 read): side
+"""Scale-hyperprior ``.gdn`` files (format version 16 where the lanes run on the host's
+threads, a GPU codec's default, else 13; 8 and 4 read): side
 information z, then y.
 
     codec = Codec.from_checkpoint("runs/hyper/checkpoint.h5")   # a HyperpriorCodec
