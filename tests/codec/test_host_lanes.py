@@ -1,6 +1,6 @@
 """The rANS lanes coded on the host's threads (gdnflow/codec/host_lanes.py: cuda_src/rans.cu
 built for the host) against the NumPy coder: the same words and values, on one thread and
-on many; corrupt streams caught; codecs writing and reading the same bytes either way."""
+on many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the same bytes either way."""
 import shutil
 
 import numpy as np
@@ -9,8 +9,7 @@ import pytest
 from gdnflow.codec import host_lanes
 from gdnflow.codec.codec import Codec
 from gdnflow.codec.hyperprior import HyperpriorCodec
-from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED,
-                                decode_numpy, encode_numpy)
+from gdnflow.codec.rans import ESCAPE_MARK, LANE_OK, decode_numpy, encode_numpy
 from gdnflow.errors import BackendUnavailableError
 
 from codec_kit import make_hyperprior, make_model, random_case, smooth_image
@@ -51,27 +50,6 @@ def test_host_lanes_code_as_the_numpy_coder(rng, lane_count, size):
     assert decoded_escapes.tolist() == [int((values[lanes.lane_positions(j)] == ESCAPE_MARK).sum())
                                         for j in range(lanes.lanes)]
     assert decoded_escapes.tolist() == escapes.tolist()
-
-
-@needs_nvcc
-def test_host_lanes_catch_corrupt_streams(rng):
-    lanes, tables, _, latents = random_case(rng)
-    streams, _ = host_lanes.encode_host(lanes, tables, latents)
-    long_lane = int(np.argmax(lanes.symbols()))
-
-    def status_with(words):
-        changed = list(streams)
-        changed[long_lane] = np.asarray(words, np.uint16)
-        return host_lanes.decode_host(lanes, tables, changed,
-                                      np.zeros(latents.shape, np.int32))[0][long_lane]
-
-    words = streams[long_lane]
-    assert status_with(words[:-4]) == LANE_TRUNCATED
-    assert status_with(words[:1]) == LANE_TRUNCATED
-    assert status_with(np.append(words, [7, 0])) == LANE_BAD_END
-    flipped = words.copy()
-    flipped[0] ^= 1
-    assert status_with(flipped) != LANE_OK
 
 
 @needs_nvcc

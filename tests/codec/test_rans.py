@@ -4,11 +4,13 @@ The NumPy coder against a one-symbol-at-a-time coder written here from the
 definition; the kernels built for the host and on the GPU against the NumPy
 coder (the same words, the same values); corrupt streams refused; version 14
 files against version 11's latents, across devices byte for byte."""
+import shutil
+
 import numpy as np
 import pytest
 
 from gdnflow.backends import cuda
-from gdnflow.codec import Codec, codec_for, rans
+from gdnflow.codec import Codec, codec_for, host_lanes, rans
 from gdnflow.codec.format import (HYPERPRIOR_RANS_VERSION, RANS_VERSION, FormatError, Split,
                                   checksum, unpack)
 from gdnflow.codec.hyperprior import decode_by_table_rans, encode_by_table_rans, table_groups
@@ -90,7 +92,17 @@ def test_numpy_decoder_gives_the_values_back_and_marks_escapes(rng):
     assert (decoded[untouched] == 12345).all()
 
 
-def test_corrupt_streams_are_caught(rng):
+def host_lanes_status(lanes, tables, streams, latents):
+    """Each lane's status from the lanes decoded on the host's threads."""
+    return host_lanes.decode_host(lanes, tables, streams, latents)[0]
+
+
+NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@pytest.mark.parametrize("decode", [decode_numpy, pytest.param(host_lanes_status,
+                                                               marks=NEEDS_NVCC)])
+def test_corrupt_streams_are_caught(rng, decode):
     lanes, tables, _, latents = random_case(rng)
     streams = encode_numpy(lanes, tables, latents)
     long_lane = int(np.argmax(lanes.symbols()))
@@ -98,7 +110,7 @@ def test_corrupt_streams_are_caught(rng):
     def status_with(words):
         changed = list(streams)
         changed[long_lane] = np.asarray(words, np.uint16)
-        return decode_numpy(lanes, tables, changed, np.zeros(latents.shape, np.int32))[long_lane]
+        return decode(lanes, tables, changed, np.zeros(latents.shape, np.int32))[long_lane]
 
     words = streams[long_lane]
     assert status_with(words[:-4]) == LANE_TRUNCATED

@@ -262,17 +262,9 @@ class KernelCache:
         if not self.nvcc:
             raise BackendUnavailableError(
                 f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot build {file} for the host")
-        source_path = resolve(file)
         with tempfile.TemporaryDirectory(prefix="gdnflow-nvcc-") as folder:
-            source = Path(folder) / Path(str(source_path)).name
-            source.write_text(expand_source(file))
-            output = Path(folder) / "library.so"
-            status, text = self.run([self.nvcc, *HOST_LIBRARY_OPTIONS, *nvcc_options(()),
-                                     "-o", str(output), str(source)])
-            if status != 0 or not output.is_file():
-                raise KernelCompileError(compile_error_message(
-                    source_path, text.replace(str(source), str(source_path)), (),
-                    owner_of(source_path)))
+            _, output = self._run_nvcc(file, folder, "library.so",
+                                       [*HOST_LIBRARY_OPTIONS, *nvcc_options(())])
             # Loaded from the scratch copy: the library stays mapped after the folder goes,
             # so an unwritable cache costs a build per process, not a failure.
             library = ctypes.CDLL(str(output))
@@ -297,17 +289,24 @@ class KernelCache:
         if not self.nvcc:
             raise BackendUnavailableError(
                 f"nvcc is not on PATH (nor in $CUDA_HOME/bin): cannot compile {file}")
-        path = resolve(file)
         with tempfile.TemporaryDirectory(prefix="gdnflow-nvcc-") as folder:
-            source = Path(folder) / Path(str(path)).name
-            source.write_text(expand_source(file))
-            output = Path(folder) / "module.cubin"
             keep = ["--keep", "--keep-dir", folder] if keep_ptx else []
-            status, text = self.run([self.nvcc, "--cubin", f"-arch={arch}", *nvcc_options(defines),
-                                     *keep, "-o", str(output), str(source)])
-            if status != 0 or not output.is_file():
-                raise KernelCompileError(compile_error_message(
-                    path, text.replace(str(source), str(path)), defines,
-                    owner or owner_of(path)))
+            source, output = self._run_nvcc(
+                file, folder, "module.cubin",
+                ["--cubin", f"-arch={arch}", *nvcc_options(defines), *keep], defines, owner)
             ptx = source.with_suffix(".ptx").read_text() if keep_ptx else None
             return output.read_bytes(), ptx
+
+    def _run_nvcc(self, file, folder, output_name, options, defines=(), owner=None):
+        """(source, output) paths in ``folder``: ``file`` expanded there and nvcc run on it
+        with ``options``, writing ``output_name``; KernelCompileError naming the real file
+        (not the temporary copy), its owner, the line and ``defines`` where nvcc fails."""
+        path = resolve(file)
+        source = Path(folder) / Path(str(path)).name
+        source.write_text(expand_source(file))
+        output = Path(folder) / output_name
+        status, text = self.run([self.nvcc, *options, "-o", str(output), str(source)])
+        if status != 0 or not output.is_file():
+            raise KernelCompileError(compile_error_message(
+                path, text.replace(str(source), str(path)), defines, owner or owner_of(path)))
+        return source, output
