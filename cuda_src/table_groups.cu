@@ -91,3 +91,47 @@ extern "C" __global__ void table_tile_order(
                    block_rows, height, width, next, order, positions);
     }
 }
+
+// Host entry point: blocks [first, last) grouped on the calling thread, for
+// gdnflow/codec/device_groups.py's host grouping (this file built for the host
+// with nvcc; each of its threads takes a range of blocks, which write disjoint
+// slots). Block b holds block_channels[b] channels from block_channel[b] and
+// block_rows[b] rows from block_row[b], every column; its slots start at
+// block_base[b]. Writes its counts per table to totals[b * TABLE_COUNT ...] and,
+// table by table, its elements' numbers to order and offsets to positions: what
+// the two kernels above give, in one pass to count and one to place.
+#ifndef __CUDA_ARCH__
+extern "C" void table_groups_host(
+        int first, int last, const unsigned char* indexes, const int* block_channel,
+        const int* block_channels, const int* block_row, const int* block_rows,
+        const long long* block_base, int height, int width, int* totals, int* order,
+        int* positions) {
+    for (int b = first; b < last; ++b) {
+        int* counts = totals + (long long)b * TABLE_COUNT;
+        for (int k = 0; k < TABLE_COUNT; ++k) counts[k] = 0;
+        for (int c = 0; c < block_channels[b]; ++c)
+            for (int r = 0; r < block_rows[b]; ++r) {
+                const unsigned char* row =
+                    indexes + ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
+                for (int x = 0; x < width; ++x) ++counts[row[x]];
+            }
+        long long next[TABLE_COUNT];
+        long long slot = block_base[b];
+        for (int k = 0; k < TABLE_COUNT; ++k) {
+            next[k] = slot;
+            slot += counts[k];
+        }
+        int e = 0;
+        for (int c = 0; c < block_channels[b]; ++c)
+            for (int r = 0; r < block_rows[b]; ++r) {
+                const long long start =
+                    ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
+                for (int x = 0; x < width; ++x, ++e) {
+                    const long long at = next[indexes[start + x]]++;
+                    order[at] = e;
+                    positions[at] = (int)(start + x);
+                }
+            }
+    }
+}
+#endif

@@ -11,10 +11,19 @@ prefix sums of those counts, each element's slot). The (order, bounds) of each
 block are exactly what ``table_groups`` gives for the block's indexes; the same
 pass lists each grouped element's offset into y, which the rANS lanes gather
 (:func:`~gdnflow.codec.rans_substreams.table_lanes`).
+
+:func:`table_groups_on_host` gives the same from the file's host entry point
+(the file built for the host with nvcc), each host thread grouping a range of
+blocks in two passes (count, place): where the lanes are coded on the host
+(:mod:`gdnflow.codec.host_lanes`), it spares the GPU grouping's round trips.
 """
+import ctypes
+import functools
+
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.codec.host_lanes import pointers, run_ranges
 
 SOURCE = "table_groups.cu"
 #: Elements a thread of the kernels walks (consecutive elements of one block).
@@ -45,19 +54,39 @@ def block_tiles(blocks, shape):
     return arrays, sizes
 
 
+def checked_indexes(indexes, name):
+    """``indexes`` as contiguous uint8 (C, h, w) below TABLE_COUNT; ValueError naming
+    ``name`` otherwise."""
+    indexes = np.ascontiguousarray(indexes, np.uint8)
+    if indexes.ndim != 3 or indexes.size and indexes.max() >= TABLE_COUNT:
+        raise ValueError(f"{name}: expected (C, h, w) table indexes below {TABLE_COUNT}, got "
+                         f"{indexes.shape}")
+    return indexes
+
+
+def check_sizes(sizes, name):
+    """Blocks of ``sizes`` elements: each at least one, fewer than 2^31 in all (ValueError
+    naming ``name`` otherwise)."""
+    if not sizes.all() or sizes.sum() >= 2 ** 31:
+        raise ValueError(f"{name}: blocks of {sizes.tolist()} elements: each must hold at "
+                         "least one, all together fewer than 2^31")
+
+
+def _block_groups(order, totals, bases, sizes):
+    """[(order, bounds)] per block from the concatenated ``order`` and the blocks' counts per
+    table ``totals`` (TABLE_COUNT, blocks)."""
+    return [(order[base:base + size], np.concatenate([[0], np.cumsum(totals[:, b])]))
+            for b, (base, size) in enumerate(zip(bases.tolist(), sizes.tolist()))]
+
+
 def table_groups_by_block(indexes, blocks):
     """([(order, bounds)] per block, positions) of ``indexes`` (C, h, w) uint8, computed on
     the GPU: ``hyperprior.table_groups(indexes[block].ravel())`` of each block (order
     int32), and the blocks' grouped elements one block after another as flat offsets
     into ``indexes`` (int32)."""
-    indexes = np.ascontiguousarray(indexes, np.uint8)
-    if indexes.ndim != 3 or indexes.size and indexes.max() >= TABLE_COUNT:
-        raise ValueError(f"table_groups_by_block: expected (C, h, w) table indexes below "
-                         f"{TABLE_COUNT}, got {indexes.shape}")
+    indexes = checked_indexes(indexes, "table_groups_by_block")
     arrays, sizes = block_tiles(blocks, indexes.shape)
-    if not sizes.all() or sizes.sum() >= 2 ** 31:
-        raise ValueError(f"table_groups_by_block: blocks of {sizes.tolist()} elements: each "
-                         "must hold at least one, all together fewer than 2^31")
+    check_sizes(sizes, "table_groups_by_block")
     tiles = arrays["tile_block"].size
     runtime = cuda.get_runtime()
     device = {name: runtime.from_numpy(a) for name, a in arrays.items()}
@@ -87,8 +116,35 @@ def table_groups_by_block(indexes, blocks):
         tiles, source.ptr, *geometry, tiles, indexes.shape[1], indexes.shape[2], slots.ptr,
         grouped.ptr, grouped.ptr + 4 * total, block=TILE_THREADS)
     order, positions = runtime.to_numpy(grouped)
-    groups = []
-    for b, base in enumerate(bases):
-        bounds = np.concatenate([[0], np.cumsum(totals[:, b])])
-        groups.append((order[base:base + sizes[b]], bounds))
-    return groups, positions
+    return _block_groups(order, totals, bases, sizes), positions
+
+
+@functools.lru_cache(maxsize=1)
+def _host_library():
+    """table_groups.cu's host build (kernel cache), its entry point's argument types set."""
+    from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
+    library = KernelCache().host_library(SOURCE)
+    pointer, number = ctypes.c_void_p, ctypes.c_int
+    library.table_groups_host.argtypes = ([number, number] + [pointer] * 6 + [number, number]
+                                          + [pointer] * 3)
+    return library
+
+
+def table_groups_on_host(indexes, blocks):
+    """What :func:`table_groups_by_block` gives, computed by table_groups.cu's host entry
+    point, the blocks shared among the host's threads (:func:`host_lanes.run_ranges
+    <gdnflow.codec.host_lanes.run_ranges>`)."""
+    indexes = checked_indexes(indexes, "table_groups_on_host")
+    sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * indexes.shape[2]
+                      for c, r in blocks], np.int64)
+    check_sizes(sizes, "table_groups_on_host")
+    geometry = [np.array(values, np.int32) for values in (
+        [c.start for c, _ in blocks], [c.stop - c.start for c, _ in blocks],
+        [r.start for _, r in blocks], [r.stop - r.start for _, r in blocks])]
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    totals = np.empty((len(blocks), TABLE_COUNT), np.int32)
+    grouped = np.empty((2, int(sizes.sum())), np.int32)
+    run_ranges(_host_library().table_groups_host, sizes,
+               *pointers(indexes, *geometry, bases), indexes.shape[1], indexes.shape[2],
+               *pointers(totals, grouped[0], grouped[1]))
+    return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1]

@@ -26,9 +26,9 @@ import numpy as np
 from gdnflow.codec.rans import SOURCE, padded_words
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 
-#: Fewer symbols than this in all are coded on the calling thread (a thread's hand-over
-#: costs more than coding them).
-THREAD_SYMBOLS = 1 << 14
+#: Less work than this in all (symbols coded, elements grouped) is done on the calling
+#: thread (a thread's hand-over costs more than doing it).
+THREAD_WORK = 1 << 14
 
 _pool_lock = threading.Lock()
 _pool = None
@@ -79,18 +79,21 @@ def lane_ranges(symbols, count):
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
-def _run(entry, symbols, *arguments):
-    """``entry(first, last, *arguments)`` over all lanes: ranges of lanes on worker threads,
-    or all on this thread for few symbols."""
-    if symbols.sum() < THREAD_SYMBOLS or workers() == 1:
-        entry(0, len(symbols), *arguments)
+def run_ranges(entry, work, *arguments):
+    """``entry(first, last, *arguments)`` over all items (lanes, blocks) whose ``work`` (per
+    item) is given: ranges of items of about equal work on worker threads
+    (:func:`lane_ranges`), or all on this thread for little work. The items must write
+    disjoint memory."""
+    if work.sum() < THREAD_WORK or workers() == 1:
+        entry(0, len(work), *arguments)
         return
     for job in [_executor().submit(entry, first, last, *arguments)
-                for first, last in lane_ranges(symbols, workers())]:
+                for first, last in lane_ranges(work, workers())]:
         job.result()
 
 
-def _pointers(*arrays):
+def pointers(*arrays):
+    """The addresses of NumPy ``arrays``' data, for a host library's arguments."""
     return [a.ctypes.data for a in arrays]
 
 
@@ -112,8 +115,8 @@ def encode_host(lanes, tables, latents):
     used = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables)
-    _run(_library().rans_encode_lanes_host, symbols,
-         *_pointers(latents, *arrays, ends, words, used, escapes))
+    run_ranges(_library().rans_encode_lanes_host, symbols,
+         *pointers(latents, *arrays, ends, words, used, escapes))
     streams = [padded_words(words[end - n:end]) for end, n in zip(ends.tolist(), used.tolist())]
     return streams, escapes
 
@@ -131,6 +134,6 @@ def decode_host(lanes, tables, streams, latents):
     status = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables) + (tables.buckets,)
-    _run(_library().rans_decode_lanes_host, lanes.symbols(),
-         *_pointers(words, begins, *arrays, latents, status, escapes))
+    run_ranges(_library().rans_decode_lanes_host, lanes.symbols(),
+         *pointers(words, begins, *arrays, latents, status, escapes))
     return status, escapes

@@ -40,7 +40,7 @@ import numpy as np
 
 from gdnflow.autograd import no_grad
 from gdnflow.codec.codec import CODECS, Codec, quantize_latents
-from gdnflow.codec.device_groups import table_groups_by_block
+from gdnflow.codec.device_groups import table_groups_by_block, table_groups_on_host
 from gdnflow.codec.device_latents import quantize_on_device
 from gdnflow.codec.format import (DOWNSAMPLING, HYPERPRIOR_RANS_VERSION, HYPERPRIOR_VERSION,
                                   QUIET_VERSIONS, SIDE_DOWNSAMPLING, SINGLE_STREAM_VERSIONS,
@@ -254,13 +254,16 @@ def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, sou
                         source)
 
 
-def block_groups(indexes, blocks, device):
+def block_groups(indexes, blocks, device, lanes):
     """(groups, positions): each block's ``table_groups`` and the grouped elements' offsets
-    into y, made on the GPU for a cuda codec (:mod:`gdnflow.codec.device_groups`); else
-    Nones and None: the coders group on the host."""
-    if device != "cuda":
-        return [None] * len(blocks), None
-    return table_groups_by_block(indexes, blocks)
+    into y (:mod:`gdnflow.codec.device_groups`), made by the host build's threads where
+    the ``lanes`` are coded there, else on the GPU for a cuda ``device``; else Nones and
+    None: the coders group each block themselves."""
+    if lanes == "host":
+        return table_groups_on_host(indexes, blocks)
+    if device == "cuda":
+        return table_groups_by_block(indexes, blocks)
+    return [None] * len(blocks), None
 
 
 def encode_single_stream(encoder, escapes, q_z, q, tables):
@@ -363,7 +366,7 @@ class HyperpriorCodec(Codec):
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
-            groups, positions = block_groups(indexes, blocks, self.device)
+            groups, positions = block_groups(indexes, blocks, self.device, self.lanes)
             if self.version == HYPERPRIOR_RANS_VERSION:
                 substreams = encode_rans(q_z, tables.z, splits[0], True, self.lanes) + \
                     encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes, positions)
@@ -410,7 +413,7 @@ class HyperpriorCodec(Codec):
                                     source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
-        groups, positions = block_groups(indexes, blocks, self.device)
+        groups, positions = block_groups(indexes, blocks, self.device, self.lanes)
         if rans:
             return header, decode_by_table_rans(substreams[side:], indexes, blocks, groups,
                                                 True, self.lanes, source, positions)

@@ -1,12 +1,16 @@
 """y's elements grouped by coding table on the GPU (cuda_src/table_groups.cu) against the
 host's stable sort, block by block: built for the host and on the GPU, at odd sizes,
-splits and tiles that straddle nothing and everything."""
+splits and tiles that straddle nothing and everything; and the file's host entry point on
+the host's threads (device_groups.table_groups_on_host)."""
+import shutil
+
 import numpy as np
 import pytest
 
 from gdnflow.backends import cuda
 from gdnflow.codec import device_groups
-from gdnflow.codec.device_groups import TABLE_COUNT, TILE_ELEMENTS, table_groups_by_block
+from gdnflow.codec.device_groups import (TABLE_COUNT, TILE_ELEMENTS, table_groups_by_block,
+                                         table_groups_on_host)
 from gdnflow.codec.format import Split
 from gdnflow.codec.gaussian_tables import SCALE_COUNT
 from gdnflow.codec.hyperprior import table_groups
@@ -49,10 +53,10 @@ def random_indexes(rng, shape):
     return np.where(rng.random(shape) < 0.7, small, rng.integers(0, 64, shape)).astype(np.uint8)
 
 
-def check_against_the_host(shape, split, rng):
+def check_against_the_host(shape, split, rng, group=table_groups_by_block):
     indexes = random_indexes(rng, shape)
     blocks = split.blocks(shape)
-    groups, positions = table_groups_by_block(indexes, blocks)
+    groups, positions = group(indexes, blocks)
     assert len(groups) == len(blocks)
     flat = np.arange(indexes.size).reshape(shape)
     offset = 0
@@ -124,3 +128,22 @@ def test_empty_blocks_are_refused(host_device):
     blocks = [(slice(0, 2), slice(0, 2)), (slice(2, 2), slice(0, 2))]
     with cuda.simulated(host_device), pytest.raises(ValueError, match="at least one"):
         table_groups_by_block(np.zeros((2, 2, 2), np.uint8), blocks)
+
+
+NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@NEEDS_NVCC
+@pytest.mark.parametrize("shape, split", CASES + [((192, 96, 128), Split(12, 4))])
+def test_host_threads_group_as_the_host_sorts(shape, split, rng):
+    """The last case (2.4 M elements in 48 blocks) runs on the worker threads."""
+    check_against_the_host(shape, split, rng, table_groups_on_host)
+
+
+@NEEDS_NVCC
+def test_the_host_grouping_refuses_what_the_kernels_refuse():
+    with pytest.raises(ValueError, match="table_groups_on_host: expected .* below 64"):
+        table_groups_on_host(np.full((2, 2, 2), 64, np.uint8), Split(1, 1).blocks((2, 2, 2)))
+    blocks = [(slice(0, 2), slice(0, 2)), (slice(2, 2), slice(0, 2))]
+    with pytest.raises(ValueError, match="table_groups_on_host: .* at least one"):
+        table_groups_on_host(np.zeros((2, 2, 2), np.uint8), blocks)

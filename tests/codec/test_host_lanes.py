@@ -31,7 +31,7 @@ def outside_the_supports(lanes, tables, latents):
 def test_host_lanes_code_as_the_numpy_coder(rng, lane_count, size):
     """The small case runs on the calling thread, the large one on the worker threads."""
     lanes, tables, _, latents = random_case(rng, lanes=lane_count, size=size)
-    assert (lanes.symbols().sum() >= host_lanes.THREAD_SYMBOLS) == (size > 3000)
+    assert (lanes.symbols().sum() >= host_lanes.THREAD_WORK) == (size > 3000)
     want = encode_numpy(lanes, tables, latents)
     streams, escapes = host_lanes.encode_host(lanes, tables, latents)
     assert len(streams) == len(want)
