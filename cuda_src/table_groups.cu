@@ -99,21 +99,30 @@ extern "C" __global__ void table_tile_order(
 // block_rows[b] rows from block_row[b], every column; its slots start at
 // block_base[b]. Writes its counts per table to totals[b * TABLE_COUNT ...] and,
 // table by table, its elements' numbers to order and offsets to positions: what
-// the two kernels above give, in one pass to count and one to place.
+// the two kernels above give, in one pass to count and one to place. Where
+// `values` (y's integer latents, int32) is not null, the count pass also counts
+// each table's non-zero values into nonzero[b * TABLE_COUNT ...] (which quiet
+// tables an encoder must code).
 #ifndef __CUDA_ARCH__
 extern "C" void table_groups_host(
-        int first, int last, const unsigned char* indexes, const int* block_channel,
-        const int* block_channels, const int* block_row, const int* block_rows,
-        const long long* block_base, int height, int width, int* totals, int* order,
-        int* positions) {
+        int first, int last, const unsigned char* indexes, const int* values,
+        const int* block_channel, const int* block_channels, const int* block_row,
+        const int* block_rows, const long long* block_base, int height, int width,
+        int* totals, int* nonzero, int* order, int* positions) {
     for (int b = first; b < last; ++b) {
         int* counts = totals + (long long)b * TABLE_COUNT;
+        int* nonzero_counts = values ? nonzero + (long long)b * TABLE_COUNT : nullptr;
         for (int k = 0; k < TABLE_COUNT; ++k) counts[k] = 0;
+        if (values)
+            for (int k = 0; k < TABLE_COUNT; ++k) nonzero_counts[k] = 0;
         for (int c = 0; c < block_channels[b]; ++c)
             for (int r = 0; r < block_rows[b]; ++r) {
-                const unsigned char* row =
-                    indexes + ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
-                for (int x = 0; x < width; ++x) ++counts[row[x]];
+                const long long start =
+                    ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
+                for (int x = 0; x < width; ++x) ++counts[indexes[start + x]];
+                if (values)
+                    for (int x = 0; x < width; ++x)
+                        nonzero_counts[indexes[start + x]] += values[start + x] != 0;
             }
         long long next[TABLE_COUNT];
         long long slot = block_base[b];

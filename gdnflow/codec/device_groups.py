@@ -125,26 +125,36 @@ def _host_library():
     from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.table_groups_host.argtypes = ([number, number] + [pointer] * 6 + [number, number]
-                                          + [pointer] * 3)
+    library.table_groups_host.argtypes = ([number, number] + [pointer] * 7 + [number, number]
+                                          + [pointer] * 4)
     return library
 
 
-def table_groups_on_host(indexes, blocks):
-    """What :func:`table_groups_by_block` gives, computed by table_groups.cu's host entry
-    point, the blocks shared among the host's threads (:func:`host_lanes.run_ranges
-    <gdnflow.codec.host_lanes.run_ranges>`)."""
+def table_groups_on_host(indexes, blocks, values=None):
+    """(groups, positions, nonzero): what :func:`table_groups_by_block` gives, computed by
+    table_groups.cu's host entry point, the blocks shared among the host's threads
+    (:func:`host_lanes.run_ranges <gdnflow.codec.host_lanes.run_ranges>`); with y's integer
+    ``values`` (the shape of ``indexes``), also each block's count of non-zero values per
+    table (int32 (blocks, TABLE_COUNT)), else None."""
     indexes = checked_indexes(indexes, "table_groups_on_host")
     sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * indexes.shape[2]
                       for c, r in blocks], np.int64)
     check_sizes(sizes, "table_groups_on_host")
-    geometry = [np.array(values, np.int32) for values in (
+    if values is not None:
+        values = np.ascontiguousarray(values, np.int32)
+        if values.shape != indexes.shape:
+            raise ValueError(f"table_groups_on_host: values of {values.shape} for indexes of "
+                             f"{indexes.shape}")
+    geometry = [np.array(numbers, np.int32) for numbers in (
         [c.start for c, _ in blocks], [c.stop - c.start for c, _ in blocks],
         [r.start for _, r in blocks], [r.stop - r.start for _, r in blocks])]
     bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     totals = np.empty((len(blocks), TABLE_COUNT), np.int32)
+    nonzero = None if values is None else np.empty((len(blocks), TABLE_COUNT), np.int32)
     grouped = np.empty((2, int(sizes.sum())), np.int32)
-    run_ranges(_host_library().table_groups_host, sizes,
-               *pointers(indexes, *geometry, bases), indexes.shape[1], indexes.shape[2],
-               *pointers(totals, grouped[0], grouped[1]))
-    return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1]
+    run_ranges(_host_library().table_groups_host, sizes, indexes.ctypes.data,
+               None if values is None else values.ctypes.data,
+               *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2],
+               totals.ctypes.data, None if nonzero is None else nonzero.ctypes.data,
+               *pointers(grouped[0], grouped[1]))
+    return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1], nonzero

@@ -164,16 +164,19 @@ def listed_quiet_tables(indexes, groups):
     return np.flatnonzero(quiet_tables() & present)
 
 
-def write_coded_tables(escapes, q, indexes, quiet, groups):
-    """(coded, (order, bounds)) of a block's flat values ``q`` and table ``indexes``: which
-    tables are coded (bool per table; with ``quiet``, the quiet tables present that are not
-    all 0, listed first in ``escapes``) and the block's groups (``groups`` if given)."""
+def write_coded_tables(escapes, q, indexes, quiet, groups, nonzero=None):
+    """(coded, (order, bounds)) of a block's values ``q`` and table ``indexes`` (flat, or
+    any shape where ``groups`` is given): which tables are coded (bool per table; with
+    ``quiet``, the quiet tables present that are not all 0, listed first in ``escapes``) and
+    the block's groups (``groups`` if given). ``nonzero``: the block's count of non-zero
+    values per table, where the grouping counted them."""
     coded = np.ones(len(gaussian_models()), bool)
     if quiet:
         listed = listed_quiet_tables(indexes, groups)
-        nonzero = np.bincount(indexes[q != 0], minlength=coded.size) > 0
-        write_coded_groups(escapes, nonzero[listed])
-        coded[listed] = nonzero[listed]
+        if nonzero is None:
+            nonzero = np.bincount(indexes[q != 0], minlength=coded.size)
+        write_coded_groups(escapes, nonzero[listed] > 0)
+        coded[listed] = nonzero[listed] > 0
     return coded, table_groups(indexes, coded) if groups is None else groups
 
 
@@ -221,16 +224,21 @@ def gaussian_rans_tables():
     return RansTables.of(tables.cdfs, -np.asarray(tables.high), tables.precision)
 
 
-def encode_by_table_rans(q, indexes, blocks, groups, quiet, device, positions=None):
+def encode_by_table_rans(q, indexes, blocks, groups, quiet, device, positions=None,
+                         nonzero=None):
     """Version 16's substreams of y ``q`` (M, h, w) with table ``indexes``: each block of
     ``blocks`` a rANS lane coding its values by table as :func:`encode_by_table` does
-    (``groups``: each block's, or None to group on the host; ``positions``: as
-    :func:`block_groups` gives)."""
+    (``groups``: each block's, or None to group on the host; ``positions`` and ``nonzero``:
+    as :func:`block_groups` gives)."""
     writers, coded, grouped = [], [], []
-    for (channels, rows), group in zip(blocks, groups):
+    for b, ((channels, rows), group) in enumerate(zip(blocks, groups)):
         escapes = BitWriter()
-        mask, group = write_coded_tables(escapes, q[channels, rows].ravel(),
-                                         indexes[channels, rows].ravel(), quiet, group)
+        # Flat copies of the block only where the grouping has to be made here.
+        block_q, block_indexes = q[channels, rows], indexes[channels, rows]
+        if group is None:
+            block_q, block_indexes = block_q.ravel(), block_indexes.ravel()
+        mask, group = write_coded_tables(escapes, block_q, block_indexes, quiet, group,
+                                         None if nonzero is None else nonzero[b])
         coded.append(np.flatnonzero((np.diff(group[1]) > 0) & mask))
         grouped.append(group)
         writers.append(escapes)
@@ -254,16 +262,17 @@ def decode_by_table_rans(substreams, indexes, blocks, groups, quiet, device, sou
                         source)
 
 
-def block_groups(indexes, blocks, device, lanes):
-    """(groups, positions): each block's ``table_groups`` and the grouped elements' offsets
-    into y (:mod:`gdnflow.codec.device_groups`), made by the host build's threads where
-    the ``lanes`` are coded there, else on the GPU for a cuda ``device``; else Nones and
-    None: the coders group each block themselves."""
+def block_groups(indexes, blocks, device, lanes, values=None):
+    """(groups, positions, nonzero): each block's ``table_groups`` and the grouped
+    elements' offsets into y (:mod:`gdnflow.codec.device_groups`), made by the host
+    build's threads where the ``lanes`` are coded there (with y's ``values``, also each
+    block's count of non-zero values per table), else on the GPU for a cuda ``device``;
+    else Nones: the coders group each block themselves."""
     if lanes == "host":
-        return table_groups_on_host(indexes, blocks)
+        return table_groups_on_host(indexes, blocks, values)
     if device == "cuda":
-        return table_groups_by_block(indexes, blocks)
-    return [None] * len(blocks), None
+        return (*table_groups_by_block(indexes, blocks), None)
+    return [None] * len(blocks), None, None
 
 
 def encode_single_stream(encoder, escapes, q_z, q, tables):
@@ -366,10 +375,12 @@ class HyperpriorCodec(Codec):
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
-            groups, positions = block_groups(indexes, blocks, self.device, self.lanes)
+            groups, positions, nonzero = block_groups(indexes, blocks, self.device, self.lanes,
+                                                      q)
             if self.version == HYPERPRIOR_RANS_VERSION:
                 substreams = encode_rans(q_z, tables.z, splits[0], True, self.lanes) + \
-                    encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes, positions)
+                    encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes, positions,
+                                         nonzero)
             else:
                 substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
                     encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
@@ -413,7 +424,7 @@ class HyperpriorCodec(Codec):
                                     source, self.map, quiet)
         indexes = tables.indexes(q_z, self.device)
         blocks = split_y.blocks(header.latent_shape)
-        groups, positions = block_groups(indexes, blocks, self.device, self.lanes)
+        groups, positions, _ = block_groups(indexes, blocks, self.device, self.lanes)
         if rans:
             return header, decode_by_table_rans(substreams[side:], indexes, blocks, groups,
                                                 True, self.lanes, source, positions)

@@ -56,7 +56,7 @@ def random_indexes(rng, shape):
 def check_against_the_host(shape, split, rng, group=table_groups_by_block):
     indexes = random_indexes(rng, shape)
     blocks = split.blocks(shape)
-    groups, positions = group(indexes, blocks)
+    groups, positions = group(indexes, blocks)[:2]
     assert len(groups) == len(blocks)
     flat = np.arange(indexes.size).reshape(shape)
     offset = 0
@@ -147,3 +147,20 @@ def test_the_host_grouping_refuses_what_the_kernels_refuse():
     blocks = [(slice(0, 2), slice(0, 2)), (slice(2, 2), slice(0, 2))]
     with pytest.raises(ValueError, match="table_groups_on_host: .* at least one"):
         table_groups_on_host(np.zeros((2, 2, 2), np.uint8), blocks)
+
+
+@NEEDS_NVCC
+def test_the_host_grouping_counts_each_tables_nonzero_values_per_block(rng):
+    shape, split = (40, 9, 13), Split(5, 2)
+    indexes = random_indexes(rng, shape)
+    values = np.where(rng.random(shape) < 0.2, rng.integers(-3, 4, shape), 0).astype(np.int32)
+    blocks = split.blocks(shape)
+    groups, positions, nonzero = table_groups_on_host(indexes, blocks, values)
+    assert nonzero.shape == (len(blocks), TABLE_COUNT)
+    for b, (channels, rows) in enumerate(blocks):
+        block_values, block_indexes = values[channels, rows], indexes[channels, rows]
+        want = np.bincount(block_indexes[block_values != 0], minlength=TABLE_COUNT)
+        np.testing.assert_array_equal(nonzero[b], want)
+    assert table_groups_on_host(indexes, blocks)[2] is None
+    with pytest.raises(ValueError, match="values of \\(40, 9, 12\\) for indexes of"):
+        table_groups_on_host(indexes, blocks, values[..., :12])
