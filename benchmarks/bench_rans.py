@@ -10,11 +10,12 @@ Times are wall times of the whole call (uploads, kernel, downloads; the host
 coder's Python calls), medians of 5 after a warm-up.
 """
 import argparse
+import os
 
 import numpy as np
 
 from gdnflow.benchmarking import emit, gpu_name, markdown_table, median_wall_ms
-from gdnflow.codec.host_lanes import decode_host, encode_host, workers
+from gdnflow.codec.host_lanes import decode_host, encode_host
 from gdnflow.codec.rans import ESCAPE_MARK, Lanes, RansTables, decode_cuda, encode_cuda, symbols_of
 from gdnflow.codec.substreams import categorical_model, range_decoder, range_encoder
 from gdnflow.backends import cuda
@@ -118,7 +119,7 @@ def main():
          "decode: range coder / host lanes"], rows,
         notes=["wall time of a whole call, medians of 5; range coder: one thread, one "
                "constriction call per run as in version 11; host lanes: "
-               f"{workers()} threads"], gpu=gpu_name()), args.out)
+               f"OpenMP threads, {os.cpu_count()} cores"], gpu=gpu_name()), args.out)
 
 
 if __name__ == "__main__":

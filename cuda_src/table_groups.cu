@@ -92,10 +92,9 @@ extern "C" __global__ void table_tile_order(
     }
 }
 
-// Host entry point: blocks [first, last) grouped on the calling thread, for
-// gdnflow/codec/device_groups.py's host grouping (this file built for the host
-// with nvcc; each of its threads takes a range of blocks, which write disjoint
-// slots). Block b holds block_channels[b] channels from block_channel[b] and
+// Host entry point: every block grouped, blocks shared among OpenMP threads (they
+// write disjoint slots), for gdnflow/codec/device_groups.py's host grouping (this
+// file built for the host with nvcc -fopenmp). Block b holds block_channels[b] channels from block_channel[b] and
 // block_rows[b] rows from block_row[b], every column; its slots start at
 // block_base[b]. Writes its counts per table to totals[b * TABLE_COUNT ...] and,
 // table by table, its elements' numbers to order and offsets to positions: what
@@ -105,11 +104,12 @@ extern "C" __global__ void table_tile_order(
 // tables an encoder must code).
 #ifndef __CUDA_ARCH__
 extern "C" void table_groups_host(
-        int first, int last, const unsigned char* indexes, const int* values,
+        int blocks, const unsigned char* indexes, const int* values,
         const int* block_channel, const int* block_channels, const int* block_row,
         const int* block_rows, const long long* block_base, int height, int width,
         int* totals, int* nonzero, int* order, int* positions) {
-    for (int b = first; b < last; ++b) {
+#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+    for (int b = 0; b < blocks; ++b) {
         int* counts = totals + (long long)b * TABLE_COUNT;
         int* nonzero_counts = values ? nonzero + (long long)b * TABLE_COUNT : nullptr;
         for (int k = 0; k < TABLE_COUNT; ++k) counts[k] = 0;

@@ -13,8 +13,8 @@ pass lists each grouped element's offset into y, which the rANS lanes gather
 (:func:`~gdnflow.codec.rans_substreams.table_lanes`).
 
 :func:`table_groups_on_host` gives the same from the file's host entry point
-(the file built for the host with nvcc), each host thread grouping a range of
-blocks in two passes (count, place): where the lanes are coded on the host
+(the file built for the host with nvcc), OpenMP threads grouping the blocks,
+each in two passes (count, place): where the lanes are coded on the host
 (:mod:`gdnflow.codec.host_lanes`), it spares the GPU grouping's round trips.
 """
 import ctypes
@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from gdnflow.backends import cuda
-from gdnflow.codec.host_lanes import pointers, run_ranges
+from gdnflow.codec.host_lanes import pointers
 
 SOURCE = "table_groups.cu"
 #: Elements a thread of the kernels walks (consecutive elements of one block).
@@ -125,17 +125,16 @@ def _host_library():
     from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.table_groups_host.argtypes = ([number, number] + [pointer] * 7 + [number, number]
-                                          + [pointer] * 4)
+    library.table_groups_host.argtypes = [number] + [pointer] * 7 + [number, number] + \
+        [pointer] * 4
     return library
 
 
 def table_groups_on_host(indexes, blocks, values=None):
     """(groups, positions, nonzero): what :func:`table_groups_by_block` gives, computed by
-    table_groups.cu's host entry point, the blocks shared among the host's threads
-    (:func:`host_lanes.run_ranges <gdnflow.codec.host_lanes.run_ranges>`); with y's integer
-    ``values`` (the shape of ``indexes``), also each block's count of non-zero values per
-    table (int32 (blocks, TABLE_COUNT)), else None."""
+    table_groups.cu's host entry point, the blocks shared among OpenMP threads; with y's
+    integer ``values`` (the shape of ``indexes``), also each block's count of non-zero
+    values per table (int32 (blocks, TABLE_COUNT)), else None."""
     indexes = checked_indexes(indexes, "table_groups_on_host")
     sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * indexes.shape[2]
                       for c, r in blocks], np.int64)
@@ -152,9 +151,8 @@ def table_groups_on_host(indexes, blocks, values=None):
     totals = np.empty((len(blocks), TABLE_COUNT), np.int32)
     nonzero = None if values is None else np.empty((len(blocks), TABLE_COUNT), np.int32)
     grouped = np.empty((2, int(sizes.sum())), np.int32)
-    run_ranges(_host_library().table_groups_host, sizes, indexes.ctypes.data,
-               None if values is None else values.ctypes.data,
-               *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2],
-               totals.ctypes.data, None if nonzero is None else nonzero.ctypes.data,
-               *pointers(grouped[0], grouped[1]))
+    _host_library().table_groups_host(
+        len(blocks), indexes.ctypes.data, None if values is None else values.ctypes.data,
+        *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2], totals.ctypes.data,
+        None if nonzero is None else nonzero.ctypes.data, *pointers(grouped[0], grouped[1]))
     return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1], nonzero

@@ -4,9 +4,9 @@ A GPU walks a lane's symbols one thread at a time, about 200 ns a symbol
 (``benchmarks/results/rans_lanes.md``), so it wins only with many lanes; a
 hyperprior's small files have a few (the split's rate cost bounds them). The
 same per-lane steps (``__host__ __device__`` in rans.cu) built for the host
-with nvcc code a symbol in a few nanoseconds, and lanes are independent: each
-worker thread codes a range of them (ctypes lets go of the GIL while the
-library runs). The words and values are the GPU kernels' and the NumPy
+with nvcc code a symbol in a few nanoseconds, and lanes are independent: the
+host entry points share them among OpenMP threads (one call, the GIL let go
+while it runs). The words and values are the GPU kernels' and the NumPy
 coder's (:mod:`gdnflow.codec.rans`), so any of the three reads what another
 wrote.
 
@@ -17,21 +17,11 @@ take and give what :func:`~gdnflow.codec.rans.encode_numpy` and
 """
 import ctypes
 import functools
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from gdnflow.codec.rans import SOURCE, padded_words
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
-
-#: Less work than this in all (symbols coded, elements grouped) is done on the calling
-#: thread (a thread's hand-over costs more than doing it).
-THREAD_WORK = 1 << 14
-
-_pool_lock = threading.Lock()
-_pool = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,8 +30,8 @@ def _library():
     from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.rans_encode_lanes_host.argtypes = [number, number] + [pointer] * 14
-    library.rans_decode_lanes_host.argtypes = [number, number] + [pointer] * 15
+    library.rans_encode_lanes_host.argtypes = [number] + [pointer] * 14
+    library.rans_decode_lanes_host.argtypes = [number] + [pointer] * 15
     return library
 
 
@@ -53,43 +43,6 @@ def available():
     except (BackendUnavailableError, KernelCompileError, OSError):
         return False
     return True
-
-
-def workers():
-    """The threads that share the lanes: the cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def _executor():
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(workers(), thread_name_prefix="gdnflow-lanes")
-        return _pool
-
-
-def lane_ranges(symbols, count):
-    """At most ``count`` consecutive (first, last) ranges of lanes with about equal numbers
-    of ``symbols`` (per lane), none empty."""
-    totals = np.cumsum(symbols)
-    if len(symbols) == 0:
-        return []
-    cuts = np.searchsorted(totals, totals[-1] * np.arange(1, count) / count, side="left") + 1
-    bounds = np.unique(np.concatenate([[0], np.minimum(cuts, len(symbols)), [len(symbols)]]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-
-
-def run_ranges(entry, work, *arguments):
-    """``entry(first, last, *arguments)`` over all items (lanes, blocks) whose ``work`` (per
-    item) is given: ranges of items of about equal work on worker threads
-    (:func:`lane_ranges`), or all on this thread for little work. The items must write
-    disjoint memory."""
-    if work.sum() < THREAD_WORK or workers() == 1:
-        entry(0, len(work), *arguments)
-        return
-    for job in [_executor().submit(entry, first, last, *arguments)
-                for first, last in lane_ranges(work, workers())]:
-        job.result()
 
 
 def pointers(*arrays):
@@ -109,14 +62,13 @@ def encode_host(lanes, tables, latents):
     if lanes.lanes == 0:
         return [], np.zeros(0, np.int32)
     latents = np.ascontiguousarray(latents, np.int32)
-    symbols = lanes.symbols()
-    ends = np.cumsum(symbols + 2).astype(np.int64)
+    ends = np.cumsum(lanes.symbols() + 2).astype(np.int64)
     words = np.empty(int(ends[-1]), np.uint16)
     used = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables)
-    run_ranges(_library().rans_encode_lanes_host, symbols,
-         *pointers(latents, *arrays, ends, words, used, escapes))
+    _library().rans_encode_lanes_host(lanes.lanes,
+                                      *pointers(latents, *arrays, ends, words, used, escapes))
     streams = [padded_words(words[end - n:end]) for end, n in zip(ends.tolist(), used.tolist())]
     return streams, escapes
 
@@ -134,6 +86,6 @@ def decode_host(lanes, tables, streams, latents):
     status = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables) + (tables.buckets,)
-    run_ranges(_library().rans_decode_lanes_host, lanes.symbols(),
-         *pointers(words, begins, *arrays, latents, status, escapes))
+    _library().rans_decode_lanes_host(lanes.lanes, *pointers(words, begins, *arrays, latents,
+                                                              status, escapes))
     return status, escapes

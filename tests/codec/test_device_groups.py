@@ -136,7 +136,7 @@ NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 @NEEDS_NVCC
 @pytest.mark.parametrize("shape, split", CASES + [((192, 96, 128), Split(12, 4))])
 def test_host_threads_group_as_the_host_sorts(shape, split, rng):
-    """The last case (2.4 M elements in 48 blocks) runs on the worker threads."""
+    """The last case: 2.4 M elements in 48 blocks, shared among the OpenMP threads."""
     check_against_the_host(shape, split, rng, table_groups_on_host)
 
 

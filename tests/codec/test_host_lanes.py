@@ -1,6 +1,6 @@
 """The rANS lanes coded on the host's threads (gdnflow/codec/host_lanes.py: cuda_src/rans.cu
-built for the host) against the NumPy coder: the same words and values, on one thread and
-on many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the same bytes either way."""
+built for the host with OpenMP) against the NumPy coder: the same words and values, for few
+lanes and many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the same bytes either way."""
 import shutil
 
 import numpy as np
@@ -29,9 +29,7 @@ def outside_the_supports(lanes, tables, latents):
 @needs_nvcc
 @pytest.mark.parametrize("lane_count, size", [(6, 3000), (40, 200_000)])
 def test_host_lanes_code_as_the_numpy_coder(rng, lane_count, size):
-    """The small case runs on the calling thread, the large one on the worker threads."""
     lanes, tables, _, latents = random_case(rng, lanes=lane_count, size=size)
-    assert (lanes.symbols().sum() >= host_lanes.THREAD_WORK) == (size > 3000)
     want = encode_numpy(lanes, tables, latents)
     streams, escapes = host_lanes.encode_host(lanes, tables, latents)
     assert len(streams) == len(want)
@@ -58,21 +56,6 @@ def test_decoding_refuses_latents_it_cannot_write_in_place(rng):
     streams, _ = host_lanes.encode_host(lanes, tables, latents)
     with pytest.raises(ValueError, match="contiguous int32"):
         host_lanes.decode_host(lanes, tables, streams, np.zeros(latents.shape, np.int64))
-
-
-@pytest.mark.parametrize("symbols, count", [([5, 1, 1, 1, 9, 0, 3], 3), ([4] * 10, 4),
-                                            ([1, 2], 8), ([100, 0, 0], 2), ([], 3)])
-def test_lane_ranges_cover_every_lane_once_in_about_equal_shares(symbols, count):
-    ranges = host_lanes.lane_ranges(np.array(symbols, np.int64), count)
-    assert len(ranges) <= count
-    covered = [lane for first, last in ranges for lane in range(first, last)]
-    assert covered == list(range(len(symbols)))
-    assert all(last > first for first, last in ranges)
-    if symbols and len(ranges) > 1:
-        shares = [sum(symbols[first:last]) for first, last in ranges]
-        # a cut falls at the first lane that reaches its share: no share is more than a
-        # share and one lane's worth beyond what it should be
-        assert max(shares) <= sum(symbols) / count + max(symbols)
 
 
 @needs_nvcc

@@ -43,7 +43,7 @@ NVCC_OPTIONS = ("-O3", "-std=c++17")
 ENTRY_MAGIC = b"gdnflow-cubin-1\n"
 #: The cache's folder (in place of an architecture) and nvcc's options for host libraries.
 HOST_FOLDER = "host"
-HOST_LIBRARY_OPTIONS = ("-x", "cu", "--shared", "-Xcompiler", "-fPIC")
+HOST_LIBRARY_OPTIONS = ("-x", "cu", "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fopenmp")
 _DIGEST_BYTES = 32
 _SCRIPT_BYTES = 4096    # a wrapper script of nvcc is at most this long (the binary is MBs)
 
@@ -248,7 +248,7 @@ class KernelCache:
 
     def host_library(self, file):
         """``file``'s host functions as a loaded ``ctypes.CDLL``: the shared library that
-        ``nvcc -x cu --shared`` builds of the expanded source, from the cache, else built
+        ``nvcc -x cu --shared`` (with OpenMP) builds of the expanded source, from the cache, else built
         and kept (a kept library that does not load, e.g. truncated, is built again).
         Raises :class:`BackendUnavailableError` without nvcc, :class:`KernelCompileError`
         where nvcc fails."""
