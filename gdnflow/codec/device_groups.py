@@ -23,6 +23,7 @@ import functools
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.kernel_cache import KernelCache
 from gdnflow.codec.host_lanes import pointers
 
 SOURCE = "table_groups.cu"
@@ -122,7 +123,6 @@ def table_groups_by_block(indexes, blocks):
 @functools.lru_cache(maxsize=1)
 def _host_library():
     """table_groups.cu's host build (kernel cache), its entry point's argument types set."""
-    from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
     library.table_groups_host.argtypes = [number] + [pointer] * 7 + [number, number] + \

@@ -20,6 +20,7 @@ import functools
 
 import numpy as np
 
+from gdnflow.backends.cuda.kernel_cache import KernelCache
 from gdnflow.codec.rans import SOURCE, padded_words
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 
@@ -27,7 +28,6 @@ from gdnflow.errors import BackendUnavailableError, KernelCompileError
 @functools.lru_cache(maxsize=1)
 def _library():
     """rans.cu's host build (kernel cache), its entry points' argument types set."""
-    from gdnflow.backends.cuda.kernel_cache import KernelCache   # no PyCUDA needed
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
     library.rans_encode_lanes_host.argtypes = [number] + [pointer] * 14

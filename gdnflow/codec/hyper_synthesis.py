@@ -207,6 +207,10 @@ class ExactHyperSynthesis:
     def cuda_indexes(self, q_z, table):
         """The table indexes (uint8) for integer q_z (N, h', w') from the float64 GPU kernels,
         in one pass (no tiles): equal to :meth:`scales` then ``scale_indexes`` on the host."""
+        return cuda.get_runtime().to_numpy(self._launch_cuda_indexes(q_z, table))
+
+    def _launch_cuda_indexes(self, q_z, table):
+        """:meth:`cuda_indexes`'s kernels launched; their output, a device array."""
         runtime = cuda.get_runtime()
         a = runtime.from_numpy(np.ascontiguousarray(self.input_units(q_z)))
         *hidden, last = self.layers
@@ -225,7 +229,7 @@ class ExactHyperSynthesis:
             indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
             bounds.ptr, bounds.size, *shape, int(last.transpose), int(last.relu),
             int(last.exponent) + FRACTION_BITS)
-        return runtime.to_numpy(indexes)
+        return indexes
 
     def _device_bounds(self, table):
         """The scales :func:`scale_indexes` searches (all but the last of ``table``) as a
@@ -241,6 +245,12 @@ class ExactHyperSynthesis:
         (increasing scales, at most 256), computed tile by tile (module docstring) on
         ``device`` ("numpy" or "cuda": the same indexes); ``tile``: the tiles' side in
         latents (by default TILE_LATENTS on NumPy, CUDA_TILE_LATENTS on the GPU)."""
+        return self.start_indexes(q_z, table, tile, device)()
+
+    def start_indexes(self, q_z, table, tile=None, device="numpy"):
+        """:meth:`indexes` started: a function that returns them. On the GPU the kernels of
+        every tile are launched here and the function waits for them, so the host may work
+        in between; on NumPy they are computed here."""
         if device not in ("numpy", "cuda"):
             raise ValueError(f"hyper-synthesis: unknown device {device!r} (numpy or cuda)")
         if len(table) > 256:
@@ -252,14 +262,22 @@ class ExactHyperSynthesis:
         upsampling = total_stride(self.modules)         # 4: y's latents per z element
         height, width = (upsampling * side for side in q_z.shape[1:])
         out = np.empty((self.layers[-1].bias.shape[0], height, width), np.uint8)
+        launched = []       # (crop on the device, where it goes, its rows and columns there)
         for top, bottom in tile_ranges(height, tile):
             r0, r1 = synthesis_crop(self.modules, top, bottom, q_z.shape[1])
             for left, right in tile_ranges(width, tile):
                 c0, c1 = synthesis_crop(self.modules, left, right, q_z.shape[2])
                 r, c = upsampling * r0, upsampling * c0
+                place = (slice(None), slice(top, bottom), slice(left, right))
+                taken = (slice(None), slice(top - r, bottom - r), slice(left - c, right - c))
                 if device == "cuda":
-                    crop = self.cuda_indexes(q_z[:, r0:r1, c0:c1], table)
+                    launched.append((self._launch_cuda_indexes(q_z[:, r0:r1, c0:c1], table),
+                                     place, taken))
                 else:
-                    crop = scale_indexes(self.scales(q_z[:, r0:r1, c0:c1]), table)
-                out[:, top:bottom, left:right] = crop[:, top - r:bottom - r, left - c:right - c]
-        return out
+                    out[place] = scale_indexes(self.scales(q_z[:, r0:r1, c0:c1]), table)[taken]
+
+        def finish():
+            for crop, place, taken in launched:
+                out[place] = cuda.get_runtime().to_numpy(crop)[taken]
+            return out
+        return finish

@@ -117,6 +117,11 @@ class HyperpriorTables:
         :class:`~gdnflow.codec.hyper_synthesis.ExactHyperSynthesis`)."""
         return self.hyper_synthesis.indexes(q_z, self.gaussian.scales, device=device)
 
+    def start_indexes(self, q_z, device="numpy"):
+        """:meth:`indexes` started: a function that returns them (on a GPU the host may work
+        while the kernels run: ExactHyperSynthesis.start_indexes)."""
+        return self.hyper_synthesis.start_indexes(q_z, self.gaussian.scales, device=device)
+
 
 def build_hyperprior_tables(model):
     """The :class:`HyperpriorTables` of a ScaleHyperprior ``model``."""
@@ -369,23 +374,26 @@ class HyperpriorCodec(Codec):
                              f"{sides[0] // m}x{sides[1] // m}, got {q.shape} and {q_z.shape}")
         if self.version not in SINGLE_STREAM_VERSIONS:
             quiet = self.version in QUIET_VERSIONS
+            rans = self.version == HYPERPRIOR_RANS_VERSION
+            # z is coded while a GPU works out y's table indexes from it.
+            finish_indexes = tables.start_indexes(q_z, self.device)
             splits = (factorized_split(q_z, tables.z, self.substream_bits),)
-            indexes = tables.indexes(q_z, self.device)
+            substreams = encode_rans(q_z, tables.z, splits[0], True, self.lanes) if rans else \
+                encode_factorized(q_z, tables.z, splits[0], self.map, quiet)
+            indexes = finish_indexes()
             gaussian = tables.gaussian
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
             groups, positions, nonzero = block_groups(indexes, blocks, self.device, self.lanes,
                                                       q)
-            if self.version == HYPERPRIOR_RANS_VERSION:
-                substreams = encode_rans(q_z, tables.z, splits[0], True, self.lanes) + \
-                    encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes, positions,
-                                         nonzero)
+            if rans:
+                substreams += encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes,
+                                                   positions, nonzero)
             else:
-                substreams = encode_factorized(q_z, tables.z, splits[0], self.map, quiet) + \
-                    encode_blocks(encode_by_table, [(q[c, r], indexes[c, r], quiet, g)
-                                                    for (c, r), g in zip(blocks, groups)],
-                                  self.map)
+                substreams += encode_blocks(encode_by_table,
+                                            [(q[c, r], indexes[c, r], quiet, g)
+                                             for (c, r), g in zip(blocks, groups)], self.map)
         else:
             splits, substreams = (), [encode_substream(encode_single_stream, (q_z, q, tables))]
         header = Header(height, width, q.shape[0], q.shape[1], q.shape[2], self._id,

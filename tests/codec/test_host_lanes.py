@@ -1,7 +1,11 @@
 """The rANS lanes coded on the host's threads (gdnflow/codec/host_lanes.py: cuda_src/rans.cu
 built for the host with OpenMP) against the NumPy coder: the same words and values, for few
 lanes and many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the same bytes either way."""
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +14,6 @@ from gdnflow.codec import host_lanes
 from gdnflow.codec.codec import Codec
 from gdnflow.codec.hyperprior import HyperpriorCodec
 from gdnflow.codec.rans import ESCAPE_MARK, LANE_OK, decode_numpy, encode_numpy
-from gdnflow.errors import BackendUnavailableError
 
 from codec_kit import make_hyperprior, make_model, random_case, smooth_image
 
@@ -81,12 +84,31 @@ def test_host_lanes_make_the_hyperprior_write_its_lanes_version():
     assert Codec(make_model(), lanes="host").version == 14
 
 
-def test_the_lanes_argument_is_checked(monkeypatch):
+def test_the_lanes_argument_is_checked():
     model = make_model()
     with pytest.raises(ValueError, match="Codec: lanes must be one of .* got 'gpu'"):
         Codec(model, lanes="gpu")
     with pytest.raises(ValueError, match="lanes=\"cuda\" needs a model on the cuda device"):
         Codec(model, lanes="cuda")
-    monkeypatch.setattr(host_lanes, "available", lambda: False)
-    with pytest.raises(BackendUnavailableError, match="lanes=\"host\" needs nvcc"):
-        Codec(model, lanes="host")
+
+
+#: Asks for host lanes where no nvcc can be found and none was built (a fresh cache).
+WITHOUT_NVCC = """
+from gdnflow.codec.codec import Codec
+from codec_kit import make_model
+try:
+    Codec(make_model(), lanes="host")
+except BackendUnavailableError as error:
+    print(error)
+"""
+
+
+def test_host_lanes_without_nvcc_are_refused_by_name(tmp_path):
+    environment = dict(os.environ, PATH=str(tmp_path), CUDA_HOME=str(tmp_path),
+                       GDNFLOW_KERNEL_CACHE=str(tmp_path / "cache"),
+                       PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1])]
+                                                  + sys.path))
+    result = subprocess.run([sys.executable, "-c", WITHOUT_NVCC], env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Codec: lanes=\"host\" needs nvcc to build the lane coder" in result.stdout
