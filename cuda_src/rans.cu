@@ -154,17 +154,18 @@ extern "C" __global__ void rans_decode(
                                              table_low, buckets, latents, lane_escapes + lane);
 }
 
-// Host entry points: every lane coded, lanes shared among OpenMP threads (lanes
-// write disjoint words and latents), for gdnflow/codec/host_lanes.py, which builds
+// Host entry points: every lane coded, lanes shared among `threads` OpenMP threads
+// (lanes write disjoint words and latents; threads above the lane count would only
+// wait), for gdnflow/codec/host_lanes.py, which builds
 // this file for the host with nvcc -fopenmp. The device pass skips them: the GPU
 // module holds kernels only.
 #ifndef __CUDA_ARCH__
 extern "C" void rans_encode_lanes_host(
-        int lanes, const int* latents, const int* lane_runs, const int* run_table,
+        int lanes, int threads, const int* latents, const int* lane_runs, const int* run_table,
         const int* run_count, const long long* run_dest, const int* positions, const int* cdf,
         const int* table_offset, const int* table_size, const int* table_low,
         const long long* lane_end, unsigned short* words, int* lane_words, int* lane_escapes) {
-#pragma omp parallel for schedule(dynamic, 1) if (lanes > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int lane = 0; lane < lanes; ++lane)
         lane_words[lane] = rans_encode_lane(lane, latents, lane_runs, run_table, run_count,
                                             run_dest, positions, cdf, table_offset, table_size,
@@ -173,12 +174,12 @@ extern "C" void rans_encode_lanes_host(
 }
 
 extern "C" void rans_decode_lanes_host(
-        int lanes, const unsigned short* words, const long long* lane_begin,
+        int lanes, int threads, const unsigned short* words, const long long* lane_begin,
         const int* lane_runs, const int* run_table, const int* run_count,
         const long long* run_dest, const int* positions, const int* cdf,
         const int* table_offset, const int* table_size, const int* table_low,
         const int* buckets, int* latents, int* lane_status, int* lane_escapes) {
-#pragma omp parallel for schedule(dynamic, 1) if (lanes > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int lane = 0; lane < lanes; ++lane)
         lane_status[lane] = rans_decode_lane(lane, words, lane_begin[lane], lane_begin[lane + 1],
                                              lane_runs, run_table, run_count, run_dest,

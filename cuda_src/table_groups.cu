@@ -92,8 +92,8 @@ extern "C" __global__ void table_tile_order(
     }
 }
 
-// Host entry point: every block grouped, blocks shared among OpenMP threads (they
-// write disjoint slots), for gdnflow/codec/device_groups.py's host grouping (this
+// Host entry point: every block grouped, blocks shared among `threads` OpenMP
+// threads (they write disjoint slots), for gdnflow/codec/device_groups.py's host grouping (this
 // file built for the host with nvcc -fopenmp). Block b holds block_channels[b] channels from block_channel[b] and
 // block_rows[b] rows from block_row[b], every column; its slots start at
 // block_base[b]. Writes its counts per table to totals[b * TABLE_COUNT ...] and,
@@ -104,11 +104,11 @@ extern "C" __global__ void table_tile_order(
 // tables an encoder must code).
 #ifndef __CUDA_ARCH__
 extern "C" void table_groups_host(
-        int blocks, const unsigned char* indexes, const int* values,
+        int blocks, int threads, const unsigned char* indexes, const int* values,
         const int* block_channel, const int* block_channels, const int* block_row,
         const int* block_rows, const long long* block_base, int height, int width,
         int* totals, int* nonzero, int* order, int* positions) {
-#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int b = 0; b < blocks; ++b) {
         int* counts = totals + (long long)b * TABLE_COUNT;
         int* nonzero_counts = values ? nonzero + (long long)b * TABLE_COUNT : nullptr;

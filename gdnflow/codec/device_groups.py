@@ -24,7 +24,7 @@ import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.backends.cuda.kernel_cache import KernelCache
-from gdnflow.codec.host_lanes import pointers
+from gdnflow.codec.host_lanes import pointers, threads_for
 
 SOURCE = "table_groups.cu"
 #: Elements a thread of the kernels walks (consecutive elements of one block).
@@ -125,7 +125,7 @@ def _host_library():
     """table_groups.cu's host build (kernel cache), its entry point's argument types set."""
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.table_groups_host.argtypes = [number] + [pointer] * 7 + [number, number] + \
+    library.table_groups_host.argtypes = [number, number] + [pointer] * 7 + [number, number] + \
         [pointer] * 4
     return library
 
@@ -152,7 +152,8 @@ def table_groups_on_host(indexes, blocks, values=None):
     nonzero = None if values is None else np.empty((len(blocks), TABLE_COUNT), np.int32)
     grouped = np.empty((2, int(sizes.sum())), np.int32)
     _host_library().table_groups_host(
-        len(blocks), indexes.ctypes.data, None if values is None else values.ctypes.data,
+        len(blocks), threads_for(len(blocks)), indexes.ctypes.data,
+        None if values is None else values.ctypes.data,
         *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2], totals.ctypes.data,
         None if nonzero is None else nonzero.ctypes.data, *pointers(grouped[0], grouped[1]))
     return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1], nonzero

@@ -17,6 +17,7 @@ take and give what :func:`~gdnflow.codec.rans.encode_numpy` and
 """
 import ctypes
 import functools
+import os
 
 import numpy as np
 
@@ -30,8 +31,8 @@ def _library():
     """rans.cu's host build (kernel cache), its entry points' argument types set."""
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.rans_encode_lanes_host.argtypes = [number] + [pointer] * 14
-    library.rans_decode_lanes_host.argtypes = [number] + [pointer] * 15
+    library.rans_encode_lanes_host.argtypes = [number, number] + [pointer] * 14
+    library.rans_decode_lanes_host.argtypes = [number, number] + [pointer] * 15
     return library
 
 
@@ -43,6 +44,14 @@ def available():
     except (BackendUnavailableError, KernelCompileError, OSError):
         return False
     return True
+
+
+def threads_for(items):
+    """The OpenMP threads for ``items`` independent lanes or blocks: one each, at most one per
+    core this process may use (more would only wait, and contend with other threaded
+    libraries for the cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(int(items), cores or 1))
 
 
 def pointers(*arrays):
@@ -67,7 +76,7 @@ def encode_host(lanes, tables, latents):
     used = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables)
-    _library().rans_encode_lanes_host(lanes.lanes,
+    _library().rans_encode_lanes_host(lanes.lanes, threads_for(lanes.lanes),
                                       *pointers(latents, *arrays, ends, words, used, escapes))
     streams = [padded_words(words[end - n:end]) for end, n in zip(ends.tolist(), used.tolist())]
     return streams, escapes
@@ -86,6 +95,6 @@ def decode_host(lanes, tables, streams, latents):
     status = np.empty(lanes.lanes, np.int32)
     escapes = np.empty(lanes.lanes, np.int32)
     arrays = _lane_arrays(lanes, tables) + (tables.buckets,)
-    _library().rans_decode_lanes_host(lanes.lanes, *pointers(words, begins, *arrays, latents,
-                                                              status, escapes))
+    _library().rans_decode_lanes_host(lanes.lanes, threads_for(lanes.lanes),
+                                      *pointers(words, begins, *arrays, latents, status, escapes))
     return status, escapes

@@ -95,6 +95,7 @@ def test_the_lanes_argument_is_checked():
 #: Asks for host lanes where no nvcc can be found and none was built (a fresh cache).
 WITHOUT_NVCC = """
 from gdnflow.codec.codec import Codec
+from gdnflow.errors import BackendUnavailableError
 from codec_kit import make_model
 try:
     Codec(make_model(), lanes="host")
@@ -111,4 +112,5 @@ def test_host_lanes_without_nvcc_are_refused_by_name(tmp_path):
     result = subprocess.run([sys.executable, "-c", WITHOUT_NVCC], env=environment,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "Codec: lanes=\"host\" needs nvcc to build the lane coder" in result.stdout
+    assert "Codec: lanes=\"host\" needs nvcc to build the lane coder" in result.stdout, \
+        result.stdout + result.stderr
