@@ -205,6 +205,12 @@ def cmd_build_kernels(args):
         print(f"{arch}: {counts['compiled']} compiled, {counts['cached']} already cached, "
               f"{counts['failed']} failed, in {time.perf_counter() - started:.1f} s "
               f"({cache.folder})")
+    if not args.files:      # the host libraries of gdnflow's own sources
+        for source, outcome, error in KernelCache(args.cache).build_host_libraries():
+            print(f"  host  {outcome:8} {source}", flush=True)
+            if error is not None:
+                print(error, file=sys.stderr)
+                failed.append(f"{source} (host)")
     if failed:
         raise KernelCompileError(f"{len(failed)} module{'s' if len(failed) > 1 else ''} did not "
                                  f"compile (nvcc's messages above): {', '.join(failed)}")

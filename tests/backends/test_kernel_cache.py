@@ -456,6 +456,19 @@ def test_a_host_library_that_does_not_compile_names_the_file(tmp_path):
     assert not any((tmp_path / "cache").rglob("*.so"))
 
 
+@needs_nvcc
+def test_build_host_libraries_says_compiled_then_cached_and_names_a_failure(tmp_path):
+    bad = tmp_path / "bad_host.cu"
+    bad.write_text('extern "C" int f(int x) {\n  x = ;\n  return x;\n}\n')
+    cache = KernelCache(tmp_path / "cache")
+    first = cache.build_host_libraries((HOST_SOURCE, bad))
+    assert [(source, outcome) for source, outcome, _ in first] == \
+        [(HOST_SOURCE, "compiled"), (bad, "failed")]
+    assert f"nvcc failed on {bad}, line 2" in str(first[1][2])
+    again = KernelCache(tmp_path / "cache").build_host_libraries((HOST_SOURCE,))
+    assert [(outcome, error) for _, outcome, error in again] == [("cached", None)]
+
+
 def test_a_host_library_without_nvcc_says_so(tmp_path):
     with pytest.raises(BackendUnavailableError, match="cannot build host.cu for the host"):
         KernelCache(tmp_path, nvcc="").host_library(HOST_SOURCE)

@@ -43,6 +43,9 @@ NVCC_OPTIONS = ("-O3", "-std=c++17")
 ENTRY_MAGIC = b"gdnflow-cubin-1\n"
 #: The cache's folder (in place of an architecture) and nvcc's options for host libraries.
 HOST_FOLDER = "host"
+#: gdnflow's sources with host entry points (the codec's lanes and grouping:
+#: gdnflow/codec/host_lanes.py, device_groups.py), which ``build-kernels`` builds too.
+HOST_LIBRARY_SOURCES = ("rans.cu", "table_groups.cu")
 HOST_LIBRARY_OPTIONS = ("-x", "cu", "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fopenmp")
 _DIGEST_BYTES = 32
 _SCRIPT_BYTES = 4096    # a wrapper script of nvcc is at most this long (the binary is MBs)
@@ -246,14 +249,32 @@ class KernelCache:
             self.store(key, arch, cubin)
         return cubin
 
+    def host_path(self, file):
+        """Where :meth:`host_library` keeps ``file``'s library (whether or not it exists)."""
+        key = self.key(file, (), " ".join((HOST_FOLDER, *HOST_LIBRARY_OPTIONS)))
+        return self.folder / HOST_FOLDER / f"{key}.so"
+
+    def build_host_libraries(self, sources=HOST_LIBRARY_SOURCES):
+        """[(source, outcome, error)]: each of ``sources``' host library built or found
+        (outcome "compiled", "cached" or "failed"; error the KernelCompileError or None)."""
+        results = []
+        for source in sources:
+            cached = self.host_path(source).is_file()
+            try:
+                self.host_library(source)
+            except KernelCompileError as error:
+                results.append((source, "failed", error))
+                continue
+            results.append((source, "cached" if cached else "compiled", None))
+        return results
+
     def host_library(self, file):
         """``file``'s host functions as a loaded ``ctypes.CDLL``: the shared library that
         ``nvcc -x cu --shared`` (with OpenMP) builds of the expanded source, from the cache, else built
         and kept (a kept library that does not load, e.g. truncated, is built again).
         Raises :class:`BackendUnavailableError` without nvcc, :class:`KernelCompileError`
         where nvcc fails."""
-        key = self.key(file, (), " ".join((HOST_FOLDER, *HOST_LIBRARY_OPTIONS)))
-        path = self.folder / HOST_FOLDER / f"{key}.so"
+        path = self.host_path(file)
         if path.is_file():
             try:
                 return ctypes.CDLL(str(path))
