@@ -168,15 +168,16 @@ class Codec:
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
     written, one of :attr:`versions` (by default :meth:`default_version`: on a
-    GPU the last, rANS substreams that the GPU codes; elsewhere the one before,
+    GPU the last, rANS substreams that the host's threads code (``lanes``); elsewhere
+    the one before,
     range-coded substreams leaving out the quiet channels; the second, every
     channel coded, is what gdnflow before quiet channels reads; the first, one
     stream, what gdnflow before substreams reads); every readable version is
     read. ``executor``: a
     :class:`concurrent.futures.Executor` whose ``map`` codes the range-coded
     substreams (None: one after another; constriction holds the GIL, so threads
-    gain nothing: :mod:`gdnflow.codec.substreams`); version 14's rANS lanes are
-    coded together on the device, without it.
+    gain nothing: :mod:`gdnflow.codec.substreams`); the rANS lanes (versions 14
+    and 16) are coded all at once where ``lanes`` says, without it.
     ``substream_bits``: the estimated payload bits per substream the encoder
     aims for (smaller: more substreams to code in parallel, about 5 bytes each;
     None: the class's :meth:`default_substream_bits`).

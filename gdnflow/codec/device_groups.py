@@ -139,6 +139,10 @@ def table_groups_on_host(indexes, blocks, values=None):
     sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * indexes.shape[2]
                       for c, r in blocks], np.int64)
     check_sizes(sizes, "table_groups_on_host")
+    if any(c.start < 0 or r.start < 0 or c.stop > indexes.shape[0] or r.stop > indexes.shape[1]
+           for c, r in blocks):
+        raise ValueError(f"table_groups_on_host: blocks {blocks} reach past indexes of "
+                         f"{indexes.shape}")
     if values is not None:
         values = np.ascontiguousarray(values, np.int32)
         if values.shape != indexes.shape:

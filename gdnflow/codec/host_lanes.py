@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from gdnflow.backends.cuda.kernel_cache import KernelCache
+from gdnflow.backends.cuda.kernel_cache import HOST_LIBRARY_SOURCES, KernelCache
 from gdnflow.codec.rans import SOURCE, padded_words
 from gdnflow.errors import BackendUnavailableError, KernelCompileError
 
@@ -38,9 +38,13 @@ def _library():
 
 @functools.lru_cache(maxsize=1)
 def available():
-    """Whether the host build of the lane coder can be made (or is kept) on this machine."""
+    """Whether the host builds this codec uses (the lane coder, and the grouping of
+    gdnflow/codec/device_groups.py) can be made here: nvcc (with OpenMP) is needed, and a
+    kept build is found by nvcc's identity."""
     try:
         _library()
+        for source in HOST_LIBRARY_SOURCES:
+            KernelCache().host_library(source)
     except (BackendUnavailableError, KernelCompileError, OSError):
         return False
     return True

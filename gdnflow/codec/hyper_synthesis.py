@@ -71,8 +71,8 @@ TILE_LATENTS = 64
 CUDA_TILE_LATENTS = 256
 #: The GPU kernels (see the module docstring).
 SOURCE = "exact_synthesis.cu"
-#: The most kernel taps of a transposed convolution that may reach one output
-#: (MAX_EXACT_TAPS in the kernels, which list them once per output).
+#: The most kernel taps of a transposed convolution that may reach one output on the GPU
+#: (MAX_EXACT_TAPS in the kernels, which list them once per output; NumPy takes any).
 MAX_EXACT_TAPS = 25
 
 
@@ -90,7 +90,8 @@ class ExactLayer:
 
     Attributes: ``transpose`` (a transposed convolution), ``weight`` and
     ``bias`` (float64 integers), ``exponent`` e (weights are weight * 2^-e),
-    ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU follows).
+    ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU follows),
+    ``reaching_taps``, ``label`` (the layer, for errors).
     """
 
     def __init__(self, layer, relu):
@@ -110,10 +111,9 @@ class ExactLayer:
         self._device_arrays = None
         weight = np.asarray(layer.weight.numpy(), np.float64)
         in_channels, kh, kw = weight.shape[0 if self.transpose else 1], *weight.shape[2:]
-        reaching = -(-kh // self.stride[0]) * -(-kw // self.stride[1])
-        if self.transpose and reaching > MAX_EXACT_TAPS:
-            raise ValueError(f"{label}: {reaching} kernel taps reach each output; the exact "
-                             f"kernels take at most {MAX_EXACT_TAPS}")
+        #: Kernel taps reaching one output of a transposed layer (the GPU kernels' bound).
+        self.reaching_taps = -(-kh // self.stride[0]) * -(-kw // self.stride[1])
+        self.label = label
         bits = _weight_bits(in_channels * kh * kw)
         largest = float(np.max(np.abs(weight)))
         # frexp: largest = m 2^k with 1/2 <= m < 1, so weight * 2^(bits - k) stays within 2^bits.
@@ -256,6 +256,12 @@ class ExactHyperSynthesis:
         if len(table) > 256:
             raise ValueError(f"hyper-synthesis: {len(table)} table scales do not fit uint8 "
                              "indexes (at most 256)")
+        if device == "cuda":
+            for layer in self.layers:
+                if layer.transpose and layer.reaching_taps > MAX_EXACT_TAPS:
+                    raise ValueError(f"{layer.label}: {layer.reaching_taps} kernel taps reach "
+                                     f"each output; the GPU's exact kernels take at most "
+                                     f"{MAX_EXACT_TAPS} (NumPy takes any)")
         if tile is None:
             tile = CUDA_TILE_LATENTS if device == "cuda" else TILE_LATENTS
         q_z = np.asarray(q_z)

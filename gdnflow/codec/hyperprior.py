@@ -385,8 +385,9 @@ class HyperpriorCodec(Codec):
             splits += (choose_split(estimated_bits(q, indexes, gaussian, -gaussian.high),
                                     q.shape, self.substream_bits),)
             blocks = splits[1].blocks(q.shape)
+            # Non-zero counts for version 16's coder only: the range coders find their own.
             groups, positions, nonzero = block_groups(indexes, blocks, self.device, self.lanes,
-                                                      q)
+                                                      q if rans else None)
             if rans:
                 substreams += encode_by_table_rans(q, indexes, blocks, groups, True, self.lanes,
                                                    positions, nonzero)

@@ -164,7 +164,7 @@ def table_lanes(blocks, groups, coded, shape, positions=None):
     by table: block b's tables ``coded[b]`` in order, table k's run gathering the block's
     elements ``order[bounds[k]:bounds[k + 1]]`` of its ``groups[b]`` = (order, bounds)
     (element numbers in the block's raster order). ``positions``: those elements' offsets
-    into y, block after block, where the GPU grouping listed them (else made here)."""
+    into y, block after block, where the grouping listed them (else made here)."""
     height, width = shape[1:]
     lane_runs, made, offset = [], [], 0
     for (channels, rows), (order, bounds), tables in zip(blocks, groups, coded):

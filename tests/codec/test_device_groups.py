@@ -147,6 +147,8 @@ def test_the_host_grouping_refuses_what_the_kernels_refuse():
     blocks = [(slice(0, 2), slice(0, 2)), (slice(2, 2), slice(0, 2))]
     with pytest.raises(ValueError, match="table_groups_on_host: .* at least one"):
         table_groups_on_host(np.zeros((2, 2, 2), np.uint8), blocks)
+    with pytest.raises(ValueError, match="table_groups_on_host: blocks .* reach past indexes"):
+        table_groups_on_host(np.zeros((2, 2, 2), np.uint8), [(slice(0, 2), slice(1, 3))])
 
 
 @NEEDS_NVCC

@@ -155,11 +155,15 @@ def test_gpu_kernels_take_a_transposed_layer_at_the_tap_bound(rng):
                                   numpy_indexes(exact, q_z))
 
 
-def test_more_taps_per_output_than_the_kernels_list_are_refused_by_name():
+def test_more_taps_per_output_than_the_gpu_kernels_list_are_refused_by_name(rng):
+    """NumPy computes such a layer; the GPU path refuses it before launching anything."""
     from gdnflow.nn.conv import ConvTranspose2d
     from gdnflow.nn.layers import Sequential
+    exact = ExactHyperSynthesis(Sequential(ConvTranspose2d(4, 4, 11, stride=2, padding=5,
+                                                           output_padding=1, device="numpy")),
+                                np.zeros(4, np.float32))
+    q_z = rng.integers(-3, 4, (4, 3, 5))
+    assert exact.indexes(q_z, gaussian_tables().scales).shape == (4, 6, 10)
     with pytest.raises(ValueError, match=r"hyper-synthesis .*: 36 kernel taps reach each output; "
-                                         r"the exact kernels take at most 25"):
-        ExactHyperSynthesis(Sequential(ConvTranspose2d(4, 4, 11, stride=2, padding=5,
-                                                       output_padding=1, device="numpy")),
-                            np.zeros(4, np.float32))
+                                         r"the GPU's exact kernels take at most 25"):
+        exact.indexes(q_z, gaussian_tables().scales, device="cuda")

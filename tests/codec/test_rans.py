@@ -13,6 +13,7 @@ from gdnflow.backends import cuda
 from gdnflow.codec import Codec, codec_for, host_lanes, rans
 from gdnflow.codec.format import (HYPERPRIOR_RANS_VERSION, RANS_VERSION, FormatError, Split,
                                   checksum, unpack)
+from gdnflow.codec.device_groups import table_groups_on_host
 from gdnflow.codec.hyperprior import decode_by_table_rans, encode_by_table_rans, table_groups
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_BAD_END, LANE_OK, LANE_TRUNCATED, STATE_LOW,
                                 Lanes, RansTables, decode_cuda, decode_numpy, encode_cuda,
@@ -287,6 +288,23 @@ def test_y_by_table_lanes_round_trip_with_host_groups(rng, split):
     nones = [None] * len(blocks)
     substreams = encode_by_table_rans(q, indexes, blocks, nones, True, "numpy")
     back = decode_by_table_rans(substreams, indexes, blocks, nones, True, "numpy", "y.gdn")
+    np.testing.assert_array_equal(back, q)
+
+
+@NEEDS_NVCC
+@pytest.mark.parametrize("split", [Split(1, 1), Split(4, 3)])
+def test_y_by_table_on_host_lanes_with_the_host_grouping_writes_numpys_bytes(rng, split):
+    """The host grouping's offsets and non-zero counts (a quiet table coded, an escape) in
+    place of the coder's own grouping: the same substreams, and the same y back."""
+    q, indexes = y_case(rng)
+    blocks = split.blocks(q.shape)
+    nones = [None] * len(blocks)
+    want = encode_by_table_rans(q, indexes, blocks, nones, True, "numpy")
+    groups, positions, nonzero = table_groups_on_host(indexes, blocks, q)
+    assert encode_by_table_rans(q, indexes, blocks, groups, True, "host", positions,
+                                nonzero) == want
+    groups, positions, _ = table_groups_on_host(indexes, blocks)
+    back = decode_by_table_rans(want, indexes, blocks, groups, True, "host", "y.gdn", positions)
     np.testing.assert_array_equal(back, q)
 
 

@@ -262,7 +262,7 @@ class KernelCache:
             cached = self.host_path(source).is_file()
             try:
                 self.host_library(source)
-            except KernelCompileError as error:
+            except (KernelCompileError, OSError) as error:     # OSError: it does not load
                 results.append((source, "failed", error))
                 continue
             results.append((source, "cached" if cached else "compiled", None))
