@@ -448,6 +448,22 @@ def test_a_host_library_is_built_once_kept_and_rebuilt_when_damaged(tmp_path):
 
 
 @needs_nvcc
+def test_threads_asking_for_a_host_library_at_once_build_it_once(tmp_path):
+    runner = CountingRunner(delay=0.3)
+    caches = [KernelCache(tmp_path, run=runner) for _ in range(4)]
+    results = [None] * len(caches)
+
+    def load(i):
+        results[i] = caches[i].host_library(HOST_SOURCE).add_one(i)
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(len(caches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [1, 2, 3, 4] and len(runner.calls) == 1
+
+
+@needs_nvcc
 def test_a_host_library_that_does_not_compile_names_the_file(tmp_path):
     bad = tmp_path / "bad_host.cu"
     bad.write_text('extern "C" int f(int x) {\n  x = ;\n  return x;\n}\n')

@@ -160,6 +160,10 @@ def _kill_group(process):
             pass
 
 
+#: Held while a host library is found or built (KernelCache.host_library).
+_HOST_BUILDS = threading.Lock()
+
+
 class KernelCache:
     """Cubins on disk by key, compiled with nvcc on a miss.
 
@@ -270,10 +274,15 @@ class KernelCache:
 
     def host_library(self, file):
         """``file``'s host functions as a loaded ``ctypes.CDLL``: the shared library that
-        ``nvcc -x cu --shared`` (with OpenMP) builds of the expanded source, from the cache, else built
-        and kept (a kept library that does not load, e.g. truncated, is built again).
-        Raises :class:`BackendUnavailableError` without nvcc, :class:`KernelCompileError`
-        where nvcc fails."""
+        ``nvcc -x cu --shared`` (with OpenMP) builds of the expanded source, from the cache,
+        else built and kept (a kept library that does not load, e.g. truncated, is built
+        again). One build at a time in a process: threads asking at once wait for the
+        first's. Raises :class:`BackendUnavailableError` without nvcc,
+        :class:`KernelCompileError` where nvcc fails."""
+        with _HOST_BUILDS:
+            return self._host_library(file)
+
+    def _host_library(self, file):
         path = self.host_path(file)
         if path.is_file():
             try:
