@@ -160,8 +160,15 @@ def _kill_group(process):
             pass
 
 
-#: Held while a host library is found or built (KernelCache.host_library).
-_HOST_BUILDS = threading.Lock()
+#: Per host library's path: the lock held while it is found or built (one build at a time
+#: per library; different libraries build at once).
+_HOST_BUILDS = {}
+_HOST_BUILDS_LOCK = threading.Lock()
+
+
+def _host_build_lock(path):
+    with _HOST_BUILDS_LOCK:
+        return _HOST_BUILDS.setdefault(path, threading.Lock())
 
 
 class KernelCache:
@@ -276,10 +283,10 @@ class KernelCache:
         """``file``'s host functions as a loaded ``ctypes.CDLL``: the shared library that
         ``nvcc -x cu --shared`` (with OpenMP) builds of the expanded source, from the cache,
         else built and kept (a kept library that does not load, e.g. truncated, is built
-        again). One build at a time in a process: threads asking at once wait for the
-        first's. Raises :class:`BackendUnavailableError` without nvcc,
+        again). One build of a library at a time in a process: threads asking for it at
+        once wait for the first's. Raises :class:`BackendUnavailableError` without nvcc,
         :class:`KernelCompileError` where nvcc fails."""
-        with _HOST_BUILDS:
+        with _host_build_lock(self.host_path(file)):
             return self._host_library(file)
 
     def _host_library(self, file):
