@@ -204,13 +204,10 @@ class ExactHyperSynthesis:
         a = np.ldexp(np.asarray(q_z, np.float64), FRACTION_BITS) + self.median_units[:, None, None]
         return np.clip(a, -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
 
-    def cuda_indexes(self, q_z, table):
-        """The table indexes (uint8) for integer q_z (N, h', w') from the float64 GPU kernels,
-        in one pass (no tiles): equal to :meth:`scales` then ``scale_indexes`` on the host."""
-        return cuda.get_runtime().to_numpy(self._launch_cuda_indexes(q_z, table))
-
     def _launch_cuda_indexes(self, q_z, table):
-        """:meth:`cuda_indexes`'s kernels launched; their output, a device array."""
+        """The table indexes (a uint8 device array) for integer q_z (N, h', w') from the
+        float64 GPU kernels, in one pass (no tiles), launched: equal to :meth:`scales` then
+        ``scale_indexes`` on the host."""
         runtime = cuda.get_runtime()
         a = runtime.from_numpy(np.ascontiguousarray(self.input_units(q_z)))
         *hidden, last = self.layers

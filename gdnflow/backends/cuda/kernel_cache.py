@@ -286,11 +286,11 @@ class KernelCache:
         again). One build of a library at a time in a process: threads asking for it at
         once wait for the first's. Raises :class:`BackendUnavailableError` without nvcc,
         :class:`KernelCompileError` where nvcc fails."""
-        with _host_build_lock(self.host_path(file)):
-            return self._host_library(file)
-
-    def _host_library(self, file):
         path = self.host_path(file)
+        with _host_build_lock(path):
+            return self._host_library(file, path)
+
+    def _host_library(self, file, path):
         if path.is_file():
             try:
                 return ctypes.CDLL(str(path))
