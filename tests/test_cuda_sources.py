@@ -33,12 +33,13 @@ def kernel_declarations():
 #: Sources with kernels that only some module variants hold, and the defines of one such
 #: variant: gdn.cu's 16-bit section; elementwise.cu's fused programs (any program will do,
 #: its register 1 read as a concatenation, register 0 staged); pool.cu's fixed-window forward (the max pool of
-#: a 3x3 window at stride 1).
+#: a 3x3 window at stride 1); implicit_gemm.cu, whose kernels are all 16-bit.
 POOL_WINDOW = (("POOL_KH", 3), ("POOL_KW", 3), ("POOL_SH", 1), ("POOL_SW", 1))
 VARIANT_SECTIONS = {"gdn.cu": (("STORAGE_BF16", 1),),
                     "elementwise.cu": (("FUSED_INPUTS", 2), ("FUSED_CONCAT", 1), ("FUSED_STAGED", 1),
                                        ("FUSED_PROGRAM", "result = input0 * input1;")),
-                    "pool.cu": POOL_WINDOW + (("POOL_MAX", 1),)}
+                    "pool.cu": POOL_WINDOW + (("POOL_MAX", 1),),
+                    "implicit_gemm.cu": (("STORAGE_FP16", 1),)}
 
 
 def compiled_entries(path, tmp_path, defines=()):
@@ -73,7 +74,7 @@ def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations)
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
 @pytest.mark.parametrize("name", ["elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu", "gdn.cu",
-                                  "subpixel.cu"])
+                                  "subpixel.cu", "implicit_gemm.cu"])
 def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_path):
     # The module variants gdnflow.backends.cuda.storage_defines builds for 16-bit tensors.
     expanded = tmp_path / name

@@ -21,6 +21,7 @@ from gdnflow.config import settings
 from gdnflow.ops.conv.algorithms.depthwise import Depthwise
 from gdnflow.ops.conv.algorithms.grouped import GroupedDirect
 from gdnflow.ops.conv.algorithms.im2col import Im2colGemm, Pointwise
+from gdnflow.ops.conv.algorithms.implicit_gemm import ImplicitGemm
 from gdnflow.ops.conv.algorithms.pointwise import Im2colDirect, PointwiseDirect
 from gdnflow.ops.conv.algorithms.subpixel import Subpixel
 from gdnflow.ops.conv.algorithms.winograd import WinogradF2, WinogradF4
@@ -141,10 +142,12 @@ def conv_algorithm(device, g, stage):
 MAX_HALF_GROUPS = 4
 
 
-def half_conv_algorithm(g, stage):
+def half_conv_algorithm(g, stage, tensor_cores=None):
     """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
 
     The depthwise kernel's forward for the depthwise layers it supports; the
+    tensor-core implicit GEMM for the forward of the layers it prefers (where
+    ``tensor_cores``, default ``settings.half_conv_tensor_cores``, allows); the
     1x1 GEMM where it applies; the sub-pixel rewrite for the backward_data of a
     strided layer whose kernel is wider than its stride (its stride-1 convolution
     chosen here too: :class:`HalfPlanner`);
@@ -154,6 +157,11 @@ def half_conv_algorithm(g, stage):
     """
     if stage in Depthwise.half_precision_stages and Depthwise.supports(g):
         return Depthwise
+    if tensor_cores is None:
+        tensor_cores = settings.half_conv_tensor_cores
+    if (tensor_cores and stage in ImplicitGemm.half_precision_stages
+            and ImplicitGemm.supports(g) and ImplicitGemm.preferred(g)):
+        return ImplicitGemm
     if g.groups > MAX_HALF_GROUPS:
         return None
     algorithm = next(a for a in (Pointwise, Subpixel, Im2colGemm)
@@ -167,8 +175,10 @@ class HalfPlanner:
 
     @staticmethod
     def choose(g, stage):
-        """:func:`half_conv_algorithm` of ``g`` and ``stage``."""
-        return half_conv_algorithm(g, stage)
+        """:func:`half_conv_algorithm` of ``g`` and ``stage`` among the GEMM algorithms
+        (Subpixel hands its inner convolution views of phases, which the implicit GEMM
+        does not read)."""
+        return half_conv_algorithm(g, stage, tensor_cores=False)
 
 
 def stage_algorithm(device, g, stage, dtype):

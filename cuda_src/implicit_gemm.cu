@@ -1,0 +1,316 @@
+// Convolution forward on the tensor cores: 16-bit x and w, float32 sums, one
+// kernel from x to y with the epilogue fused. Python side:
+// gdnflow/ops/conv/algorithms/implicit_gemm.py.
+//
+//     y[n, m, p] = act(bias[m] + residual[n, m, p] + sum_k A[m, k] * X[k, (n, p)])
+//
+// An implicit GEMM: A is the weight, rearranged once (conv_weight_matrix below)
+// to [M_pad, K_pad] with k = (tap, c) = ((ky, kx), c), the channels of a tap
+// padded with zeros to C_pad, a multiple of BK, and the rows to a multiple of
+// BM; X is im2col(x), never written out: a block copies the BK x BN piece of
+// it that it multiplies straight from x. x is first rearranged to channels
+// last (nchw_to_nhwc below: [N, H, W, C8], C8 = C_in padded to a multiple of
+// 8), so that a step of BK rows of K, which lies within one tap (C_pad is a
+// multiple of BK), is BK consecutive channels of one input pixel per column:
+// BK / 8 16-byte copies, zero-filled where the pixel is padding. The columns
+// are all N*OH*OW output pixels of the batch (column j: image j / (OH*OW)),
+// so small planes still fill the tiles.
+//
+// A block of 2 x (128 / WARP_N) warps computes a BM x BN tile, BM = 2 * WARP_M
+// (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N piece (WARP_N 32
+// or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16 tiles, float32
+// accumulators in registers. K runs in steps of BK (32 or 64) through STAGES
+// shared-memory stages filled by cp.async: while step s is multiplied, steps
+// s+1 .. s+STAGES-1 are in flight. Both tiles are stored row by row with k
+// contiguous (A's rows are output channels, X's are columns), read into the
+// tensor cores by ldmatrix; rows are padded by 8 values so those reads are
+// free of bank conflicts.
+// The outputs go out through shared memory too, so that y's stores (NCHW)
+// are consecutive pixels.
+//
+// Compile-time (-D): STORAGE_FP16 or STORAGE_BF16 (the element type; without
+// either this file has no kernels), KH, KW, SH, SW, DH, DW (the window,
+// stride and dilation), WARP_M, WARP_N, STAGES and BK.
+#include "gdnflow_common.cuh"
+
+#if defined(STORAGE_FP16) || defined(STORAGE_BF16)
+
+#ifndef KH
+#define KH 3
+#endif
+#ifndef KW
+#define KW 3
+#endif
+#ifndef SH
+#define SH 1
+#endif
+#ifndef SW
+#define SW 1
+#endif
+#ifndef DH
+#define DH 1
+#endif
+#ifndef DW
+#define DW 1
+#endif
+#ifndef WARP_M
+#define WARP_M 64
+#endif
+#ifndef WARP_N
+#define WARP_N 32
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef BK
+#define BK 32
+#endif
+
+#define IG_BK BK
+#define IG_BN 128
+#define IG_WARPS_M 2
+#define IG_WARPS_N (IG_BN / WARP_N)
+#define IG_THREADS (32 * IG_WARPS_M * IG_WARPS_N)
+#define IG_BM (IG_WARPS_M * WARP_M)
+#define IG_MT (WARP_M / 16)                 // m16 tiles of a warp
+#define IG_NT (WARP_N / 8)                  // n8 tiles of a warp
+#define IG_PITCH (IG_BK + 8)                // 16-bit values per row of a tile
+#define IG_CHUNKS_PER_ROW (IG_BK / 8)       // 16-byte copies per row of a tile
+#define IG_A_COPIES (IG_BM * IG_CHUNKS_PER_ROW / IG_THREADS)  // per thread and step
+#define IG_X_COPIES (IG_BN * IG_CHUNKS_PER_ROW / IG_THREADS)
+#define IG_STAGE_VALUES ((IG_BM + IG_BN) * IG_PITCH)
+#define IG_OUT_PITCH (IG_BN + 4)            // floats per row of the staged output
+
+static_assert(WARP_M == 32 || WARP_M == 64, "a warp covers 32 or 64 output channels");
+static_assert(STAGES >= 2, "one stage is multiplied while the next ones are copied");
+static_assert(BK == 32 || BK == 64, "K steps of 32 or 64 channels");
+static_assert(WARP_N == 32 || WARP_N == 64, "a warp covers 32 or 64 columns");
+static_assert(IG_A_COPIES >= 1 && IG_X_COPIES >= 1, "every thread copies part of each tile");
+static_assert(IG_THREADS % IG_BN == 0, "the epilogue gives each thread one column");
+static_assert(WARP_M * IG_OUT_PITCH * 4 <= STAGES * IG_STAGE_VALUES * 2,
+              "a warp row's outputs fit in the stages' shared memory");
+
+#if defined(STORAGE_BF16)
+#define IG_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#else
+#define IG_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#endif
+
+typedef unsigned short bits16;              // a 16-bit value moved, not computed with
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared by cp.async; zeros instead where ``inside`` is false.
+__device__ __forceinline__ void copy16_or_zero(bits16* dst, const bits16* src, bool inside) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(shared_address(dst)), "l"(src), "r"(inside ? 16 : 0) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the
+// address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void load_matrices(unsigned* r, const bits16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(p)));
+}
+
+// c += a (16x16, row-major fragments) * b (16x8, column-major), float32 sums.
+__device__ __forceinline__ void multiply_add(float* c, const unsigned* a, const unsigned* b) {
+    asm volatile(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The convolution. xt [N, H, W, C8] (nchw_to_nhwc's); a [m_tiles * BM, K_pad]
+// from conv_weight_matrix (K_pad = KH * KW * c_steps * BK); bias [C_out] and
+// residual (y's shape) may be null; y [N, C_out, OH, OW]. Grid: m_tiles x
+// ceil(N*OH*OW / BN) blocks, the M tiles of one column tile adjacent (they
+// read the same x, from L2 after the first); STAGES * IG_STAGE_VALUES 16-bit
+// values of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
+        const storage_t* __restrict__ xt, const storage_t* __restrict__ a,
+        const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
+        storage_t* __restrict__ y, int n, int c8, int h, int w, int c_out, int oh, int ow,
+        int pad_top, int pad_left, int c_steps, int m_tiles, int act) {
+    extern __shared__ __align__(16) bits16 ig_shared[];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int warp_m = warp / IG_WARPS_N, warp_n = warp % IG_WARPS_N;
+    const int m_tile = blockIdx.x % m_tiles, column_tile = blockIdx.x / m_tiles;
+    const int ohw = oh * ow, columns = n * ohw;
+    const int k_pad = KH * KW * c_steps * IG_BK, steps = KH * KW * c_steps;
+    const bits16* x_bits = reinterpret_cast<const bits16*>(xt);
+    const bits16* a_rows = reinterpret_cast<const bits16*>(a) + (size_t)m_tile * IG_BM * k_pad;
+
+    // The tile rows (columns of X) this thread copies, IG_THREADS / IG_CHUNKS_PER_ROW
+    // apart, all at the same 8 channels of a step (``part``).
+    const int part = (tid % IG_CHUNKS_PER_ROW) * 8;
+    int x_base[IG_X_COPIES], iy0[IG_X_COPIES], ix0[IG_X_COPIES];
+#pragma unroll
+    for (int i = 0; i < IG_X_COPIES; ++i) {
+        const int column = column_tile * IG_BN + tid / IG_CHUNKS_PER_ROW +
+                           i * (IG_THREADS / IG_CHUNKS_PER_ROW);
+        const int image = column / ohw, pixel = column - image * ohw;
+        const int oy = pixel / ow;
+        // A column past the last is kept out through its row: iy0 far outside.
+        iy0[i] = column < columns ? oy * SH - pad_top : -(1 << 29);
+        ix0[i] = (pixel - oy * ow) * SW - pad_left;
+        x_base[i] = image * h * w * c8 + part;
+    }
+
+    auto stage_a = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES; };
+    auto stage_x = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_PITCH; };
+    // copy_step is called for steps 0, 1, 2, ... in order: it walks (tap, channel
+    // step) along without dividing.
+    int copy_tap = 0, copy_c_step = 0;
+    auto copy_step = [&](int step, int stage) {
+        bits16* as = stage_a(stage);
+#pragma unroll
+        for (int i = 0; i < IG_A_COPIES; ++i) {
+            const int chunk = tid + i * IG_THREADS, row = chunk / IG_CHUNKS_PER_ROW;
+            const int col = (chunk % IG_CHUNKS_PER_ROW) * 8;
+            copy16_or_zero(as + row * IG_PITCH + col,
+                           a_rows + (size_t)row * k_pad + step * IG_BK + col, true);
+        }
+        const int c0 = copy_c_step * IG_BK;
+        const int ky = copy_tap / KW, kx = copy_tap - (copy_tap / KW) * KW;
+        if (++copy_c_step == c_steps) {
+            copy_c_step = 0;
+            ++copy_tap;
+        }
+        bits16* xs = stage_x(stage);
+#pragma unroll
+        for (int i = 0; i < IG_X_COPIES; ++i) {
+            const int iy = iy0[i] + ky * DH, ix = ix0[i] + kx * DW;
+            const bool inside = (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)w &&
+                                c0 + part < c8;
+            const int row = tid / IG_CHUNKS_PER_ROW + i * (IG_THREADS / IG_CHUNKS_PER_ROW);
+            copy16_or_zero(xs + row * IG_PITCH + part,
+                           inside ? x_bits + x_base[i] + (iy * w + ix) * c8 + c0 : x_bits,
+                           inside);
+        }
+    };
+
+    float sums[IG_MT][IG_NT][4];
+#pragma unroll
+    for (int i = 0; i < IG_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sums[i][j][e] = 0.0f;
+
+    // STAGES - 1 steps in flight before the first product; then one more
+    // issued per step (an empty group past the last keeps the count uniform).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) copy_step(s, s);
+        copies_commit();
+    }
+    for (int step = 0; step < steps; ++step) {
+        copies_wait<STAGES - 2>();
+        __syncthreads();    // step's tiles are in; every warp is done with step - 1's stage
+        const int next = step + STAGES - 1;
+        if (next < steps) copy_step(next, next % STAGES);
+        copies_commit();
+        const bits16* as = stage_a(step % STAGES);
+        const bits16* xs = stage_x(step % STAGES);
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            unsigned a_frag[IG_MT][4], b_frag[IG_NT][2];
+#pragma unroll
+            for (int i = 0; i < IG_MT; ++i)
+                load_matrices(a_frag[i], as + (warp_m * WARP_M + i * 16 + lane % 16) * IG_PITCH +
+                                             kk + (lane / 16) * 8);
+#pragma unroll
+            for (int j = 0; j < IG_NT; j += 2) {
+                // Matrices: columns j*8.. at k, k + 8, then columns j*8 + 8.. likewise.
+                unsigned r[4];
+                load_matrices(r, xs + (warp_n * WARP_N + j * 8 + lane % 8 + (lane / 16) * 8) * IG_PITCH +
+                                     kk + ((lane / 8) % 2) * 8);
+                b_frag[j][0] = r[0]; b_frag[j][1] = r[1];
+                b_frag[j + 1][0] = r[2]; b_frag[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < IG_MT; ++i)
+#pragma unroll
+                for (int j = 0; j < IG_NT; ++j) multiply_add(sums[i][j], a_frag[i], b_frag[j]);
+        }
+    }
+    copies_done();
+    __syncthreads();    // the stages are free: the outputs go through them
+
+    // Epilogue, one warp row (WARP_M outputs) at a time: the warps of that row
+    // put their sums in shared memory (accumulator e of tile (i, j) is row
+    // lane / 4 (+8 for e >= 2), column 2 * (lane % 4) + (e & 1) of that tile);
+    // then each thread takes one column and every (IG_THREADS / IG_BN)-th row,
+    // so that a warp's stores of a row are consecutive pixels of y.
+    float* staged = reinterpret_cast<float*>(ig_shared);
+    const int out_column = tid % IG_BN, out_row0 = tid / IG_BN;
+    const int column = column_tile * IG_BN + out_column;
+    const bool column_ok = column < columns;
+    const int image = column_ok ? column / ohw : 0;
+    const int out_base = image * c_out * ohw + (column - image * ohw);
+#pragma unroll
+    for (int pass = 0; pass < IG_WARPS_M; ++pass) {
+        if (warp_m == pass) {
+#pragma unroll
+            for (int i = 0; i < IG_MT; ++i)
+#pragma unroll
+                for (int j = 0; j < IG_NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        staged[(i * 16 + lane / 4 + (e / 2) * 8) * IG_OUT_PITCH +
+                               warp_n * WARP_N + j * 8 + 2 * (lane % 4) + e % 2] = sums[i][j][e];
+        }
+        __syncthreads();
+        for (int r = out_row0; r < WARP_M; r += IG_THREADS / IG_BN) {
+            const int m = m_tile * IG_BM + pass * WARP_M + r;
+            if (m < c_out && column_ok) {
+                const int at = out_base + m * ohw;
+                float v = staged[r * IG_OUT_PITCH + out_column] + (bias ? load_value(bias[m]) : 0.0f);
+                if (residual) v += load_value(residual[at]);
+                y[at] = store_value(activate(v, act));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// xt [N, H, W, C8] <- x [N, C, H, W], channels C .. C8-1 zero: 32 x 32 tiles of
+// (channel, pixel) through shared memory, so that reads (along pixels) and
+// writes (along channels) are both consecutive. Block (32, 8); grid
+// (ceil(H*W / 32), ceil(C8 / 32), N).
+extern "C" __global__ void nchw_to_nhwc(const storage_t* __restrict__ x,
+                                        storage_t* __restrict__ xt, int c, int c8, int hw) {
+    __shared__ bits16 tile[32][33];
+    const bits16* src = reinterpret_cast<const bits16*>(x) + (size_t)blockIdx.z * c * hw;
+    bits16* dst = reinterpret_cast<bits16*>(xt) + (size_t)blockIdx.z * c8 * hw;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    for (int r = threadIdx.y; r < 32; r += 8) {
+        const int ch = c0 + r, p = p0 + threadIdx.x;
+        tile[r][threadIdx.x] = ch < c && p < hw ? src[(size_t)ch * hw + p] : (bits16)0;
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < 32; r += 8) {
+        const int p = p0 + r, ch = c0 + threadIdx.x;
+        if (p < hw && ch < c8) dst[(size_t)p * c8 + ch] = tile[threadIdx.x][r];
+    }
+}
+
+// a [m_tiles * BM, K_pad] <- w [C_out, C_in, KH, KW]: row m, column
+// (tap * c_steps * BK + c) holds w[m, c, tap / KW, tap % KW], zero where
+// m >= C_out or c >= C_in. Grid-stride over the matrix.
+extern "C" __global__ void conv_weight_matrix(const storage_t* __restrict__ w,
+                                              storage_t* __restrict__ a, int c_out, int c_in,
+                                              int c_steps, int rows) {
+    const int c_pad = c_steps * IG_BK, k_pad = KH * KW * c_pad;
+    const int total = rows * k_pad;
+    GRID_STRIDE_LOOP(idx, total) {
+        const int m = idx / k_pad, k = idx - m * k_pad;
+        const int tap = k / c_pad, c = k - tap * c_pad;
+        a[idx] = m < c_out && c < c_in ? w[((size_t)m * c_in + c) * (KH * KW) + tap]
+                                       : store_value(0.0f);
+    }
+}
+
+#endif  // STORAGE_FP16 || STORAGE_BF16
