@@ -11,8 +11,11 @@ plan (its weight matrix is made once); its GEMM path is the same call with
 ``half_conv_tensor_cores`` off. PyTorch: ``F.relu(F.conv2d(x, w, b))`` on
 NCHW tensors of the dtype, cuDNN benchmark mode. The layers: VGG16's 3x3
 convolutions at batch 64 (each distinct shape once) and MobileNetV2's 1x1
-expansions and projections at batch 64. The error column is the implicit
-GEMM's against the GEMM path: max |difference| / max |GEMM path|.
+expansions and projections at batch 64. The planner leaves 1x1 layers on the
+GEMM (``ImplicitGemm.preferred``), so their two gdnflow columns time the same
+path (error 0): they show what the default does, beside cuDNN. The error
+column is the default's against the GEMM path: max |difference| / max |GEMM
+path|.
 """
 import argparse
 
