@@ -22,6 +22,7 @@ from gdnflow.backends.cuda.weight_cache import weight_cache
 from gdnflow.precision import is_half
 
 SOURCE = "implicit_gemm.cu"
+cuda.declare_variants(SOURCE)   # every module is built for a window and dtype: none known ahead
 #: The K step (cuda_src/implicit_gemm.cu's BK: channels per step) and the column tile (IG_BN).
 K_STEP = 64
 COLUMN_TILE = 128
