@@ -16,9 +16,9 @@
 // are all N*OH*OW output pixels of the batch (column j: image j / (OH*OW)),
 // so small planes still fill the tiles.
 //
-// A block of 2 x (128 / WARP_N) warps computes a BM x BN tile, BM = 2 * WARP_M
-// (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N piece (WARP_N 32
-// or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16 tiles, float32
+// A block of WARPS_M x (128 / WARP_N) warps computes a BM x BN tile, BM =
+// WARPS_M * WARP_M (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N
+// piece (WARP_N 32 or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16 tiles, float32
 // accumulators in registers. K runs in steps of BK (32 or 64) through STAGES
 // shared-memory stages filled by cp.async: while step s is multiplied, steps
 // s+1 .. s+STAGES-1 are in flight. Both tiles are stored row by row with k
@@ -30,7 +30,8 @@
 //
 // Compile-time (-D): STORAGE_FP16 or STORAGE_BF16 (the element type; without
 // either this file has no kernels), KH, KW, SH, SW, DH, DW (the window,
-// stride and dilation), WARP_M, WARP_N, STAGES and BK.
+// stride and dilation), WARP_M, WARP_N, WARPS_M, STAGES, BK and MIN_BLOCKS
+// (the blocks per SM the registers are budgeted for).
 #include "gdnflow_common.cuh"
 
 #if defined(STORAGE_FP16) || defined(STORAGE_BF16)
@@ -53,22 +54,32 @@
 #ifndef DW
 #define DW 1
 #endif
+// The defaults are the variant gdnflow builds most (Python passes every one).
 #ifndef WARP_M
 #define WARP_M 64
 #endif
 #ifndef WARP_N
 #define WARP_N 32
 #endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
 #ifndef STAGES
 #define STAGES 3
 #endif
 #ifndef BK
-#define BK 32
+#define BK 64
+#endif
+#ifndef BN
+#define BN 128
 #endif
 
 #define IG_BK BK
-#define IG_BN 128
-#define IG_WARPS_M 2
+#define IG_BN BN
+#define IG_WARPS_M WARPS_M
 #define IG_WARPS_N (IG_BN / WARP_N)
 #define IG_THREADS (32 * IG_WARPS_M * IG_WARPS_N)
 #define IG_BM (IG_WARPS_M * WARP_M)
@@ -84,7 +95,9 @@
 static_assert(WARP_M == 32 || WARP_M == 64, "a warp covers 32 or 64 output channels");
 static_assert(STAGES >= 2, "one stage is multiplied while the next ones are copied");
 static_assert(BK == 32 || BK == 64, "K steps of 32 or 64 channels");
+static_assert(BN == 128, "128 columns a block (the warps' layout along N assumes it)");
 static_assert(WARP_N == 32 || WARP_N == 64, "a warp covers 32 or 64 columns");
+static_assert(WARPS_M == 1 || WARPS_M == 2 || WARPS_M == 4, "1, 2 or 4 warps along M");
 static_assert(IG_A_COPIES >= 1 && IG_X_COPIES >= 1, "every thread copies part of each tile");
 static_assert(IG_THREADS % IG_BN == 0, "the epilogue gives each thread one column");
 static_assert(WARP_M * IG_OUT_PITCH * 4 <= STAGES * IG_STAGE_VALUES * 2,
@@ -128,7 +141,7 @@ __device__ __forceinline__ void multiply_add(float* c, const unsigned* a, const 
 // ceil(N*OH*OW / BN) blocks, the M tiles of one column tile adjacent (they
 // read the same x, from L2 after the first); STAGES * IG_STAGE_VALUES 16-bit
 // values of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
+extern "C" __global__ void __launch_bounds__(IG_THREADS, MIN_BLOCKS) conv_implicit_gemm(
         const storage_t* __restrict__ xt, const storage_t* __restrict__ a,
         const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
         storage_t* __restrict__ y, int n, int c8, int h, int w, int c_out, int oh, int ow,
@@ -161,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
     auto stage_a = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES; };
     auto stage_x = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_PITCH; };
     // copy_step is called for steps 0, 1, 2, ... in order: it walks (tap, channel
-    // step) along without dividing.
+    // step) along instead of dividing the step by the runtime c_steps.
     int copy_tap = 0, copy_c_step = 0;
     auto copy_step = [&](int step, int stage) {
         bits16* as = stage_a(stage);
@@ -279,21 +292,26 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
 // xt [N, H, W, C8] <- x [N, C, H, W], channels C .. C8-1 zero: 32 x 32 tiles of
 // (channel, pixel) through shared memory, so that reads (along pixels) and
 // writes (along channels) are both consecutive. Block (32, 8); grid
-// (ceil(H*W / 32), ceil(C8 / 32), N).
+// (ceil(H*W / 32), ceil(C8 / 32), min(N, 65535)), each block looping over the
+// images its z index reaches in steps of gridDim.z.
 extern "C" __global__ void nchw_to_nhwc(const storage_t* __restrict__ x,
-                                        storage_t* __restrict__ xt, int c, int c8, int hw) {
+                                        storage_t* __restrict__ xt, int n, int c, int c8,
+                                        int hw) {
     __shared__ bits16 tile[32][33];
-    const bits16* src = reinterpret_cast<const bits16*>(x) + (size_t)blockIdx.z * c * hw;
-    bits16* dst = reinterpret_cast<bits16*>(xt) + (size_t)blockIdx.z * c8 * hw;
     const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
-    for (int r = threadIdx.y; r < 32; r += 8) {
-        const int ch = c0 + r, p = p0 + threadIdx.x;
-        tile[r][threadIdx.x] = ch < c && p < hw ? src[(size_t)ch * hw + p] : (bits16)0;
-    }
-    __syncthreads();
-    for (int r = threadIdx.y; r < 32; r += 8) {
-        const int p = p0 + r, ch = c0 + threadIdx.x;
-        if (p < hw && ch < c8) dst[(size_t)p * c8 + ch] = tile[threadIdx.x][r];
+    for (int image = blockIdx.z; image < n; image += gridDim.z) {
+        const bits16* src = reinterpret_cast<const bits16*>(x) + (size_t)image * c * hw;
+        bits16* dst = reinterpret_cast<bits16*>(xt) + (size_t)image * c8 * hw;
+        for (int r = threadIdx.y; r < 32; r += 8) {
+            const int ch = c0 + r, p = p0 + threadIdx.x;
+            tile[r][threadIdx.x] = ch < c && p < hw ? src[(size_t)ch * hw + p] : (bits16)0;
+        }
+        __syncthreads();
+        for (int r = threadIdx.y; r < 32; r += 8) {
+            const int p = p0 + r, ch = c0 + threadIdx.x;
+            if (p < hw && ch < c8) dst[(size_t)p * c8 + ch] = tile[threadIdx.x][r];
+        }
+        __syncthreads();    // the tile is read before the next image overwrites it
     }
 }
 

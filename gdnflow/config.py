@@ -38,9 +38,10 @@ class Config:
     #: None: the direct 1x1 kernel's tiling comes from its cost model. Otherwise
     #: a function ``(m, k, hw, columns, vec_x, sm_count) -> PointwiseConfig``.
     pointwise_config_chooser: object = None
-    #: 16-bit convolution forwards of one group at stride 1 run as gdnflow's
-    #: tensor-core implicit GEMM with the epilogue fused (False: 1x1 or im2col +
-    #: cuBLAS GemmEx, then an epilogue pass).
+    #: 16-bit convolution forwards run as gdnflow's tensor-core implicit GEMM with
+    #: the epilogue fused where it is preferred (stride 1, wider than 1x1, one
+    #: group, at least 16 input channels, enough blocks, compute capability 8.0;
+    #: docs/conv.md). False: im2col + cuBLAS GemmEx, then an epilogue pass.
     half_conv_tensor_cores: bool = True
 
     # --- GDN (gdnflow.ops.gdn) ------------------------------------------------

@@ -29,19 +29,20 @@ LAYERS = {
 
 
 #: Layers the tensor-core implicit GEMM takes (stride 1, wider than 1x1, one group,
-#: >= 16 channels in, enough blocks: the first test below checks that the planner picks it for each):
+#: >= 16 channels in, at least 330 blocks: two per SM up to 165 SMs; the planner is
+#: checked to pick it for each, on a simulated H200 and on the GPU the tests run on):
 #: both row tiles (64 and 128 channels), several K steps, channels that do not fill a
 #: step, columns that cross images, odd planes, dilation and uneven padding.
 IMPLICIT_GEMM_LAYERS = {
-    "3x3 pad 1, 19 -> 70 + relu": ((4, 19, 89, 97), (70, 19, 3, 3), {"padding": 1,
+    "3x3 pad 1, 19 -> 70 + relu": ((5, 19, 89, 97), (70, 19, 3, 3), {"padding": 1,
                                                                      "activation": "relu"}),
-    "3x1 pad (1, 1, 0, 0), 130 -> 200": ((3, 130, 75, 77), (200, 130, 3, 1),
+    "3x1 pad (1, 1, 0, 0), 130 -> 200": ((4, 130, 75, 77), (200, 130, 3, 1),
                                          {"padding": (1, 1, 0, 0)}),
-    "3x3 dilation 2, uneven padding, 33 -> 40": ((4, 33, 90, 96), (40, 33, 3, 3),
+    "3x3 dilation 2, uneven padding, 33 -> 40": ((5, 33, 90, 96), (40, 33, 3, 3),
                                                  {"padding": (2, 1, 0, 3), "dilation": 2}),
-    "5x5 pad 2, 16 -> 130 + relu6": ((2, 16, 77, 75), (130, 16, 5, 5), {"padding": 2,
+    "5x5 pad 2, 16 -> 130 + relu6": ((3, 16, 77, 75), (130, 16, 5, 5), {"padding": 2,
                                                                        "activation": "relu6"}),
-    "3x3 pad 1, 64 -> 64": ((38, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
+    "3x3 pad 1, 64 -> 64": ((48, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
 }
 
 
@@ -127,37 +128,68 @@ def test_16_bit_conv_transpose2d_matches_the_emulation(name, dtype, rng):
                                [x, w, b], dtype, rtol=2 * EPS[dtype], names=["x", "w", "b"])
 
 
-def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
-    from gdnflow.ops.conv.algorithms.implicit_gemm import channel_steps, row_tile
-    from gdnflow.ops.conv.geometry import ConvGeometry, conv_geometry, conv_parameters
+class GpuFacts:
+    """What the planner asks of a GPU, for cuda.simulated: an H200 by default."""
+
+    def __init__(self, compute_capability=(9, 0), max_shared_bytes=232448, sm_count=132):
+        self.compute_capability, self.max_shared_bytes = compute_capability, max_shared_bytes
+        self.sm_count = sm_count
+
+    def get_runtime(self):
+        return self
+
+
+def implicit_gemm_geometry(x_shape, w_shape, options):
+    from gdnflow.ops.conv.geometry import conv_geometry, conv_parameters
+    parameters = conv_parameters("conv2d", 1, options.get("padding", 0),
+                                 options.get("dilation", 1), 1)
+    return conv_geometry("conv2d", x_shape, w_shape, *parameters)
+
+
+def chosen(g, stage="forward"):
     from gdnflow.ops.conv.planning import half_conv_algorithm
+    return half_conv_algorithm(g, stage).name
 
-    def chosen(g, stage="forward"):
-        return half_conv_algorithm(g, stage).name
 
-    for x_shape, w_shape, options in IMPLICIT_GEMM_LAYERS.values():
-        parameters = conv_parameters("conv2d", 1, options.get("padding", 0),
-                                     options.get("dilation", 1), 1)
-        g = conv_geometry("conv2d", x_shape, w_shape, *parameters)
-        assert chosen(g) == "implicit_gemm"
+def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
+    from gdnflow.backends import cuda
+    from gdnflow.ops.conv.algorithms.implicit_gemm import channel_steps, row_tile
+    from gdnflow.ops.conv.geometry import ConvGeometry
+
     vgg = ConvGeometry(64, 64, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     pointwise = ConvGeometry(64, 24, 56, 56, 144, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1)
-    assert chosen(vgg) == "implicit_gemm"
-    # Gradients keep the GEMMs; so do 1x1 layers (no im2col to save), RGB first layers
-    # (3 of a step's 64 channels), strided layers and grouped ones.
-    assert chosen(vgg, "backward_data") == chosen(vgg, "backward_weight") == "im2col_gemm"
-    assert chosen(pointwise) == chosen(pointwise, "backward_data") == "pointwise"
     rgb = ConvGeometry(64, 3, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     strided = ConvGeometry(8, 64, 56, 56, 128, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1)
     grouped = ConvGeometry(8, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2)
     # Batch 1 on a 14x14 plane: 2 blocks of 128 columns x 4 of 128 rows, too few.
     small = ConvGeometry(1, 512, 14, 14, 512, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
-    assert chosen(rgb) == chosen(strided) == chosen(grouped) == chosen(small) == "im2col_gemm"
-    with gf.config.override(half_conv_tensor_cores=False):
+    with cuda.simulated(GpuFacts()):
+        for layer in IMPLICIT_GEMM_LAYERS.values():
+            assert chosen(implicit_gemm_geometry(*layer)) == "implicit_gemm"
+        assert chosen(vgg) == "implicit_gemm"
+        # Gradients keep the GEMMs; so do 1x1 layers (no im2col to save), RGB first
+        # layers (3 of a step's 64 channels), strided layers and grouped ones.
+        assert chosen(vgg, "backward_data") == chosen(vgg, "backward_weight") == "im2col_gemm"
+        assert chosen(pointwise) == chosen(pointwise, "backward_data") == "pointwise"
+        assert chosen(rgb) == chosen(strided) == chosen(grouped) == chosen(small) == \
+            "im2col_gemm"
+        with gf.config.override(half_conv_tensor_cores=False):
+            assert chosen(vgg) == "im2col_gemm"
+    # No cp.async before compute capability 8.0; twice the SMs want twice the blocks.
+    one_layer = implicit_gemm_geometry(*IMPLICIT_GEMM_LAYERS["3x3 pad 1, 64 -> 64"])
+    with cuda.simulated(GpuFacts(compute_capability=(7, 5))):
         assert chosen(vgg) == "im2col_gemm"
-    # Row tiles pad C_out the least; channels pad to whole K steps of 64.
+    with cuda.simulated(GpuFacts(sm_count=264)):
+        assert chosen(one_layer) == "im2col_gemm" and chosen(vgg) == "implicit_gemm"
+    # Row tiles pad C_out the least, within the shared memory a block may have (sm_86/89:
+    # 99 KB, less than the 128-row tile's 110.6 KB); channels pad to K steps of 64.
     assert [row_tile(c) for c in (16, 64, 96, 128, 160, 320, 512)] == [64, 64, 128, 128, 64,
                                                                         64, 128]
+    assert row_tile(512, 101376) == 64 and row_tile(512, 80000) is None
+    with cuda.simulated(GpuFacts(compute_capability=(8, 6), max_shared_bytes=101376)):
+        assert chosen(vgg) == "implicit_gemm"
+    with cuda.simulated(GpuFacts(max_shared_bytes=80000)):
+        assert chosen(vgg) == "im2col_gemm"
     assert [channel_steps(c) for c in (16, 64, 65, 144)] == [1, 1, 2, 3]
 
 
@@ -166,6 +198,7 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
 @pytest.mark.parametrize("name", IMPLICIT_GEMM_LAYERS)
 def test_16_bit_implicit_gemm_matches_the_emulation(name, dtype, rng):
     x_shape, w_shape, options = IMPLICIT_GEMM_LAYERS[name]
+    assert chosen(implicit_gemm_geometry(x_shape, w_shape, options)) == "implicit_gemm"
     assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng), dtype,
                                rtol=2 * EPS[dtype], names=["x", "w", "b"])
 
@@ -175,8 +208,16 @@ def test_16_bit_implicit_gemm_matches_the_emulation(name, dtype, rng):
 def test_16_bit_implicit_gemm_fuses_a_residual(dtype, rng):
     # conv + bias + residual + relu6 (a MobileNetV2 block's end) in one kernel, against the
     # emulation; the residual's gradient too.
-    x, w, b = inputs((8, 48, 65, 67), (40, 48, 3, 3), rng)
-    r = rng.standard_normal((8, 40, 65, 67))
+    x, w, b = inputs((10, 48, 65, 67), (40, 48, 3, 3), rng)
+    r = rng.standard_normal((10, 40, 65, 67))
     assert_half_backends_match(
         lambda x, w, b, r: ops.conv2d(x, w, b, padding=1, activation="relu6", residual=r),
         [x, w, b, r], dtype, rtol=2 * EPS[dtype], names=["x", "w", "b", "residual"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_16_bit_implicit_gemm_without_bias(dtype, rng):
+    x, w, _ = inputs((48, 64, 30, 30), (64, 64, 3, 3), rng)
+    assert_half_backends_match(lambda x, w: ops.conv2d(x, w, padding=1), [x, w], dtype,
+                               rtol=2 * EPS[dtype], names=["x", "w"])

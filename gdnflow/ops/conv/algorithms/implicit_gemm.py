@@ -11,36 +11,67 @@ act(y + bias + residual) in the dtype, NCHW. The im2col + GemmEx path it
 replaces writes and reads the columns (kh*kw times the input) and then makes a
 second pass for the epilogue.
 
-Forward only, groups 1, float16 and bfloat16 (:func:`gdnflow.ops.conv.planning.
-half_conv_algorithm` offers it where :meth:`ImplicitGemm.preferred` says, unless
-``settings.half_conv_tensor_cores`` is off). Inside an inference plan
+Forward only, groups 1, float16 and bfloat16, on GPUs of compute capability
+8.0 and up (cp.async, bf16 mma). :func:`~gdnflow.ops.conv.planning.half_conv_algorithm`
+offers it where :meth:`ImplicitGemm.preferred` says, unless
+``settings.half_conv_tensor_cores`` is off. Inside an inference plan
 (:func:`gdnflow.backends.cuda.weight_cache.weight_cache` frozen) A is made once
 per weight; elsewhere on every call, as the optimizers change weights in place.
+Measurements and the design: docs/conv.md, "Tensor-core implicit GEMM".
 """
+import functools
+
 from gdnflow.backends import cuda
 from gdnflow.backends.cuda.weight_cache import weight_cache
+from gdnflow.errors import DTypeError
 from gdnflow.precision import is_half
 
 SOURCE = "implicit_gemm.cu"
 cuda.declare_variants(SOURCE)   # every module is built for a window and dtype: none known ahead
-#: The K step (cuda_src/implicit_gemm.cu's BK: channels per step) and the column tile (IG_BN).
+#: Channels per K step (the kernel's BK): each tap's channels are padded to a multiple.
 K_STEP = 64
+#: Output pixels (GEMM columns) per block (the kernel's BN).
 COLUMN_TILE = 128
-#: Columns per warp: the block has 2 x COLUMN_TILE / WARP_N warps.
+#: Columns per warp: a block has (rows / WARP_M) x COLUMN_TILE / WARP_N warps.
 WARP_N = 32
 #: Shared-memory stages of the K loop (cp.async in flight: STAGES - 1 steps).
 STAGES = 3
+#: The row tiles (output channels per block) offered, largest first (the kernel's BM).
+ROW_TILES = (128, 64)
 #: Fewer input channels than this waste most of each K step on zero padding
 #: (an RGB first layer: 3 of 64): such layers stay with im2col + GEMM.
 MIN_CHANNELS = 16
-#: Fewer blocks than this leave most of the GPU's 132 SMs idle (batch-1 layers on
-#: small planes): such layers stay with the GEMMs.
-MIN_BLOCKS = 264
+#: Fewer blocks than this many per SM leave SMs idle for much of the layer
+#: (batch-1 layers on small planes): such layers stay with the GEMMs.
+MIN_BLOCKS_PER_SM = 2
+#: Compute capability of cp.async and of bfloat16 mma.sync.
+MIN_CAPABILITY = (8, 0)
 
 
-def row_tile(c_out):
-    """Output channels per block, 64 or 128: the one padding C_out least (128 on a tie)."""
-    return 128 if -(-c_out // 128) * 128 <= -(-c_out // 64) * 64 else 64
+def shared_bytes(bm):
+    """Dynamic shared memory of a block of ``bm`` rows: STAGES stages of the A and X tiles,
+    rows of K_STEP + 8 16-bit values."""
+    return STAGES * (bm + COLUMN_TILE) * (K_STEP + 8) * 2
+
+
+def row_tile(c_out, shared_limit=None):
+    """Output channels per block among :data:`ROW_TILES`: the one padding C_out least (the
+    larger on a tie), of those whose shared memory fits ``shared_limit`` bytes (None: no
+    limit); None if none fits."""
+    tiles = [t for t in ROW_TILES if shared_limit is None or shared_bytes(t) <= shared_limit]
+    return min(tiles, key=lambda t: (-(-c_out // t) * t, -t)) if tiles else None
+
+
+def block_shape(bm):
+    """(WARP_M, WARPS_M, threads, MIN_BLOCKS) of a block of ``bm`` rows: warps of 64 rows
+    (32 for the 64-row tile), COLUMN_TILE / WARP_N warps along the columns; registers
+    budgeted for two blocks per SM where a block holds at most 256 x 64 accumulators
+    (about 128 registers a thread), else one."""
+    warp_m = 64 if bm >= 128 else 32
+    warps_m = bm // warp_m
+    threads = 32 * warps_m * (COLUMN_TILE // WARP_N)
+    accumulators = threads * warp_m * WARP_N // 32
+    return warp_m, warps_m, threads, 2 if accumulators <= 256 * 64 else 1
 
 
 def channel_steps(c_in):
@@ -48,44 +79,56 @@ def channel_steps(c_in):
     return -(-c_in // K_STEP)
 
 
-def blocks(g):
-    """(row tiles, column tiles) of the kernel's grid for ``g``."""
-    return -(-g.c_out // row_tile(g.c_out)), -(-(g.n * g.oh * g.ow) // COLUMN_TILE)
-
-
-def shared_bytes(bm):
-    """Dynamic shared memory of a block: STAGES stages of the A and X tiles, rows of
-    K_STEP + 8 16-bit values."""
-    return STAGES * (bm + COLUMN_TILE) * (K_STEP + 8) * 2
+def grid(g, bm):
+    """(row tiles, column tiles) of the kernel's grid for ``g`` with row tile ``bm``."""
+    return -(-g.c_out // bm), -(-(g.n * g.oh * g.ow) // COLUMN_TILE)
 
 
 def _defines(g, dtype, bm):
+    """The module of ``g``'s window and ``dtype`` with row tile ``bm`` (every constant the
+    kernels share with this file passed, so the two cannot disagree)."""
+    warp_m, warps_m, _, min_blocks = block_shape(bm)
     return cuda.storage_defines(dtype) + (
         ("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
-        ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("WARP_M", bm // 2), ("WARP_N", WARP_N),
-        ("STAGES", STAGES), ("BK", K_STEP))
+        ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("WARP_M", warp_m), ("WARPS_M", warps_m),
+        ("WARP_N", WARP_N), ("BN", COLUMN_TILE), ("STAGES", STAGES), ("BK", K_STEP),
+        ("MIN_BLOCKS", min_blocks))
 
 
-def channels_last(x, c8):
-    """x [N, C, H, W] copied to [N, H, W, c8], the channels past C zero."""
-    n, c, h, w = x.shape
-    xt = cuda.empty((n, h, w, c8), x.dtype)
-    cuda.kernel(SOURCE, "nchw_to_nhwc", "PPiii", cuda.storage_defines(x.dtype))(
-        (-(-(h * w) // 32), -(-c8 // 32), n), (32, 8, 1), x.ptr, xt.ptr, c, c8, h * w)
-    return xt
+@functools.lru_cache(maxsize=None)
+def _conv_kernel(defines, shared):
+    """conv_implicit_gemm of the module ``defines``, allowed ``shared`` bytes of dynamic
+    shared memory (opted in once per kernel, not per launch)."""
+    kernel = cuda.kernel(SOURCE, "conv_implicit_gemm", "PPPPP" + "i" * 12, defines)
+    kernel.allow_shared_bytes(shared)
+    return kernel
 
 
-def weight_matrix(g, w, bm):
+def weight_matrix(g, w, bm, defines):
     """A [ceil(C_out / bm) * bm, kh*kw*C_pad] of w, zero-padded (cached inside a frozen block)."""
     steps = channel_steps(g.c_in)
     rows = -(-g.c_out // bm) * bm
 
     def make():
         a = cuda.empty((rows, g.kh * g.kw * steps * K_STEP), w.dtype)
-        cuda.kernel(SOURCE, "conv_weight_matrix", "PPiiii", _defines(g, w.dtype, bm)).launch(
+        cuda.kernel(SOURCE, "conv_weight_matrix", "PPiiii", defines).launch(
             a.size, w.ptr, a.ptr, g.c_out, g.c_in, steps, rows)
         return a
-    return weight_cache.derived(("implicit_gemm", bm, steps), w, make)
+    return weight_cache.derived(("implicit_gemm", rows, steps * K_STEP), w, make)
+
+
+def channels_last(x, c8, defines):
+    """x [N, C, H, W] copied to [N, H, W, c8], the channels past C zero."""
+    n, c, h, w = x.shape
+    xt = cuda.empty((n, h, w, c8), x.dtype)
+    cuda.kernel(SOURCE, "nchw_to_nhwc", "PPiiii", defines)(
+        (-(-(h * w) // 32), -(-c8 // 32), min(n, MAX_GRID_Z)), (32, 8, 1), x.ptr, xt.ptr, n, c,
+        c8, h * w)
+    return xt
+
+
+#: The most blocks a grid may have along z (nchw_to_nhwc loops over the images past it).
+MAX_GRID_Z = 65535
 
 
 class ImplicitGemm:
@@ -104,35 +147,45 @@ class ImplicitGemm:
 
     @staticmethod
     def preferred(g):
-        """Stride-1 layers wider than 1x1, of at least :data:`MIN_CHANNELS` input channels
-        and :data:`MIN_BLOCKS` blocks (the shapes measured against im2col + GEMM:
-        docs/conv.md). Strided layers keep the GEMMs, and 1x1 layers the plain GEMM
-        (no im2col to save; measured slower here)."""
-        rows, columns = blocks(g)
-        return (g.stride == (1, 1) and g.kh * g.kw > 1 and g.c_in >= MIN_CHANNELS
-                and rows * columns >= MIN_BLOCKS)
+        """Stride-1 layers wider than 1x1, of at least :data:`MIN_CHANNELS` input channels,
+        on a GPU of compute capability :data:`MIN_CAPABILITY` whose shared memory holds a
+        row tile, with at least :data:`MIN_BLOCKS_PER_SM` blocks per SM (the shapes
+        measured against im2col + GEMM: docs/conv.md). Strided layers keep the GEMMs, and
+        1x1 layers the plain GEMM (no im2col to save; measured slower here)."""
+        if not (g.stride == (1, 1) and g.kh * g.kw > 1 and g.c_in >= MIN_CHANNELS):
+            return False
+        if cuda.compute_capability() < MIN_CAPABILITY:
+            return False
+        bm = row_tile(g.c_out, cuda.max_shared_bytes())
+        if bm is None:
+            return False
+        rows, columns = grid(g, bm)
+        return rows * columns >= MIN_BLOCKS_PER_SM * cuda.sm_count()
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):
-        """y = act(conv(x, w) + bias + residual), one kernel."""
+        """y = act(conv(x, w) + bias + residual), one kernel after the copy of x."""
         if not is_half(x.dtype):
-            raise TypeError(f"implicit_gemm: 16-bit tensors only, got {x.dtype}")
+            raise DTypeError(f"implicit_gemm: 16-bit tensors only (bfloat16, float16), "
+                             f"got {x.dtype}")
         y = cuda.empty(g.y_shape, x.dtype)
         if y.size == 0:
             return y
         c8 = -(-g.c_in // 8) * 8
         cuda.check_index_range(max(g.n * g.h * g.w * c8, y.size), "implicit_gemm input/output")
-        bm = row_tile(g.c_out)
-        a = weight_matrix(g, w, bm)
-        m_tiles, column_tiles = blocks(g)
+        bm = row_tile(g.c_out, cuda.max_shared_bytes())
+        if bm is None:
+            raise ValueError(f"implicit_gemm: no row tile fits this GPU's "
+                             f"{cuda.max_shared_bytes()} bytes of shared memory a block")
+        m_tiles, column_tiles = grid(g, bm)
         cuda.check_index_range(m_tiles * column_tiles, "implicit_gemm blocks")
-        xt = channels_last(x, c8)
-        kernel = cuda.kernel(SOURCE, "conv_implicit_gemm", "PPPPP" + "i" * 12,
-                             _defines(g, x.dtype, bm))
-        kernel.allow_shared_bytes(shared_bytes(bm))
-        threads = 64 * COLUMN_TILE // WARP_N
-        kernel((m_tiles * column_tiles, 1, 1), (threads, 1, 1), xt.ptr, a.ptr,
-               0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
-               g.n, c8, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
-               channel_steps(g.c_in), m_tiles, activation, shared_bytes=shared_bytes(bm))
+        defines = _defines(g, x.dtype, bm)
+        a = weight_matrix(g, w, bm, defines)
+        xt = channels_last(x, c8, defines)
+        shared = shared_bytes(bm)
+        _conv_kernel(defines, shared)(
+            (m_tiles * column_tiles, 1, 1), (block_shape(bm)[2], 1, 1), xt.ptr, a.ptr,
+            0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
+            g.n, c8, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
+            channel_steps(g.c_in), m_tiles, activation, shared_bytes=shared)
         return y
