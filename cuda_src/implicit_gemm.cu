@@ -16,22 +16,21 @@
 // are all N*OH*OW output pixels of the batch (column j: image j / (OH*OW)),
 // so small planes still fill the tiles.
 //
-// A block of WARPS_M x (128 / WARP_N) warps computes a BM x BN tile, BM =
+// A block of WARPS_M x (BN / WARP_N) warps computes a BM x BN tile, BM =
 // WARPS_M * WARP_M (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N
-// piece (WARP_N 32 or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16 tiles, float32
-// accumulators in registers. K runs in steps of BK (32 or 64) through STAGES
-// shared-memory stages filled by cp.async: while step s is multiplied, steps
-// s+1 .. s+STAGES-1 are in flight. Both tiles are stored row by row with k
-// contiguous (A's rows are output channels, X's are columns), read into the
-// tensor cores by ldmatrix; rows are padded by 8 values so those reads are
-// free of bank conflicts.
-// The outputs go out through shared memory too, so that y's stores (NCHW)
-// are consecutive pixels.
+// piece (WARP_N 32 or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16
+// tiles, float32 accumulators in registers. K runs in steps of BK (32 or 64)
+// through STAGES shared-memory stages filled by cp.async: while step s is
+// multiplied, steps s+1 .. s+STAGES-1 are in flight. Both tiles are stored row
+// by row with k contiguous (A's rows are output channels, X's are columns),
+// read into the tensor cores by ldmatrix; rows are padded by 8 values so those
+// reads are free of bank conflicts. The outputs go out through shared memory
+// too, so that y's stores (NCHW) are consecutive pixels.
 //
 // Compile-time (-D): STORAGE_FP16 or STORAGE_BF16 (the element type; without
 // either this file has no kernels), KH, KW, SH, SW, DH, DW (the window,
-// stride and dilation), WARP_M, WARP_N, WARPS_M, STAGES, BK and MIN_BLOCKS
-// (the blocks per SM the registers are budgeted for).
+// stride and dilation), WARP_M, WARP_N, WARPS_M, BN, STAGES, BK and
+// MIN_BLOCKS (the blocks per SM the registers are budgeted for).
 #include "gdnflow_common.cuh"
 
 #if defined(STORAGE_FP16) || defined(STORAGE_BF16)
@@ -172,7 +171,9 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, MIN_BLOCKS) conv_implic
     }
 
     auto stage_a = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES; };
-    auto stage_x = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_PITCH; };
+    auto stage_x = [&](int stage) {
+        return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_PITCH;
+    };
     // copy_step is called for steps 0, 1, 2, ... in order: it walks (tap, channel
     // step) along instead of dividing the step by the runtime c_steps.
     int copy_tap = 0, copy_c_step = 0;
@@ -238,8 +239,8 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, MIN_BLOCKS) conv_implic
             for (int j = 0; j < IG_NT; j += 2) {
                 // Matrices: columns j*8.. at k, k + 8, then columns j*8 + 8.. likewise.
                 unsigned r[4];
-                load_matrices(r, xs + (warp_n * WARP_N + j * 8 + lane % 8 + (lane / 16) * 8) * IG_PITCH +
-                                     kk + ((lane / 8) % 2) * 8);
+                const int row = warp_n * WARP_N + j * 8 + lane % 8 + (lane / 16) * 8;
+                load_matrices(r, xs + row * IG_PITCH + kk + ((lane / 8) % 2) * 8);
                 b_frag[j][0] = r[0]; b_frag[j][1] = r[1];
                 b_frag[j + 1][0] = r[2]; b_frag[j + 1][1] = r[3];
             }
@@ -280,7 +281,8 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, MIN_BLOCKS) conv_implic
             const int m = m_tile * IG_BM + pass * WARP_M + r;
             if (m < c_out && column_ok) {
                 const int at = out_base + m * ohw;
-                float v = staged[r * IG_OUT_PITCH + out_column] + (bias ? load_value(bias[m]) : 0.0f);
+                float v = staged[r * IG_OUT_PITCH + out_column] +
+                          (bias ? load_value(bias[m]) : 0.0f);
                 if (residual) v += load_value(residual[at]);
                 y[at] = store_value(activate(v, act));
             }
