@@ -16,8 +16,8 @@
 // are all N*OH*OW output pixels of the batch (column j: image j / (OH*OW)),
 // so small planes still fill the tiles.
 //
-// A block of WARPS_M x (BN / WARP_N) warps computes a BM x BN tile, BM =
-// WARPS_M * WARP_M (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N
+// A block of 2 x (BN / WARP_N) warps computes a BM x BN tile, BM = 2 * WARP_M
+// (WARP_M 32 or 64), BN = 128; each warp a WARP_M x WARP_N
 // piece (WARP_N 32 or 64) as (WARP_M / 16) x (WARP_N / 8) mma.sync m16n8k16
 // tiles, float32 accumulators in registers. K runs in steps of BK (32 or 64)
 // through STAGES shared-memory stages filled by cp.async: while step s is
@@ -29,8 +29,7 @@
 //
 // Compile-time (-D): STORAGE_FP16 or STORAGE_BF16 (the element type; without
 // either this file has no kernels), KH, KW, SH, SW, DH, DW (the window,
-// stride and dilation), WARP_M, WARP_N, WARPS_M, BN, STAGES, BK and
-// MIN_BLOCKS (the blocks per SM the registers are budgeted for).
+// stride and dilation), WARP_M, WARP_N, BN, STAGES and BK.
 #include "gdnflow_common.cuh"
 
 #if defined(STORAGE_FP16) || defined(STORAGE_BF16)
@@ -60,12 +59,6 @@
 #ifndef WARP_N
 #define WARP_N 32
 #endif
-#ifndef WARPS_M
-#define WARPS_M 2
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 2
-#endif
 #ifndef STAGES
 #define STAGES 3
 #endif
@@ -78,7 +71,7 @@
 
 #define IG_BK BK
 #define IG_BN BN
-#define IG_WARPS_M WARPS_M
+#define IG_WARPS_M 2
 #define IG_WARPS_N (IG_BN / WARP_N)
 #define IG_THREADS (32 * IG_WARPS_M * IG_WARPS_N)
 #define IG_BM (IG_WARPS_M * WARP_M)
@@ -96,7 +89,6 @@ static_assert(STAGES >= 2, "one stage is multiplied while the next ones are copi
 static_assert(BK == 32 || BK == 64, "K steps of 32 or 64 channels");
 static_assert(BN == 128, "128 columns a block (the warps' layout along N assumes it)");
 static_assert(WARP_N == 32 || WARP_N == 64, "a warp covers 32 or 64 columns");
-static_assert(WARPS_M == 1 || WARPS_M == 2 || WARPS_M == 4, "1, 2 or 4 warps along M");
 static_assert(IG_A_COPIES >= 1 && IG_X_COPIES >= 1, "every thread copies part of each tile");
 static_assert(IG_THREADS % IG_BN == 0, "the epilogue gives each thread one column");
 static_assert(WARP_M * IG_OUT_PITCH * 4 <= STAGES * IG_STAGE_VALUES * 2,
@@ -140,7 +132,7 @@ __device__ __forceinline__ void multiply_add(float* c, const unsigned* a, const 
 // ceil(N*OH*OW / BN) blocks, the M tiles of one column tile adjacent (they
 // read the same x, from L2 after the first); STAGES * IG_STAGE_VALUES 16-bit
 // values of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(IG_THREADS, MIN_BLOCKS) conv_implicit_gemm(
+extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         const storage_t* __restrict__ xt, const storage_t* __restrict__ a,
         const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
         storage_t* __restrict__ y, int n, int c8, int h, int w, int c_out, int oh, int ow,

@@ -168,9 +168,9 @@ class Codec:
     is bounded by the tile, whatever the image size, and the result equals
     the untiled one to float32 rounding. ``version``: the format version
     written, one of :attr:`versions` (by default :meth:`default_version`: on a
-    GPU the last, rANS substreams that the host's threads code (``lanes``); elsewhere
-    the one before,
-    range-coded substreams leaving out the quiet channels; the second, every
+    GPU the last, rANS substreams that the host's threads code (``lanes``);
+    elsewhere the one before, range-coded substreams leaving out the quiet
+    channels; the second, every
     channel coded, is what gdnflow before quiet channels reads; the first, one
     stream, what gdnflow before substreams reads); every readable version is
     read. ``executor``: a

@@ -20,6 +20,9 @@ from gdnflow.errors import DeviceMemoryError, TensorTooLargeError
 #: An array of exactly 2^31 - 1 elements made such a loop read out of bounds.
 MAX_ELEMENTS = 2 ** 31 - 2 ** 24
 
+#: The most blocks a grid may have along y or along z (CUDA's limit; x allows 2^31 - 1).
+MAX_GRID_YZ = 65535
+
 
 def check_elements(n, what):
     """Raise :class:`TensorTooLargeError` if ``n`` elements are more than kernels can index.

@@ -43,8 +43,8 @@ Each stage is one method of :class:`CudaPlan`, taking device arrays.
 Which path runs
 ---------------
 - Fused: ``settings.gdn_fused`` is on, C is in :data:`FUSED_CHANNELS`,
-  H*W % 4 == 0, K % 4 == 0, N <= :data:`MAX_GRID_Y` and every array is
-  16-byte aligned. The backward is fused only when dL/dx is asked for.
+  H*W % 4 == 0, K % 4 == 0, N <= 65535 (gridDim.y: one row of blocks per
+  image) and every array is 16-byte aligned. The backward is fused only when dL/dx is asked for.
 - Otherwise cuBLAS, with the 16-byte elementwise kernels (``_vec4``) where
   ``settings.gdn_vectorize`` is on, H*W % 4 == 0 and the arrays are 16-byte
   aligned, else the 4-byte ones.
@@ -67,6 +67,7 @@ import math
 import numpy as np
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.limits import MAX_GRID_YZ
 from gdnflow.config import settings
 
 SOURCE = "gdn.cu"
@@ -82,8 +83,6 @@ FUSED_CHANNELS = (64, 128, 192)
 cuda.declare_variants(SOURCE, (), *((("GDN_CHANNELS", c),) for c in FUSED_CHANNELS))
 #: Pixels per block of the fused kernels (FUSED_PIXELS in gdn.cu).
 FUSED_PIXELS = 64
-#: The fused kernels' grid has one row of blocks per image (gridDim.y's limit).
-MAX_GRID_Y = 65535
 #: Pixels per tile of the 16-bit kernels (HALF_PIXELS in gdn.cu) ...
 HALF_PIXELS = 64
 #: ... and their resident blocks per SM (each walks over tiles; __launch_bounds__ in gdn.cu).
@@ -204,7 +203,7 @@ class CudaPlan:
         # The fused kernels: one module per C; D, S and U stay chunked, so
         # either path's backward reads the other's forward.
         self.fusable = (channels in FUSED_CHANNELS and self.can_vectorize
-                        and self.chunk % 4 == 0 and batch <= MAX_GRID_Y)
+                        and self.chunk % 4 == 0 and batch <= MAX_GRID_YZ)
         if self.fusable:
             defines = (("GDN_CHANNELS", channels),)
             self.fused_kernels = (

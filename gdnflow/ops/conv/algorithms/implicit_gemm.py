@@ -22,6 +22,7 @@ Measurements and the design: docs/conv.md, "Tensor-core implicit GEMM".
 import functools
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.limits import MAX_GRID_YZ
 from gdnflow.backends.cuda.weight_cache import weight_cache
 from gdnflow.errors import DTypeError
 from gdnflow.precision import is_half
@@ -32,11 +33,12 @@ cuda.declare_variants(SOURCE)   # every module is built for a window and dtype: 
 K_STEP = 64
 #: Output pixels (GEMM columns) per block (the kernel's BN).
 COLUMN_TILE = 128
-#: Columns per warp: a block has (rows / WARP_M) x COLUMN_TILE / WARP_N warps.
+#: Columns per warp: a block has 2 x COLUMN_TILE / WARP_N warps.
 WARP_N = 32
 #: Shared-memory stages of the K loop (cp.async in flight: STAGES - 1 steps).
 STAGES = 3
-#: The row tiles (output channels per block) offered, largest first (the kernel's BM).
+#: The row tiles (output channels per block) offered, largest first (the kernel's BM =
+#: 2 warps of BM / 2 rows).
 ROW_TILES = (128, 64)
 #: Fewer input channels than this waste most of each K step on zero padding
 #: (an RGB first layer: 3 of 64): such layers stay with im2col + GEMM.
@@ -62,16 +64,9 @@ def row_tile(c_out, shared_limit=None):
     return min(tiles, key=lambda t: (-(-c_out // t) * t, -t)) if tiles else None
 
 
-def block_shape(bm):
-    """(WARP_M, WARPS_M, threads, MIN_BLOCKS) of a block of ``bm`` rows: warps of 64 rows
-    (32 for the 64-row tile), COLUMN_TILE / WARP_N warps along the columns; registers
-    budgeted for two blocks per SM where a block holds at most 256 x 64 accumulators
-    (about 128 registers a thread), else one."""
-    warp_m = 64 if bm >= 128 else 32
-    warps_m = bm // warp_m
-    threads = 32 * warps_m * (COLUMN_TILE // WARP_N)
-    accumulators = threads * warp_m * WARP_N // 32
-    return warp_m, warps_m, threads, 2 if accumulators <= 256 * 64 else 1
+def threads():
+    """Threads of a block: 2 x COLUMN_TILE / WARP_N warps (the kernel's layout)."""
+    return 64 * COLUMN_TILE // WARP_N
 
 
 def channel_steps(c_in):
@@ -87,12 +82,10 @@ def grid(g, bm):
 def _defines(g, dtype, bm):
     """The module of ``g``'s window and ``dtype`` with row tile ``bm`` (every constant the
     kernels share with this file passed, so the two cannot disagree)."""
-    warp_m, warps_m, _, min_blocks = block_shape(bm)
     return cuda.storage_defines(dtype) + (
         ("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
-        ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("WARP_M", warp_m), ("WARPS_M", warps_m),
-        ("WARP_N", WARP_N), ("BN", COLUMN_TILE), ("STAGES", STAGES), ("BK", K_STEP),
-        ("MIN_BLOCKS", min_blocks))
+        ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("WARP_M", bm // 2), ("WARP_N", WARP_N),
+        ("BN", COLUMN_TILE), ("STAGES", STAGES), ("BK", K_STEP))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,13 +115,9 @@ def channels_last(x, c8, defines):
     n, c, h, w = x.shape
     xt = cuda.empty((n, h, w, c8), x.dtype)
     cuda.kernel(SOURCE, "nchw_to_nhwc", "PPiiii", defines)(
-        (-(-(h * w) // 32), -(-c8 // 32), min(n, MAX_GRID_Z)), (32, 8, 1), x.ptr, xt.ptr, n, c,
-        c8, h * w)
+        (-(-(h * w) // 32), -(-c8 // 32), min(n, MAX_GRID_YZ)), (32, 8, 1), x.ptr, xt.ptr, n,
+        c, c8, h * w)
     return xt
-
-
-#: The most blocks a grid may have along z (nchw_to_nhwc loops over the images past it).
-MAX_GRID_Z = 65535
 
 
 class ImplicitGemm:
@@ -184,7 +173,7 @@ class ImplicitGemm:
         xt = channels_last(x, c8, defines)
         shared = shared_bytes(bm)
         _conv_kernel(defines, shared)(
-            (m_tiles * column_tiles, 1, 1), (block_shape(bm)[2], 1, 1), xt.ptr, a.ptr,
+            (m_tiles * column_tiles, 1, 1), (threads(), 1, 1), xt.ptr, a.ptr,
             0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
             g.n, c8, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
             channel_steps(g.c_in), m_tiles, activation, shared_bytes=shared)
