@@ -1,5 +1,7 @@
-// Grouped 2-D convolution with few channels per group, NCHW float32: a direct
-// kernel. Python side: gdnflow/ops/conv/algorithms/grouped.py.
+// Grouped 2-D convolution with few channels per group, NCHW: a direct kernel.
+// Python side: gdnflow/ops/conv/algorithms/grouped.py. Tensors are storage_t
+// (float32, or 16 bits with -DSTORAGE_BF16 / -DSTORAGE_FP16): the products and
+// the epilogue run in float32 and each output is rounded once.
 //
 // Why not im2col + GEMM: a group of RegNet (8 channels in, 8 out) or
 // ResNeXt (4 to 32) is a product of [OG, CG*KH*KW] by [CG*KH*KW, OH*OW]: far
@@ -73,12 +75,12 @@ __host__ __device__ inline GroupedBlock grouped_block(int block, int c_out, int 
 
 // Thread t of `threads` copies its share of the chunk's weights:
 // w[o0 + o, c, tap] -> weights[(c * KH*KW + tap) * OPT + o].
-__host__ __device__ inline void stage_grouped_weights(const float* __restrict__ w,
+__host__ __device__ inline void stage_grouped_weights(const storage_t* __restrict__ w,
                                                       float* weights, int o0, int t,
                                                       int threads) {
     for (int i = t; i < CG * KH * KW * OPT; i += threads) {
         const int o = i % OPT, k = i / OPT;
-        weights[i] = w[(size_t)(o0 + o) * CG * KH * KW + k];
+        weights[i] = load_value(w[(size_t)(o0 + o) * CG * KH * KW + k]);
     }
 }
 
@@ -86,8 +88,9 @@ __host__ __device__ inline void stage_grouped_weights(const float* __restrict__ 
 // y[n, o, p] = act(b[o] + residual[n, o, p]
 //                  + sum_{c < CG, i, j} weights[c, i, j, o - o0] x[n, c0 + c, oy*SH - top + i*DH, ox*SW - left + j*DW]).
 __host__ __device__ inline void compute_grouped_pixel(
-        const float* __restrict__ x, const float* weights, const float* __restrict__ bias,
-        const float* __restrict__ residual, float* __restrict__ y, const GroupedBlock& b, int p,
+        const storage_t* __restrict__ x, const float* weights,
+        const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
+        storage_t* __restrict__ y, const GroupedBlock& b, int p,
         int c_in, int h, int wd, int c_out, int oh, int ow, int pad_top, int pad_left,
         int activation) {
     const int pixels = oh * ow;
@@ -98,7 +101,7 @@ __host__ __device__ inline void compute_grouped_pixel(
 #pragma unroll
     for (int o = 0; o < OPT; ++o) acc[o] = 0.0f;
 
-    const float* plane = x + ((size_t)b.n * c_in + b.c0) * h * wd;
+    const storage_t* plane = x + ((size_t)b.n * c_in + b.c0) * h * wd;
     const float* tap_weights = weights;
 #pragma unroll 2
     for (int c = 0; c < CG; ++c, plane += (size_t)h * wd, tap_weights += KH * KW * OPT) {
@@ -106,13 +109,13 @@ __host__ __device__ inline void compute_grouped_pixel(
         for (int i = 0; i < KH; ++i) {
             const int iy = iy0 + i * DH;
             if (iy < 0 || iy >= h) continue;
-            const float* row = plane + (size_t)iy * wd;
+            const storage_t* row = plane + (size_t)iy * wd;
 #pragma unroll
             for (int j = 0; j < KW; ++j) {
                 const int ix = ix0 + j * DW;
                 if (ix < 0 || ix >= wd) continue;
                 HOST_CHECK(b.c0 + c < c_in);
-                const float v = row[ix];
+                const float v = load_value(row[ix]);
                 const float* k = tap_weights + (i * KW + j) * OPT;
 #pragma unroll
                 for (int o = 0; o < OPT; ++o) acc[o] = fmaf(v, k[o], acc[o]);
@@ -125,17 +128,17 @@ __host__ __device__ inline void compute_grouped_pixel(
     for (int o = 0; o < OPT; ++o) {
         HOST_CHECK(b.o0 + o < c_out);
         float v = acc[o];
-        if (bias) v += bias[b.o0 + o];
-        if (residual) v += residual[out + (size_t)o * pixels];
-        y[out + (size_t)o * pixels] = activate(v, activation);
+        if (bias) v += load_value(bias[b.o0 + o]);
+        if (residual) v += load_value(residual[out + (size_t)o * pixels]);
+        y[out + (size_t)o * pixels] = store_value(activate(v, activation));
     }
 }
 
 // The launch: one GroupedBlock per block, blockDim.x consecutive pixels of it.
 extern "C" __global__ void __launch_bounds__(GROUPED_MAX_THREADS) grouped_conv_forward(
-        const float* __restrict__ x, const float* __restrict__ w,
-        const float* __restrict__ bias, const float* __restrict__ residual,
-        float* __restrict__ y, int c_in, int h, int wd, int c_out, int oh, int ow,
+        const storage_t* __restrict__ x, const storage_t* __restrict__ w,
+        const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
+        storage_t* __restrict__ y, int c_in, int h, int wd, int c_out, int oh, int ow,
         int pad_top, int pad_left, int og, int pixel_tiles, int activation) {
     __shared__ __align__(16) float weights[CG * KH * KW * OPT];
     const GroupedBlock b = grouped_block(blockIdx.x, c_out, og, pixel_tiles);

@@ -74,7 +74,7 @@ def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations)
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
 @pytest.mark.parametrize("name", ["elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu", "gdn.cu",
-                                  "subpixel.cu", "implicit_gemm.cu"])
+                                  "subpixel.cu", "implicit_gemm.cu", "grouped.cu"])
 def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_path):
     # The module variants gdnflow.backends.cuda.storage_defines builds for 16-bit tensors.
     expanded = tmp_path / name

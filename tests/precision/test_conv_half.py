@@ -10,14 +10,19 @@ from gdnflow.testing import assert_half_backends_match, round_to_bfloat16
 
 EPS = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
 #: (x shape, w shape, conv2d keyword arguments): the 16-bit GEMM algorithms (1x1, im2col
-#: at several kernel sizes, strides, dilations and groups) and depthwise layers (the
-#: 16-bit depthwise forward; their backward computes in float32). "4 groups" is a
-#: depthwise layer too (groups == channels).
+#: at several kernel sizes, strides, dilations and groups), the grouped direct kernel's
+#: forward (layers on RGB, groups of few channels; their gradients take im2col, or
+#: float32 past 4 groups) and depthwise layers (the 16-bit depthwise forward; their
+#: backward computes in float32). "4 groups" is a depthwise layer too (groups == channels).
 LAYERS = {
     "1x1": ((2, 24, 7, 9), (40, 24, 1, 1), {}),
     "3x3 pad 1 + bias + relu": ((3, 8, 11, 13), (16, 8, 3, 3), {"padding": 1, "activation": "relu"}),
     "5x5 stride 2": ((2, 3, 17, 15), (12, 3, 5, 5), {"stride": 2, "padding": 2}),
     "3x3 dilation 2, 2 groups": ((2, 8, 12, 10), (6, 4, 3, 3), {"dilation": 2, "groups": 2}),
+    "3x3 / 2 on RGB, 40 out + relu6": ((3, 3, 29, 31), (40, 3, 3, 3),
+                                       {"stride": 2, "padding": 1, "activation": "relu6"}),
+    "3x3, 6 groups of 4 + relu": ((2, 24, 9, 11), (12, 4, 3, 3), {"groups": 6, "padding": 1,
+                                                                   "activation": "relu"}),
     "depthwise 3x3 + relu6": ((2, 16, 9, 9), (16, 1, 3, 3), {"groups": 16, "padding": 1,
                                                              "activation": "relu6"}),
     "depthwise 5x5 stride 2": ((3, 12, 17, 19), (12, 1, 5, 5), {"groups": 12, "stride": 2,
@@ -28,8 +33,9 @@ LAYERS = {
 }
 
 
-#: Layers the tensor-core implicit GEMM takes (stride 1, wider than 1x1, one group,
-#: >= 16 channels in, at least 330 blocks: two per SM up to 165 SMs; the planner is
+#: Layers the tensor-core implicit GEMM takes (stride 1, one group, >= 16 channels in;
+#: wider than 1x1 with at least 330 blocks: two per SM up to 165 SMs, or 1x1 on an odd
+#: plane; the planner is
 #: checked to pick it for each, on a simulated H200 and on the GPU the tests run on):
 #: both row tiles (64 and 128 channels), several K steps, channels that do not fill a
 #: step, columns that cross images, odd planes, dilation and uneven padding.
@@ -43,6 +49,8 @@ IMPLICIT_GEMM_LAYERS = {
     "5x5 pad 2, 16 -> 130 + relu6": ((3, 16, 77, 75), (130, 16, 5, 5), {"padding": 2,
                                                                        "activation": "relu6"}),
     "3x3 pad 1, 64 -> 64": ((48, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
+    # 1x1 on odd planes, whatever the block count (here 3 x 2).
+    "1x1 on 7x7, 160 -> 150 + relu6": ((5, 160, 7, 7), (150, 160, 1, 1), {"activation": "relu6"}),
 }
 
 
@@ -158,7 +166,9 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
 
     vgg = ConvGeometry(64, 64, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     pointwise = ConvGeometry(64, 24, 56, 56, 144, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    pointwise_odd = ConvGeometry(64, 160, 7, 7, 960, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1)
     rgb = ConvGeometry(64, 3, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    rgb_batch_1 = ConvGeometry(1, 3, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     strided = ConvGeometry(8, 64, 56, 56, 128, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1)
     grouped = ConvGeometry(8, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2)
     # Batch 1 on a 14x14 plane: 2 blocks of 128 columns x 4 of 128 rows, too few.
@@ -167,12 +177,17 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
         for layer in IMPLICIT_GEMM_LAYERS.values():
             assert chosen(implicit_gemm_geometry(*layer)) == "implicit_gemm"
         assert chosen(vgg) == "implicit_gemm"
-        # Gradients keep the GEMMs; so do 1x1 layers (no im2col to save), RGB first
-        # layers (3 of a step's 64 channels), strided layers and grouped ones.
+        # Gradients keep the GEMMs; so do 1x1 layers (no im2col to save), strided layers,
+        # groups of many channels and RGB first layers (3 of a step's 64 channels); small
+        # ones of those take the grouped direct kernel.
         assert chosen(vgg, "backward_data") == chosen(vgg, "backward_weight") == "im2col_gemm"
         assert chosen(pointwise) == chosen(pointwise, "backward_data") == "pointwise"
+        assert chosen(pointwise_odd) == "implicit_gemm"
+        assert chosen(pointwise_odd, "backward_data") == "pointwise"
         assert chosen(rgb) == chosen(strided) == chosen(grouped) == chosen(small) == \
             "im2col_gemm"
+        assert chosen(rgb_batch_1) == "grouped_direct"
+        assert chosen(rgb_batch_1, "backward_data") == "im2col_gemm"
         with gf.config.override(half_conv_tensor_cores=False):
             assert chosen(vgg) == "im2col_gemm"
     # No cp.async before compute capability 8.0; twice the SMs want twice the blocks.

@@ -39,14 +39,41 @@ def activation_grad_numpy(gy, y, activation):
     return np.where(passed, gy, 0).astype(gy.dtype)
 
 
+#: Bytes per access of the vector forms of the pass (``conv_epilogue_vectors<bytes>``),
+#: widest first.
+VECTOR_BYTES = (16, 8, 4)
+
+
+def vector_bytes(y, residual):
+    """Bytes per access of :func:`epilogue_cuda` on ``y``: the widest of
+    :data:`VECTOR_BYTES` holding more than one value, a whole number of which make a
+    plane, to which y and the residual are aligned; else None (one value per access).
+    (The bias is read one value per vector: its alignment does not matter.)"""
+    n, c = y.shape[:2]
+    plane = y.size // (n * c)
+    for size in VECTOR_BYTES:
+        values = size // y.dtype.itemsize
+        if values > 1 and plane % values == 0 and all(
+                a.ptr % size == 0 for a in (y, residual) if a is not None):
+            return size
+    return None
+
+
 def epilogue_cuda(y, bias, residual, activation):
-    """y <- act(y + bias[c] + residual) in one pass, in place; returns y."""
+    """y <- act(y + bias[c] + residual) in one pass, in place; returns y.
+
+    :func:`vector_bytes` per access (``conv_epilogue_vectors16/8/4``), else one
+    value per access (``conv_epilogue``).
+    """
     n, c = y.shape[:2]
     if y.size == 0:
         return y
-    cuda.kernel(SOURCE, "conv_epilogue", "PPPPiiIIIIi", cuda.storage_defines(y.dtype)).launch(
-        y.size, y.ptr, 0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr,
-        y.ptr, y.size, c, *division_constants(y.size // (n * c)), *division_constants(c),
+    size = vector_bytes(y, residual)
+    name = "conv_epilogue" if size is None else f"conv_epilogue_vectors{size}"
+    items = y.size if size is None else y.size // (size // y.dtype.itemsize)
+    cuda.kernel(SOURCE, name, "PPPPiiIIIIi", cuda.storage_defines(y.dtype)).launch(
+        items, y.ptr, 0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr,
+        y.ptr, items, c, *division_constants(items // (n * c)), *division_constants(c),
         activation)
     return y
 

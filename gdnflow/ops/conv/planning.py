@@ -146,7 +146,8 @@ def half_conv_algorithm(g, stage, tensor_cores=None):
     """The algorithm that runs ``stage`` of ``g`` on 16-bit tensors on the GPU, or None.
 
     The depthwise kernel's forward for the depthwise layers it supports; the
-    tensor-core implicit GEMM for the forward of the layers it prefers (where
+    grouped direct kernel's for those it prefers in 16 bits (first layers on image
+    channels, groups of few channels); the tensor-core implicit GEMM for the forward of the layers it prefers (where
     ``tensor_cores``, default ``settings.half_conv_tensor_cores``, allows); the
     1x1 GEMM where it applies; the sub-pixel rewrite for the backward_data of a
     strided layer whose kernel is wider than its stride (its stride-1 convolution
@@ -157,6 +158,9 @@ def half_conv_algorithm(g, stage, tensor_cores=None):
     """
     if stage in Depthwise.half_precision_stages and Depthwise.supports(g):
         return Depthwise
+    if (stage in GroupedDirect.half_precision_stages and GroupedDirect.supports(g)
+            and GroupedDirect.half_preferred(g)):
+        return GroupedDirect
     if tensor_cores is None:
         tensor_cores = settings.half_conv_tensor_cores
     if (tensor_cores and stage in ImplicitGemm.half_precision_stages

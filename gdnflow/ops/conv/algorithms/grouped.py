@@ -61,6 +61,14 @@ MAX_STEM_MULTIPLY_ADDS = 1 << 28
 #: 64 at batch 8: 90 against 100). Larger layers were not measured.
 MAX_ODD_PLANE_STEM_MULTIPLY_ADDS = 1 << 31
 MAX_ODD_PLANE_STEM_WINDOW = 3
+#: On 16-bit tensors, first layers of at most this many multiply-adds. Measured in fp16
+#: with bias and ReLU on the H200 against im2col + GemmEx + the epilogue pass:
+#: MobileNetV2's 3x3/2 to 32 took 18 against 69 us at batch 1 and 154 against 203 at
+#: batch 64 (693 million); VGG16's 3x3 to 64 30 against 68 us at batch 1 and 110 against
+#: 120 at batch 8 (694 million), but 770 against 711 at batch 64 (5.5 billion); ResNet's
+#: 7x7/2 to 64 at batch 64 (7.6 billion) 861 against 434. Between 0.7 and 5.5 billion
+#: nothing was measured: the bound is a guess in that gap.
+MAX_HALF_STEM_MULTIPLY_ADDS = 1 << 30
 
 
 def outputs_per_thread(g):
@@ -89,6 +97,8 @@ class GroupedDirect:
 
     name = "grouped_direct"
     stages = ("forward",)
+    #: Also on 16-bit tensors: float32 products and epilogue, one rounding per output.
+    half_precision_stages = ("forward",)
     fuses_bias_activation = True
     fuses_residual = True
 
@@ -118,10 +128,21 @@ class GroupedDirect:
         return g.c_in // g.groups <= PREFERRED_GROUP_CHANNELS
 
     @staticmethod
+    def half_preferred(g):
+        """On 16-bit tensors: layers on image channels (groups 1) of at most
+        :data:`MAX_HALF_STEM_MULTIPLY_ADDS` multiply-adds, and the groups :meth:`preferred`
+        takes. The 16-bit alternative writes a column matrix, multiplies it (GemmEx) and
+        runs the epilogue as a pass of its own."""
+        if g.groups == 1:
+            return g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw <= \
+                MAX_HALF_STEM_MULTIPLY_ADDS
+        return GroupedDirect.preferred(g)
+
+    @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):
         """y = act(grouped_conv(x, w) + bias + residual): one launch."""
         y = cuda.empty(g.y_shape, x.dtype)
-        blocks, threads, tiles, defines = _launch(g)
+        blocks, threads, tiles, defines = _launch(g, x.dtype)
         if blocks == 0:
             return y
         kernel = cuda.kernel(SOURCE, "grouped_conv_forward", "PPPPP" + "i" * 11, defines)
@@ -133,12 +154,13 @@ class GroupedDirect:
 
 
 @functools.lru_cache(maxsize=256)
-def _launch(g):
-    """(blocks, threads per block, blocks per output plane, -D defines) of ``g``'s launch,
-    worked out once per geometry (not on every call)."""
+def _launch(g, dtype):
+    """(blocks, threads per block, blocks per output plane, -D defines) of ``g``'s launch on
+    ``dtype`` tensors, worked out once per geometry and dtype (not on every call)."""
     opt = outputs_per_thread(g)
     threads, tiles = pixel_tiling(g.oh * g.ow)
     blocks = g.n * (g.c_out // opt) * tiles if g.oh * g.ow else 0
     cuda.check_index_range(blocks, "grouped_conv_forward blocks")
-    defines = g.window_defines + (("CG", g.c_in // g.groups), ("OPT", opt))
+    defines = (g.window_defines + (("CG", g.c_in // g.groups), ("OPT", opt))
+               + cuda.storage_defines(dtype))
     return blocks, threads, tiles, defines

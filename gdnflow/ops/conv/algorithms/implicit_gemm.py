@@ -110,13 +110,21 @@ def weight_matrix(g, w, bm, defines):
     return weight_cache.derived(("implicit_gemm", rows, steps * K_STEP), w, make)
 
 
+#: The channels-last copy's (channel, pixel) tile and threads per block (nchw_to_nhwc's
+#: NHWC_TILE and NHWC_THREADS).
+NHWC_TILE = 64
+NHWC_THREADS = 256
+
+
 def channels_last(x, c8, defines):
     """x [N, C, H, W] copied to [N, H, W, c8], the channels past C zero."""
     n, c, h, w = x.shape
     xt = cuda.empty((n, h, w, c8), x.dtype)
-    cuda.kernel(SOURCE, "nchw_to_nhwc", "PPiiii", defines)(
-        (-(-(h * w) // 32), -(-c8 // 32), min(n, MAX_GRID_YZ)), (32, 8, 1), x.ptr, xt.ptr, n,
-        c, c8, h * w)
+    # 16-byte reads need whole 16-byte pieces of every plane (8 values), aligned.
+    vector_reads = (h * w) % 8 == 0 and x.ptr % 16 == 0
+    cuda.kernel(SOURCE, "nchw_to_nhwc", "PPiiiii", defines)(
+        (-(-(h * w) // NHWC_TILE), -(-c8 // NHWC_TILE), min(n, MAX_GRID_YZ)),
+        (NHWC_THREADS, 1, 1), x.ptr, xt.ptr, n, c, c8, h * w, int(vector_reads))
     return xt
 
 
@@ -136,12 +144,19 @@ class ImplicitGemm:
 
     @staticmethod
     def preferred(g):
-        """Stride-1 layers wider than 1x1, of at least :data:`MIN_CHANNELS` input channels,
-        on a GPU of compute capability :data:`MIN_CAPABILITY` whose shared memory holds a
-        row tile, with at least :data:`MIN_BLOCKS_PER_SM` blocks per SM (the shapes
-        measured against im2col + GEMM: docs/conv.md). Strided layers keep the GEMMs, and
-        1x1 layers the plain GEMM (no im2col to save; measured slower here)."""
-        if not (g.stride == (1, 1) and g.kh * g.kw > 1 and g.c_in >= MIN_CHANNELS):
+        """Stride-1 layers of at least :data:`MIN_CHANNELS` input channels on a GPU of
+        compute capability :data:`MIN_CAPABILITY` whose shared memory holds a row tile:
+        those wider than 1x1 with at least :data:`MIN_BLOCKS_PER_SM` blocks per SM, and
+        1x1 layers on planes of an odd number of pixels (the shapes measured against
+        im2col + GEMM and the plain GEMM: docs/conv.md). Strided layers keep the GEMMs,
+        and other 1x1 layers the plain GEMM (no im2col to save; measured slower here).
+        An odd plane leaves each image's columns misaligned for the plain GEMM's batched
+        cuBLAS call, whose 2-byte-aligned kernels were the slower: MobileNetV2's 7x7
+        layers at batch 64."""
+        if not (g.stride == (1, 1) and g.c_in >= MIN_CHANNELS):
+            return False
+        pointwise = g.kh * g.kw == 1
+        if pointwise and (g.oh * g.ow) % 2 == 0:
             return False
         if cuda.compute_capability() < MIN_CAPABILITY:
             return False
@@ -149,7 +164,7 @@ class ImplicitGemm:
         if bm is None:
             return False
         rows, columns = grid(g, bm)
-        return rows * columns >= MIN_BLOCKS_PER_SM * cuda.sm_count()
+        return pointwise or rows * columns >= MIN_BLOCKS_PER_SM * cuda.sm_count()
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):
