@@ -1,9 +1,11 @@
 // Depthwise 2-D convolution (groups == C_in == C_out), NCHW float32: a direct
 // convolution per (image, channel) plane. Python side: gdnflow/ops/depthwise.py.
 // Built with -DSTORAGE_BF16 / -DSTORAGE_FP16, the forward reads and writes
-// 16-bit x, w, bias and y (storage_t, gdnflow_common.cuh): the staging step
-// converts to float on its way into shared memory (plain loads, no cp.async),
-// the compute step is the float one, and the store rounds once.
+// 16-bit x, w, bias and y (storage_t, gdnflow_common.cuh): the staged tile
+// holds 16-bit values too (cp.async, as for floats), the compute step widens
+// them to float as it reads them and the store rounds once. (Staging through
+// plain loads that widened on their way into shared memory ran at about a
+// third of the H200's memory bandwidth.)
 //
 // Why not im2col + GEMM: each output reads KH*KW inputs and multiplies them by
 // KH*KW weights of its own channel, a "GEMM" of one row. The work is all
@@ -179,10 +181,22 @@ DW_HD Strip strip_of(int block, int planes, int H, int OH, int pad_top, int plan
     return s;
 }
 
+// VEC_COPY values global -> shared: one cp.async of their bytes (4, 8 or 16),
+// or a plain copy of one 16-bit value (cp.async moves at least 4 bytes).
+DW_HD void stage_values(storage_t* dst, const storage_t* src) {
+    constexpr int WORDS = VEC_COPY * (int)sizeof(storage_t) / 4;
+    if constexpr (WORDS >= 1) {
+        copy_to_shared<(WORDS >= 1 ? WORDS : 1)>(reinterpret_cast<float*>(dst),
+                                                 reinterpret_cast<const float*>(src));
+    } else {
+        *dst = *src;
+    }
+}
+
 // Step 1 for thread t of `threads`: copy its share of rows [a, b) of every
 // plane of the strip to tile + q * tile_floats (q = plane - p0). The host
 // makes VEC_COPY divide W (or H*W when every strip stages whole planes).
-DW_HD void stage_strip(const storage_t* x, float* tile, const Strip& s, int t, int threads,
+DW_HD void stage_strip(const storage_t* x, storage_t* tile, const Strip& s, int t, int threads,
                        int H, int W, int tile_floats) {
     const int rows = s.b - s.a;
     if (rows <= 0) return;
@@ -193,14 +207,7 @@ DW_HD void stage_strip(const storage_t* x, float* tile, const Strip& s, int t, i
     for (int e = t; e < total; e += threads) {
         const int q = e / per_plane;
         const int off = (e - q * per_plane) * VEC_COPY;
-        if constexpr (sizeof(storage_t) == sizeof(float)) {
-            copy_to_shared<VEC_COPY>(tile + q * tile_floats + off,
-                                     reinterpret_cast<const float*>(src) + (size_t)q * H * W + off);
-        } else {
-            float values[VEC_COPY];
-            load_values<VEC_COPY>(values, src + (size_t)q * H * W + off);
-            for (int v = 0; v < VEC_COPY; ++v) tile[q * tile_floats + off + v] = values[v];
-        }
+        stage_values(tile + q * tile_floats + off, src + (size_t)q * H * W + off);
     }
 }
 
@@ -216,7 +223,7 @@ constexpr int REL_COUNT = REL_HI - REL_LO + 1;
 static_assert(CHUNK % VEC_IN == 0 && OUT_COLS % VEC_OUT == 0, "vector widths must divide");
 
 // Steps 2 and 3 for thread t: RPT x OUT_COLS outputs of one plane of the strip.
-DW_HD void compute_strip(const float* tile, const storage_t* w, const storage_t* bias, storage_t* y,
+DW_HD void compute_strip(const storage_t* tile, const storage_t* w, const storage_t* bias, storage_t* y,
                          const Strip& s, int t, int C, int H, int W, int OH, int OW,
                          int pad_top, int act, int tile_floats, int row_groups, int col_groups) {
     const int cg = t % col_groups;
@@ -241,19 +248,19 @@ DW_HD void compute_strip(const float* tile, const storage_t* w, const storage_t*
 #pragma unroll
         for (int v = 0; v < OUT_COLS; ++v) acc[r][v] = b0;
 
-    const float* plane_tile = tile + q * tile_floats;
+    const storage_t* plane_tile = tile + q * tile_floats;
 #pragma unroll
     for (int t_row = 0; t_row < ROWS_IN; ++t_row) {
         const int ih = oh0 * SH - pad_top + t_row;
         // Staged rows are [a, b); rows past b feed only outputs past r1.
         const bool row_ok = ih >= 0 && ih < s.b;
-        const float* row = plane_tile + (ih - s.a) * W;
+        const storage_t* row = plane_tile + (ih - s.a) * W;
         float in[REL_COUNT];
 #pragma unroll
         for (int m = 0; m < CHUNK; m += VEC_IN) {
             if (row_ok && cs + m < W) {
                 HOST_CHECK((ih - s.a) * W + cs + m + VEC_IN <= tile_floats);
-                load_floats<VEC_IN>(in + (m - REL_LO), row + cs + m);
+                load_values<VEC_IN>(in + (m - REL_LO), row + cs + m);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC_IN; ++e) in[m - REL_LO + e] = 0.0f;
@@ -265,7 +272,7 @@ DW_HD void compute_strip(const float* tile, const storage_t* w, const storage_t*
             const int col = cs + rel;
             const bool inside = row_ok && col >= 0 && col < W;
             HOST_CHECK(!inside || (ih - s.a) * W + col < tile_floats);
-            in[rel - REL_LO] = inside ? row[col] : 0.0f;
+            in[rel - REL_LO] = inside ? load_value(row[col]) : 0.0f;
         }
         // Output row r reads this input row through tap i = (t_row - r*SH) / DH.
 #pragma unroll
@@ -305,14 +312,15 @@ DW_HD void compute_strip(const float* tile, const storage_t* w, const storage_t*
 // FLIP the taps run backwards (w[c, KH-1-i, KW-1-j]). Grid: one block per
 // (group of planes_per_block planes, strip) = ceil(planes / planes_per_block)
 // * strips blocks, strips of a plane group adjacent; dynamic shared memory
-// planes_per_block * tile_floats floats.
+// planes_per_block * tile_floats values (storage_t).
 extern "C" __global__ void __launch_bounds__(DW_MAX_THREADS) depthwise_forward(
         const storage_t* __restrict__ x, const storage_t* __restrict__ w,
         const storage_t* __restrict__ bias, storage_t* __restrict__ y,
         int planes, int C, int H, int W, int OH, int OW, int pad_top, int act,
         int planes_per_block, int strip_rows, int strips, int tile_floats,
         int row_groups, int col_groups) {
-    extern __shared__ __align__(16) float tile[];
+    extern __shared__ __align__(16) float staged[];
+    storage_t* tile = reinterpret_cast<storage_t*>(staged);
     const Strip s = strip_of(blockIdx.x, planes, H, OH, pad_top, planes_per_block, strip_rows,
                              strips);
     stage_strip(x, tile, s, threadIdx.x, blockDim.x, H, W, tile_floats);

@@ -183,7 +183,8 @@ def _run_forward(x, w, bias, y, planes, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw
     kernel((plan.blocks, 1, 1), (plan.threads, 1, 1), x.ptr, w.ptr,
            0 if bias is None else bias.ptr, y.ptr, planes, c, h, wd, oh, ow, pad_top,
            activation, plan.planes_per_block, plan.strip_rows, plan.strips, plan.tile_floats,
-           plan.row_groups, plan.col_groups, shared_bytes=plan.shared_bytes)
+           plan.row_groups, plan.col_groups,
+           shared_bytes=plan.shared_bytes * x.dtype.itemsize // 4)
     return y
 
 
@@ -194,8 +195,8 @@ def _forward_variant(planes, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad
     and dtype (planning and building the defines tuple cost host time on every call).
 
     The plan is the float32 one for 16-bit tensors too: the tile in shared memory
-    holds floats, and 16-bit addresses aligned to N floats' offsets are aligned
-    for N 16-bit values."""
+    then holds 16-bit values, in half the bytes (the launch asks for those), and
+    16-bit addresses aligned to N floats' offsets are aligned for N 16-bit values."""
     plan = forward_plan(planes, h, wd, oh, ow, kh, sh, dh, pad_top, sw, x_align, y_align,
                         sm_count)
     return plan, (_forward_defines(plan, kh, kw, sh, sw, dh, dw, pad_left, flip)
