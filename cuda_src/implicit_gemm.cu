@@ -77,11 +77,16 @@
 #define IG_BM (IG_WARPS_M * WARP_M)
 #define IG_MT (WARP_M / 16)                 // m16 tiles of a warp
 #define IG_NT (WARP_N / 8)                  // n8 tiles of a warp
-#define IG_PITCH (IG_BK + 8)                // 16-bit values per row of a tile
+#define IG_PITCH (IG_BK + 8)                // 16-bit values per row of a tile (mma.sync)
 #define IG_CHUNKS_PER_ROW (IG_BK / 8)       // 16-byte copies per row of a tile
 #define IG_A_COPIES (IG_BM * IG_CHUNKS_PER_ROW / IG_THREADS)  // per thread and step
 #define IG_X_COPIES (IG_BN * IG_CHUNKS_PER_ROW / IG_THREADS)
-#define IG_STAGE_VALUES ((IG_BM + IG_BN) * IG_PITCH)
+#if defined(WGMMA)
+#define IG_ROW_VALUES IG_BK                 // rows of 128 bytes, swizzled (below)
+#else
+#define IG_ROW_VALUES IG_PITCH
+#endif
+#define IG_STAGE_VALUES ((IG_BM + IG_BN) * IG_ROW_VALUES)
 #define IG_OUT_PITCH (IG_BN + 4)            // floats per row of the staged output
 
 static_assert(WARP_M == 32 || WARP_M == 64, "a warp covers 32 or 64 output channels");
@@ -91,8 +96,23 @@ static_assert(BN == 128, "128 columns a block (the warps' layout along N assumes
 static_assert(WARP_N == 32 || WARP_N == 64, "a warp covers 32 or 64 columns");
 static_assert(IG_A_COPIES >= 1 && IG_X_COPIES >= 1, "every thread copies part of each tile");
 static_assert(IG_THREADS % IG_BN == 0, "the epilogue gives each thread one column");
-static_assert(WARP_M * IG_OUT_PITCH * 4 <= STAGES * IG_STAGE_VALUES * 2,
-              "a warp row's outputs fit in the stages' shared memory");
+#if defined(WGMMA)
+static_assert(BK == 64 && IG_THREADS == 256 && (IG_BM == 128 || IG_BM == 64),
+              "wgmma: K steps of one 128-byte row, two warpgroups");
+// Each warpgroup multiplies 64 rows: of a 128-row tile, its own 64 rows by all
+// 128 columns; of a 64-row tile, all rows by its own 64 columns.
+#define IG_WG_N (IG_BM == 128 ? IG_BN : IG_BN / 2)     // columns of a warpgroup
+#define IG_WG_SUMS (IG_WG_N / 2)                       // float32 sums per thread
+// The epilogue stages 64 rows at a time: each warpgroup's in turn (128-row tile),
+// or both warpgroups' columns at once (64-row tile).
+#define IG_EPILOGUE_ROWS 64
+#define IG_EPILOGUE_PASSES (IG_BM / 64)
+#else
+#define IG_EPILOGUE_ROWS WARP_M
+#define IG_EPILOGUE_PASSES IG_WARPS_M
+#endif
+static_assert(IG_EPILOGUE_ROWS * IG_OUT_PITCH * 4 <= STAGES * IG_STAGE_VALUES * 2,
+              "the outputs staged at once fit in the stages' shared memory");
 
 #if defined(STORAGE_BF16)
 #define IG_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -126,6 +146,83 @@ __device__ __forceinline__ void multiply_add(float* c, const unsigned* a, const 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Where value `col` of row `row` of a stage's tile lies, in 16-bit values from the
+// tile's start. mma.sync: rows padded by 8 values (conflict-free ldmatrix).
+// wgmma: rows of exactly 128 bytes in the 128-byte swizzle wgmma's descriptors
+// name: 16-byte piece c of row r at piece c ^ (r % 8), each 8 rows a 1024-byte
+// atom (the tile starts on a 1024-byte boundary).
+__device__ __forceinline__ int tile_offset(int row, int col) {
+#if defined(WGMMA)
+    return row * IG_BK + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+#else
+    return row * IG_PITCH + col;
+#endif
+}
+
+#if defined(WGMMA)
+// Hopper's warpgroup MMA (sm_90a; Python builds this section only there, with
+// -DWGMMA and the arch-specific target): the 4 warps of a warpgroup multiply a
+// 64 x 16 piece of A by a 16 x IG_WG_N piece of X, both read from shared memory
+// through descriptors, into IG_WG_SUMS float32 sums per thread, asynchronously.
+#if defined(STORAGE_BF16)
+#define IG_WGMMA_TYPES ".f32.bf16.bf16"
+#else
+#define IG_WGMMA_TYPES ".f32.f16.f16"
+#endif
+
+// The descriptor of a K-major tile in the 128-byte swizzle: start address (16-byte
+// units), leading byte offset 1 (unused by this layout), stride byte offset 1024
+// (from one 8-row atom to the next), swizzle mode 1 (128 bytes).
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const bits16* tile) {
+    return (unsigned long long)((shared_address(tile) >> 4) & 0x3FFF) | (1ull << 16) |
+           (64ull << 32) | (1ull << 62);
+}
+
+// d (this thread's sums) += A (64 x 16, descriptor a) * X^T (16 x IG_WG_N, descriptor x).
+__device__ __forceinline__ void wgmma_multiply_add(float* d, unsigned long long a,
+                                                   unsigned long long x) {
+#if IG_BM == 128
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16" IG_WGMMA_TYPES
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(x));
+#else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" IG_WGMMA_TYPES
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(x));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// cp.async writes shared memory through the generic proxy, wgmma reads it
+// through the async proxy: each thread fences its copies before the barrier.
+__device__ __forceinline__ void fence_copies_for_wgmma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
+
 // The convolution. xt [N, H, W, C8] (nchw_to_nhwc's); a [m_tiles * BM, K_pad]
 // from conv_weight_matrix (K_pad = KH * KW * c_steps * BK); bias [C_out] and
 // residual (y's shape) may be null; y [N, C_out, OH, OW]. Grid: m_tiles x
@@ -137,9 +234,20 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
         storage_t* __restrict__ y, int n, int c8, int h, int w, int c_out, int oh, int ow,
         int pad_top, int pad_left, int c_steps, int m_tiles, int act) {
-    extern __shared__ __align__(16) bits16 ig_shared[];
+    extern __shared__ __align__(16) bits16 ig_shared_bytes[];
+#if defined(WGMMA)
+    // Swizzled tiles start on 1024-byte boundaries: the host adds 1024 bytes.
+    bits16* ig_shared =
+        ig_shared_bytes + ((1024 - (shared_address(ig_shared_bytes) & 1023)) & 1023) / 2;
+#else
+    bits16* ig_shared = ig_shared_bytes;
+#endif
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int warp_m = warp / IG_WARPS_N, warp_n = warp % IG_WARPS_N;
+    // The warp row (wgmma: the warpgroup) and, for mma.sync, the warp column.
+    const int warp_m = warp / IG_WARPS_N;
+#if !defined(WGMMA)
+    const int warp_n = warp % IG_WARPS_N;
+#endif
     const int m_tile = blockIdx.x % m_tiles, column_tile = blockIdx.x / m_tiles;
     const int ohw = oh * ow, columns = n * ohw;
     const int k_pad = KH * KW * c_steps * IG_BK, steps = KH * KW * c_steps;
@@ -164,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
 
     auto stage_a = [&](int stage) { return ig_shared + stage * IG_STAGE_VALUES; };
     auto stage_x = [&](int stage) {
-        return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_PITCH;
+        return ig_shared + stage * IG_STAGE_VALUES + IG_BM * IG_ROW_VALUES;
     };
     // copy_step is called for steps 0, 1, 2, ... in order: it walks (tap, channel
     // step) along instead of dividing the step by the runtime c_steps.
@@ -175,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         for (int i = 0; i < IG_A_COPIES; ++i) {
             const int chunk = tid + i * IG_THREADS, row = chunk / IG_CHUNKS_PER_ROW;
             const int col = (chunk % IG_CHUNKS_PER_ROW) * 8;
-            copy16_or_zero(as + row * IG_PITCH + col,
+            copy16_or_zero(as + tile_offset(row, col),
                            a_rows + (size_t)row * k_pad + step * IG_BK + col, true);
         }
         const int c0 = copy_c_step * IG_BK;
@@ -191,12 +299,17 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
             const bool inside = (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)w &&
                                 c0 + part < c8;
             const int row = tid / IG_CHUNKS_PER_ROW + i * (IG_THREADS / IG_CHUNKS_PER_ROW);
-            copy16_or_zero(xs + row * IG_PITCH + part,
+            copy16_or_zero(xs + tile_offset(row, part),
                            inside ? x_bits + x_base[i] + (iy * w + ix) * c8 + c0 : x_bits,
                            inside);
         }
     };
 
+#if defined(WGMMA)
+    float sums[IG_WG_SUMS];     // this thread's share of its warpgroup's outputs
+#pragma unroll
+    for (int i = 0; i < IG_WG_SUMS; ++i) sums[i] = 0.0f;
+#else
     float sums[IG_MT][IG_NT][4];
 #pragma unroll
     for (int i = 0; i < IG_MT; ++i)
@@ -204,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         for (int j = 0; j < IG_NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) sums[i][j][e] = 0.0f;
+#endif
 
     // STAGES - 1 steps in flight before the first product; then one more
     // issued per step (an empty group past the last keeps the count uniform).
@@ -212,6 +326,34 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         if (s < steps) copy_step(s, s);
         copies_commit();
     }
+#if defined(WGMMA)
+    // Step s's products are issued, then the thread waits for step s - 1's (one
+    // group stays in flight); once every warpgroup has, step s - 1's stage takes
+    // the copies of step s + STAGES - 1.
+    for (int step = 0; step < steps; ++step) {
+        copies_wait<STAGES - 2>();
+        fence_copies_for_wgmma();
+        __syncthreads();    // step's tiles are in, for every thread
+        // warp_m is the warpgroup: its rows (128-row tile) or its columns (64-row).
+        const int own_rows = IG_BM == 128 ? warp_m * 64 : 0;
+        const int own_columns = IG_BM == 128 ? 0 : warp_m * IG_WG_N;
+        const unsigned long long a_desc =
+            wgmma_descriptor(stage_a(step % STAGES) + own_rows * IG_BK);
+        const unsigned long long x_desc =
+            wgmma_descriptor(stage_x(step % STAGES) + own_columns * IG_BK);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < IG_BK / 16; ++kk)     // 16 values = 32 bytes = 2 units
+            wgmma_multiply_add(sums, a_desc + 2 * kk, x_desc + 2 * kk);
+        wgmma_commit();
+        wgmma_wait<1>();
+        __syncthreads();    // every warpgroup is done with step - 1's stage
+        const int next = step + STAGES - 1;
+        if (next < steps) copy_step(next, next % STAGES);
+        copies_commit();
+    }
+    wgmma_wait<0>();
+#else
     for (int step = 0; step < steps; ++step) {
         copies_wait<STAGES - 2>();
         __syncthreads();    // step's tiles are in; every warp is done with step - 1's stage
@@ -242,6 +384,7 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
                 for (int j = 0; j < IG_NT; ++j) multiply_add(sums[i][j], a_frag[i], b_frag[j]);
         }
     }
+#endif
     copies_done();
     __syncthreads();    // the stages are free: the outputs go through them
 
@@ -257,7 +400,19 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
     const int image = column_ok ? column / ohw : 0;
     const int out_base = image * c_out * ohw + (column - image * ohw);
 #pragma unroll
-    for (int pass = 0; pass < IG_WARPS_M; ++pass) {
+    for (int pass = 0; pass < IG_EPILOGUE_PASSES; ++pass) {
+#if defined(WGMMA)
+        if (IG_BM == 64 || warp_m == pass) {
+            // Sum 4j + e of a thread: row 16 * (warp % 4) + lane / 4 (+8 for e >= 2),
+            // column 8j + 2 * (lane % 4) + (e & 1) of its warpgroup's 64 x IG_WG_N.
+            const int first_column = IG_BM == 128 ? 0 : warp_m * IG_WG_N;
+#pragma unroll
+            for (int j = 0; j < IG_WG_N / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    staged[((warp % 4) * 16 + lane / 4 + (e / 2) * 8) * IG_OUT_PITCH +
+                           first_column + j * 8 + 2 * (lane % 4) + e % 2] = sums[4 * j + e];
+#else
         if (warp_m == pass) {
 #pragma unroll
             for (int i = 0; i < IG_MT; ++i)
@@ -267,10 +422,11 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
                     for (int e = 0; e < 4; ++e)
                         staged[(i * 16 + lane / 4 + (e / 2) * 8) * IG_OUT_PITCH +
                                warp_n * WARP_N + j * 8 + 2 * (lane % 4) + e % 2] = sums[i][j][e];
+#endif
         }
         __syncthreads();
-        for (int r = out_row0; r < WARP_M; r += IG_THREADS / IG_BN) {
-            const int m = m_tile * IG_BM + pass * WARP_M + r;
+        for (int r = out_row0; r < IG_EPILOGUE_ROWS; r += IG_THREADS / IG_BN) {
+            const int m = m_tile * IG_BM + pass * IG_EPILOGUE_ROWS + r;
             if (m < c_out && column_ok) {
                 const int at = out_base + m * ohw;
                 float v = staged[r * IG_OUT_PITCH + out_column] +

@@ -49,6 +49,7 @@ IMPLICIT_GEMM_LAYERS = {
     "5x5 pad 2, 16 -> 130 + relu6": ((3, 16, 77, 75), (130, 16, 5, 5), {"padding": 2,
                                                                        "activation": "relu6"}),
     "3x3 pad 1, 64 -> 64": ((48, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
+    "3x3 pad 1, 96 -> 256, odd plane": ((10, 96, 45, 47), (256, 96, 3, 3), {"padding": 1}),
     # 1x1 on odd planes, whatever the block count (here 3 x 2).
     "1x1 on 7x7, 160 -> 150 + relu6": ((5, 160, 7, 7), (150, 160, 1, 1), {"activation": "relu6"}),
 }
@@ -208,26 +209,44 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
     assert [channel_steps(c) for c in (16, 64, 65, 144)] == [1, 1, 2, 3]
 
 
+def multiplies_by_wgmma(g):
+    """Whether the implicit GEMM runs ``g`` with wgmma on this GPU (else mma.sync)."""
+    from gdnflow.backends import cuda
+    from gdnflow.ops.conv.algorithms.implicit_gemm import row_tile, uses_wgmma
+    return uses_wgmma(row_tile(g.c_out, cuda.max_shared_bytes()))
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", [True, False], ids=["wgmma on", "wgmma off"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", IMPLICIT_GEMM_LAYERS)
-def test_16_bit_implicit_gemm_matches_the_emulation(name, dtype, rng):
+def test_16_bit_implicit_gemm_matches_the_emulation(name, dtype, wgmma, rng):
+    # On compute capability 9.0 both row tiles multiply by wgmma unless it is off.
+    # Gradients (the GEMM paths') only without an activation: the kernel's sums run in
+    # another order than the emulation's, so an output within rounding of 0 (or 6) may
+    # fall on the other side of it and flip the activation's gradient mask.
+    from gdnflow.backends import cuda
     x_shape, w_shape, options = IMPLICIT_GEMM_LAYERS[name]
-    assert chosen(implicit_gemm_geometry(x_shape, w_shape, options)) == "implicit_gemm"
-    assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng), dtype,
-                               rtol=2 * EPS[dtype], names=["x", "w", "b"])
+    g = implicit_gemm_geometry(x_shape, w_shape, options)
+    with gf.config.override(half_conv_wgmma=wgmma):
+        assert chosen(g) == "implicit_gemm"
+        assert multiplies_by_wgmma(g) == (wgmma and cuda.compute_capability() == (9, 0))
+        assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng),
+                                   dtype, rtol=2 * EPS[dtype], names=["x", "w", "b"],
+                                   grad="activation" not in options)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("activation", [None, "relu6"])
-def test_16_bit_implicit_gemm_fuses_a_residual(activation, dtype, rng):
+@pytest.mark.parametrize("c_out", [40, 200], ids=["64-row tile", "128-row tile"])
+def test_16_bit_implicit_gemm_fuses_a_residual(activation, dtype, c_out, rng):
     # conv + bias + residual (+ relu6: a MobileNetV2 block's end) in one kernel, against
     # the emulation. Gradients without the activation only: the kernel rounds the sum
     # once where the emulation rounds the convolution first, so an output can land on
     # the other side of 6 (bf16's spacing there is 1/32) and relu6's gradient mask with it.
-    x, w, b = inputs((10, 48, 65, 67), (40, 48, 3, 3), rng)
-    r = rng.standard_normal((10, 40, 65, 67))
+    x, w, b = inputs((10, 48, 65, 67), (c_out, 48, 3, 3), rng)
+    r = rng.standard_normal((10, c_out, 65, 67))
     assert_half_backends_match(
         lambda x, w, b, r: ops.conv2d(x, w, b, padding=1, activation=activation, residual=r),
         [x, w, b, r], dtype, rtol=2 * EPS[dtype], grad=activation is None,

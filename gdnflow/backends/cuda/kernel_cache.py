@@ -96,6 +96,18 @@ def nvcc_identity(nvcc):
     return identity
 
 
+#: A module whose defines set this to 1 is compiled for its architecture's arch-specific
+#: target (sm_90 -> sm_90a), where Hopper's wgmma exists; the cubin runs only on that
+#: architecture (the cache's folder is still the plain one: the define is in the key).
+ARCH_SPECIFIC_DEFINE = "ARCH_SPECIFIC"
+
+
+def nvcc_arch(arch, defines):
+    """The ``-arch`` nvcc gets for a module of ``defines`` on ``arch``: ``arch`` itself, or
+    its arch-specific target (``sm_90a``) where :data:`ARCH_SPECIFIC_DEFINE` is set."""
+    return f"{arch}a" if (ARCH_SPECIFIC_DEFINE, 1) in tuple(defines) else arch
+
+
 def nvcc_options(defines):
     """The nvcc options of a module built with ``defines`` ((NAME, value) pairs)."""
     # nvcc splits an option's value at commas: a comma within a define's value is escaped.
@@ -330,7 +342,8 @@ class KernelCache:
             keep = ["--keep", "--keep-dir", folder] if keep_ptx else []
             source, output = self._run_nvcc(
                 file, folder, "module.cubin",
-                ["--cubin", f"-arch={arch}", *nvcc_options(defines), *keep], defines, owner)
+                ["--cubin", f"-arch={nvcc_arch(arch, defines)}", *nvcc_options(defines), *keep],
+                defines, owner)
             ptx = source.with_suffix(".ptx").read_text() if keep_ptx else None
             return output.read_bytes(), ptx
 

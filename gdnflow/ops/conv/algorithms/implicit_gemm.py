@@ -22,8 +22,10 @@ Measurements and the design: docs/conv.md, "Tensor-core implicit GEMM".
 import functools
 
 from gdnflow.backends import cuda
+from gdnflow.backends.cuda.kernel_cache import ARCH_SPECIFIC_DEFINE
 from gdnflow.backends.cuda.limits import MAX_GRID_YZ
 from gdnflow.backends.cuda.weight_cache import weight_cache
+from gdnflow.config import settings
 from gdnflow.errors import DTypeError
 from gdnflow.precision import is_half
 
@@ -48,12 +50,27 @@ MIN_CHANNELS = 16
 MIN_BLOCKS_PER_SM = 2
 #: Compute capability of cp.async and of bfloat16 mma.sync.
 MIN_CAPABILITY = (8, 0)
+#: Compute capability of Hopper's warpgroup MMA (wgmma, sm_90a only): there the 128-row
+#: tile multiplies by wgmma (``settings.half_conv_wgmma``).
+WGMMA_CAPABILITY = (9, 0)
+#: Bytes wgmma's swizzled tiles may need to skip to start on a 1024-byte boundary.
+WGMMA_ALIGNMENT = 1024
 
 
-def shared_bytes(bm):
+def shared_bytes(bm, wgmma=False):
     """Dynamic shared memory of a block of ``bm`` rows: STAGES stages of the A and X tiles,
-    rows of K_STEP + 8 16-bit values."""
+    rows of K_STEP + 8 16-bit values (mma.sync), or of K_STEP values and
+    :data:`WGMMA_ALIGNMENT` more bytes (wgmma)."""
+    if wgmma:
+        return STAGES * (bm + COLUMN_TILE) * K_STEP * 2 + WGMMA_ALIGNMENT
     return STAGES * (bm + COLUMN_TILE) * (K_STEP + 8) * 2
+
+
+def uses_wgmma(bm):
+    """Whether the row tile ``bm`` (64 or 128) multiplies by wgmma on this GPU: on compute
+    capability :data:`WGMMA_CAPABILITY`, unless ``settings.half_conv_wgmma`` is off. Two
+    warpgroups: of 64 rows x 128 columns each (128-row tile), or of 64 rows x 64."""
+    return settings.half_conv_wgmma and cuda.compute_capability() == WGMMA_CAPABILITY
 
 
 def row_tile(c_out, shared_limit=None):
@@ -79,13 +96,15 @@ def grid(g, bm):
     return -(-g.c_out // bm), -(-(g.n * g.oh * g.ow) // COLUMN_TILE)
 
 
-def _defines(g, dtype, bm):
-    """The module of ``g``'s window and ``dtype`` with row tile ``bm`` (every constant the
-    kernels share with this file passed, so the two cannot disagree)."""
+def _defines(g, dtype, bm, wgmma):
+    """The module of ``g``'s window and ``dtype`` with row tile ``bm``, multiplying by wgmma
+    or mma.sync (every constant the kernels share with this file passed, so the two cannot
+    disagree; wgmma's build is for the arch-specific target)."""
     return cuda.storage_defines(dtype) + (
         ("KH", g.kh), ("KW", g.kw), ("SH", g.stride[0]), ("SW", g.stride[1]),
         ("DH", g.dilation[0]), ("DW", g.dilation[1]), ("WARP_M", bm // 2), ("WARP_N", WARP_N),
-        ("BN", COLUMN_TILE), ("STAGES", STAGES), ("BK", K_STEP))
+        ("BN", COLUMN_TILE), ("STAGES", STAGES), ("BK", K_STEP)) + (
+        (("WGMMA", 1), (ARCH_SPECIFIC_DEFINE, 1)) if wgmma else ())
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,10 +202,11 @@ class ImplicitGemm:
                              f"{cuda.max_shared_bytes()} bytes of shared memory a block")
         m_tiles, column_tiles = grid(g, bm)
         cuda.check_index_range(m_tiles * column_tiles, "implicit_gemm blocks")
-        defines = _defines(g, x.dtype, bm)
+        wgmma = uses_wgmma(bm)
+        defines = _defines(g, x.dtype, bm, wgmma)
         a = weight_matrix(g, w, bm, defines)
         xt = channels_last(x, c8, defines)
-        shared = shared_bytes(bm)
+        shared = shared_bytes(bm, wgmma)
         _conv_kernel(defines, shared)(
             (m_tiles * column_tiles, 1, 1), (threads(), 1, 1), xt.ptr, a.ptr,
             0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
