@@ -444,13 +444,18 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
 // of a channel and writes 8 consecutive channels of a pixel: 16 bytes each (reads
 // value by value unless ``vector_reads``: HW a multiple of 8 and x 16-byte
 // aligned). With one 2-byte value per access the copy ran at about a third of
-// the H200's memory bandwidth. The write phase gives a warp 32 consecutive pixels
-// of the same 8 channels, so that its shared-memory reads are conflict-free.
-// Block NHWC_THREADS threads; grid (ceil(H*W / 64), ceil(C8 / 64), min(N, 65535)),
-// each block looping over the images its z index reaches in steps of gridDim.z.
+// the H200's memory bandwidth. In the write phase the 8 threads of a pixel write
+// its 64 channels' 128 consecutive bytes; for their shared-memory reads (8 rows
+// apart) not to fall in one bank, channel row r keeps pixel p at column
+// p ^ (8 * (r / 8 % 8)) (nhwc_column). Block NHWC_THREADS threads; grid
+// (ceil(H*W / 64), ceil(C8 / 64), min(N, 65535)), each block looping over the
+// images its z index reaches in steps of gridDim.z.
 #define NHWC_TILE 64
 #define NHWC_THREADS 256
 #define NHWC_CHUNKS (NHWC_TILE * NHWC_TILE / 8)     // 16-byte pieces of a tile
+__device__ __forceinline__ int nhwc_column(int row, int pixel) {
+    return pixel ^ ((row >> 3) & 7) << 3;
+}
 extern "C" __global__ void __launch_bounds__(NHWC_THREADS) nchw_to_nhwc(
         const storage_t* __restrict__ x, storage_t* __restrict__ xt, int n, int c, int c8,
         int hw, int vector_reads) {
@@ -475,17 +480,19 @@ extern "C" __global__ void __launch_bounds__(NHWC_THREADS) nchw_to_nhwc(
                         if (p + k < hw) values[k] = from[k];
                 }
             }
-            *reinterpret_cast<uint4*>(&tile[row][first]) = bits;
+            // first is a multiple of 8: its 8 pixels stay together, 16-byte aligned.
+            *reinterpret_cast<uint4*>(&tile[row][nhwc_column(row, first)]) = bits;
         }
         __syncthreads();
         for (int chunk = threadIdx.x; chunk < NHWC_CHUNKS; chunk += NHWC_THREADS) {
-            const int column = chunk % NHWC_TILE, first = (chunk / NHWC_TILE) * 8;
+            const int column = chunk / 8, first = (chunk % 8) * 8;
             const int p = p0 + column, ch = c0 + first;
             if (p < hw && ch < c8) {
                 uint4 bits;
                 bits16* values = reinterpret_cast<bits16*>(&bits);
 #pragma unroll
-                for (int k = 0; k < 8; ++k) values[k] = tile[first + k][column];
+                for (int k = 0; k < 8; ++k)
+                    values[k] = tile[first + k][nhwc_column(first + k, column)];
                 *reinterpret_cast<uint4*>(dst + (size_t)p * c8 + ch) = bits;
             }
         }
