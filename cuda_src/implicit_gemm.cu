@@ -27,9 +27,16 @@
 // reads are free of bank conflicts. The outputs go out through shared memory
 // too, so that y's stores (NCHW) are consecutive pixels.
 //
+// With -DWGMMA (Hopper, built for sm_90a) the two warp rows are two
+// warpgroups that multiply by wgmma straight from shared memory instead
+// (wgmma_multiply_add below: of a 128-row tile each its own 64 rows by all 128
+// columns, of a 64-row tile all rows by its own 64 columns); the stages' rows
+// are then 128 bytes in wgmma's 128-byte swizzle (tile_offset), BK is 64.
+//
 // Compile-time (-D): STORAGE_FP16 or STORAGE_BF16 (the element type; without
 // either this file has no kernels), KH, KW, SH, SW, DH, DW (the window,
-// stride and dilation), WARP_M, WARP_N, BN, STAGES and BK.
+// stride and dilation), WARP_M, WARP_N, BN, STAGES and BK; WGMMA (with the
+// host's ARCH_SPECIFIC, which selects the sm_90a target).
 #include "gdnflow_common.cuh"
 
 #if defined(STORAGE_FP16) || defined(STORAGE_BF16)
@@ -228,7 +235,8 @@ __device__ __forceinline__ void fence_copies_for_wgmma() {
 // residual (y's shape) may be null; y [N, C_out, OH, OW]. Grid: m_tiles x
 // ceil(N*OH*OW / BN) blocks, the M tiles of one column tile adjacent (they
 // read the same x, from L2 after the first); STAGES * IG_STAGE_VALUES 16-bit
-// values of dynamic shared memory.
+// values of dynamic shared memory (with WGMMA, 1024 bytes more: the tiles are
+// moved up to the next 1024-byte boundary).
 extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
         const storage_t* __restrict__ xt, const storage_t* __restrict__ a,
         const storage_t* __restrict__ bias, const storage_t* __restrict__ residual,
@@ -367,14 +375,14 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
             unsigned a_frag[IG_MT][4], b_frag[IG_NT][2];
 #pragma unroll
             for (int i = 0; i < IG_MT; ++i)
-                load_matrices(a_frag[i], as + (warp_m * WARP_M + i * 16 + lane % 16) * IG_PITCH +
-                                             kk + (lane / 16) * 8);
+                load_matrices(a_frag[i], as + tile_offset(warp_m * WARP_M + i * 16 + lane % 16,
+                                                          kk + (lane / 16) * 8));
 #pragma unroll
             for (int j = 0; j < IG_NT; j += 2) {
                 // Matrices: columns j*8.. at k, k + 8, then columns j*8 + 8.. likewise.
                 unsigned r[4];
                 const int row = warp_n * WARP_N + j * 8 + lane % 8 + (lane / 16) * 8;
-                load_matrices(r, xs + row * IG_PITCH + kk + ((lane / 8) % 2) * 8);
+                load_matrices(r, xs + tile_offset(row, kk + ((lane / 8) % 2) * 8));
                 b_frag[j][0] = r[0]; b_frag[j][1] = r[1];
                 b_frag[j + 1][0] = r[2]; b_frag[j + 1][1] = r[3];
             }
@@ -388,11 +396,13 @@ extern "C" __global__ void __launch_bounds__(IG_THREADS, 2) conv_implicit_gemm(
     copies_done();
     __syncthreads();    // the stages are free: the outputs go through them
 
-    // Epilogue, one warp row (WARP_M outputs) at a time: the warps of that row
-    // put their sums in shared memory (accumulator e of tile (i, j) is row
-    // lane / 4 (+8 for e >= 2), column 2 * (lane % 4) + (e & 1) of that tile);
-    // then each thread takes one column and every (IG_THREADS / IG_BN)-th row,
-    // so that a warp's stores of a row are consecutive pixels of y.
+    // Epilogue, IG_EPILOGUE_ROWS rows at a time (mma.sync: one warp row; wgmma:
+    // one warpgroup's 64 rows, or both warpgroups' columns of a 64-row tile): the
+    // warps of those rows put their sums in shared memory (mma.sync: accumulator
+    // e of tile (i, j) is row lane / 4 (+8 for e >= 2), column 2 * (lane % 4) +
+    // (e & 1) of that tile); then each thread takes one column and every
+    // (IG_THREADS / IG_BN)-th row, so that a warp's stores of a row are
+    // consecutive pixels of y.
     float* staged = reinterpret_cast<float*>(ig_shared);
     const int out_column = tid % IG_BN, out_row0 = tid / IG_BN;
     const int column = column_tile * IG_BN + out_column;
@@ -459,7 +469,8 @@ __device__ __forceinline__ int nhwc_column(int row, int pixel) {
 extern "C" __global__ void __launch_bounds__(NHWC_THREADS) nchw_to_nhwc(
         const storage_t* __restrict__ x, storage_t* __restrict__ xt, int n, int c, int c8,
         int hw, int vector_reads) {
-    // [channel][pixel], rows padded by 8 values (16 bytes) so that they stay aligned.
+    // [channel][pixel]. The rows' 8 values of padding are not what keeps the write
+    // phase's reads conflict-free (the swizzle is): they are left from before it.
     __shared__ __align__(16) bits16 tile[NHWC_TILE][NHWC_TILE + 8];
     const int p0 = blockIdx.x * NHWC_TILE, c0 = blockIdx.y * NHWC_TILE;
     for (int image = blockIdx.z; image < n; image += gridDim.z) {

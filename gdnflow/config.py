@@ -43,7 +43,7 @@ class Config:
     #: group, at least 16 input channels, enough blocks, compute capability 8.0;
     #: docs/conv.md). False: im2col + cuBLAS GemmEx, then an epilogue pass.
     half_conv_tensor_cores: bool = True
-    #: On compute capability 9.0, its 128-row tiles multiply by Hopper's warpgroup
+    #: On compute capability 9.0 the implicit GEMM multiplies by Hopper's warpgroup
     #: MMAs (wgmma, an sm_90a build). False: mma.sync there too (for A/B runs).
     half_conv_wgmma: bool = True
 

@@ -88,20 +88,25 @@ def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_pat
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
-def test_implicit_gemm_wgmma_variant_compiles_for_sm90a(storage, tmp_path):
-    # The Hopper build (implicit_gemm.py's _defines with wgmma): nvcc_arch gives sm_90a.
+@pytest.mark.parametrize("warp_m,shape", [(64, "m64n128k16"), (32, "m64n64k16")],
+                         ids=["128-row tile", "64-row tile"])
+def test_implicit_gemm_wgmma_variants_compile_for_sm90a(storage, warp_m, shape, tmp_path):
+    # The Hopper builds (implicit_gemm.py's _defines with wgmma): nvcc_arch gives sm_90a;
+    # ptxas runs too (--keep: the PTX and the cubin of one nvcc run).
     from gdnflow.backends.cuda.kernel_cache import ARCH_SPECIFIC_DEFINE, nvcc_arch
-    defines = ((storage, 1), ("WGMMA", 1), (ARCH_SPECIFIC_DEFINE, 1), ("WARP_M", 64))
+    defines = ((storage, 1), ("WGMMA", 1), (ARCH_SPECIFIC_DEFINE, 1), ("WARP_M", warp_m))
     assert nvcc_arch("sm_90", defines) == "sm_90a" and nvcc_arch("sm_90", ()) == "sm_90"
+    assert nvcc_arch("sm_100f", defines) == "sm_100f"
     expanded = tmp_path / "implicit_gemm.cu"
     expanded.write_text(expand_source(source_dir() / "implicit_gemm.cu"))
     result = subprocess.run(
         [NVCC, f"-arch={nvcc_arch('sm_90', defines)}", "-O3", "-std=c++17", "-Werror",
-         "all-warnings", *[f"-D{name}={value}" for name, value in defines], "--ptx",
-         str(expanded), "-o", str(tmp_path / "out.ptx")],
+         "all-warnings", *[f"-D{name}={value}" for name, value in defines], "--cubin",
+         "--keep", "--keep-dir", str(tmp_path), str(expanded), "-o", str(tmp_path / "out.cubin")],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"nvcc failed on the wgmma variant:\n{result.stderr}"
-    assert (tmp_path / "out.ptx").read_text().count("wgmma.mma_async") == 4
+    ptx = expanded.with_suffix(".ptx").read_text()
+    assert ptx.count("wgmma.mma_async") == 4 and ptx.count(shape) == 4
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

@@ -209,13 +209,6 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
     assert [channel_steps(c) for c in (16, 64, 65, 144)] == [1, 1, 2, 3]
 
 
-def multiplies_by_wgmma(g):
-    """Whether the implicit GEMM runs ``g`` with wgmma on this GPU (else mma.sync)."""
-    from gdnflow.backends import cuda
-    from gdnflow.ops.conv.algorithms.implicit_gemm import row_tile, uses_wgmma
-    return uses_wgmma(row_tile(g.c_out, cuda.max_shared_bytes()))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("wgmma", [True, False], ids=["wgmma on", "wgmma off"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -226,11 +219,12 @@ def test_16_bit_implicit_gemm_matches_the_emulation(name, dtype, wgmma, rng):
     # another order than the emulation's, so an output within rounding of 0 (or 6) may
     # fall on the other side of it and flip the activation's gradient mask.
     from gdnflow.backends import cuda
+    from gdnflow.ops.conv.algorithms.implicit_gemm import uses_wgmma
     x_shape, w_shape, options = IMPLICIT_GEMM_LAYERS[name]
     g = implicit_gemm_geometry(x_shape, w_shape, options)
     with gf.config.override(half_conv_wgmma=wgmma):
         assert chosen(g) == "implicit_gemm"
-        assert multiplies_by_wgmma(g) == (wgmma and cuda.compute_capability() == (9, 0))
+        assert uses_wgmma() == (wgmma and cuda.compute_capability() == (9, 0))
         assert_half_backends_match(conv_fn(w_shape, options), inputs(x_shape, w_shape, rng),
                                    dtype, rtol=2 * EPS[dtype], names=["x", "w", "b"],
                                    grad="activation" not in options)

@@ -24,6 +24,7 @@ is also built as a shared library for the host (:meth:`KernelCache.host_library`
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,8 +105,11 @@ ARCH_SPECIFIC_DEFINE = "ARCH_SPECIFIC"
 
 def nvcc_arch(arch, defines):
     """The ``-arch`` nvcc gets for a module of ``defines`` on ``arch``: ``arch`` itself, or
-    its arch-specific target (``sm_90a``) where :data:`ARCH_SPECIFIC_DEFINE` is set."""
-    return f"{arch}a" if (ARCH_SPECIFIC_DEFINE, 1) in tuple(defines) else arch
+    its arch-specific target (``sm_90`` -> ``sm_90a``) where :data:`ARCH_SPECIFIC_DEFINE` is
+    set and ``arch`` is a plain one (an ``sm_90a`` or ``sm_100f`` given is kept)."""
+    if (ARCH_SPECIFIC_DEFINE, 1) in tuple(defines) and re.fullmatch(r"sm_\d+", arch):
+        return f"{arch}a"
+    return arch
 
 
 def nvcc_options(defines):

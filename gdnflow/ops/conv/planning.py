@@ -147,8 +147,9 @@ def half_conv_algorithm(g, stage, tensor_cores=None):
 
     The depthwise kernel's forward for the depthwise layers it supports; the
     grouped direct kernel's for those it prefers in 16 bits (first layers on image
-    channels, groups of few channels); the tensor-core implicit GEMM for the forward of the layers it prefers (where
-    ``tensor_cores``, default ``settings.half_conv_tensor_cores``, allows); the
+    channels, groups of few channels); the tensor-core implicit GEMM for the forward
+    of the layers it prefers (where ``tensor_cores``, default
+    ``settings.half_conv_tensor_cores``, allows); the
     1x1 GEMM where it applies; the sub-pixel rewrite for the backward_data of a
     strided layer whose kernel is wider than its stride (its stride-1 convolution
     chosen here too: :class:`HalfPlanner`);
@@ -179,9 +180,9 @@ class HalfPlanner:
 
     @staticmethod
     def choose(g, stage):
-        """:func:`half_conv_algorithm` of ``g`` and ``stage`` among the GEMM algorithms:
-        the implicit GEMM would take the inner convolution of a codec's 5x5 / 2 data
-        gradient, but that path is neither tested nor measured with it yet."""
+        """:func:`half_conv_algorithm` of ``g`` and ``stage`` without the implicit GEMM:
+        it would take the inner convolution of a codec's 5x5 / 2 data gradient, but that
+        path is neither tested nor measured with it yet."""
         return half_conv_algorithm(g, stage, tensor_cores=False)
 
 

@@ -132,7 +132,9 @@ class GroupedDirect:
         """On 16-bit tensors: layers on image channels (groups 1) of at most
         :data:`MAX_HALF_STEM_MULTIPLY_ADDS` multiply-adds, and the groups :meth:`preferred`
         takes. The 16-bit alternative writes a column matrix, multiplies it (GemmEx) and
-        runs the epilogue as a pass of its own."""
+        runs the epilogue as a pass of its own; past
+        :data:`~gdnflow.ops.conv.planning.MAX_HALF_GROUPS` groups it computes in float32
+        and rounds."""
         if g.groups == 1:
             return g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw <= \
                 MAX_HALF_STEM_MULTIPLY_ADDS

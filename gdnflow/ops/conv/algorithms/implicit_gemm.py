@@ -50,8 +50,9 @@ MIN_CHANNELS = 16
 MIN_BLOCKS_PER_SM = 2
 #: Compute capability of cp.async and of bfloat16 mma.sync.
 MIN_CAPABILITY = (8, 0)
-#: Compute capability of Hopper's warpgroup MMA (wgmma, sm_90a only): there the 128-row
-#: tile multiplies by wgmma (``settings.half_conv_wgmma``).
+#: Compute capability of Hopper's warpgroup MMA (wgmma, sm_90a only): there both row
+#: tiles multiply by wgmma (``settings.half_conv_wgmma``). The build needs an nvcc that
+#: knows sm_90a (CUDA 12.0 on; gdnflow's toolchain is 13.0).
 WGMMA_CAPABILITY = (9, 0)
 #: Bytes wgmma's swizzled tiles may need to skip to start on a 1024-byte boundary.
 WGMMA_ALIGNMENT = 1024
@@ -66,10 +67,10 @@ def shared_bytes(bm, wgmma=False):
     return STAGES * (bm + COLUMN_TILE) * (K_STEP + 8) * 2
 
 
-def uses_wgmma(bm):
-    """Whether the row tile ``bm`` (64 or 128) multiplies by wgmma on this GPU: on compute
-    capability :data:`WGMMA_CAPABILITY`, unless ``settings.half_conv_wgmma`` is off. Two
-    warpgroups: of 64 rows x 128 columns each (128-row tile), or of 64 rows x 64."""
+def uses_wgmma():
+    """Whether the kernel multiplies by wgmma on this GPU: on compute capability
+    :data:`WGMMA_CAPABILITY`, unless ``settings.half_conv_wgmma`` is off. Either row tile:
+    two warpgroups of 64 rows x 128 columns each (128-row tile), or of 64 rows x 64."""
     return settings.half_conv_wgmma and cuda.compute_capability() == WGMMA_CAPABILITY
 
 
@@ -202,7 +203,7 @@ class ImplicitGemm:
                              f"{cuda.max_shared_bytes()} bytes of shared memory a block")
         m_tiles, column_tiles = grid(g, bm)
         cuda.check_index_range(m_tiles * column_tiles, "implicit_gemm blocks")
-        wgmma = uses_wgmma(bm)
+        wgmma = uses_wgmma()
         defines = _defines(g, x.dtype, bm, wgmma)
         a = weight_matrix(g, w, bm, defines)
         xt = channels_last(x, c8, defines)
