@@ -94,23 +94,25 @@ def host_kernel(launched, source, name, build, check=None, extra_ints=None):
 
 
 class HostArray:
-    """A NumPy array in place of a CudaArray (shape, size, ptr, allocation).
+    """A NumPy array in place of a CudaArray (shape, size, dtype, ptr, allocation).
 
-    256-byte aligned plus ``offset`` floats (to test unaligned views), and
+    256-byte aligned plus ``offset`` values (to test unaligned views), and
     poisoned with NaN around and inside, so an unwritten element shows and a
-    write outside the array is caught by :meth:`guards_untouched`. float32, as
-    the kernels built for the host are.
+    write outside the array is caught by :meth:`guards_untouched`. float32 by
+    default, as most kernels built for the host are; ``dtype`` float16 for a
+    host build with -DSTORAGE_FP16.
     """
 
     dtype = np.dtype(np.float32)
 
-    def __init__(self, shape, values=None, offset=0):
+    def __init__(self, shape, values=None, offset=0, dtype=np.float32):
+        self.dtype = np.dtype(dtype)
         self.shape, self.size = tuple(shape), int(np.prod(shape))
-        raw = np.full(self.size + 128, np.nan, np.float32)
-        start = (-raw.ctypes.data % 256) // 4 + offset
+        raw = np.full(self.size + 128, np.nan, self.dtype)
+        start = (-raw.ctypes.data % 256) // self.dtype.itemsize + offset
         self.array = raw[start:start + self.size]
         if values is not None:
-            self.array[:] = np.asarray(values, np.float32).ravel()
+            self.array[:] = np.asarray(values, self.dtype).ravel()
         self.allocation = raw
         self.ptr = self.array.ctypes.data
 
@@ -120,7 +122,7 @@ class HostArray:
 
     def guards_untouched(self):
         """Nothing was written just before or after the array."""
-        start = (self.ptr - self.allocation.ctypes.data) // 4
+        start = (self.ptr - self.allocation.ctypes.data) // self.dtype.itemsize
         return (np.isnan(self.allocation[:start]).all()
                 and np.isnan(self.allocation[start + self.size:]).all())
 

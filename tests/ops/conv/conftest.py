@@ -33,7 +33,7 @@ class HostDevice:
         return (max(1, min(-(-threads // block), self.sm_count * blocks_per_sm)), 1, 1)
 
     def empty(self, shape, dtype=np.float32):
-        return HostArray(shape)
+        return HostArray(shape, dtype=dtype)
 
     def full(self, shape, value, dtype=np.float32):
         return HostArray(shape, np.full(shape, value, np.float32))

@@ -630,16 +630,18 @@ def test_depthwise_plan_refuses_what_no_tiling_fits():
 # threads in reverse order when `backwards` (a write that lands in another
 # block's outputs then survives, as it may on the GPU).
 _DW_SHIM = """
-extern "C" int host_depthwise_forward(int backwards, int blocks, int threads, int shared_floats,
-        const float* x, const float* w, const float* bias, float* y,
+extern "C" int host_depthwise_forward(int backwards, int blocks, int threads, int shared_bytes,
+        const storage_t* x, const storage_t* w, const storage_t* bias, storage_t* y,
         int planes, int C, int H, int W, int OH, int OW, int pad_top, int act,
         int planes_per_block, int strip_rows, int strips, int tile_floats,
         int row_groups, int col_groups) {
     host_faults = 0;
-    float* shared = static_cast<float*>(std::aligned_alloc(16, 4 * (shared_floats + 4)));
+    const int values = shared_bytes / (int)sizeof(storage_t) + 8;
+    storage_t* shared = static_cast<storage_t*>(
+        std::aligned_alloc(16, (sizeof(storage_t) * values + 15) / 16 * 16));
     for (int i = 0; i < blocks; ++i) {
         const int b = backwards ? blocks - 1 - i : i;
-        for (int k = 0; k < shared_floats + 4; ++k) shared[k] = NAN;
+        for (int k = 0; k < values; ++k) shared[k] = store_value(NAN);
         const Strip s = strip_of(b, planes, H, OH, pad_top, planes_per_block, strip_rows, strips);
         for (int t = 0; t < threads; ++t) stage_strip(x, shared, s, t, threads, H, W, tile_floats);
         for (int k = 0; k < threads; ++k)
@@ -672,7 +674,7 @@ def depthwise_on_host(depthwise_host_build, simulate):
 
     launched = LaunchRecord()
     kernel = host_kernel(launched, depthwise_module.SOURCE, "depthwise_forward",
-                         depthwise_host_build, check, extra_ints=lambda shared: (shared // 4,))
+                         depthwise_host_build, check, extra_ints=lambda shared: (shared,))
     launched.device = simulate(kernel, sm_count=132)
     return launched
 
@@ -737,6 +739,36 @@ def test_depthwise_cuda_code_on_host_unaligned_input(offset, depthwise_on_host, 
     got = Depthwise.forward(g, HostArray(g.x_shape, x, offset), HostArray(g.w_shape, w)).get()
     assert depthwise_on_host[-1]["VEC_COPY"] == offset
     assert relative_error(got, NumpyConv.forward(g, x, w)) <= 1e-5
+
+
+# Cases whose staged rows are whole 16-byte pieces when x is aligned: the copies' width then
+# follows x's alignment alone.
+DEPTHWISE_16_BIT_HOST_CASES = ["mnv2_112_s1_strips", "mnv2_112_s2_strips", "mnv2_56_s2",
+                               "mnv2_28_s1", "wide_row"]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_16_BIT_HOST_CASES)
+@pytest.mark.parametrize("offset,vec_copy", [(0, 4), (4, 2), (2, 1)])
+def test_depthwise_16_bit_cuda_code_on_host_matches_the_emulation(case, offset, vec_copy,
+                                                                  depthwise_on_host, rng):
+    # The fp16 build (-DSTORAGE_FP16) run on the host: its tile staged as 16-bit values
+    # (cp.async of 8 or 4 bytes, or one value at a time, as x's alignment allows: x starts
+    # offset values past a 16-byte boundary), widened to float32 as it is read.
+    f16 = np.dtype(np.float16)
+    x_shape, k, stride, padding, dilation = DEPTHWISE_HOST_CASES[case]
+    c = x_shape[1]
+    g = _geometry(x_shape, (c, 1, k, k), stride, padding, dilation, c)
+    x = (3 * rng.standard_normal(g.x_shape)).astype(f16)
+    w, b = rng.standard_normal(g.w_shape).astype(f16), rng.standard_normal(c).astype(f16)
+    want = gf.precision.emulate(
+        lambda x, w, b: epilogue_numpy(NumpyConv.forward(g, x, w), b, None, 2), x, w, b)
+    y = Depthwise.forward(g, HostArray(g.x_shape, x, offset, f16),
+                          HostArray(g.w_shape, w, dtype=f16), HostArray(b.shape, b, dtype=f16), 2)
+    launch = depthwise_on_host[-1]
+    assert launch["STORAGE_FP16"] == 1 and launch["VEC_COPY"] == vec_copy
+    assert y.dtype == f16 and y.guards_untouched()
+    # One rounding of float32 sums taken in another order: at most one unit apart.
+    assert relative_error(y.get().astype(np.float32), want.astype(np.float32)) <= 2.0 ** -10
 
 
 # -------------------------------------------- depthwise forward on the GPU --
