@@ -14,6 +14,7 @@ from gdnflow.ops.conv.epilogue import epilogue_numpy
 from gdnflow.ops.conv.geometry import conv_geometry, normalize_padding
 from gdnflow.ops.conv.planning import ConvPlanner
 from gdnflow.ops.conv.reference import NumpyConv
+from gdnflow.precision import emulate
 from gdnflow.testing import assert_backends_match, relative_error
 from host_kernels import HOST_CHECK_PRELUDE, HostArray, LaunchRecord, host_builder, host_kernel
 
@@ -64,7 +65,8 @@ def _case(name):
 # order when `backwards`.
 _SHIM = """
 extern "C" int host_grouped_conv_forward(int backwards, int blocks, int threads,
-        const float* x, const float* w, const float* bias, const float* residual, float* y,
+        const storage_t* x, const storage_t* w, const storage_t* bias, const storage_t* residual,
+        storage_t* y,
         int c_in, int h, int wd, int c_out, int oh, int ow, int pad_top, int pad_left,
         int og, int pixel_tiles, int activation) {
     host_faults = 0;
@@ -127,6 +129,27 @@ def test_grouped_cuda_code_on_host_matches_numpy(name, backwards, grouped_on_hos
     launch = grouped_on_host[-1]
     assert (launch["CG"], launch["OPT"]) == (g.c_in // g.groups, outputs_per_thread(g))
     assert (launch["SH"], launch["SW"], launch["KH"]) == (*g.stride, g.kh)
+
+
+@pytest.mark.parametrize("name", ["regnet_stride2", "k7_stride2_asymmetric",
+                                  "rgb_stem_3x3_stride2", "rgba_stem_12_outputs"])
+def test_grouped_16_bit_cuda_code_on_host_matches_the_emulation(name, grouped_on_host, rng):
+    # The fp16 build (-DSTORAGE_FP16) run on the host, with bias, residual and relu6:
+    # float32 sums, each output rounded once, as the emulation computes.
+    f16 = np.dtype(np.float16)
+    x_shape, w_shape, kwargs = _case(name)
+    g = _geometry(x_shape, w_shape, **kwargs)
+    x, w = (3 * rng.standard_normal(g.x_shape)).astype(f16), \
+        rng.standard_normal(g.w_shape).astype(f16)
+    b, r = rng.standard_normal(g.c_out).astype(f16), rng.standard_normal(g.y_shape).astype(f16)
+    want = emulate(lambda x, w, b, r: epilogue_numpy(NumpyConv.forward(g, x, w), b, r, 2),
+                   x, w, b, r)
+    y = GroupedDirect.forward(g, HostArray(g.x_shape, x, dtype=f16),
+                              HostArray(g.w_shape, w, dtype=f16), HostArray(b.shape, b, dtype=f16),
+                              2, residual=HostArray(r.shape, r, dtype=f16))
+    assert grouped_on_host[-1]["STORAGE_FP16"] == 1
+    assert y.dtype == f16 and y.guards_untouched()
+    assert relative_error(y.get().astype(np.float32), want.astype(np.float32)) <= 2.0 ** -10
 
 
 def test_grouped_without_bias_or_activation_on_host(grouped_on_host, rng):
