@@ -1,5 +1,5 @@
-// Depthwise 2-D convolution (groups == C_in == C_out), NCHW float32: a direct
-// convolution per (image, channel) plane. Python side: gdnflow/ops/depthwise.py.
+// Depthwise 2-D convolution (groups == C_in == C_out), NCHW: a direct
+// convolution per (image, channel) plane. Python side: gdnflow/ops/conv/algorithms/depthwise.py.
 // Built with -DSTORAGE_BF16 / -DSTORAGE_FP16, the forward reads and writes
 // 16-bit x, w, bias and y (storage_t, gdnflow_common.cuh): the staged tile
 // holds 16-bit values too (cp.async, as for floats), the compute step widens

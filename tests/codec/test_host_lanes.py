@@ -1,6 +1,7 @@
 """The rANS lanes coded on the host's threads (gdnflow/codec/host_lanes.py: cuda_src/rans.cu
 built for the host with OpenMP) against the NumPy coder: the same words and values, for few
-lanes and many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the same bytes either way."""
+lanes and many (corrupt streams: tests/codec/test_rans.py); codecs writing and reading the
+same bytes either way."""
 import os
 import shutil
 import subprocess

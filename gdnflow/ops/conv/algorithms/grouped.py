@@ -71,6 +71,12 @@ MAX_ODD_PLANE_STEM_WINDOW = 3
 MAX_HALF_STEM_MULTIPLY_ADDS = 1 << 30
 
 
+def stem_multiply_adds(g):
+    """The multiply-adds of an ungrouped layer ``g`` (N*C_out*OH*OW*C_in*kh*kw): what the
+    first-layer bounds above are in."""
+    return g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
+
+
 def outputs_per_thread(g):
     """OPT: the most of 8, 4, 2, 1 output channels per thread that divides C_out / groups
     and whose weights (CG*kh*kw*OPT floats) fit a block's shared memory; None if none does."""
@@ -120,7 +126,7 @@ class GroupedDirect:
         of at most :data:`MAX_ODD_PLANE_STEM_WINDOW` taps a side and an output plane that is
         not a multiple of 4 pixels."""
         if g.groups == 1:
-            multiply_adds = g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw
+            multiply_adds = stem_multiply_adds(g)
             odd_plane = ((g.oh * g.ow) % VECTOR_COLUMNS != 0
                          and max(g.kh, g.kw) <= MAX_ODD_PLANE_STEM_WINDOW)
             return multiply_adds <= (MAX_ODD_PLANE_STEM_MULTIPLY_ADDS if odd_plane
@@ -136,8 +142,7 @@ class GroupedDirect:
         :data:`~gdnflow.ops.conv.planning.MAX_HALF_GROUPS` groups it computes in float32
         and rounds."""
         if g.groups == 1:
-            return g.n * g.c_out * g.oh * g.ow * g.c_in * g.kh * g.kw <= \
-                MAX_HALF_STEM_MULTIPLY_ADDS
+            return stem_multiply_adds(g) <= MAX_HALF_STEM_MULTIPLY_ADDS
         return GroupedDirect.preferred(g)
 
     @staticmethod

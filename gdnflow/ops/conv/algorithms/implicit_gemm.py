@@ -6,7 +6,8 @@ channel), each tap's channels padded to a multiple of the K step);
 ``nchw_to_nhwc`` copies x channels last; ``conv_implicit_gemm`` multiplies A by
 im2col(x) without writing im2col out: each block copies its piece of the
 columns straight from the channels-last x (16-byte cp.async, several steps in
-flight), multiplies on the tensor cores (mma.sync, float32 sums) and writes
+flight), multiplies on the tensor cores (mma.sync; on compute capability 9.0
+Hopper's wgmma, an sm_90a build: :func:`uses_wgmma`; float32 sums) and writes
 act(y + bias + residual) in the dtype, NCHW. The im2col + GemmEx path it
 replaces writes and reads the columns (kh*kw times the input) and then makes a
 second pass for the epilogue.
