@@ -35,7 +35,7 @@ LAYERS = {
 
 #: Layers the tensor-core implicit GEMM takes (stride 1, one group, >= 16 channels in;
 #: wider than 1x1 with at least 330 blocks: two per SM up to 165 SMs, or 1x1 on an odd
-#: plane; the planner is
+#: plane of at least 4 column tiles; the planner is
 #: checked to pick it for each, on a simulated H200 and on the GPU the tests run on):
 #: both row tiles (64 and 128 channels), several K steps, channels that do not fill a
 #: step, columns that cross images, odd planes, dilation and uneven padding.
@@ -50,8 +50,8 @@ IMPLICIT_GEMM_LAYERS = {
                                                                        "activation": "relu6"}),
     "3x3 pad 1, 64 -> 64": ((48, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
     "3x3 pad 1, 96 -> 256, odd plane": ((10, 96, 45, 47), (256, 96, 3, 3), {"padding": 1}),
-    # 1x1 on odd planes, whatever the block count (here 3 x 2).
-    "1x1 on 7x7, 160 -> 150 + relu6": ((5, 160, 7, 7), (150, 160, 1, 1), {"activation": "relu6"}),
+    # 1x1 on odd planes of at least 4 column tiles, whatever the block count (here 2 x 4).
+    "1x1 on 7x7, 160 -> 150 + relu6": ((9, 160, 7, 7), (150, 160, 1, 1), {"activation": "relu6"}),
 }
 
 
@@ -168,6 +168,9 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
     vgg = ConvGeometry(64, 64, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     pointwise = ConvGeometry(64, 24, 56, 56, 144, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1)
     pointwise_odd = ConvGeometry(64, 160, 7, 7, 960, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    # 8 images of 49 pixels are 4 column tiles of 128; 7 are 3.
+    pointwise_odd_8, pointwise_odd_7 = (
+        ConvGeometry(n, 960, 7, 7, 160, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1) for n in (8, 7))
     rgb = ConvGeometry(64, 3, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     rgb_batch_1 = ConvGeometry(1, 3, 224, 224, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     strided = ConvGeometry(8, 64, 56, 56, 128, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1)
@@ -185,6 +188,8 @@ def test_16_bit_stride_1_forwards_take_the_tensor_core_implicit_gemm():
         assert chosen(pointwise) == chosen(pointwise, "backward_data") == "pointwise"
         assert chosen(pointwise_odd) == "implicit_gemm"
         assert chosen(pointwise_odd, "backward_data") == "pointwise"
+        assert chosen(pointwise_odd_8) == "implicit_gemm"
+        assert chosen(pointwise_odd_7) == "pointwise"
         assert chosen(rgb) == chosen(strided) == chosen(grouped) == chosen(small) == \
             "im2col_gemm"
         assert chosen(rgb_batch_1) == "grouped_direct"

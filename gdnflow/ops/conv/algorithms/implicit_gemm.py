@@ -49,6 +49,12 @@ MIN_CHANNELS = 16
 #: Fewer blocks than this many per SM leave SMs idle for much of the layer
 #: (batch-1 layers on small planes): such layers stay with the GEMMs.
 MIN_BLOCKS_PER_SM = 2
+#: 1x1 layers on odd planes need this many column tiles (of :data:`COLUMN_TILE` pixels):
+#: with fewer, each block's long K loop costs more than the GEMM path's two kernels
+#: (MobileNetV2's 7x7 layers, fp16 on the H200: the GEMM path won all five shapes up to
+#: batch 4, three of five at batch 8 (4 tiles), none from batch 16;
+#: benchmarks/results/precision/pointwise_odd_planes.md).
+MIN_POINTWISE_COLUMN_TILES = 4
 #: Compute capability of cp.async and of bfloat16 mma.sync.
 MIN_CAPABILITY = (8, 0)
 #: Compute capability of Hopper's warpgroup MMA (wgmma, sm_90a only): there both row
@@ -168,12 +174,13 @@ class ImplicitGemm:
         """Stride-1 layers of at least :data:`MIN_CHANNELS` input channels on a GPU of
         compute capability :data:`MIN_CAPABILITY` whose shared memory holds a row tile:
         those wider than 1x1 with at least :data:`MIN_BLOCKS_PER_SM` blocks per SM, and
-        1x1 layers on planes of an odd number of pixels (the shapes measured against
+        1x1 layers on planes of an odd number of pixels with at least
+        :data:`MIN_POINTWISE_COLUMN_TILES` column tiles (the shapes measured against
         im2col + GEMM and the plain GEMM: docs/conv.md). Strided layers keep the GEMMs,
         and other 1x1 layers the plain GEMM (no im2col to save; measured slower here).
         An odd plane leaves each image's columns misaligned for the plain GEMM's batched
         cuBLAS call, whose 2-byte-aligned kernels were the slower: MobileNetV2's 7x7
-        layers at batch 64."""
+        layers from batch 16; at batch 1 the GEMM path was faster on every one."""
         if not (g.stride == (1, 1) and g.c_in >= MIN_CHANNELS):
             return False
         pointwise = g.kh * g.kw == 1
@@ -185,7 +192,9 @@ class ImplicitGemm:
         if bm is None:
             return False
         rows, columns = grid(g, bm)
-        return pointwise or rows * columns >= MIN_BLOCKS_PER_SM * cuda.sm_count()
+        if pointwise:
+            return columns >= MIN_POINTWISE_COLUMN_TILES
+        return rows * columns >= MIN_BLOCKS_PER_SM * cuda.sm_count()
 
     @staticmethod
     def forward(g, x, w, bias=None, activation=0, residual=None):
