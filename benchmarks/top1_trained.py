@@ -24,7 +24,8 @@ there, with PyTorch (the baseline, never a gdnflow dependency):
 
 The table gives each side's accuracy, the 16-bit plans' top-1 agreement with the
 float32 plan, the plans' largest logit error against it, and the float32 plan's
-agreement with PyTorch's float32 forward of the same weights.
+agreement with PyTorch's float32 forward of the same weights. PyTorch's forward under
+``torch.autocast`` (bf16, fp16) is measured the same way: what 16 bits cost there.
 """
 import argparse
 import os
@@ -124,10 +125,11 @@ def train(torch, photos, steps, log):
     return model.eval().to(memory_format=torch.contiguous_format)
 
 
-def torch_logits(torch, model, inputs):
-    """PyTorch's float32 forward (TF32 off), batch by batch."""
+def torch_logits(torch, model, inputs, autocast=None):
+    """PyTorch's forward, batch by batch: float32 (TF32 off), or under ``torch.autocast`` of
+    the torch dtype ``autocast`` (the 16-bit baseline users compare with)."""
     outputs = []
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
         for first in range(0, len(inputs), BATCH):
             x = torch.from_numpy(inputs[first:first + BATCH]).cuda()
             outputs.append(model(x).float().cpu().numpy())
@@ -189,7 +191,9 @@ def main():
     rows, notes = [], []
     for name, inputs, labels in (("test areas of the training photos", test_inputs, test_labels),
                                  ("photos never trained on", other_inputs, None)):
-        logits = {"PyTorch fp32": torch_logits(torch, model, inputs)}
+        logits = {"PyTorch fp32": torch_logits(torch, model, inputs),
+                  "PyTorch bf16 autocast": torch_logits(torch, model, inputs, torch.bfloat16),
+                  "PyTorch fp16 autocast": torch_logits(torch, model, inputs, torch.float16)}
         logits.update({side: plan_logits(plan, inputs) for side, plan in plans.items()})
         compare(name, logits, labels, rows)
         notes.append(f"{name}: median gap between the two largest fp32 logits "
