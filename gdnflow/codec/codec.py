@@ -32,6 +32,12 @@ tolerance (at most 1 level where a value straddles .5) on another. (On a
 GPU, from the second decode of a one-tile size on, the synthesis is a
 replayed inference plan, whose float rounding may differ from the eager
 forward's: the same 1-level tolerance.)
+
+Compression on a GPU likewise replays inference plans of the analysis g_a (and of the
+hyperprior's h_a) from the second image of a one-tile size on (:meth:`Codec._transform`);
+their y equals the eager one bit for bit, so a file does not depend on how many images
+of its size the codec compressed before (checked on the GPU by
+tests/codec/test_device_latents.py).
 """
 import os
 from pathlib import Path
@@ -70,15 +76,16 @@ TILE = 512
 #: with the 128-channel models; larger images run in tiles of TILE, which keeps a
 #: 50-megapixel photo under 2 GB (benchmarks/results/codec_memory_gpu.md).
 CUDA_WHOLE_SIDE = 2048
-#: Latent shapes whose synthesis a GPU codec keeps an inference plan (one CUDA graph)
-#: for, for images of one tile up to SYNTHESIS_PLAN_PIXELS: a shape gets one the second
-#: time it is decoded (the first runs eagerly: a build took 44 ms at 768x512 on an
-#: H200, where a decode took 7), and each keeps its activations' memory (337 MiB at
-#: 768x512). Replays took the factorized prior's decode at 768x512 from 10 to 9 ms/MP;
-#: at 2048x1536 (1.7 GiB of buffers) they gained nothing measurable, hence the bound
+#: Shapes per transform (the synthesis g_s, the analysis g_a, the hyperprior's h_a) for
+#: which a GPU codec keeps an inference plan (one CUDA graph), for images of one tile up
+#: to PLAN_PIXELS: a shape gets one the second time the transform runs on it (the first
+#: runs eagerly: a build of g_s took 44 ms at 768x512 on an H200, where a decode took 7),
+#: and each keeps its activations' memory (g_s: 337 MiB at 768x512). Replays took the
+#: factorized prior's decode at 768x512 from 10 to 9 ms/MP; at 2048x1536 (1.7 GiB of
+#: buffers) they gained nothing measurable, hence the bound
 #: (benchmarks/results/codec_speed_h200.md).
-SYNTHESIS_PLANS = 2
-SYNTHESIS_PLAN_PIXELS = 1 << 20
+PLANS_PER_TRANSFORM = 2
+PLAN_PIXELS = 1 << 20
 
 
 def check_image(image):
@@ -226,9 +233,9 @@ class Codec:
             raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
                              f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
-        #: The synthesis's CompiledModel, made on first use (None), or False once a plan
-        #: could not be built (_synthesis).
-        self._synthesis_plans = None
+        #: Each transform's CompiledModel by name ("g_s", "g_a", "h_a"), made on first
+        #: use, or False once a plan of it could not be built (:meth:`_transform`).
+        self._plans = {}
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -317,13 +324,16 @@ class Codec:
 
     def analyse_on_device(self, image):
         """y (1, M, H'/16, W'/16) as a cuda Tensor, for a GPU codec whose image is one tile
-        (what :meth:`analyse` computes, left on the device); None otherwise."""
+        (what :meth:`analyse` computes, left on the device); None otherwise. From the
+        second image of a size on, y is an inference plan's buffer (:meth:`_transform`),
+        which the next analysis of that size overwrites."""
         image = check_image(image)
         padded, rows, columns, shape, tiles = self._analysis_layout(image)
         if self.device != "cuda" or len(tiles) != 1:
             return None
         with no_grad():
-            y = self.model.g_a(DeviceImage(image).tile(rows, columns))
+            y = self._transform("g_a", DeviceImage(image).tile(rows, columns),
+                                padded[0] * padded[1])
         if y.shape[1:] != shape:
             raise CodecError(f"{type(self).__name__}: the analysis made latents of "
                              f"{y.shape[1:]} for a {padded[0]}x{padded[1]} image, expected "
@@ -431,24 +441,33 @@ class Codec:
         return image
 
     def _synthesis(self, latents, whole):
-        """g_s of ``latents`` (1, M, h, w). Where they are a ``whole`` image's device
-        latents of at most :data:`SYNTHESIS_PLAN_PIXELS` pixels, through an inference plan
-        for a shape decoded before (:data:`SYNTHESIS_PLANS`): its result is the plan's
-        buffer, which the next synthesis of that shape overwrites. A plan that cannot be
-        built (too little device memory, the model put back in training mode) leaves the
-        codec eager."""
-        pixels = latents.shape[2] * latents.shape[3] * DOWNSAMPLING ** 2
-        if not whole or pixels > SYNTHESIS_PLAN_PIXELS or self._synthesis_plans is False:
+        """g_s of ``latents`` (1, M, h, w): through :meth:`_transform`'s plans where they are
+        a ``whole`` image's device latents, else eagerly."""
+        if not whole:
             return self.model.g_s(latents)
-        if self._synthesis_plans is None:
-            self._synthesis_plans = compile_plans(self.model.g_s, device="cuda", eager_calls=1,
-                                                  max_plans=SYNTHESIS_PLANS)
+        return self._transform("g_s", latents, latents.shape[2] * latents.shape[3]
+                               * DOWNSAMPLING ** 2)
+
+    def _transform(self, name, x, pixels):
+        """The model's transform ``name`` ("g_s", "g_a", "h_a") of the cuda Tensor ``x``, for
+        an image of ``pixels`` pixels in one tile: up to :data:`PLAN_PIXELS`, through an
+        inference plan for a shape it ran on before (:data:`PLANS_PER_TRANSFORM`), whose
+        result is the plan's buffer: the next call of that transform and shape overwrites
+        it. A plan that cannot be built (too little device memory, the model put back in
+        training mode) leaves that transform eager."""
+        module = getattr(self.model, name)
+        plans = self._plans.get(name)
+        if pixels > PLAN_PIXELS or plans is False:
+            return module(x)
+        if plans is None:
+            plans = self._plans[name] = compile_plans(module, device="cuda", eager_calls=1,
+                                                      max_plans=PLANS_PER_TRANSFORM)
         try:
-            return self._synthesis_plans(latents)
+            return plans(x)
         except (PlanError, DeviceMemoryError):
-            self._synthesis_plans.close()
-            self._synthesis_plans = False
-            return self.model.g_s(latents)
+            plans.close()
+            self._plans[name] = False
+            return module(x)
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a
