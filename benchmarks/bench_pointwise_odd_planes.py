@@ -3,7 +3,7 @@ path (cuBLAS GemmEx, then the epilogue pass) against its tensor-core implicit GE
 PyTorch's AMP CUDA graph of the same layer, one run.
 
     python benchmarks/bench_pointwise_odd_planes.py \\
-        --out benchmarks/results/precision/pointwise_odd_planes.md [--dtype fp16]
+        --out benchmarks/results/precision/pointwise_odd_planes_fp16.md [--dtype fp16]
 
 Each cell is an inference plan of one layer (conv 1x1 + bias + ReLU6, float32 in and
 out, so the plan's input and output casts are in every gdnflow column alike) replayed as
@@ -12,9 +12,11 @@ The GEMM path is the plan built with ``half_conv_tensor_cores`` off; the implici
 is built with :meth:`ImplicitGemm.preferred` answering yes for the layer, whatever the
 rule says, so both sides of the rule's threshold
 (:data:`~gdnflow.ops.conv.algorithms.implicit_gemm.MIN_POINTWISE_COLUMN_TILES`) are
-timed; "default" names the one the planner takes. PyTorch: the same layer (float32
-module, input and output) under ``torch.autocast`` of the dtype, captured in a CUDA graph,
-cuDNN benchmark mode.
+timed; "default" names the one the planner takes. PyTorch: the same layer (float32 module
+and input) under ``torch.autocast`` of the dtype, captured in a CUDA graph, cuDNN benchmark
+mode; there the convolution and ReLU6 return 16 bits (no output cast, where gdnflow's
+columns have one), and autocast's weight cache is off, as capture needs, so each replay
+also casts the weights: the two differences pull opposite ways.
 """
 import argparse
 import contextlib
@@ -68,7 +70,6 @@ def main():
                              rng=rng).eval()
         reference = None
         if torch is not None:
-            torch.backends.cudnn.benchmark = True
             reference = torch.nn.Sequential(torch.nn.Conv2d(c_in, c_out, 1),
                                             torch.nn.ReLU6()).cuda().eval()
             with torch.no_grad():

@@ -143,7 +143,8 @@ def plan_logits(compiled, inputs):
 
 
 def compare(name, logits, labels, rows):
-    """One table row per plan: accuracy, agreement with the float32 plan, logit error."""
+    """One table row per side (PyTorch fp32 and autocast, each plan): accuracy, agreement with
+    the float32 plan, logit error."""
     reference = logits["gdnflow fp32 plan"].argmax(1)
     torch_top1 = logits["PyTorch fp32"].argmax(1)
     for side, values in logits.items():

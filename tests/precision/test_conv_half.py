@@ -50,7 +50,7 @@ IMPLICIT_GEMM_LAYERS = {
                                                                        "activation": "relu6"}),
     "3x3 pad 1, 64 -> 64": ((48, 64, 30, 30), (64, 64, 3, 3), {"padding": 1}),
     "3x3 pad 1, 96 -> 256, odd plane": ((10, 96, 45, 47), (256, 96, 3, 3), {"padding": 1}),
-    # 1x1 on odd planes of at least 4 column tiles, whatever the block count (here 2 x 4).
+    # 1x1 on odd planes of at least 4 column tiles, whatever the block count (here 3 x 4).
     "1x1 on 7x7, 160 -> 150 + relu6": ((9, 160, 7, 7), (150, 160, 1, 1), {"activation": "relu6"}),
 }
 

@@ -52,8 +52,8 @@ MIN_BLOCKS_PER_SM = 2
 #: 1x1 layers on odd planes need this many column tiles (of :data:`COLUMN_TILE` pixels):
 #: with fewer, each block's long K loop costs more than the GEMM path's two kernels
 #: (MobileNetV2's 7x7 layers, fp16 on the H200: the GEMM path won all five shapes up to
-#: batch 4, three of five at batch 8 (4 tiles), none from batch 16;
-#: benchmarks/results/precision/pointwise_odd_planes.md).
+#: batch 4, two of five at batch 8 (4 tiles), none from batch 16;
+#: benchmarks/results/precision/pointwise_odd_planes_fp16.md).
 MIN_POINTWISE_COLUMN_TILES = 4
 #: Compute capability of cp.async and of bfloat16 mma.sync.
 MIN_CAPABILITY = (8, 0)
