@@ -80,7 +80,8 @@ CUDA_WHOLE_SIDE = 2048
 #: which a GPU codec keeps an inference plan (one CUDA graph), for images of one tile up
 #: to PLAN_PIXELS: a shape gets one the second time the transform runs on it (the first
 #: runs eagerly: a build of g_s took 44 ms at 768x512 on an H200, where a decode took 7),
-#: and each keeps its activations' memory (g_s: 337 MiB at 768x512). Replays took the
+#: and each keeps its activations' memory (g_s and g_a: 195 MiB of arena and 39 MiB of
+#: filter transforms each at 768x512; h_a: 9 MiB). Replays took the
 #: factorized prior's decode at 768x512 from 10 to 9 ms/MP; at 2048x1536 (1.7 GiB of
 #: buffers) they gained nothing measurable, hence the bound
 #: (benchmarks/results/codec_speed_h200.md).
