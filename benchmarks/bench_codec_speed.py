@@ -5,8 +5,8 @@
 
 One photo (the first of ``--data``, or scikit-image's coffee) is resized (Lanczos) to
 each of ``--sizes``. For each codec checkpoint (default: every shipped model) and
-size, the codec compresses the photo once and decompresses it twice (warm-up: kernels,
-plans and tables are built then), then ``--repeats`` times; the table gives the medians
+size, the codec compresses and decompresses the photo twice each (warm-up: kernels,
+tables, and on a GPU the transforms' plans, built on a size's second call, are made then), then ``--repeats`` times; the table gives the medians
 in milliseconds per megapixel, wall time on the host (uint8 array in, file bytes
 out, and back: the transforms on ``--device``, the entropy coding on the host), the
 bits per pixel and the PSNR. Every decoding on a GPU is compared with the NumPy
@@ -64,9 +64,10 @@ def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=
         version = None if FORMATS[variant] is None else type(codec).versions[FORMATS[variant]]
         codec = type(codec)(codec.model, tile, executor=executor, version=version,
                             substream_bits=substream_bits, lanes=lanes)
-    data = codec.compress(image)        # the warm-up: kernels, plans and tables built
+    codec.compress(image)               # the warm-up: kernels and tables built
+    data = codec.compress(image)        # a GPU codec builds its analysis plans on a size's second
     decoded = codec.decompress(data)
-    codec.decompress(data)              # a GPU codec builds its synthesis plan on a size's second
+    codec.decompress(data)              # ... and its synthesis plan
     check = "-"
     if numpy_check and device != "numpy":
         host = Codec.from_checkpoint(path, "numpy").decompress(data)

@@ -460,13 +460,15 @@ class Codec:
         plans = self._plans.get(name)
         if pixels > PLAN_PIXELS or plans is False:
             return module(x)
-        if plans is None:
-            plans = self._plans[name] = compile_plans(module, device="cuda", eager_calls=1,
-                                                      max_plans=PLANS_PER_TRANSFORM)
         try:
+            if plans is None:
+                # compile itself refuses a model in training mode (PlanError).
+                plans = self._plans[name] = compile_plans(
+                    module, device="cuda", eager_calls=1, max_plans=PLANS_PER_TRANSFORM)
             return plans(x)
         except (PlanError, DeviceMemoryError):
-            plans.close()
+            if plans is not None:
+                plans.close()
             self._plans[name] = False
             return module(x)
 

@@ -7,7 +7,8 @@ import pytest
 
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
-from gdnflow.codec import codec_for, device_latents
+from gdnflow.codec import Codec, codec_for, device_latents
+from gdnflow.codec.zoo import SHIPPED, shipped_checkpoint
 from gdnflow.codec.codec import dequantize_latents, quantize_latents
 from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
 from gdnflow.codec.format import MAX_SYMBOL, CodecError
@@ -166,6 +167,40 @@ def test_gpu_analysis_plans_write_the_eager_analysis_bytes(model, kind):
         np.testing.assert_array_equal(codec.analyse_on_device(image).numpy()[0],
                                       codec.analyse(image))
     finally:
+        net.to("numpy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture, quality",
+                         [(entry.architecture, entry.quality) for entry in SHIPPED])
+def test_gpu_analysis_plans_of_the_shipped_codecs_are_the_eager_analysis(architecture, quality):
+    """The same on the shipped models, at 768x512 and at a megapixel (the largest size with
+    plans): which algorithms a plan's layers get depends on the shapes."""
+    codec = Codec.from_checkpoint(shipped_checkpoint(architecture, quality), "cuda")
+    rng = np.random.default_rng(quality)
+    for height, width in ((512, 768), (1024, 1024)):
+        image = smooth_image(rng, height, width)
+        first, second, third = (codec.compress(image) for _ in range(3))
+        assert first == second == third
+        np.testing.assert_array_equal(codec.analyse_on_device(image).numpy()[0],
+                                      codec.analyse(image))
+
+
+@pytest.mark.gpu
+def test_gpu_codec_of_a_model_in_training_mode_runs_its_transforms_eagerly(model):
+    """A model put back in training mode after its codec was made (which puts it in eval
+    mode): the plans' build refuses it, and the codec codes without plans, the same bytes
+    as in eval mode."""
+    net = model.to("cuda")
+    try:
+        codec = codec_for(net)
+        image = smooth_image(np.random.default_rng(7), 150, 211)
+        expected = codec.compress(image)        # eager: the first call of the size
+        net.train()
+        assert codec.compress(image) == codec.compress(image) == expected
+        assert codec._plans["g_a"] is False
+    finally:
+        net.eval()
         net.to("numpy")
 
 
