@@ -31,13 +31,9 @@ the model's device, crops the padding and rounds to 8 bits
 tolerance (at most 1 level where a value straddles .5) on another. (On a
 GPU, from the second decode of a one-tile size on, the synthesis is a
 replayed inference plan, whose float rounding may differ from the eager
-forward's: the same 1-level tolerance.)
-
-Compression on a GPU likewise replays inference plans of the analysis g_a (and of the
-hyperprior's h_a) from the second image of a one-tile size on (:meth:`Codec._transform`);
-their y equals the eager one bit for bit, so a file does not depend on how many images
-of its size the codec compressed before (checked on the GPU by
-tests/codec/test_device_latents.py).
+forward's: the same 1-level tolerance. Compression replays plans of the
+analysis likewise, bit for bit as the eager one:
+:mod:`gdnflow.codec.transform_plans`.)
 """
 import os
 from pathlib import Path
@@ -59,9 +55,9 @@ from gdnflow.codec import host_lanes
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
 from gdnflow.codec.tiling import analysis_crop, reflected_indices, synthesis_crop, tile_ranges
+from gdnflow.codec.transform_plans import TransformPlans
 from gdnflow.data.images import open_image, read_rgb8
-from gdnflow.errors import BackendUnavailableError, DeviceMemoryError
-from gdnflow.inference import PlanError, compile as compile_plans
+from gdnflow.errors import BackendUnavailableError
 from gdnflow.io.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info
 from gdnflow.models import CODEC_MODELS
 from gdnflow.sparse.checkpoint import load_pruned
@@ -76,17 +72,6 @@ TILE = 512
 #: with the 128-channel models; larger images run in tiles of TILE, which keeps a
 #: 50-megapixel photo under 2 GB (benchmarks/results/codec_memory_gpu.md).
 CUDA_WHOLE_SIDE = 2048
-#: Shapes per transform (the synthesis g_s, the analysis g_a, the hyperprior's h_a) for
-#: which a GPU codec keeps an inference plan (one CUDA graph), for images of one tile up
-#: to PLAN_PIXELS: a shape gets one the second time the transform runs on it (the first
-#: runs eagerly: a build of g_s took 44 ms at 768x512 on an H200, where a decode took 7),
-#: and each keeps its activations' memory (g_s and g_a: 195 MiB of arena and 39 MiB of
-#: filter transforms each at 768x512; h_a: 9 MiB). Replays took the
-#: factorized prior's decode at 768x512 from 10 to 9 ms/MP; at 2048x1536 (1.7 GiB of
-#: buffers) they gained nothing measurable, hence the bound
-#: (benchmarks/results/codec_speed_h200.md).
-PLANS_PER_TRANSFORM = 2
-PLAN_PIXELS = 1 << 20
 
 
 def check_image(image):
@@ -234,9 +219,9 @@ class Codec:
             raise ValueError(f"{type(self).__name__}: substream_bits must be a positive number "
                              f"of bits, got {substream_bits!r}")
         self.substream_bits = substream_bits
-        #: Each transform's CompiledModel by name ("g_s", "g_a", "h_a"), made on first
-        #: use, or False once a plan of it could not be built (:meth:`_transform`).
-        self._plans = {}
+        #: Runs the model's transforms on one-tile images of a GPU codec, as replayed
+        #: inference plans where it can.
+        self._plans = TransformPlans(self.model)
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -326,15 +311,16 @@ class Codec:
     def analyse_on_device(self, image):
         """y (1, M, H'/16, W'/16) as a cuda Tensor, for a GPU codec whose image is one tile
         (what :meth:`analyse` computes, left on the device); None otherwise. From the
-        second image of a size on, y is an inference plan's buffer (:meth:`_transform`),
-        which the next analysis of that size overwrites."""
+        second image of a size on, y is an inference plan's buffer
+        (:mod:`~gdnflow.codec.transform_plans`), which the next analysis of that size
+        overwrites."""
         image = check_image(image)
         padded, rows, columns, shape, tiles = self._analysis_layout(image)
         if self.device != "cuda" or len(tiles) != 1:
             return None
         with no_grad():
-            y = self._transform("g_a", DeviceImage(image).tile(rows, columns),
-                                padded[0] * padded[1])
+            y = self._plans("g_a", DeviceImage(image).tile(rows, columns),
+                            padded[0] * padded[1])
         if y.shape[1:] != shape:
             raise CodecError(f"{type(self).__name__}: the analysis made latents of "
                              f"{y.shape[1:]} for a {padded[0]}x{padded[1]} image, expected "
@@ -442,35 +428,12 @@ class Codec:
         return image
 
     def _synthesis(self, latents, whole):
-        """g_s of ``latents`` (1, M, h, w): through :meth:`_transform`'s plans where they are
-        a ``whole`` image's device latents, else eagerly."""
+        """g_s of ``latents`` (1, M, h, w): through the transforms' plans where they are a
+        ``whole`` image's device latents, else eagerly."""
         if not whole:
             return self.model.g_s(latents)
-        return self._transform("g_s", latents, latents.shape[2] * latents.shape[3]
-                               * DOWNSAMPLING ** 2)
-
-    def _transform(self, name, x, pixels):
-        """The model's transform ``name`` ("g_s", "g_a", "h_a") of the cuda Tensor ``x``, for
-        an image of ``pixels`` pixels in one tile: up to :data:`PLAN_PIXELS`, through an
-        inference plan for a shape it ran on before (:data:`PLANS_PER_TRANSFORM`), whose
-        result is the plan's buffer: the next call of that transform and shape overwrites
-        it. A plan that cannot be built (too little device memory, the model put back in
-        training mode) leaves that transform eager."""
-        module = getattr(self.model, name)
-        plans = self._plans.get(name)
-        if pixels > PLAN_PIXELS or plans is False:
-            return module(x)
-        try:
-            if plans is None:
-                # compile itself refuses a model in training mode (PlanError).
-                plans = self._plans[name] = compile_plans(
-                    module, device="cuda", eager_calls=1, max_plans=PLANS_PER_TRANSFORM)
-            return plans(x)
-        except (PlanError, DeviceMemoryError):
-            if plans is not None:
-                plans.close()
-            self._plans[name] = False
-            return module(x)
+        return self._plans("g_s", latents, latents.shape[2] * latents.shape[3]
+                           * DOWNSAMPLING ** 2)
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a

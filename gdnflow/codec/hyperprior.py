@@ -355,8 +355,7 @@ class HyperpriorCodec(Codec):
         m = SIDE_DOWNSAMPLING
         shape = (self.tables.hyper_channels, y.shape[2] // m, y.shape[3] // m)
         with no_grad():
-            z = self._transform("h_a", entropy_ops.abs(y),
-                                y.shape[2] * y.shape[3] * DOWNSAMPLING ** 2)
+            z = self._plans("h_a", entropy_ops.abs(y), y.shape[2] * y.shape[3] * DOWNSAMPLING ** 2)
         if z.shape[1:] != shape:
             raise CodecError(f"{type(self).__name__}: h_a made side information of "
                              f"{z.shape[1:]} from y of {y.shape[1:]}, expected {shape}")
