@@ -181,6 +181,9 @@ class Codec:
     (nvcc), else the codec's device.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
     ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``.
+    A GPU codec keeps inference plans of its transforms for the sizes it has seen twice
+    (:mod:`gdnflow.codec.transform_plans`: about 0.5 GiB per size at 768x512), and their
+    buffers are shared by its calls: use one codec per thread.
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
