@@ -92,55 +92,104 @@ extern "C" __global__ void table_tile_order(
     }
 }
 
-// Host entry point: every block grouped, blocks shared among `threads` OpenMP
-// threads (they write disjoint slots), for gdnflow/codec/device_groups.py's host grouping (this
-// file built for the host with nvcc -fopenmp). Block b holds block_channels[b] channels from block_channel[b] and
+// Host entry point: every block grouped, by `threads` OpenMP threads, for
+// gdnflow/codec/device_groups.py's host grouping (this file built for the host with
+// nvcc -fopenmp). Block b holds block_channels[b] channels from block_channel[b] and
 // block_rows[b] rows from block_row[b], every column; its slots start at
 // block_base[b]. Writes its counts per table to totals[b * TABLE_COUNT ...] and,
 // table by table, its elements' numbers to order and offsets to positions: what
-// the two kernels above give, in one pass to count and one to place. Where
-// `values` (y's integer latents, int32) is not null, the count pass also counts
-// each table's non-zero values into nonzero[b * TABLE_COUNT ...] (which quiet
-// tables an encoder must code).
+// the two kernels above give. Where `values` (y's integer latents, int32) is not
+// null, the count pass also counts each table's non-zero values into
+// nonzero[b * TABLE_COUNT ...] (which quiet tables an encoder must code).
+//
+// Each block is cut into `parts` runs of channels (a hyperprior's y has a few blocks
+// and many more cores), so threads share a block: a pass counts each part's tables,
+// the prefix sums give each part its first slot per table (a part's elements follow
+// those of the block's earlier parts: the same stable order as one pass over the
+// block), and a second pass places the elements. part_counts (and, with values,
+// part_nonzero) hold blocks * parts * TABLE_COUNT ints of scratch.
 #ifndef __CUDA_ARCH__
+// Channels [first, last) of part p of block b.
+static inline void part_channels(int b, int p, int parts, const int* block_channels,
+                                 int* first, int* last) {
+    const long long channels = block_channels[b];
+    *first = (int)(channels * p / parts);
+    *last = (int)(channels * (p + 1) / parts);
+}
+
 extern "C" void table_groups_host(
-        int blocks, int threads, const unsigned char* indexes, const int* values,
+        int blocks, int threads, int parts, const unsigned char* indexes, const int* values,
         const int* block_channel, const int* block_channels, const int* block_row,
         const int* block_rows, const long long* block_base, int height, int width,
-        int* totals, int* nonzero, int* order, int* positions) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-    for (int b = 0; b < blocks; ++b) {
-        int* counts = totals + (long long)b * TABLE_COUNT;
-        int* nonzero_counts = values ? nonzero + (long long)b * TABLE_COUNT : nullptr;
-        for (int k = 0; k < TABLE_COUNT; ++k) counts[k] = 0;
-        if (values)
-            for (int k = 0; k < TABLE_COUNT; ++k) nonzero_counts[k] = 0;
-        for (int c = 0; c < block_channels[b]; ++c)
-            for (int r = 0; r < block_rows[b]; ++r) {
-                const long long start =
-                    ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
-                for (int x = 0; x < width; ++x) ++counts[indexes[start + x]];
-                if (values)
-                    for (int x = 0; x < width; ++x)
-                        nonzero_counts[indexes[start + x]] += values[start + x] != 0;
-            }
-        long long next[TABLE_COUNT];
-        long long slot = block_base[b];
-        for (int k = 0; k < TABLE_COUNT; ++k) {
-            next[k] = slot;
-            slot += counts[k];
-        }
-        int e = 0;
-        for (int c = 0; c < block_channels[b]; ++c)
-            for (int r = 0; r < block_rows[b]; ++r) {
-                const long long start =
-                    ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
-                for (int x = 0; x < width; ++x, ++e) {
-                    const long long at = next[indexes[start + x]]++;
-                    order[at] = e;
-                    positions[at] = (int)(start + x);
+        int* part_counts, int* part_nonzero, int* totals, int* nonzero, int* order,
+        int* positions) {
+    const int units = blocks * parts;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; ++u) {
+            const int b = u / parts, p = u % parts;
+            int* counts = part_counts + (long long)u * TABLE_COUNT;
+            int* nonzero_counts = values ? part_nonzero + (long long)u * TABLE_COUNT : nullptr;
+            for (int k = 0; k < TABLE_COUNT; ++k) counts[k] = 0;
+            if (values)
+                for (int k = 0; k < TABLE_COUNT; ++k) nonzero_counts[k] = 0;
+            int first, last;
+            part_channels(b, p, parts, block_channels, &first, &last);
+            for (int c = first; c < last; ++c)
+                for (int r = 0; r < block_rows[b]; ++r) {
+                    const long long start =
+                        ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
+                    for (int x = 0; x < width; ++x) ++counts[indexes[start + x]];
+                    if (values)
+                        for (int x = 0; x < width; ++x)
+                            nonzero_counts[indexes[start + x]] += values[start + x] != 0;
                 }
+        }
+        // Each block's totals and non-zero counts; its parts' counts become their first
+        // slots per table.
+#pragma omp for schedule(dynamic, 1)
+        for (int b = 0; b < blocks; ++b) {
+            int* block_totals = totals + (long long)b * TABLE_COUNT;
+            for (int k = 0; k < TABLE_COUNT; ++k) {
+                block_totals[k] = 0;
+                for (int p = 0; p < parts; ++p)
+                    block_totals[k] += part_counts[((long long)b * parts + p) * TABLE_COUNT + k];
             }
+            long long slot = block_base[b];
+            for (int k = 0; k < TABLE_COUNT; ++k)
+                for (int p = 0; p < parts; ++p) {
+                    int* count = part_counts + ((long long)b * parts + p) * TABLE_COUNT + k;
+                    const int n = *count;
+                    *count = (int)(slot - block_base[b]);   // block-relative: fits an int
+                    slot += n;
+                }
+            if (values)
+                for (int k = 0; k < TABLE_COUNT; ++k) {
+                    int sum = 0;
+                    for (int p = 0; p < parts; ++p)
+                        sum += part_nonzero[((long long)b * parts + p) * TABLE_COUNT + k];
+                    nonzero[(long long)b * TABLE_COUNT + k] = sum;
+                }
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; ++u) {
+            const int b = u / parts, p = u % parts;
+            int* next = part_counts + (long long)u * TABLE_COUNT;
+            int first, last;
+            part_channels(b, p, parts, block_channels, &first, &last);
+            int e = first * block_rows[b] * width;
+            for (int c = first; c < last; ++c)
+                for (int r = 0; r < block_rows[b]; ++r) {
+                    const long long start =
+                        ((long long)(block_channel[b] + c) * height + block_row[b] + r) * width;
+                    for (int x = 0; x < width; ++x, ++e) {
+                        const long long at = block_base[b] + next[indexes[start + x]]++;
+                        order[at] = e;
+                        positions[at] = (int)(start + x);
+                    }
+                }
+        }
     }
 }
 #endif

@@ -33,6 +33,10 @@ TILE_ELEMENTS = 1024
 TABLE_COUNT = 64
 #: Threads a block of the kernels (TILE_THREADS in the .cu file: their shared counters).
 TILE_THREADS = 64
+#: The host grouping gives each OpenMP thread at least this many elements (fewer would
+#: spend more on starting threads than they save); a block's channels are cut into runs
+#: so that threads share the few blocks of a hyperprior's y.
+HOST_ELEMENTS_PER_THREAD = 1 << 14
 
 
 def block_tiles(blocks, shape):
@@ -125,16 +129,18 @@ def _host_library():
     """table_groups.cu's host build (kernel cache), its entry point's argument types set."""
     library = KernelCache().host_library(SOURCE)
     pointer, number = ctypes.c_void_p, ctypes.c_int
-    library.table_groups_host.argtypes = [number, number] + [pointer] * 7 + [number, number] + \
-        [pointer] * 4
+    library.table_groups_host.argtypes = [number] * 3 + [pointer] * 7 + [number, number] + \
+        [pointer] * 6
     return library
 
 
-def table_groups_on_host(indexes, blocks, values=None):
+def table_groups_on_host(indexes, blocks, values=None, threads=None):
     """(groups, positions, nonzero): what :func:`table_groups_by_block` gives, computed by
-    table_groups.cu's host entry point, the blocks shared among OpenMP threads; with y's
+    table_groups.cu's host entry point, each block cut into runs of channels shared among
+    OpenMP threads (:data:`HOST_ELEMENTS_PER_THREAD` elements or more each); with y's
     integer ``values`` (the shape of ``indexes``), also each block's count of non-zero
-    values per table (int32 (blocks, TABLE_COUNT)), else None."""
+    values per table (int32 (blocks, TABLE_COUNT)), else None. ``threads``: how many (None:
+    one per :data:`HOST_ELEMENTS_PER_THREAD` elements, at most one per core)."""
     indexes = checked_indexes(indexes, "table_groups_on_host")
     sizes = np.array([(c.stop - c.start) * (r.stop - r.start) * indexes.shape[2]
                       for c, r in blocks], np.int64)
@@ -155,9 +161,16 @@ def table_groups_on_host(indexes, blocks, values=None):
     totals = np.empty((len(blocks), TABLE_COUNT), np.int32)
     nonzero = None if values is None else np.empty((len(blocks), TABLE_COUNT), np.int32)
     grouped = np.empty((2, int(sizes.sum())), np.int32)
+    if threads is None:
+        threads = threads_for(max(len(blocks), int(sizes.sum()) // HOST_ELEMENTS_PER_THREAD))
+    parts = -(-threads // len(blocks))
+    part_counts = np.empty((len(blocks) * parts, TABLE_COUNT), np.int32)
+    part_nonzero = None if values is None else np.empty_like(part_counts)
     _host_library().table_groups_host(
-        len(blocks), threads_for(len(blocks)), indexes.ctypes.data,
+        len(blocks), threads, parts, indexes.ctypes.data,
         None if values is None else values.ctypes.data,
-        *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2], totals.ctypes.data,
-        None if nonzero is None else nonzero.ctypes.data, *pointers(grouped[0], grouped[1]))
+        *pointers(*geometry, bases), indexes.shape[1], indexes.shape[2],
+        part_counts.ctypes.data, None if part_nonzero is None else part_nonzero.ctypes.data,
+        totals.ctypes.data, None if nonzero is None else nonzero.ctypes.data,
+        *pointers(grouped[0], grouped[1]))
     return _block_groups(grouped[0], totals.T, bases, sizes), grouped[1], nonzero

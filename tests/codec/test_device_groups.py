@@ -2,6 +2,7 @@
 host's stable sort, block by block: built for the host and on the GPU, at odd sizes,
 splits and tiles that straddle nothing and everything; and the file's host entry point on
 the host's threads (device_groups.table_groups_on_host)."""
+import functools
 import shutil
 
 import numpy as np
@@ -138,6 +139,27 @@ NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 def test_host_threads_group_as_the_host_sorts(shape, split, rng):
     """The last case: 2.4 M elements in 48 blocks, shared among the OpenMP threads."""
     check_against_the_host(shape, split, rng, table_groups_on_host)
+
+
+@NEEDS_NVCC
+@pytest.mark.parametrize("shape, split, threads", [
+    ((192, 32, 48), Split(1, 1), 8),        # one block in 8 runs of 24 channels
+    ((192, 32, 48), Split(2, 1), 16),       # a hyperprior's y at 768x512: 2 blocks, 8 runs each
+    ((3, 5, 7), Split(1, 1), 8),            # more runs than channels: 5 runs are empty
+    ((12, 5, 7), Split(5, 2), 24)])         # 10 blocks of 2-3 channels in 3 runs of 0-1
+def test_threads_share_a_block_and_keep_its_order(shape, split, threads, rng):
+    """A block cut into runs of channels, each counted and placed by its own thread, gives
+    the one-pass order and the same non-zero counts (on any core count: the threads are
+    asked for)."""
+    check_against_the_host(shape, split, rng, functools.partial(table_groups_on_host,
+                                                                threads=threads))
+    indexes = random_indexes(rng, shape)
+    values = rng.integers(-2, 3, shape).astype(np.int32)
+    blocks = split.blocks(shape)
+    one = table_groups_on_host(indexes, blocks, values, threads=1)
+    many = table_groups_on_host(indexes, blocks, values, threads=threads)
+    np.testing.assert_array_equal(many[1], one[1])
+    np.testing.assert_array_equal(many[2], one[2])
 
 
 @NEEDS_NVCC
