@@ -1,5 +1,6 @@
 """Every CUDA source gdnflow ships compiles with nvcc (CI has nvcc, not a GPU)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,16 @@ def test_implicit_gemm_wgmma_variants_compile_for_sm90a(storage, warp_m, shape, 
 def test_fixed_window_pool_variants_compile_without_warnings(kind, window, storage, tmp_path):
     entries = compiled_entries(source_dir() / "pool.cu", tmp_path, window + kind + storage)
     assert "pool_forward_fixed" in entries
+
+
+def test_the_channels_last_copy_is_launched_as_its_kernel_is_laid_out():
+    # nchw_to_nhwc's tile and block size are fixed by its layout in implicit_gemm.cu, not
+    # passed as defines: the launch (implicit_gemm.py) must size its grid with the same.
+    from gdnflow.ops.conv.algorithms import implicit_gemm
+    text = (source_dir() / "implicit_gemm.cu").read_text()
+    for name in ("NHWC_TILE", "NHWC_THREADS"):
+        values = re.findall(rf"^#define {name} (\d+)$", text, re.MULTILINE)
+        assert values == [str(getattr(implicit_gemm, name))], (name, values)
 
 
 @pytest.mark.skipif(not os.environ.get("CI"), reason="only CI runs from a non-editable install")
