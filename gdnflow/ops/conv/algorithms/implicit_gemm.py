@@ -38,8 +38,6 @@ K_STEP = 64
 COLUMN_TILE = 128
 #: Columns per warp: a block has 2 x COLUMN_TILE / WARP_N warps.
 WARP_N = 32
-#: Threads of a block (the kernel's layout: 2 x COLUMN_TILE / WARP_N warps).
-BLOCK_THREADS = 2 * 32 * COLUMN_TILE // WARP_N
 #: Shared-memory stages of the K loop (cp.async in flight: STAGES - 1 steps).
 STAGES = 3
 #: The row tiles (output channels per block) offered, largest first (the kernel's BM =
@@ -89,6 +87,11 @@ def row_tile(c_out, shared_limit=None):
     limit); None if none fits."""
     tiles = [t for t in ROW_TILES if shared_limit is None or shared_bytes(t) <= shared_limit]
     return min(tiles, key=lambda t: (-(-c_out // t) * t, -t)) if tiles else None
+
+
+def threads():
+    """Threads of a block: 2 x COLUMN_TILE / WARP_N warps (the kernel's layout)."""
+    return 64 * COLUMN_TILE // WARP_N
 
 
 def channel_steps(c_in):
@@ -216,7 +219,7 @@ class ImplicitGemm:
         xt = channels_last(x, c8, defines)
         shared = shared_bytes(bm, wgmma)
         _conv_kernel(defines, shared)(
-            (m_tiles * column_tiles, 1, 1), (BLOCK_THREADS, 1, 1), xt.ptr, a.ptr,
+            (m_tiles * column_tiles, 1, 1), (threads(), 1, 1), xt.ptr, a.ptr,
             0 if bias is None else bias.ptr, 0 if residual is None else residual.ptr, y.ptr,
             g.n, c8, g.h, g.w, g.c_out, g.oh, g.ow, g.padding[0], g.padding[2],
             channel_steps(g.c_in), m_tiles, activation, shared_bytes=shared)
