@@ -54,6 +54,38 @@ def test_the_split_follows_the_estimated_payload():
     assert choose_split(1000 * SUBSTREAM_BITS, (8, 1, 1)) == F.Split(8, 1)     # all it has
 
 
+def test_estimated_bits_sum_each_sampled_values_cost():
+    """The estimate is the sampled values' -log2 of their probability under their tables
+    (the escape's below and above the support), scaled to the whole tensor: against a
+    per-element loop over the CDFs, with values past both ends of the support, on every
+    value of a small tensor and on every k-th of each channel of a large one."""
+    from gdnflow.codec.gaussian_tables import gaussian_tables
+    tables = gaussian_tables()
+    low = -np.asarray(tables.high)
+
+    def cost(value, k):
+        cdf, s = tables.cdfs[k], value - low[k]
+        if not 0 <= s < len(cdf) - 2:           # outside the support: the escape, last
+            s = len(cdf) - 2
+        return tables.precision - np.log2(float(cdf[s + 1] - cdf[s]))
+
+    rng = np.random.default_rng(4)
+    shape = (7, 37, 53)                 # 13,727 values: under the sample size, all of them
+    values = np.rint(rng.standard_normal(shape) * 6).astype(np.int32)
+    values[0, 0, :4] = [10_000, -10_000, 0, 1]
+    ids = rng.integers(0, len(tables.cdfs), shape).astype(np.uint8)
+    expected = sum(cost(v, k) for v, k in zip(values.ravel(), ids.ravel()))
+    assert substreams.estimated_bits(values, ids, tables, low) == pytest.approx(expected,
+                                                                                rel=1e-12)
+    # Broadcast table ids (a factorized prior's: one table per channel), 600,000 values.
+    big = np.rint(rng.standard_normal((5, 300, 400)) * 8).astype(np.int32)
+    step = big.size // substreams._ESTIMATE_SAMPLES
+    sample = big.reshape(5, -1)[:, ::step]
+    expected = sum(cost(v, c) for c in range(5) for v in sample[c]) * big.size / sample.size
+    assert substreams.estimated_bits(big, np.arange(5)[:, None, None], tables, low) == \
+        pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("which", ["factorized", "hyperprior"])
 def test_substreams_give_the_one_stream_latents(which, model, hyperprior, image):
     """Forced into many substreams (64 bits each), the new version decodes to exactly
