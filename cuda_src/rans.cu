@@ -186,4 +186,37 @@ extern "C" void rans_decode_lanes_host(
                                              positions, cdf, table_offset, table_size,
                                              table_low, buckets, latents, lane_escapes + lane);
 }
+
+// Where the escapes of each lane with escapes[lane] > 0 lie, in coding order: its
+// values coded as the escape (`marked`: latents holding ESCAPE_MARK, as decoding left
+// them; else values outside their table's symbols, as rans_encode_lane finds them),
+// their offsets into latents and tables written from first[lane] on (at most
+// escapes[lane] of them); found[lane]: how many there were. Lets the host read and
+// write the escape codes without listing every position of the lane.
+extern "C" void rans_lane_escapes_host(
+        int lanes, int threads, int marked, const int* latents, const int* lane_runs,
+        const int* run_table, const int* run_count, const long long* run_dest,
+        const int* positions, const int* table_size, const int* table_low, const int* escapes,
+        const long long* first, long long* escape_positions, int* escape_tables, int* found) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int lane = 0; lane < lanes; ++lane) {
+        int count = 0;
+        for (int r = lane_runs[lane]; escapes[lane] > 0 && r < lane_runs[lane + 1]; ++r) {
+            const int k = run_table[r], size = table_size[k], low = table_low[k];
+            for (int i = 0; i < run_count[r]; ++i) {
+                const long long at = run_position(r, i, run_dest, positions);
+                const int value = latents[at];
+                const bool escape = marked ? value == ESCAPE_MARK
+                                           : value < low || value - low >= size - 1;
+                if (!escape) continue;
+                if (count < escapes[lane]) {
+                    escape_positions[first[lane] + count] = at;
+                    escape_tables[first[lane] + count] = k;
+                }
+                ++count;
+            }
+        }
+        found[lane] = count;
+    }
+}
 #endif

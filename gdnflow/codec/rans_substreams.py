@@ -22,7 +22,7 @@ import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.codec.format import BitReader, BitWriter, FormatError
-from gdnflow.codec.host_lanes import decode_host, encode_host
+from gdnflow.codec.host_lanes import decode_host, encode_host, lane_escapes
 from gdnflow.codec.rans import (ESCAPE_MARK, LANE_ERRORS, LANE_OK, Lanes, RansTables,
                                 decode_cuda, decode_numpy, encode_numpy, start_encode_cuda)
 from gdnflow.codec.substreams import (quiet_channels, read_coded_groups, read_escape,
@@ -52,14 +52,21 @@ def encode_lanes(lanes, tables, q, writers, device):
     # coder says which lanes have escapes, so that only those are looked through.
     finish = start_encode_cuda(lanes, tables, flat) if device == "cuda" else None
     streams, escaped = encode_host(lanes, tables, flat) if device == "host" else (None, None)
+    # The host build lists the escapes itself; elsewhere each lane's values are looked through.
+    found = lane_escapes(lanes, tables, flat, escaped, False) \
+        if device == "host" and escaped.any() else None
     for lane, escapes in enumerate(writers):
         if escaped is not None and not escaped[lane]:
             continue
-        values, ids = flat[lanes.lane_positions(lane)], lanes.lane_tables(lane)
-        outside = (values < tables.low[ids]) | (values > tables.high[ids])
-        if outside.any():
-            write_escapes(escapes, values[outside], tables.low[ids[outside]],
-                          tables.high[ids[outside]])
+        if found is not None:
+            positions, ids = found[lane]
+            values = flat[positions]
+        else:
+            values, ids = flat[lanes.lane_positions(lane)], lanes.lane_tables(lane)
+            outside = (values < tables.low[ids]) | (values > tables.high[ids])
+            values, ids = values[outside], ids[outside]
+        if len(values):
+            write_escapes(escapes, values, tables.low[ids], tables.high[ids])
     if finish is not None:
         streams = finish()
     elif streams is None:
@@ -94,14 +101,21 @@ def decode_lanes(lanes, tables, substreams, readers, shape, device, source, on_d
         q = np.zeros(int(np.prod(shape)), np.int32)
         status = decode_numpy(lanes, tables, streams, q)
         escaped = np.ones(lanes.lanes, np.int32)     # looked for below
+    found = None
+    if device == "host" and escaped.any() and np.all(status == LANE_OK):
+        found = lane_escapes(lanes, tables, q, escaped, True)
     for lane, reader in enumerate(readers):
         if status[lane] != LANE_OK:
             raise FormatError(f"{source}: corrupt payload in substream {lane} "
                               f"({LANE_ERRORS[int(status[lane])]})")
         if escaped[lane]:
-            positions, ids = lanes.lane_positions(lane), lanes.lane_tables(lane)
-            marked = q[positions] == ESCAPE_MARK
-            for position, k in zip(positions[marked].tolist(), ids[marked].tolist()):
+            if found is not None:
+                positions, ids = found[lane]
+            else:
+                positions, ids = lanes.lane_positions(lane), lanes.lane_tables(lane)
+                marked = q[positions] == ESCAPE_MARK
+                positions, ids = positions[marked], ids[marked]
+            for position, k in zip(positions.tolist(), ids.tolist()):
                 q[position] = read_escape(reader, int(tables.low[k]), int(tables.high[k]),
                                           source)
         reader.check_end()

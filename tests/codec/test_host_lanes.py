@@ -55,6 +55,32 @@ def test_host_lanes_code_as_the_numpy_coder(rng, lane_count, size):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("lane_count, size", [(6, 3000), (40, 200_000)])
+def test_the_host_lists_each_lanes_escapes_in_coding_order(rng, lane_count, size):
+    """lane_escapes gives the offsets and tables of each lane's escaped values, in coding
+    order: on the values to encode (beyond the supports) and on the decoded latents
+    (ESCAPE_MARK), against each lane's every position listed in NumPy."""
+    lanes, tables, _, latents = random_case(rng, lanes=lane_count, size=size)
+    streams, escapes = host_lanes.encode_host(lanes, tables, latents)
+    decoded = np.zeros(size, np.int32)
+    _, decoded_escapes = host_lanes.decode_host(lanes, tables, streams, decoded)
+    for values, counts, marked in ((latents, escapes, False), (decoded, decoded_escapes, True)):
+        found = host_lanes.lane_escapes(lanes, tables, values, counts, marked)
+        assert len(found) == lanes.lanes
+        for lane, (offsets, ids) in enumerate(found):
+            positions, tables_of = lanes.lane_positions(lane), lanes.lane_tables(lane)
+            v = values[positions]
+            escaped = v == ESCAPE_MARK if marked else \
+                (v < tables.low[tables_of]) | (v > tables.high[tables_of])
+            np.testing.assert_array_equal(offsets, positions[escaped])
+            np.testing.assert_array_equal(ids, tables_of[escaped])
+        assert sum(len(offsets) for offsets, _ in found) == escapes.sum() > 0
+    # Counts that the lanes do not hold (a caller's mistake) are refused.
+    with pytest.raises(ValueError, match="escapes where"):
+        host_lanes.lane_escapes(lanes, tables, latents, escapes + 1, False)
+
+
+@needs_nvcc
 def test_decoding_refuses_latents_it_cannot_write_in_place(rng):
     lanes, tables, _, latents = random_case(rng)
     streams, _ = host_lanes.encode_host(lanes, tables, latents)
