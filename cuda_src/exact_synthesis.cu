@@ -7,10 +7,16 @@
 // IEEE operations too. The scale indexes the decoder derives are therefore the
 // same on every device, which the file format needs.
 //
-// One thread per output element, the channel slowest so that a warp's threads
-// share their weights (broadcast loads). The per-element steps are __host__
-// __device__: tests/codec/test_hyper_synthesis_kernels.py builds this file for the host
-// and runs it against NumPy without a GPU.
+// Two ways per layer, the same integers either way. Where its buffers are small
+// enough (hyper_synthesis.GEMM_BYTES), a layer's sums of products are one float64
+// GEMM (cuBLAS, through gdnflow.backends.cuda.matmul): a convolution's weights
+// times its column matrix (exact_columns), or a transposed convolution's weights
+// (transposed) times its input, whose per-tap products the finishing kernels sum
+// for each output (exact_*_from_products). Otherwise one thread per output
+// element, the channel slowest so that a warp's threads share their weights
+// (broadcast loads): exact_hidden_layer and exact_last_layer. The per-element
+// steps are __host__ __device__: tests/codec/test_hyper_synthesis_kernels.py builds
+// this file for the host and runs it against NumPy without a GPU.
 #include "gdnflow_common.cuh"
 
 struct ExactLayerShape {
@@ -134,4 +140,79 @@ extern "C" __global__ void exact_last_layer(
     GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
         indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
                                         relu, shift);
+}
+
+// Element i of a convolution's column matrix [in_channels * kh * kw, out pixels]:
+// row (ci * kh + ky) * kw + kx holds the input under tap (ky, kx) of each output
+// pixel (zero outside the input), so that weight (out, in * kh * kw) times it is
+// the layer's sums.
+__host__ __device__ inline double exact_column_value(int i, const double* a,
+                                                     const ExactLayerShape& s) {
+    const int pixels = s.out_height * s.out_width, taps = s.kernel_height * s.kernel_width;
+    const int row = i / pixels, pixel = i - row * pixels;
+    const int channel = row / taps, tap = row - channel * taps;
+    const int iy = (pixel / s.out_width) * s.stride_y - s.padding_y + tap / s.kernel_width;
+    const int ix = (pixel % s.out_width) * s.stride_x - s.padding_x + tap % s.kernel_width;
+    if (iy < 0 || iy >= s.in_height || ix < 0 || ix >= s.in_width) return 0.0;
+    return a[((long long)channel * s.in_height + iy) * s.in_width + ix];
+}
+
+// The layer's value at output element i (channel-major) from the GEMM's products,
+// plus bias and the ReLU when one follows: a convolution's sum is products[i]; a
+// transposed convolution's products are [(out channel * kh + ky) * kw + kx][input
+// pixel], and an output sums those of the taps that reach it (as exact_layer_value
+// lists them).
+__host__ __device__ inline double exact_value_from_products(
+        int i, const double* products, const double* bias, const ExactLayerShape& s,
+        int transpose, int relu) {
+    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+    double sum = 0.0;
+    if (transpose) {
+        const int oy = pixel / s.out_width, ox = pixel % s.out_width;
+        const long long in_plane = (long long)s.in_height * s.in_width;
+        for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
+            const int iy = (oy + s.padding_y - ky) / s.stride_y;
+            if (iy < 0 || iy >= s.in_height) continue;
+            for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width;
+                 kx += s.stride_x) {
+                const int ix = (ox + s.padding_x - kx) / s.stride_x;
+                if (ix < 0 || ix >= s.in_width) continue;
+                sum += products[((long long)channel * s.kernel_height + ky) * s.kernel_width
+                                * in_plane + kx * in_plane + iy * s.in_width + ix];
+            }
+        }
+    } else {
+        sum = products[i];
+    }
+    sum += bias[channel];
+    return relu ? fmax(sum, 0.0) : sum;
+}
+
+// A convolution's column matrix (exact_column_value), for the GEMM.
+extern "C" __global__ void exact_columns(const double* __restrict__ a, ExactLayerShape s,
+                                         double* __restrict__ columns) {
+    GRID_STRIDE_LOOP(i, s.in_channels * s.kernel_height * s.kernel_width * s.out_height *
+                        s.out_width)
+        columns[i] = exact_column_value(i, a, s);
+}
+
+// A hidden layer's rounded, clipped activations from the GEMM's products.
+extern "C" __global__ void exact_hidden_from_products(
+        const double* __restrict__ products, const double* __restrict__ bias,
+        double* __restrict__ out, ExactLayerShape s, int transpose, int relu, int exponent,
+        double limit) {
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        out[i] = exact_activation(exact_value_from_products(i, products, bias, s, transpose,
+                                                            relu), exponent, limit);
+}
+
+// The last layer's table indexes from the GEMM's products.
+extern "C" __global__ void exact_last_from_products(
+        const double* __restrict__ products, const double* __restrict__ bias,
+        unsigned char* __restrict__ indexes, const double* __restrict__ table, int table_count,
+        ExactLayerShape s, int transpose, int relu, int shift) {
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
+        indexes[i] = exact_scale_index(
+            ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
+            table, table_count);
 }

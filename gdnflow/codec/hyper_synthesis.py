@@ -71,6 +71,12 @@ TILE_LATENTS = 64
 CUDA_TILE_LATENTS = 256
 #: The GPU kernels (see the module docstring).
 SOURCE = "exact_synthesis.cu"
+#: Bytes of a layer's GEMM buffers (column matrix and products, float64) up to which the
+#: GPU computes its sums as one cuBLAS GEMM (:meth:`ExactHyperSynthesis._products`); a
+#: 2048x1536 image's last layer needs 126 MiB; a full 256-latent tile's, 600 MiB, runs
+#: the direct kernels.
+GEMM_BYTES = 160 << 20
+FLOAT64_BYTES = 8
 #: The most kernel taps of a transposed convolution that may reach one output on the GPU
 #: (MAX_EXACT_TAPS in the kernels, which list them once per output; NumPy takes any).
 MAX_EXACT_TAPS = 25
@@ -169,12 +175,14 @@ class ExactLayer:
 class ExactHyperSynthesis:
     """h_s of a scale-hyperprior model in exact arithmetic: ``scales(q_z)`` (module docstring).
 
-    ``ExactHyperSynthesis(h_s, medians)``: ``h_s`` the model's Sequential of
-    convolutions and ReLUs, ``medians`` z's entropy-bottleneck medians
-    (float32, one per channel).
+    ``ExactHyperSynthesis(h_s, medians, gemm_bytes=GEMM_BYTES)``: ``h_s`` the model's
+    Sequential of convolutions and ReLUs, ``medians`` z's entropy-bottleneck medians
+    (float32, one per channel); ``gemm_bytes``: on the GPU, a layer whose GEMM buffers
+    take at most that many bytes runs as a float64 GEMM, a larger one as the direct
+    kernels (0: always those).
     """
 
-    def __init__(self, h_s, medians):
+    def __init__(self, h_s, medians, gemm_bytes=GEMM_BYTES):
         layers = list(h_s)
         self.layers = []
         for i, layer in enumerate(layers):
@@ -187,6 +195,7 @@ class ExactHyperSynthesis:
             raise ValueError("hyper-synthesis: no convolution to compute")
         self.modules = layers
         self._bounds = {}          # per table: its searched scales on the GPU
+        self.gemm_bytes = gemm_bytes
         self.median_units = np.rint(np.ldexp(np.asarray(medians, np.float64), FRACTION_BITS))
 
     def scales(self, q_z):
@@ -207,26 +216,72 @@ class ExactHyperSynthesis:
     def _launch_cuda_indexes(self, q_z, table):
         """The table indexes (a uint8 device array) for integer q_z (N, h', w') from the
         float64 GPU kernels, in one pass (no tiles), launched: equal to :meth:`scales` then
-        ``scale_indexes`` on the host."""
+        ``scale_indexes`` on the host. Each layer's sums are a GEMM's where its buffers
+        fit ``gemm_bytes`` (:meth:`_products`), else the direct kernels'."""
         runtime = cuda.get_runtime()
         a = runtime.from_numpy(np.ascontiguousarray(self.input_units(q_z)))
         *hidden, last = self.layers
         for layer in hidden:
             shape = layer.launch_shape(a.shape)
             out = runtime.empty(shape[3:6], np.float64)
+            flags = (int(layer.transpose), int(layer.relu), int(layer.exponent), ACTIVATION_LIMIT)
+            products = self._products(layer, a, shape)
+            bias = layer.device_arrays()[1]
             # The 12 ints after the pointers are the ExactLayerShape struct.
-            cuda.kernel(SOURCE, "exact_hidden_layer", "PPPPiiiiiiiiiiiiiiid").launch(
-                out.size, a.ptr, *(w.ptr for w in layer.device_arrays()), out.ptr, *shape,
-                int(layer.transpose), int(layer.relu), int(layer.exponent), ACTIVATION_LIMIT)
+            if products is None:
+                cuda.kernel(SOURCE, "exact_hidden_layer", "PPPPiiiiiiiiiiiiiiid").launch(
+                    out.size, a.ptr, *(w.ptr for w in layer.device_arrays()), out.ptr, *shape,
+                    *flags)
+            else:
+                cuda.kernel(SOURCE, "exact_hidden_from_products", "PPPiiiiiiiiiiiiiiid").launch(
+                    out.size, products.ptr, bias.ptr, out.ptr, *shape, *flags)
             a = out
         shape = last.launch_shape(a.shape)
         indexes = runtime.empty(shape[3:6], np.uint8)
         bounds = self._device_bounds(table)
-        cuda.kernel(SOURCE, "exact_last_layer", "PPPPPiiiiiiiiiiiiiiii").launch(
-            indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
-            bounds.ptr, bounds.size, *shape, int(last.transpose), int(last.relu),
-            int(last.exponent) + FRACTION_BITS)
+        flags = (int(last.transpose), int(last.relu), int(last.exponent) + FRACTION_BITS)
+        products = self._products(last, a, shape)
+        if products is None:
+            cuda.kernel(SOURCE, "exact_last_layer", "PPPPPiiiiiiiiiiiiiiii").launch(
+                indexes.size, a.ptr, *(w.ptr for w in last.device_arrays()), indexes.ptr,
+                bounds.ptr, bounds.size, *shape, *flags)
+        else:
+            cuda.kernel(SOURCE, "exact_last_from_products", "PPPPiiiiiiiiiiiiiiii").launch(
+                indexes.size, products.ptr, last.device_arrays()[1].ptr, indexes.ptr,
+                bounds.ptr, bounds.size, *shape, *flags)
         return indexes
+
+    def _products(self, layer, a, shape):
+        """``layer``'s products as one float64 GEMM on the device input ``a``, or None where
+        its buffers would take more than ``gemm_bytes``: a convolution's sums [out, pixels]
+        (its weight times the column matrix that ``exact_columns`` makes), a transposed
+        convolution's per-tap products [out * kh * kw, input pixels] (its weight,
+        transposed, times a), which the finishing kernels sum. Every product and sum is an
+        integer below 2^53 (module docstring): cuBLAS's float64 GEMM computes them exactly,
+        as the direct kernels do (4-10x faster on a hyperprior's layers on an H200)."""
+        in_channels, in_height, in_width, out_channels, out_height, out_width, kh, kw = shape[:8]
+        taps = kh * kw
+        if layer.transpose:
+            rows, columns, depth = out_channels * taps, in_height * in_width, in_channels
+            needed = rows * columns
+        else:
+            rows, columns, depth = out_channels, out_height * out_width, in_channels * taps
+            needed = (depth + rows) * columns
+        if needed * FLOAT64_BYTES > self.gemm_bytes:
+            return None
+        runtime = cuda.get_runtime()
+        weight = layer.device_arrays()[0]
+        products = runtime.empty((rows, columns), np.float64)
+        if layer.transpose:
+            cuda.matmul(weight.ptr, a.ptr, products.ptr, rows, columns, depth, trans_a=True,
+                        dtype=np.float64)
+            return products
+        matrix = runtime.empty((depth, columns), np.float64)
+        cuda.kernel(SOURCE, "exact_columns", "PiiiiiiiiiiiiP").launch(
+            matrix.size, a.ptr, *shape, matrix.ptr)
+        cuda.matmul(weight.ptr, matrix.ptr, products.ptr, rows, columns, depth,
+                    dtype=np.float64)
+        return products
 
     def _device_bounds(self, table):
         """The scales :func:`scale_indexes` searches (all but the last of ``table``) as a

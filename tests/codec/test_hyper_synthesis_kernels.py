@@ -2,6 +2,8 @@
 path: the same table indexes bit for bit, built for the host (no GPU) and on the GPU,
 for the codec tests' model, the widest models at their 2^52 bounds, odd sizes and
 tiles, and the shipped hyperpriors."""
+import copy
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -35,29 +37,82 @@ extern "C" void host_exact_last_layer(const double* a, const double* weight, con
         indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
                                         relu, shift);
 }}
+extern "C" void host_exact_columns(const double* a, {SHAPE_ARGS}, double* columns) {{
+    {SHAPE}
+    const int n = s.in_channels * s.kernel_height * s.kernel_width * s.out_height * s.out_width;
+    for (int i = 0; i < n; ++i) columns[i] = exact_column_value(i, a, s);
+}}
+extern "C" void host_exact_hidden_from_products(const double* products, const double* bias,
+                                                double* out, {SHAPE_ARGS}, int transpose,
+                                                int relu, int exponent, double limit) {{
+    {SHAPE}
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        out[i] = exact_activation(exact_value_from_products(i, products, bias, s, transpose,
+                                                            relu), exponent, limit);
+}}
+extern "C" void host_exact_last_from_products(const double* products, const double* bias,
+                                              unsigned char* indexes, const double* table,
+                                              int table_count, {SHAPE_ARGS}, int transpose,
+                                              int relu, int shift) {{
+    {SHAPE}
+    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
+        indexes[i] = exact_scale_index(
+            ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
+            table, table_count);
+}}
 """
 SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprior_q*.h5"))
+
+
+class GemmShimDevice(ShimDevice):
+    """The kernels built for the host, and cuBLAS's float64 GEMM as NumPy's (``matmul`` on
+    the shim's memory, row-major as gdnflow.backends.cuda.matmul): exact as well on the
+    hyper-synthesis's integers."""
+
+    def matmul(self, a, b, c, m, n, k, trans_a=False, dtype=np.float32, **options):
+        assert np.dtype(dtype) == np.float64 and not options, (dtype, options)
+
+        def view(pointer, count):
+            return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_double)),
+                                         (count,))
+        left = view(a, m * k).reshape((k, m) if trans_a else (m, k))
+        view(c, m * n)[:] = ((left.T if trans_a else left) @ view(b, k * n).reshape(k, n)).ravel()
+        self.launched.append("matmul")
 
 
 @pytest.fixture(scope="module")
 def host_device(tmp_path_factory):
     build = host_builder(tmp_path_factory.mktemp("exact_synthesis_host"), "exact_synthesis.cu",
                          prefix=HOST_CHECK_PRELUDE, suffix=HOST_SHIM)
-    return ShimDevice(build(), hyper_synthesis.SOURCE)
+    return GemmShimDevice(build(), hyper_synthesis.SOURCE)
 
 
-def exact_of(model):
-    return codec_for(model).tables.hyper_synthesis
+def exact_of(model, gemm_bytes=hyper_synthesis.GEMM_BYTES):
+    """The codec tables' exact h_s of ``model``, a copy taking the GEMM path for layers of
+    at most ``gemm_bytes`` (0: the direct kernels only)."""
+    exact = copy.copy(codec_for(model).tables.hyper_synthesis)
+    exact.gemm_bytes = gemm_bytes
+    return exact
+
+
+#: The two ways the GPU computes a layer: one GEMM (every layer of these small tests fits),
+#: or the direct kernels.
+PATHS = {"gemm": hyper_synthesis.GEMM_BYTES, "direct": 0}
+#: What each path launches for the test model's h_s (transposed, transposed, convolution).
+LAUNCHES = {"gemm": ["matmul", "exact_hidden_from_products"] * 2
+                    + ["exact_columns", "matmul", "exact_last_from_products"],
+            "direct": ["exact_hidden_layer"] * 2 + ["exact_last_layer"]}
 
 
 def numpy_indexes(exact, q_z):
     return scale_indexes(exact.scales(q_z), gaussian_tables().scales).astype(np.uint8)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape, tile", [((8, 3, 5), None), ((8, 7, 9), 12), ((8, 1, 1), None),
                                          ((8, 6, 11), 4)])
-def test_host_built_kernels_give_the_numpy_indexes(host_device, shape, tile):
-    exact = exact_of(make_hyperprior())
+def test_host_built_kernels_give_the_numpy_indexes(host_device, shape, tile, path):
+    exact = exact_of(make_hyperprior(), PATHS[path])
     q_z = np.random.default_rng(sum(shape)).integers(-6, 7, shape)
     table = gaussian_tables().scales
     with cuda.simulated(host_device):
@@ -66,12 +121,13 @@ def test_host_built_kernels_give_the_numpy_indexes(host_device, shape, tile):
     assert got.dtype == np.uint8 and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
     assert len(np.unique(expected)) > 10          # many tables in use, not one
-    assert host_device.launched[-3:] == ["exact_hidden_layer"] * 2 + ["exact_last_layer"]
+    assert host_device.launched[-len(LAUNCHES[path]):] == LAUNCHES[path]
 
 
-def test_host_built_kernels_are_exact_at_the_bounds(host_device):
+@pytest.mark.parametrize("path", PATHS)
+def test_host_built_kernels_are_exact_at_the_bounds(host_device, path):
     model = widest_hyperprior()
-    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
+    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32), PATHS[path])
     rng = np.random.default_rng(2)
     q_z = rng.choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 2, 3))
     with cuda.simulated(host_device):
@@ -86,19 +142,21 @@ def test_an_unknown_device_is_refused():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape, tile", [((8, 3, 5), None), ((8, 37, 53), None),
                                          ((8, 37, 53), 20)])
-def test_gpu_kernels_give_the_numpy_indexes(shape, tile):
-    exact = exact_of(make_hyperprior())
+def test_gpu_kernels_give_the_numpy_indexes(shape, tile, path):
+    exact = exact_of(make_hyperprior(), PATHS[path])
     q_z = np.random.default_rng(sum(shape)).integers(-6, 7, shape)
     got = exact.indexes(q_z, gaussian_tables().scales, tile, device="cuda")
     np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
 
 
 @pytest.mark.gpu
-def test_gpu_kernels_are_exact_at_the_bounds():
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_kernels_are_exact_at_the_bounds(path):
     model = widest_hyperprior()
-    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32))
+    exact = ExactHyperSynthesis(model.h_s, np.zeros(192, np.float32), PATHS[path])
     q_z = np.random.default_rng(3).choice([-(2 ** 24 - 1), 2 ** 24 - 1], (192, 5, 3))
     got = exact.indexes(q_z, gaussian_tables().scales, device="cuda")
     np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
@@ -137,8 +195,10 @@ def h_s_with_the_most_taps(rng):
     return ExactHyperSynthesis(h_s, rng.uniform(-1, 1, 6).astype(np.float32))
 
 
-def test_host_built_kernels_take_a_transposed_layer_at_the_tap_bound(host_device, rng):
+@pytest.mark.parametrize("path", PATHS)
+def test_host_built_kernels_take_a_transposed_layer_at_the_tap_bound(host_device, rng, path):
     exact = h_s_with_the_most_taps(rng)
+    exact.gemm_bytes = PATHS[path]
     q_z = rng.integers(-6, 7, (6, 5, 7))
     want = numpy_indexes(exact, q_z)
     assert len(np.unique(want)) > 3
@@ -148,8 +208,10 @@ def test_host_built_kernels_take_a_transposed_layer_at_the_tap_bound(host_device
 
 
 @pytest.mark.gpu
-def test_gpu_kernels_take_a_transposed_layer_at_the_tap_bound(rng):
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_kernels_take_a_transposed_layer_at_the_tap_bound(rng, path):
     exact = h_s_with_the_most_taps(rng)
+    exact.gemm_bytes = PATHS[path]
     q_z = rng.integers(-6, 7, (6, 9, 13))
     np.testing.assert_array_equal(exact.indexes(q_z, gaussian_tables().scales, device="cuda"),
                                   numpy_indexes(exact, q_z))

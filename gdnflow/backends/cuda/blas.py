@@ -137,12 +137,19 @@ def matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
     when ``trans_a``), op(B) is k x n (B stored n x k when ``trans_b``), C is
     m x n. With ``batch`` > 1 the matrices repeat every ``stride_*`` elements
     (a stride of 0 reuses one matrix for the whole batch). ``dtype`` float32
-    (SGEMM, in ``settings.matmul_precision``) or a 16-bit float (GemmEx, float32
-    accumulation, C rounded once to ``out_dtype``: ``dtype`` by default, or
-    float32 to keep the sums unrounded).
+    (SGEMM, in ``settings.matmul_precision``), float64 (DGEMM, one product: the codec's
+    exact hyper-synthesis, whose integer sums IEEE float64 computes exactly in any order)
+    or a 16-bit float (GemmEx, float32 accumulation, C rounded once to ``out_dtype``:
+    ``dtype`` by default, or float32 to keep the sums unrounded).
     """
     lda = m if trans_a else k
     ldb = k if trans_b else n
+    if dtype == np.float64:
+        if batch != 1:
+            raise ValueError(f"matmul: float64 products are single (batch 1), got batch {batch}")
+        cublas.cublasDgemm(handle(), "t" if trans_b else "n", "t" if trans_a else "n",
+                           n, m, k, alpha, b, ldb, a, lda, beta, c, n)
+        return
     if dtype != FLOAT32:
         out_type = CUDA_DATA_TYPES.get(out_dtype if out_dtype is not None else dtype, CUDA_R_32F)
         _matmul_16bit(a, b, c, m, n, k, trans_a, trans_b, alpha, beta, batch,
