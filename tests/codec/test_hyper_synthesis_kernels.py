@@ -87,12 +87,12 @@ def host_device(tmp_path_factory):
     return GemmShimDevice(build(), hyper_synthesis.SOURCE)
 
 
-def exact_of(model, gemm_bytes=hyper_synthesis.GEMM_BYTES):
-    """The codec tables' exact h_s of ``model``, a copy taking the GEMM path for layers of
-    at most ``gemm_bytes`` (0: the direct kernels only)."""
-    exact = copy.copy(codec_for(model).tables.hyper_synthesis)
-    exact.gemm_bytes = gemm_bytes
-    return exact
+def exact_of(model, gemm_bytes=hyper_synthesis.GEMM_BYTES, graph_shapes=0):
+    """The exact h_s of ``model`` as its codec tables make it, taking the GEMM path for
+    layers of at most ``gemm_bytes`` (0: the direct kernels only), keeping ``graph_shapes``
+    passes as CUDA graphs (by default none: the host-built kernels have no graphs)."""
+    return ExactHyperSynthesis(model.h_s, codec_for(model).tables.z.medians, gemm_bytes,
+                               graph_shapes)
 
 
 #: The two ways the GPU computes a layer: one GEMM (every layer of these small tests fits),
@@ -150,6 +150,30 @@ def test_gpu_kernels_give_the_numpy_indexes(shape, tile, path):
     q_z = np.random.default_rng(sum(shape)).integers(-6, 7, shape)
     got = exact.indexes(q_z, gaussian_tables().scales, tile, device="cuda")
     np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_passes_replayed_as_graphs_give_the_numpy_indexes(path):
+    """The first pass over a shape runs eagerly, the second is captured as a CUDA graph and
+    replayed, later ones replay it with their own input; the graphs of GRAPH_SHAPES shapes
+    are kept (the least recently used goes); tiles of one image never replay (they would
+    share the graph's result)."""
+    exact = exact_of(make_hyperprior(), PATHS[path], graph_shapes=2)
+    table = gaussian_tables().scales
+    rng = np.random.default_rng(11)
+    for shape in [(8, 9, 13), (8, 9, 13), (8, 9, 13), (8, 5, 7), (8, 5, 7), (8, 6, 6),
+                  (8, 6, 6), (8, 9, 13)]:
+        q_z = rng.integers(-6, 7, shape)
+        np.testing.assert_array_equal(exact.indexes(q_z, table, device="cuda"),
+                                      numpy_indexes(exact, q_z))
+    assert [key[0] for key in exact._passes] == [(8, 6, 6), (8, 9, 13)]
+    tiled = exact_of(make_hyperprior(), PATHS[path], graph_shapes=2)
+    q_z = rng.integers(-6, 7, (8, 12, 12))
+    for _ in range(3):      # 2 x 2 tiles of 24 latents: never replayed
+        np.testing.assert_array_equal(tiled.indexes(q_z, table, tile=24, device="cuda"),
+                                      numpy_indexes(tiled, q_z))
+    assert not tiled._passes
 
 
 @pytest.mark.gpu

@@ -170,6 +170,17 @@ class Runtime:
             drv.memcpy_htod_async(array.ptr, _as_buffer(host), self.stream)
         return array
 
+    def upload(self, array, host):
+        """Copy the NumPy array ``host`` into the device array ``array`` (the same shape and
+        dtype), on the stream: the input of a captured graph, say, which reads a fixed
+        address. ``host`` may be freed as soon as this returns (see :meth:`from_numpy`)."""
+        host = contiguous(host)
+        if host.shape != tuple(array.shape) or host.dtype != array.dtype:
+            raise ValueError(f"upload: a host array of {host.shape} {host.dtype} into a device "
+                             f"array of {tuple(array.shape)} {array.dtype}")
+        if array.size:
+            drv.memcpy_htod_async(array.ptr, _as_buffer(host), self.stream)
+
     def to_numpy(self, array):
         """Copy a device array into a new NumPy array, waiting for the stream.
 
