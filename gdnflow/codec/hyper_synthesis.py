@@ -38,10 +38,15 @@ scales are bit for bit the untiled ones, and memory is bounded by the tile.
 On the host (``device="numpy"``, tiles of :data:`TILE_LATENTS`) the layers are
 the NumPy backend's float64 convolutions (for a 768x512 image about 0.5 GMAC,
 55 ms on two cores); on ``device="cuda"`` (tiles of :data:`CUDA_TILE_LATENTS`)
-they are the float64 kernels of ``cuda_src/exact_synthesis.cu``, which also
-pick the table indexes there. Both compute the same integers, so both give the
-same indexes (tests/codec/test_hyper_synthesis_kernels.py checks it bit for bit, with
-that file built for the host and on the GPU).
+each layer is one cuBLAS float64 GEMM and a kernel of ``cuda_src/exact_synthesis.cu``
+that finishes its sums (where its buffers fit :data:`GEMM_BYTES`), or that file's
+direct kernels, and the last picks the table indexes there. From the second pass
+over an input shape on, the pass is a CUDA graph's replay (:data:`GRAPH_SHAPES`
+kept): at 768x512 on an H200 the round trip took 0.98 ms with the direct kernels,
+0.42-0.66 with the GEMMs launched from Python, 0.25-0.34 replayed
+(benchmarks/results/codec_speed_h200.md). Every path computes the same integers,
+so all give the same indexes (tests/codec/test_hyper_synthesis_kernels.py checks it
+bit for bit, with that file built for the host and on the GPU).
 """
 import functools
 from collections import OrderedDict
