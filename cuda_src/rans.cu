@@ -206,8 +206,9 @@ extern "C" void rans_lane_escapes_host(
             for (int i = 0; i < run_count[r]; ++i) {
                 const long long at = run_position(r, i, run_dest, positions);
                 const int value = latents[at];
+                const long long symbol = (long long)value - low;     // no int overflow
                 const bool escape = marked ? value == ESCAPE_MARK
-                                           : value < low || value - low >= size - 1;
+                                           : symbol < 0 || symbol >= size - 1;
                 if (!escape) continue;
                 if (count < escapes[lane]) {
                     escape_positions[first[lane] + count] = at;

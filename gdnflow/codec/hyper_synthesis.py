@@ -193,7 +193,7 @@ class ExactHyperSynthesis:
     entropy-bottleneck medians (float32, one per channel); on the GPU, a layer whose GEMM
     buffers take at most ``gemm_bytes`` runs as a float64 GEMM, a larger one as the direct
     kernels (0: always those), and the passes over ``graph_shapes`` input shapes are kept
-    as CUDA graphs (0: none; a simulated device has no graphs). One object serves one
+    as CUDA graphs (0: none; a simulated device never replays). One object serves one
     thread at a time (a codec's).
     """
 
@@ -232,38 +232,49 @@ class ExactHyperSynthesis:
         return np.clip(a, -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
 
     def _launch_cuda_indexes(self, q_z, table, replayable=True):
-        """The table indexes (a uint8 device array) for integer q_z (N, h', w') from the
-        float64 GPU kernels, in one pass (no tiles), launched: equal to :meth:`scales` then
-        ``scale_indexes`` on the host. From the second pass over an input shape on (and
-        where ``replayable``: the caller reads the result before the next call), the pass
-        is a CUDA graph's replay (:meth:`_replayed_pass`), whose result buffer the next
-        replay overwrites."""
+        """The table indexes (a uint8 device array of its own) for integer q_z (N, h', w')
+        from the float64 GPU kernels, in one pass (no tiles), launched: equal to
+        :meth:`scales` then ``scale_indexes`` on the host. From the second pass over an
+        input shape on (where ``replayable``: not one of several tiles), the pass is a CUDA
+        graph's replay (:meth:`_replayed_pass`)."""
         runtime = cuda.get_runtime()
         units = np.ascontiguousarray(self.input_units(q_z))
         key = (units.shape, np.asarray(table, np.float64).tobytes())
-        if replayable and self.graph_shapes and (key in self._passes or key in self._seen):
-            return self._replayed_pass(key, units, table)
-        if len(self._seen) > SEEN_SHAPES:
-            self._seen.clear()
-        self._seen.add(key)
+        if replayable and self.graph_shapes and not cuda.simulating() and key in self._seen:
+            indexes = self._replayed_pass(key, units, table)
+            if indexes is not None:
+                return indexes
         indexes, launches, _ = self._gpu_pass(runtime.from_numpy(units), table)
         for launch in launches:
             launch()
+        # Remembered once it ran: the capture of the next pass relies on what this one set
+        # up outside any capture (the kernels loaded, cuBLAS's handle made).
+        if len(self._seen) > SEEN_SHAPES:
+            self._seen.clear()
+        self._seen.add(key)
         return indexes
 
     def _replayed_pass(self, key, units, table):
         """:meth:`_launch_cuda_indexes` through the CUDA graph of ``key``'s pass, captured on
         first use (the :data:`GRAPH_SHAPES` most recently used are kept, with their
-        buffers): one upload of the input, one graph launch (the eager pass launches
-        7 kernels and GEMMs from Python: 0.5 ms on the host at 768x512)."""
+        buffers): one upload of the input, one graph launch and a copy of its result (the
+        next replay overwrites the graph's own; the eager pass launches 7 kernels and GEMMs
+        from Python: 0.5 ms on the host at 768x512). None where the capture failed: that
+        shape then stays eager."""
         runtime = cuda.get_runtime()
         replay = self._passes.pop(key, None)
         if replay is None:
-            from gdnflow.backends.cuda.graphs import CudaGraph  # local import: PyCUDA on use
+            # local import: graphs load libcuda, needed on a GPU only
+            from gdnflow.backends.cuda.graphs import CudaGraph, CudaGraphError
             source = runtime.empty(units.shape, np.float64)
             indexes, launches, buffers = self._gpu_pass(source, table)
             graph = CudaGraph(runtime.stream)
-            graph.capture(lambda: [launch() for launch in launches])
+            try:
+                graph.capture(lambda: [launch() for launch in launches])
+            except CudaGraphError:
+                graph.close()
+                self._seen.discard(key)
+                return None
             replay = (graph, source, indexes, buffers)
             while len(self._passes) >= self.graph_shapes:
                 self._passes.pop(next(iter(self._passes)))[0].close()
@@ -271,7 +282,7 @@ class ExactHyperSynthesis:
         graph, source, indexes, _ = replay
         runtime.upload(source, units)
         graph.replay()
-        return indexes
+        return runtime.copy(indexes)
 
     def _gpu_pass(self, a, table):
         """(indexes, launches, buffers) of one GPU pass over the device input ``a``: the

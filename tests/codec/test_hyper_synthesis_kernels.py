@@ -2,7 +2,6 @@
 path: the same table indexes bit for bit, built for the host (no GPU) and on the GPU,
 for the codec tests' model, the widest models at their 2^52 bounds, odd sizes and
 tiles, and the shipped hyperpriors."""
-import copy
 import ctypes
 from pathlib import Path
 
@@ -135,6 +134,20 @@ def test_host_built_kernels_are_exact_at_the_bounds(host_device, path):
     np.testing.assert_array_equal(got, numpy_indexes(exact, q_z))
 
 
+def test_a_simulated_device_never_replays(host_device):
+    """The host-built kernels have no CUDA graphs: with graphs asked for, every pass over a
+    shape seen before still runs eagerly there, with the NumPy indexes."""
+    exact = exact_of(make_hyperprior(), graph_shapes=2)
+    q_z = np.random.default_rng(8).integers(-6, 7, (8, 4, 6))
+    with cuda.simulated(host_device):
+        assert cuda.simulating()
+        for _ in range(3):
+            np.testing.assert_array_equal(exact.indexes(q_z, gaussian_tables().scales,
+                                                        device="cuda"),
+                                          numpy_indexes(exact, q_z))
+    assert not cuda.simulating() and not exact._passes
+
+
 def test_an_unknown_device_is_refused():
     exact = exact_of(make_hyperprior())
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
@@ -168,6 +181,11 @@ def test_gpu_passes_replayed_as_graphs_give_the_numpy_indexes(path):
         np.testing.assert_array_equal(exact.indexes(q_z, table, device="cuda"),
                                       numpy_indexes(exact, q_z))
     assert [key[0] for key in exact._passes] == [(8, 6, 6), (8, 9, 13)]
+    # Two replays started before either is read: each result is its own buffer.
+    first, second = rng.integers(-6, 7, (2, 8, 9, 13))
+    finishes = [exact.start_indexes(q_z, table, device="cuda") for q_z in (first, second)]
+    for finish, q_z in zip(finishes, (first, second)):
+        np.testing.assert_array_equal(finish(), numpy_indexes(exact, q_z))
     tiled = exact_of(make_hyperprior(), PATHS[path], graph_shapes=2)
     q_z = rng.integers(-6, 7, (8, 12, 12))
     for _ in range(3):      # 2 x 2 tiles of 24 latents: never replayed

@@ -12,6 +12,7 @@ import pytest
 from gdnflow.codec import format as F
 from gdnflow.codec import substreams
 from gdnflow.codec.codec import Codec, codec_for
+from gdnflow.codec.gaussian_tables import gaussian_tables
 from gdnflow.codec.substreams import SUBSTREAM_BITS, choose_split
 
 from codec_kit import make_hyperprior, smooth_image
@@ -59,7 +60,6 @@ def test_estimated_bits_sum_each_sampled_values_cost():
     (the escape's below and above the support), scaled to the whole tensor: against a
     per-element loop over the CDFs, with values past both ends of the support, on every
     value of a small tensor and on every k-th of each channel of a large one."""
-    from gdnflow.codec.gaussian_tables import gaussian_tables
     tables = gaussian_tables()
     low = -np.asarray(tables.high)
 

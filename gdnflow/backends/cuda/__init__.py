@@ -7,6 +7,7 @@ memory pool (see :mod:`gdnflow.backends.cuda.runtime`).
 import contextlib
 import functools
 import sys
+import types
 
 import numpy as np
 
@@ -180,6 +181,12 @@ def check_index_range(n, what):
     for work arrays a kernel indexes as a whole, before they are allocated.
     """
     check_elements(n, what)
+
+
+def simulating():
+    """Whether a test double stands in for the GPU (inside :func:`simulated`): code with a
+    GPU-only path (CUDA graphs, say) takes its other one then."""
+    return _device is not None and not isinstance(_device, types.ModuleType)
 
 
 @contextlib.contextmanager

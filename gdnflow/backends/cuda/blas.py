@@ -145,6 +145,8 @@ def matmul(a, b, c, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
     lda = m if trans_a else k
     ldb = k if trans_b else n
     if dtype == np.float64:
+        # Native FP64 (cuBLAS's FP64 emulation is opt-in and never asked for here): the
+        # exact hyper-synthesis needs its integer sums computed exactly.
         if batch != 1:
             raise ValueError(f"matmul: float64 products are single (batch 1), got batch {batch}")
         cublas.cublasDgemm(handle(), "t" if trans_b else "n", "t" if trans_a else "n",
