@@ -29,13 +29,32 @@ struct ExactLayerShape {
 // (hyper_synthesis.MAX_EXACT_TAPS): ceil(kh / stride_y) * ceil(kw / stride_x).
 #define MAX_EXACT_TAPS 25
 
+// The taps of a transposed convolution that reach output (oy, ox): output row oy
+// reads the input rows iy = (oy + padding - ky) / stride where that division is exact
+// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns). Lists
+// each one's input offset (iy * in_width + ix) and weight tap (ky * kw + kx), at most
+// MAX_EXACT_TAPS; returns how many.
+__host__ __device__ inline int exact_transposed_taps(const ExactLayerShape& s, int oy, int ox,
+                                                     int* input_offset, int* tap_offset) {
+    int count = 0;
+    for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
+        const int iy = (oy + s.padding_y - ky) / s.stride_y;
+        if (iy < 0 || iy >= s.in_height) continue;
+        for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width; kx += s.stride_x) {
+            const int ix = (ox + s.padding_x - kx) / s.stride_x;
+            if (ix < 0 || ix >= s.in_width || count == MAX_EXACT_TAPS) continue;
+            input_offset[count] = iy * s.in_width + ix;
+            tap_offset[count++] = ky * s.kernel_width + kx;
+        }
+    }
+    return count;
+}
+
 // The layer's sum of products plus bias at output (channel, oy, ox), then the
 // ReLU when one follows. A convolution's weights are (out, in, kh, kw); a
-// transposed convolution's (in, out, kh, kw), and its output row oy reads the
-// input rows iy = (oy + padding - ky) / stride where that division is exact
-// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns).
-// Those taps (input offset, weight offset) are the same for every input
-// channel: listed once, then each channel's sum is a run of multiply-adds
+// transposed convolution's (in, out, kh, kw), and the taps that reach the output
+// (exact_transposed_taps) are the same for every input channel: listed once,
+// then each channel's sum is a run of multiply-adds
 // without divisions or bounds tests (2-2.5x faster on the hyperprior's
 // transposed layers; a convolution's plain loop was faster as it is).
 __host__ __device__ inline double exact_layer_value(
@@ -46,18 +65,7 @@ __host__ __device__ inline double exact_layer_value(
     const long long plane_size = (long long)s.in_height * s.in_width;
     if (transpose) {
         int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
-        int count = 0;
-        for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
-            const int iy = (oy + s.padding_y - ky) / s.stride_y;
-            if (iy < 0 || iy >= s.in_height) continue;
-            for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width;
-                 kx += s.stride_x) {
-                const int ix = (ox + s.padding_x - kx) / s.stride_x;
-                if (ix < 0 || ix >= s.in_width || count == MAX_EXACT_TAPS) continue;
-                input_offset[count] = iy * s.in_width + ix;
-                tap_offset[count++] = ky * s.kernel_width + kx;
-            }
-        }
+        const int count = exact_transposed_taps(s, oy, ox, input_offset, tap_offset);
         const long long weight_step = (long long)s.out_channels * taps;
         const double* w = weight + (long long)channel * taps;
         for (int ci = 0; ci < s.in_channels; ++ci, w += weight_step) {
@@ -160,27 +168,21 @@ __host__ __device__ inline double exact_column_value(int i, const double* a,
 // The layer's value at output element i (channel-major) from the GEMM's products,
 // plus bias and the ReLU when one follows: a convolution's sum is products[i]; a
 // transposed convolution's products are [(out channel * kh + ky) * kw + kx][input
-// pixel], and an output sums those of the taps that reach it (as exact_layer_value
-// lists them).
+// pixel], and an output sums those of the taps that reach it (exact_transposed_taps).
 __host__ __device__ inline double exact_value_from_products(
         int i, const double* products, const double* bias, const ExactLayerShape& s,
         int transpose, int relu) {
     const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
     double sum = 0.0;
     if (transpose) {
-        const int oy = pixel / s.out_width, ox = pixel % s.out_width;
+        int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
+        const int count = exact_transposed_taps(s, pixel / s.out_width, pixel % s.out_width,
+                                                input_offset, tap_offset);
+        const int taps = s.kernel_height * s.kernel_width;
         const long long in_plane = (long long)s.in_height * s.in_width;
-        for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
-            const int iy = (oy + s.padding_y - ky) / s.stride_y;
-            if (iy < 0 || iy >= s.in_height) continue;
-            for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width;
-                 kx += s.stride_x) {
-                const int ix = (ox + s.padding_x - kx) / s.stride_x;
-                if (ix < 0 || ix >= s.in_width) continue;
-                sum += products[((long long)channel * s.kernel_height + ky) * s.kernel_width
-                                * in_plane + kx * in_plane + iy * s.in_width + ix];
-            }
-        }
+        for (int t = 0; t < count; ++t)
+            sum += products[((long long)channel * taps + tap_offset[t]) * in_plane +
+                            input_offset[t]];
     } else {
         sum = products[i];
     }
