@@ -123,9 +123,8 @@ def lane_escapes(lanes, tables, latents, counts, marked):
     offsets = np.empty(max(1, int(first[-1])), np.int64)
     ids = np.empty(len(offsets), np.int32)
     found = np.empty(lanes.lanes, np.int32)
-    busy = int(np.count_nonzero(counts))
     _library().rans_lane_escapes_host(
-        lanes.lanes, threads_for(max(1, busy)), int(bool(marked)),
+        lanes.lanes, threads_for(np.count_nonzero(counts)), int(bool(marked)),
         *pointers(latents, lanes.runs, lanes.table, lanes.count, lanes.dest, lanes.positions,
                   tables.size, tables.low, counts, first, offsets, ids, found))
     if not np.array_equal(found, counts):

@@ -84,7 +84,6 @@ SOURCE = "exact_synthesis.cu"
 #: 2048x1536 image's last layer needs 126 MiB; a full 256-latent tile's, 600 MiB, runs
 #: the direct kernels.
 GEMM_BYTES = 160 << 20
-FLOAT64_BYTES = 8
 #: Input shapes whose GPU pass a hyper-synthesis keeps as a CUDA graph (with its buffers,
 #: float64 products and columns: 30 MiB at 768x512, 238 MiB at 2048x1536), the least
 #: recently used going first.
@@ -293,7 +292,7 @@ class ExactHyperSynthesis:
         ``gemm_bytes`` (:meth:`_products`), else the direct kernels'."""
         runtime = cuda.get_runtime()
         launches, buffers = [], [a]
-        *hidden, last = self.layers
+        last = self.layers[-1]
         for layer in self.layers:
             shape = layer.launch_shape(a.shape)
             # The 12 ints after the pointers are the ExactLayerShape struct.
@@ -347,7 +346,7 @@ class ExactHyperSynthesis:
         else:
             rows, columns, depth = out_channels, out_height * out_width, in_channels * taps
             needed = (depth + rows) * columns
-        if needed * FLOAT64_BYTES > self.gemm_bytes:
+        if needed * np.dtype(np.float64).itemsize > self.gemm_bytes:
             return None
         runtime = cuda.get_runtime()
         weight = layer.device_arrays()[0]
