@@ -218,3 +218,80 @@ extern "C" __global__ void exact_last_from_products(
             ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
             table, table_count);
 }
+
+// ---------------------------------------------------------------------------------
+// The image synthesis g_s in exact arithmetic (gdnflow/codec/exact_image.py, whose
+// docstring gives the arithmetic): transposed convolutions as above (GEMM, then
+// exact_hidden_from_products, a few output channels at a time), inverse GDNs as the
+// squares (exact_squares), one float64 GEMM of the integer gamma with them, and
+// exact_inverse_gdn; the last layer's sums become 8-bit pixels (exact_pixel). Every
+// step is an exact IEEE operation or a correctly rounded one (sqrt, a product): with
+// no addition after a product that FMA could fuse inexactly, the pixels equal
+// NumPy's bit for bit.
+
+// The digits of a pixel's value v in [0, 1] kept before it is scaled to 0..255.
+#define EXACT_PIXEL_BITS 32
+
+// y_hat (float32) in units of 2^-fraction_bits, rounded half to even and clipped: the
+// first layer's input.
+__host__ __device__ inline double exact_input_unit(float value, int fraction_bits,
+                                                   double limit) {
+    return fmin(fmax(rint(ldexp((double)value, fraction_bits)), -limit), limit);
+}
+
+// x^2 in units of 2^(shift - 2 fraction bits), rounded: x * x is exact (|x| <= 2^26 units).
+__host__ __device__ inline double exact_square(double x, int shift) {
+    return rint(ldexp(x * x, -shift));
+}
+
+// An inverse GDN's output x sqrt(n) in x's units, rounded and clipped, where
+// n = (beta + norm) 2^-norm_shift and norm is gamma's sum over the squares: the sum
+// is of integers below 2^53, sqrt and the product are correctly rounded.
+__host__ __device__ inline double exact_inverse_gdn_value(double x, double norm, double beta,
+                                                          int norm_shift, double limit) {
+    return fmin(fmax(rint(x * sqrt(ldexp(beta + norm, -norm_shift))), -limit), limit);
+}
+
+// The 8-bit pixel of a last-layer value (units of 2^-shift): v clipped to [0, 1],
+// rounded to EXACT_PIXEL_BITS fraction bits, then round(255 v) with halves up; the
+// last products and sums are exact (255 r < 2^41), fused or not.
+__host__ __device__ inline unsigned char exact_pixel(double value, int shift) {
+    const double v = fmin(fmax(ldexp(value, -shift), 0.0), 1.0);
+    const double r = rint(ldexp(v, EXACT_PIXEL_BITS));
+    return (unsigned char)floor(ldexp(r * 255.0 + ldexp(1.0, EXACT_PIXEL_BITS - 1),
+                                      -EXACT_PIXEL_BITS));
+}
+
+extern "C" __global__ void exact_input_units(const float* __restrict__ y,
+                                             double* __restrict__ units, int count,
+                                             int fraction_bits, double limit) {
+    GRID_STRIDE_LOOP(i, count) units[i] = exact_input_unit(y[i], fraction_bits, limit);
+}
+
+extern "C" __global__ void exact_squares(const double* __restrict__ x,
+                                         double* __restrict__ squares, int count, int shift) {
+    GRID_STRIDE_LOOP(i, count) squares[i] = exact_square(x[i], shift);
+}
+
+// x (channels, plane) replaced by its inverse GDN, norms (channels, plane) gamma's sums.
+extern "C" __global__ void exact_inverse_gdn(double* __restrict__ x,
+                                             const double* __restrict__ norms,
+                                             const double* __restrict__ beta, int channels,
+                                             int plane, int norm_shift, double limit) {
+    GRID_STRIDE_LOOP(i, channels * plane)
+        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
+}
+
+// The last (transposed) layer's pixels from its GEMM's products, for the output
+// channels first_channel.. of an image of image_channels: pixels (height, width,
+// image_channels), channels last; bias starts at first_channel's.
+extern "C" __global__ void exact_pixels_from_products(
+        const double* __restrict__ products, const double* __restrict__ bias,
+        unsigned char* __restrict__ pixels, ExactLayerShape s, int first_channel,
+        int image_channels, int shift) {
+    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width) {
+        const int plane = s.out_height * s.out_width, channel = i / plane;
+        pixels[(long long)(i - channel * plane) * image_channels + first_channel + channel] =
+            exact_pixel(exact_value_from_products(i, products, bias, s, 1, 0), shift);
+    }
+}

@@ -49,14 +49,13 @@ so all give the same indexes (tests/codec/test_hyper_synthesis_kernels.py checks
 bit for bit, with that file built for the host and on the GPU).
 """
 import functools
-from collections import OrderedDict
-
 import numpy as np
 
 from gdnflow import ops
 from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
 from gdnflow.codec.gaussian_tables import scale_indexes
+from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.codec.tiling import synthesis_crop, tile_ranges, total_stride
 from gdnflow.nn.conv import Conv2d, ConvTranspose2d
 from gdnflow.ops.conv.geometry import (conv_geometry, conv_transpose_geometry, int_tuple,
@@ -88,36 +87,41 @@ GEMM_BYTES = 160 << 20
 #: float64 products and columns: 30 MiB at 768x512, 238 MiB at 2048x1536), the least
 #: recently used going first.
 GRAPH_SHAPES = 2
-#: Shapes whose first (eager) pass is remembered, so that the second is captured.
-SEEN_SHAPES = 64
 #: The most kernel taps of a transposed convolution that may reach one output on the GPU
 #: (MAX_EXACT_TAPS in the kernels, which list them once per output; NumPy takes any).
 MAX_EXACT_TAPS = 25
 
 
-def _weight_bits(terms):
-    """The weight bits a layer summing ``terms`` products may use (at most WEIGHT_BITS)."""
-    bits = SUM_BITS - ACTIVATION_BITS - int(np.ceil(np.log2(terms)))
+def _weight_bits(terms, activation_bits, name):
+    """The weight bits a layer summing ``terms`` products of activations of at most
+    ``activation_bits`` bits may use (at most WEIGHT_BITS); ``name`` its transform's."""
+    bits = SUM_BITS - activation_bits - int(np.ceil(np.log2(terms)))
     if bits < 8:
-        raise ValueError(f"hyper-synthesis: a layer summing {terms} products is too wide for "
+        raise ValueError(f"{name}: a layer summing {terms} products is too wide for "
                          "exact float64 arithmetic")
     return min(WEIGHT_BITS, bits)
 
 
 class ExactLayer:
-    """One convolution of h_s with integer weights (see the module docstring).
+    """One convolution with integer weights (see the module docstring).
 
-    Attributes: ``transpose`` (a transposed convolution), ``weight`` and
+    ``ExactLayer(layer, relu, fraction_bits=FRACTION_BITS, activation_bits=ACTIVATION_BITS,
+    name="hyper-synthesis")``: the convolution ``layer`` (a ReLU following where
+    ``relu``) for inputs in units of 2^-fraction_bits of at most ``activation_bits``
+    bits, in the transform ``name`` (for errors; the synthesis g_s uses other bits:
+    :mod:`gdnflow.codec.exact_image`). Attributes: ``transpose`` (a transposed convolution), ``weight`` and
     ``bias`` (float64 integers), ``exponent`` e (weights are weight * 2^-e),
     ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU follows),
     ``reaching_taps``, ``label`` (the layer, for errors).
     """
 
-    def __init__(self, layer, relu):
+    def __init__(self, layer, relu, fraction_bits=FRACTION_BITS, activation_bits=ACTIVATION_BITS,
+                 name="hyper-synthesis"):
         if layer.groups != 1 or layer.dilation not in (1, (1, 1)):
-            raise ValueError(f"hyper-synthesis: {layer!r} is grouped or dilated: not supported")
+            raise ValueError(f"{name}: {layer!r} is grouped or dilated: not supported")
         self.transpose = isinstance(layer, ConvTranspose2d)
-        label = f"hyper-synthesis {layer!r}"
+        self.name = name
+        label = f"{name} {layer!r}"
         self.stride = int_tuple(label, "stride", layer.stride, 2, 1)
         self.output_padding = int_tuple(label, "output_padding",
                                         getattr(layer, "output_padding", 0), 2, 0)
@@ -128,26 +132,27 @@ class ExactLayer:
         self.padding = (top, left)
         self.relu = relu
         self._device_arrays = None
+        self._groups = {}
         weight = np.asarray(layer.weight.numpy(), np.float64)
         in_channels, kh, kw = weight.shape[0 if self.transpose else 1], *weight.shape[2:]
         #: Kernel taps reaching one output of a transposed layer (the GPU kernels' bound).
         self.reaching_taps = -(-kh // self.stride[0]) * -(-kw // self.stride[1])
         self.label = label
-        bits = _weight_bits(in_channels * kh * kw)
+        bits = _weight_bits(in_channels * kh * kw, activation_bits, name)
         largest = float(np.max(np.abs(weight)))
         # frexp: largest = m 2^k with 1/2 <= m < 1, so weight * 2^(bits - k) stays within 2^bits.
         self.exponent = bits - (np.frexp(largest)[1] if largest > 0 else 0)
         self.weight = np.rint(np.ldexp(weight, self.exponent))
         bias = np.zeros(weight.shape[1 if self.transpose else 0]) if layer.bias is None \
             else np.asarray(layer.bias.numpy(), np.float64)
-        self.bias = np.clip(np.rint(np.ldexp(bias, self.exponent + FRACTION_BITS)),
+        self.bias = np.clip(np.rint(np.ldexp(bias, self.exponent + fraction_bits)),
                             -BIAS_LIMIT, BIAS_LIMIT)
         # As NumPy-backend tensors once, not per tile.
         self._weight, self._bias = (Tensor(a, device="numpy", dtype=np.float64)
                                     for a in (self.weight, self.bias))
 
     def __call__(self, a):
-        """The layer's exact output, in units of 2^-(exponent + FRACTION_BITS), for integer ``a``."""
+        """The layer's exact output, in units of 2^-(exponent + fraction bits), for integer ``a``."""
         x = Tensor(a[None], device="numpy", dtype=np.float64)
         with no_grad():
             if self.transpose:
@@ -164,10 +169,10 @@ class ExactLayer:
         (the convolution operators' own geometry)."""
         x_shape, w_shape = (1, *a_shape), tuple(self.weight.shape)
         if self.transpose:      # the geometry of the convolution this one is the adjoint of
-            g = conv_transpose_geometry("hyper-synthesis", x_shape, w_shape, self.stride,
+            g = conv_transpose_geometry(self.name, x_shape, w_shape, self.stride,
                                         self.padding_box, self.output_padding, (1, 1), 1)
             return g.c_in, g.h, g.w
-        g = conv_geometry("hyper-synthesis", x_shape, w_shape, self.stride, self.padding_box,
+        g = conv_geometry(self.name, x_shape, w_shape, self.stride, self.padding_box,
                           (1, 1), 1)
         return g.c_out, g.oh, g.ow
 
@@ -183,6 +188,17 @@ class ExactLayer:
             self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
                                         for a in (self.weight, self.bias))
         return self._device_arrays
+
+    def device_groups(self, group):
+        """A transposed layer's weights by groups of ``group`` output channels, each a
+        float64 GPU array (in_channels, count, kh, kw) (the GEMM of one group), and the
+        bias (:mod:`gdnflow.codec.exact_image`); uploaded once per group size."""
+        if group not in self._groups:
+            runtime = cuda.get_runtime()
+            weights = [runtime.from_numpy(np.ascontiguousarray(self.weight[:, first:first + group]))
+                       for first in range(0, self.weight.shape[1], group)]
+            self._groups[group] = (weights, self.device_arrays()[1])
+        return self._groups[group]
 
 
 class ExactHyperSynthesis:
@@ -211,9 +227,8 @@ class ExactHyperSynthesis:
         self.modules = layers
         self._bounds = {}          # per table: its searched scales on the GPU
         self.gemm_bytes = gemm_bytes
-        self.graph_shapes = graph_shapes
-        self._passes = OrderedDict()   # (input shape, table) -> a captured pass (_replayed_pass)
-        self._seen = set()             # the keys of eager passes: the next one is captured
+        #: The passes kept as CUDA graphs, by input shape and table.
+        self.replays = ReplayedPasses(graph_shapes)
         self.median_units = np.rint(np.ldexp(np.asarray(medians, np.float64), FRACTION_BITS))
 
     def scales(self, q_z):
@@ -236,53 +251,11 @@ class ExactHyperSynthesis:
         from the float64 GPU kernels, in one pass (no tiles), launched: equal to
         :meth:`scales` then ``scale_indexes`` on the host. From the second pass over an
         input shape on (where ``replayable``: not one of several tiles), the pass is a CUDA
-        graph's replay (:meth:`_replayed_pass`)."""
-        runtime = cuda.get_runtime()
+        graph's replay (:class:`~gdnflow.codec.replayed_passes.ReplayedPasses`; the eager
+        pass launches 7 kernels and GEMMs from Python: 0.5 ms on the host at 768x512)."""
         units = np.ascontiguousarray(self.input_units(q_z))
         key = (units.shape, np.asarray(table, np.float64).tobytes())
-        if replayable and self.graph_shapes and not cuda.simulating() and key in self._seen:
-            indexes = self._replayed_pass(key, units, table)
-            if indexes is not None:
-                return indexes
-        indexes, launches, _ = self._gpu_pass(runtime.from_numpy(units), table)
-        for launch in launches:
-            launch()
-        # Remembered once it ran: the capture of the next pass relies on what this one set
-        # up outside any capture (the kernels loaded, cuBLAS's handle made).
-        if len(self._seen) > SEEN_SHAPES:
-            self._seen.clear()
-        self._seen.add(key)
-        return indexes
-
-    def _replayed_pass(self, key, units, table):
-        """:meth:`_launch_cuda_indexes` through the CUDA graph of ``key``'s pass, captured on
-        first use (the :data:`GRAPH_SHAPES` most recently used are kept, with their
-        buffers): one upload of the input, one graph launch and a copy of its result (the
-        next replay overwrites the graph's own; the eager pass launches 7 kernels and GEMMs
-        from Python: 0.5 ms on the host at 768x512). None where the capture failed: that
-        shape then stays eager."""
-        runtime = cuda.get_runtime()
-        replay = self._passes.pop(key, None)
-        if replay is None:
-            # local import: graphs load libcuda, needed on a GPU only
-            from gdnflow.backends.cuda.graphs import CudaGraph, CudaGraphError
-            source = runtime.empty(units.shape, np.float64)
-            indexes, launches, buffers = self._gpu_pass(source, table)
-            graph = CudaGraph(runtime.stream)
-            try:
-                graph.capture(lambda: [launch() for launch in launches])
-            except CudaGraphError:
-                graph.close()
-                self._seen.discard(key)
-                return None
-            replay = (graph, source, indexes, buffers)
-            while len(self._passes) >= self.graph_shapes:
-                self._passes.pop(next(iter(self._passes)))[0].close()
-        self._passes[key] = replay          # the most recently used last
-        graph, source, indexes, _ = replay
-        runtime.upload(source, units)
-        graph.replay()
-        return runtime.copy(indexes)
+        return self.replays.run(key, units, lambda a: self._gpu_pass(a, table), replayable)
 
     def _gpu_pass(self, a, table):
         """(indexes, launches, buffers) of one GPU pass over the device input ``a``: the

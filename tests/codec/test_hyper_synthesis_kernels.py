@@ -2,7 +2,6 @@
 path: the same table indexes bit for bit, built for the host (no GPU) and on the GPU,
 for the codec tests' model, the widest models at their 2^52 bounds, odd sizes and
 tiles, and the shipped hyperpriors."""
-import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -15,68 +14,10 @@ from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
 from gdnflow.codec.hyper_synthesis import ExactHyperSynthesis
 
 from codec_kit import make_hyperprior, widest_hyperprior
-from host_kernels import HOST_CHECK_PRELUDE, ShimDevice, host_builder
+from exact_synthesis_kit import HOST_SHIM, GemmShimDevice
+from host_kernels import HOST_CHECK_PRELUDE, host_builder
 
-SHAPE_ARGS = ", ".join(f"int s{k}" for k in range(12))
-SHAPE = "ExactLayerShape s{" + ", ".join(f"s{k}" for k in range(12)) + "};"
-HOST_SHIM = f"""
-extern "C" void host_exact_hidden_layer(const double* a, const double* weight,
-                                        const double* bias, double* out, {SHAPE_ARGS},
-                                        int transpose, int relu, int exponent, double limit) {{
-    {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        out[i] = exact_hidden_element(i, a, weight, bias, s, transpose, relu, exponent, limit);
-}}
-extern "C" void host_exact_last_layer(const double* a, const double* weight, const double* bias,
-                                      unsigned char* indexes, const double* table,
-                                      int table_count, {SHAPE_ARGS}, int transpose, int relu,
-                                      int shift) {{
-    {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        indexes[i] = exact_last_element(i, a, weight, bias, table, table_count, s, transpose,
-                                        relu, shift);
-}}
-extern "C" void host_exact_columns(const double* a, {SHAPE_ARGS}, double* columns) {{
-    {SHAPE}
-    const int n = s.in_channels * s.kernel_height * s.kernel_width * s.out_height * s.out_width;
-    for (int i = 0; i < n; ++i) columns[i] = exact_column_value(i, a, s);
-}}
-extern "C" void host_exact_hidden_from_products(const double* products, const double* bias,
-                                                double* out, {SHAPE_ARGS}, int transpose,
-                                                int relu, int exponent, double limit) {{
-    {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        out[i] = exact_activation(exact_value_from_products(i, products, bias, s, transpose,
-                                                            relu), exponent, limit);
-}}
-extern "C" void host_exact_last_from_products(const double* products, const double* bias,
-                                              unsigned char* indexes, const double* table,
-                                              int table_count, {SHAPE_ARGS}, int transpose,
-                                              int relu, int shift) {{
-    {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        indexes[i] = exact_scale_index(
-            ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
-            table, table_count);
-}}
-"""
 SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprior_q*.h5"))
-
-
-class GemmShimDevice(ShimDevice):
-    """The kernels built for the host, and cuBLAS's float64 GEMM as NumPy's (``matmul`` on
-    the shim's memory, row-major as gdnflow.backends.cuda.matmul): exact as well on the
-    hyper-synthesis's integers."""
-
-    def matmul(self, a, b, c, m, n, k, trans_a=False, dtype=np.float32, **options):
-        assert np.dtype(dtype) == np.float64 and not options, (dtype, options)
-
-        def view(pointer, count):
-            return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_double)),
-                                         (count,))
-        left = view(a, m * k).reshape((k, m) if trans_a else (m, k))
-        view(c, m * n)[:] = ((left.T if trans_a else left) @ view(b, k * n).reshape(k, n)).ravel()
-        self.launched.append("matmul")
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +86,7 @@ def test_a_simulated_device_never_replays(host_device):
             np.testing.assert_array_equal(exact.indexes(q_z, gaussian_tables().scales,
                                                         device="cuda"),
                                           numpy_indexes(exact, q_z))
-    assert not cuda.simulating() and not exact._passes
+    assert not cuda.simulating() and not exact.replays.kept()
 
 
 def test_an_unknown_device_is_refused():
@@ -180,7 +121,7 @@ def test_gpu_passes_replayed_as_graphs_give_the_numpy_indexes(path):
         q_z = rng.integers(-6, 7, shape)
         np.testing.assert_array_equal(exact.indexes(q_z, table, device="cuda"),
                                       numpy_indexes(exact, q_z))
-    assert [key[0] for key in exact._passes] == [(8, 6, 6), (8, 9, 13)]
+    assert [key[0] for key in exact.replays.kept()] == [(8, 6, 6), (8, 9, 13)]
     # Two replays started before either is read: each result is its own buffer.
     first, second = rng.integers(-6, 7, (2, 8, 9, 13))
     finishes = [exact.start_indexes(q_z, table, device="cuda") for q_z in (first, second)]
@@ -191,7 +132,7 @@ def test_gpu_passes_replayed_as_graphs_give_the_numpy_indexes(path):
     for _ in range(3):      # 2 x 2 tiles of 24 latents: never replayed
         np.testing.assert_array_equal(tiled.indexes(q_z, table, tile=24, device="cuda"),
                                       numpy_indexes(tiled, q_z))
-    assert not tiled._passes
+    assert not tiled.replays.kept()
 
 
 @pytest.mark.gpu

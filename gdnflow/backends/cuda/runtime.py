@@ -170,16 +170,24 @@ class Runtime:
             drv.memcpy_htod_async(array.ptr, _as_buffer(host), self.stream)
         return array
 
-    def upload(self, array, host):
-        """Copy the NumPy array ``host`` into the device array ``array`` (the same shape and
-        dtype), on the stream: the input of a captured graph, say, which reads a fixed
-        address. ``host`` may be freed as soon as this returns (see :meth:`from_numpy`)."""
-        host = contiguous(host)
-        if host.shape != tuple(array.shape) or host.dtype != array.dtype:
-            raise ValueError(f"upload: a host array of {host.shape} {host.dtype} into a device "
-                             f"array of {tuple(array.shape)} {array.dtype}")
-        if array.size:
-            drv.memcpy_htod_async(array.ptr, _as_buffer(host), self.stream)
+    def upload(self, array, source):
+        """Copy ``source``, a NumPy array or another device array, into the device array
+        ``array`` (the same shape and dtype), on the stream: the input of a captured
+        graph, say, which reads a fixed address. A NumPy ``source`` may be freed as soon
+        as this returns (see :meth:`from_numpy`)."""
+        on_device = isinstance(source, CudaArray)
+        if not on_device:
+            source = contiguous(source)
+        if tuple(source.shape) != tuple(array.shape) or source.dtype != array.dtype:
+            where = "device" if on_device else "host"
+            raise ValueError(f"upload: a {where} array of {tuple(source.shape)} {source.dtype} "
+                             f"into a device array of {tuple(array.shape)} {array.dtype}")
+        if not array.size:
+            return
+        if on_device:
+            drv.memcpy_dtod_async(array.ptr, source.ptr, array.nbytes, self.stream)
+        else:
+            drv.memcpy_htod_async(array.ptr, _as_buffer(source), self.stream)
 
     def to_numpy(self, array):
         """Copy a device array into a new NumPy array, waiting for the stream.

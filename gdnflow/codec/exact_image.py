@@ -1,0 +1,268 @@
+"""The synthesis transform g_s in exact integer arithmetic: decoded images identical, byte
+for byte, on NumPy and on the GPU.
+
+A float32 synthesis rounds differently on a GPU and a CPU (summation order, FMA), so
+the same file decodes to pixels that differ by a level where a value straddles a half.
+:class:`ExactImageSynthesis` computes g_s as :mod:`gdnflow.codec.hyper_synthesis`
+computes h_s, with integers held in float64, so that every device computes the same
+numbers:
+
+* each transposed convolution as there (:class:`~gdnflow.codec.hyper_synthesis.ExactLayer`:
+  weights of 15 bits, exact sums below 2^53), with activations in units of 2^-16
+  (:data:`FRACTION_BITS`) clipped to +-256 (:data:`ACTIVATION_BITS` = 24 bits): the
+  shipped models' activations stay below 11 on photos;
+* each inverse GDN, y_i = x_i sqrt(beta_i + sum_j gamma_ij x_j^2), as: the squares
+  x_j^2 rounded to units of 2^-16 (:data:`SQUARE_SHIFT`; below 2^32 of them), gamma
+  rounded to integers whose every row sums to at most 2^19 (:data:`GAMMA_SUM_BITS`), so
+  the norm's sum is an integer below 2^52 and exact in any order; then sqrt and the
+  product with x, both correctly rounded in IEEE arithmetic, and the rounding to x's
+  units;
+* the last layer's value v in [0, 1] as the pixel round(255 v), halves up, through
+  a rounding to 2^-32 that keeps the last products exact.
+
+Nothing here adds a product that FMA could fuse into another rounding, so NumPy's and
+the GPU's pixels are the same bytes (tests/codec/test_exact_image.py checks it bit for
+bit, with ``cuda_src/exact_synthesis.cu`` built for the host and on the GPU). The
+rounding of the weights, gammas and activations changes the pixels from the float32
+synthesis's by a level here and there (measured on the shipped models:
+benchmarks/results/exact_synthesis.md).
+
+On NumPy the layers are the backend's float64 convolutions and one float64 matrix
+product per inverse GDN. On the GPU each transposed layer is a cuBLAS float64 GEMM of
+a few output channels at a time (their products within :data:`GEMM_BYTES`) finished by
+a kernel, each inverse GDN a GEMM between two kernels; from the second pass over an
+input shape on (up to :data:`GRAPH_PIXELS` pixels), the pass is a CUDA graph's replay.
+"""
+import functools
+
+import numpy as np
+
+from gdnflow.backends import cuda
+from gdnflow.codec.hyper_synthesis import SOURCE, ExactLayer
+from gdnflow.codec.replayed_passes import ReplayedPasses
+from gdnflow.nn.conv import ConvTranspose2d
+from gdnflow.nn.gdn import GDN
+
+NAME = "exact synthesis"
+#: Fractional bits of the activations: a resolution of 2^-16.
+FRACTION_BITS = 16
+#: Largest |activation| in units of 2^-FRACTION_BITS: 2^24, i.e. 256.0.
+ACTIVATION_BITS = 24
+ACTIVATION_LIMIT = 2.0 ** ACTIVATION_BITS
+#: An inverse GDN's squares are x^2 in units of 2^(SQUARE_SHIFT - 2 FRACTION_BITS) = 2^-16:
+#: at most 2^(2 ACTIVATION_BITS - SQUARE_SHIFT) = 2^32 of them.
+SQUARE_SHIFT = 16
+#: Each row of an inverse GDN's integer gamma sums to at most 2^19: the norm's sums stay
+#: below 2^19 2^32 = 2^51, and its beta below 2^51.
+GAMMA_SUM_BITS, BETA_LIMIT = 19, 2.0 ** 51
+#: Fraction bits of a pixel's value before its scaling to 0..255 (EXACT_PIXEL_BITS).
+PIXEL_BITS = 32
+#: Bytes of a transposed layer's float64 products per GEMM on the GPU: the layer runs in
+#: groups of output channels that fit (at 768x512 the third layer's 629 MB: 3 groups).
+GEMM_BYTES = 256 << 20
+#: Input shapes whose GPU pass is kept as a CUDA graph (with its buffers: about 0.7 GB
+#: at 768x512), the least recently used going first...
+GRAPH_SHAPES = 1
+#: ... for images of at most this many pixels (larger ones run eagerly).
+GRAPH_PIXELS = 1 << 20
+
+
+def _exact_pixels(values, shift):
+    """exact_pixel of ``exact_synthesis.cu`` on NumPy: uint8 of values in units of 2^-shift.
+    (Scaling by a power of two is ldexp, exactly, and several times faster in NumPy.)"""
+    v = np.clip(values * 2.0 ** -shift, 0.0, 1.0)
+    r = np.rint(v * 2.0 ** PIXEL_BITS)
+    return np.floor((r * 255.0 + 2.0 ** (PIXEL_BITS - 1)) * 2.0 ** -PIXEL_BITS).astype(np.uint8)
+
+
+def _rounded_in_place(values, scale):
+    """values * scale (a power of two) rounded half to even and clipped to the activations'
+    range, in place (exact_activation); returns ``values``."""
+    values *= scale
+    np.rint(values, out=values)
+    return np.clip(values, -ACTIVATION_LIMIT, ACTIVATION_LIMIT, out=values)
+
+
+class ExactInverseGDN:
+    """An inverse GDN with integer gamma and beta (module docstring).
+
+    Attributes: ``gamma`` (C, C) and ``beta`` (C,) float64 integers, ``norm_shift``
+    (the norm n = (beta + gamma @ squares) 2^-norm_shift), ``label``.
+    """
+
+    def __init__(self, gdn):
+        self.label = f"{NAME} {gdn!r}"
+        if not gdn.inverse or gdn.simplified:
+            raise ValueError(f"{self.label}: only the inverse, unsimplified GDN is computed "
+                             "exactly")
+        gamma = np.asarray(gdn.effective_gamma.numpy(), np.float64)
+        beta = np.asarray(gdn.effective_beta.numpy(), np.float64)
+        largest_row, largest_beta = (float(np.max(v)) for v in (gamma.sum(axis=1), beta))
+        # Rows sum to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most C/2.
+        exponent = GAMMA_SUM_BITS - 1 - (np.frexp(largest_row)[1] if largest_row > 0 else 0)
+        beta_exponent = 50 - np.frexp(largest_beta)[1] - (2 * FRACTION_BITS - SQUARE_SHIFT)
+        exponent = int(min(exponent, beta_exponent))
+        self.gamma = np.rint(np.ldexp(gamma, exponent))
+        self.norm_shift = exponent + 2 * FRACTION_BITS - SQUARE_SHIFT
+        self.beta = np.rint(np.ldexp(beta, self.norm_shift))
+        if self.gamma.sum(axis=1).max() > 2.0 ** GAMMA_SUM_BITS or self.beta.max() > BETA_LIMIT:
+            raise ValueError(f"{self.label}: gamma or beta out of the exact range")
+        self._device_arrays = None
+
+    def __call__(self, x):
+        """The rounded, clipped output for activations ``x`` (C, H, W) (exact_inverse_gdn)."""
+        squares = np.multiply(x, x)
+        squares *= 2.0 ** -SQUARE_SHIFT
+        np.rint(squares, out=squares)
+        norms = (self.gamma @ squares.reshape(len(squares), -1)).reshape(x.shape)
+        norms += self.beta[:, None, None]
+        norms *= 2.0 ** -self.norm_shift
+        np.sqrt(norms, out=norms)
+        norms *= x
+        return _rounded_in_place(norms, 1.0)
+
+    def device_arrays(self):
+        """(gamma, beta) as float64 GPU arrays, uploaded on first use."""
+        if self._device_arrays is None:
+            runtime = cuda.get_runtime()
+            self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
+                                        for a in (self.gamma, self.beta))
+        return self._device_arrays
+
+
+class ExactImageSynthesis:
+    """g_s in exact arithmetic: ``pixels(y_hat)`` on NumPy, ``device_pixels`` on the GPU.
+
+    ``ExactImageSynthesis(g_s, gemm_bytes=GEMM_BYTES, graph_shapes=GRAPH_SHAPES)``:
+    ``g_s`` a Sequential of transposed convolutions, each but the last followed by an
+    inverse GDN (both shipped architectures' synthesis); anything else is refused with
+    a ValueError. One object serves one thread at a time (a codec's).
+    """
+
+    def __init__(self, g_s, gemm_bytes=GEMM_BYTES, graph_shapes=GRAPH_SHAPES):
+        self.steps = []
+        for module in g_s:
+            if isinstance(module, ConvTranspose2d):
+                self.steps.append(ExactLayer(module, False, FRACTION_BITS, ACTIVATION_BITS,
+                                             NAME))
+            elif isinstance(module, GDN):
+                self.steps.append(ExactInverseGDN(module))
+            else:
+                raise ValueError(f"{NAME}: cannot compute {module!r} exactly (transposed "
+                                 "convolutions and inverse GDNs only)")
+        if not self.steps or not isinstance(self.steps[-1], ExactLayer):
+            raise ValueError(f"{NAME}: the synthesis must end with a transposed convolution")
+        self.gemm_bytes = gemm_bytes
+        #: The passes kept as CUDA graphs, by input shape.
+        self.replays = ReplayedPasses(graph_shapes)
+
+    @property
+    def channels(self):
+        """The image's channels (the last layer's outputs)."""
+        return self.steps[-1].bias.shape[0]
+
+    def pixels(self, y_hat):
+        """uint8 (H, W, channels): the image of y_hat (M, h, w) (float32), on NumPy."""
+        x = self.input_units(y_hat)
+        *hidden, last = self.steps
+        for step in hidden:
+            x = (_rounded_in_place(step(x), 2.0 ** -step.exponent) if isinstance(step, ExactLayer)
+                 else step(x))
+        values = last(x)
+        return np.ascontiguousarray(
+            _exact_pixels(values, last.exponent + FRACTION_BITS).transpose(1, 2, 0))
+
+    @staticmethod
+    def input_units(y_hat):
+        """The first layer's input: y_hat in units of 2^-FRACTION_BITS, rounded, clipped."""
+        return _rounded_in_place(np.asarray(y_hat, np.float32).astype(np.float64),
+                                 2.0 ** FRACTION_BITS)
+
+    def device_pixels(self, y_hat, replayable=True):
+        """The uint8 (H, W, channels) image of the float32 device array ``y_hat``
+        (M, h, w), as a device array of its own, launched (equal to :meth:`pixels`). From
+        the second pass over a shape on (where ``replayable`` and the image has at most
+        GRAPH_PIXELS pixels), a CUDA graph's replay."""
+        image_pixels = np.prod(self._shapes(y_hat.shape)[-1][3:5])
+        return self.replays.run(tuple(y_hat.shape), y_hat, self._gpu_pass,
+                                replayable and image_pixels <= GRAPH_PIXELS)
+
+    def _shapes(self, y_shape):
+        """Each transposed layer's ExactLayerShape (12 ints) for latents of ``y_shape``."""
+        shapes, a_shape = [], tuple(y_shape)
+        for step in self.steps:
+            if isinstance(step, ExactLayer):
+                shapes.append(step.launch_shape(a_shape))
+                a_shape = shapes[-1][3:6]
+        return shapes
+
+    def _gpu_pass(self, y_hat):
+        """(pixels, launches, buffers) of one GPU pass over the device ``y_hat``
+        (:class:`~gdnflow.codec.replayed_passes.ReplayedPasses`)."""
+        runtime = cuda.get_runtime()
+        shapes = iter(self._shapes(y_hat.shape))
+        largest = max(np.prod(shape[3:6]) for shape in self._shapes(y_hat.shape))
+        # The squares and norms of every inverse GDN share two buffers (one stream).
+        squares, norms = (runtime.empty((largest,), np.float64) for _ in range(2))
+        x = runtime.empty(tuple(y_hat.shape), np.float64)
+        launches = [functools.partial(
+            cuda.kernel(SOURCE, "exact_input_units", "PPiid").launch, x.size, y_hat.ptr, x.ptr,
+            x.size, FRACTION_BITS, ACTIVATION_LIMIT)]
+        buffers = [y_hat, squares, norms, x]
+        for step in self.steps:
+            if isinstance(step, ExactInverseGDN):
+                self._inverse_gdn(step, x, squares, norms, launches)
+                continue
+            shape = next(shapes)
+            last = step is self.steps[-1]
+            out = runtime.empty((*shape[4:6], shape[3]) if last else shape[3:6],
+                                np.uint8 if last else np.float64)
+            buffers.append(out)
+            self._transposed(step, x, shape, out, last, launches, buffers)
+            x = out
+        return x, launches, buffers
+
+    def _inverse_gdn(self, step, x, squares, norms, launches):
+        """Launches of an inverse GDN of ``x`` (C, H, W) in place."""
+        channels, plane = x.shape[0], x.shape[1] * x.shape[2]
+        gamma, beta = step.device_arrays()
+        launches.append(functools.partial(
+            cuda.kernel(SOURCE, "exact_squares", "PPii").launch, x.size, x.ptr, squares.ptr,
+            x.size, SQUARE_SHIFT))
+        launches.append(functools.partial(cuda.matmul, gamma.ptr, squares.ptr, norms.ptr,
+                                          channels, plane, channels, dtype=np.float64))
+        launches.append(functools.partial(
+            cuda.kernel(SOURCE, "exact_inverse_gdn", "PPPiiid").launch, x.size, x.ptr,
+            norms.ptr, beta.ptr, channels, plane, step.norm_shift, ACTIVATION_LIMIT))
+
+    def _transposed(self, step, x, shape, out, last, launches, buffers):
+        """Launches of the transposed layer ``step`` from ``x`` into ``out``: a GEMM of its
+        weights (transposed) with x per group of output channels, then the finishing
+        kernel of that group (activations, or the last layer's pixels)."""
+        runtime = cuda.get_runtime()
+        in_channels, in_height, in_width, out_channels = shape[:4]
+        taps, in_plane = shape[6] * shape[7], in_height * in_width
+        out_plane = shape[4] * shape[5]
+        group = max(1, min(out_channels, self.gemm_bytes // (taps * in_plane * 8)))
+        products = runtime.empty((group * taps, in_plane), np.float64)
+        buffers.append(products)
+        weights, bias = step.device_groups(group)
+        for first, weight in zip(range(0, out_channels, group), weights):
+            count = min(group, out_channels - first)
+            group_shape = (*shape[:3], count, *shape[4:])
+            launches.append(functools.partial(cuda.matmul, weight.ptr, x.ptr, products.ptr,
+                                              count * taps, in_plane, in_channels,
+                                              trans_a=True, dtype=np.float64))
+            bias_ptr = bias.ptr + first * 8
+            if last:
+                launches.append(functools.partial(
+                    cuda.kernel(SOURCE, "exact_pixels_from_products",
+                                "PPPiiiiiiiiiiiiiii").launch,
+                    count * out_plane, products.ptr, bias_ptr, out.ptr, *group_shape, first,
+                    out_channels, step.exponent + FRACTION_BITS))
+            else:
+                launches.append(functools.partial(
+                    cuda.kernel(SOURCE, "exact_hidden_from_products",
+                                "PPPiiiiiiiiiiiiiiid").launch,
+                    count * out_plane, products.ptr, bias_ptr, out.ptr + first * out_plane * 8,
+                    *group_shape, 1, 0, step.exponent, ACTIVATION_LIMIT))

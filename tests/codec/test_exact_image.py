@@ -1,0 +1,180 @@
+"""The exact image synthesis (gdnflow.codec.exact_image): its GPU pass, built for the host
+and on the GPU, gives NumPy's pixels byte for byte, at odd sizes, in groups of output
+channels and replayed; its sums stay exact at their bounds; its pixels are the float32
+synthesis's within a level."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdnflow.backends import cuda
+from gdnflow.codec import exact_image
+from gdnflow.codec.codec import Codec, dequantize_latents
+from gdnflow.codec.exact_image import (ACTIVATION_LIMIT, GAMMA_SUM_BITS, ExactImageSynthesis,
+                                       ExactInverseGDN)
+from gdnflow.codec.hyper_synthesis import SOURCE
+from gdnflow.nn.conv import ConvTranspose2d
+from gdnflow.nn.gdn import GDN
+from gdnflow.nn.layers import ReLU, Sequential
+
+from codec_kit import make_model, smooth_image
+from exact_synthesis_kit import HOST_SHIM, SHAPE, SHAPE_ARGS, GemmShimDevice
+from host_kernels import HOST_CHECK_PRELUDE, host_builder
+
+IMAGE_SHIM = HOST_SHIM + f"""
+extern "C" void host_exact_input_units(const float* y, double* units, int count,
+                                       int fraction_bits, double limit) {{
+    for (int i = 0; i < count; ++i) units[i] = exact_input_unit(y[i], fraction_bits, limit);
+}}
+extern "C" void host_exact_squares(const double* x, double* squares, int count, int shift) {{
+    for (int i = 0; i < count; ++i) squares[i] = exact_square(x[i], shift);
+}}
+extern "C" void host_exact_inverse_gdn(double* x, const double* norms, const double* beta,
+                                       int channels, int plane, int norm_shift, double limit) {{
+    for (int i = 0; i < channels * plane; ++i)
+        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
+}}
+extern "C" void host_exact_pixels_from_products(const double* products, const double* bias,
+                                                unsigned char* pixels, {SHAPE_ARGS},
+                                                int first_channel, int image_channels,
+                                                int shift) {{
+    {SHAPE}
+    const int plane = s.out_height * s.out_width;
+    for (int i = 0; i < s.out_channels * plane; ++i) {{
+        const int channel = i / plane;
+        pixels[(long long)(i - channel * plane) * image_channels + first_channel + channel] =
+            exact_pixel(exact_value_from_products(i, products, bias, s, 1, 0), shift);
+    }}
+}}
+"""
+SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/*.h5"))
+
+
+@pytest.fixture(scope="module")
+def host_device(tmp_path_factory):
+    build = host_builder(tmp_path_factory.mktemp("exact_image_host"), "exact_synthesis.cu",
+                         prefix=HOST_CHECK_PRELUDE, suffix=IMAGE_SHIM)
+    return GemmShimDevice(build(), SOURCE)
+
+
+def image_model(seed=0):
+    """The codec tests' FactorizedPrior(8, 12) with gammas off their initial diagonal and
+    a last layer whose pixels span 0..255 (not clipped to one end)."""
+    model = make_model(seed)
+    rng = np.random.default_rng(seed + 5)
+    state = model.state_dict()
+    for name in ("g_s.1.gamma", "g_s.3.gamma", "g_s.5.gamma"):
+        state[name] = rng.uniform(0.0, 0.6, state[name].shape).astype(np.float32)
+    state["g_s.6.weight"] = state["g_s.6.weight"] * 6
+    state["g_s.6.bias"] = np.full(3, 0.5, np.float32)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def random_latents(shape, seed):
+    return np.random.default_rng(seed).normal(0, 4, shape).astype(np.float32)
+
+
+#: A transposed layer's GEMM in one group of output channels, or one channel a group.
+GROUPS = {"one group": exact_image.GEMM_BYTES, "channel by channel": 1}
+
+
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize("shape", [(12, 3, 5), (12, 1, 1), (12, 7, 4)])
+def test_host_built_kernels_give_the_numpy_pixels(host_device, shape, groups):
+    exact = ExactImageSynthesis(image_model().g_s, GROUPS[groups])
+    y_hat = random_latents(shape, sum(shape))
+    with cuda.simulated(host_device):
+        got = host_device.to_numpy(exact.device_pixels(host_device.from_numpy(y_hat)))
+    expected = exact.pixels(y_hat)
+    assert got.dtype == np.uint8 and expected.shape == (16 * shape[1], 16 * shape[2], 3)
+    np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(expected)) > 40         # pixels across the range, not clipped
+    gemms = 4 * (1 if groups == "one group" else 8) + 3
+    assert host_device.launched.count("matmul") >= gemms
+
+
+def test_the_pixels_are_the_float_synthesis_within_a_level():
+    model = image_model()
+    y_hat = random_latents((12, 6, 9), 3)
+    codec = Codec(model, tile=None)
+    expected = codec.synthesise(y_hat, 96, 144)
+    got = ExactImageSynthesis(model.g_s).pixels(y_hat)
+    difference = np.abs(got.astype(int) - expected)
+    assert difference.max() <= 1 and np.mean(difference > 0) < 0.02
+
+
+def test_the_inverse_gdn_sums_exactly_at_its_bounds():
+    """Activations at +-ACTIVATION_LIMIT and a gamma whose rows reach their 2^19 bound:
+    the float64 norms and outputs equal those of Python's integers."""
+    gdn = GDN(16, inverse=True)
+    rng = np.random.default_rng(4)
+    state = gdn.state_dict()
+    state["gamma"] = rng.uniform(0.9, 1.0, (16, 16)).astype(np.float32)
+    state["beta"] = np.full(16, 30.0, np.float32)
+    gdn.load_state_dict(state)
+    exact = ExactInverseGDN(gdn)
+    assert exact.gamma.sum(axis=1).max() > 2 ** (GAMMA_SUM_BITS - 2)
+    x = rng.choice([-ACTIVATION_LIMIT, ACTIVATION_LIMIT, ACTIVATION_LIMIT - 1], (16, 2, 3))
+    squares = [[round(int(v) ** 2 / 2 ** exact_image.SQUARE_SHIFT) for v in row.ravel()]
+               for row in x]
+    norms = [[int(exact.beta[i]) + sum(int(exact.gamma[i, j]) * squares[j][p]
+                                       for j in range(16)) for p in range(6)] for i in range(16)]
+    assert max(max(row) for row in norms) > 2 ** 49     # beyond float32's and int32's
+    x_sqrt_n = x.reshape(16, 6) * np.sqrt(np.ldexp(np.array(norms, np.float64),
+                                                   -exact.norm_shift))
+    expected = np.clip(np.rint(x_sqrt_n), -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
+    np.testing.assert_array_equal(exact(x).reshape(16, 6), expected)
+
+
+@pytest.mark.parametrize("module, message", [(ReLU(), "cannot compute ReLU"),
+                                             (GDN(4), "only the inverse")])
+def test_other_layers_are_refused_by_name(module, message):
+    g_s = Sequential(ConvTranspose2d(4, 4, 5, stride=2, padding=2, output_padding=1), module,
+                     ConvTranspose2d(4, 3, 5, stride=2, padding=2, output_padding=1))
+    with pytest.raises(ValueError, match=message):
+        ExactImageSynthesis(g_s)
+
+
+def test_a_synthesis_ending_in_a_gdn_is_refused():
+    g_s = Sequential(ConvTranspose2d(4, 4, 5, stride=2, padding=2, output_padding=1),
+                     GDN(4, inverse=True))
+    with pytest.raises(ValueError, match="must end with a transposed convolution"):
+        ExactImageSynthesis(g_s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize("shape", [(12, 3, 5), (12, 1, 1), (12, 17, 23)])
+def test_gpu_pass_gives_the_numpy_pixels(shape, groups):
+    exact = ExactImageSynthesis(image_model().g_s, GROUPS[groups])
+    y_hat = random_latents(shape, sum(shape))
+    runtime = cuda.get_runtime()
+    got = runtime.to_numpy(exact.device_pixels(runtime.from_numpy(y_hat)))
+    np.testing.assert_array_equal(got, exact.pixels(y_hat))
+
+
+@pytest.mark.gpu
+def test_gpu_passes_replayed_as_graphs_give_the_numpy_pixels():
+    """Eager, captured and replayed passes, over two shapes (one graph kept): NumPy's pixels."""
+    exact = ExactImageSynthesis(image_model().g_s, graph_shapes=1)
+    runtime = cuda.get_runtime()
+    for i, shape in enumerate([(12, 5, 7)] * 3 + [(12, 4, 4)] * 2 + [(12, 5, 7)] * 2):
+        y_hat = random_latents(shape, i)
+        got = runtime.to_numpy(exact.device_pixels(runtime.from_numpy(y_hat)))
+        np.testing.assert_array_equal(got, exact.pixels(y_hat))
+    assert exact.replays.kept() == [(12, 5, 7)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_gpu_pass_of_a_shipped_model_gives_the_numpy_pixels(path):
+    """A shipped codec's decoded latents of a photo-like 160x224 image: the same bytes."""
+    codec = Codec.from_checkpoint(path, device="numpy")
+    image = smooth_image(np.random.default_rng(7), 160, 224)
+    _, q = codec.decode_quantized(codec.compress(image))
+    y_hat = dequantize_latents(q, codec.tables.medians)
+    exact = ExactImageSynthesis(Codec.from_checkpoint(path, device="cuda").model.g_s)
+    runtime = cuda.get_runtime()
+    got = runtime.to_numpy(exact.device_pixels(runtime.from_numpy(y_hat)))
+    np.testing.assert_array_equal(got, ExactImageSynthesis(codec.model.g_s).pixels(y_hat))
