@@ -14,6 +14,9 @@ backend's decoding of the same file (``--no-numpy-check`` skips that): the large
 difference in levels is listed. Pillow's WebP (method 4 and 6) and JPEG at quality
 75 are timed the same way in the same run. ``--processes N`` codes the
 substreams in a pool of N processes (the warm-up fills each worker's models).
+``--synthesis exact`` decodes with the exact synthesis (``Codec(..., exact=True)``,
+checked against the NumPy backend's exact decoding: a difference of 0 levels is the
+same bytes), ``both`` times each codec both ways.
 """
 import argparse
 import io
@@ -47,32 +50,35 @@ def photo(folder, size):
     return np.asarray(Image.fromarray(image).resize(size, Image.LANCZOS))
 
 
+#: --synthesis: the codecs' ``exact`` values timed.
+SYNTHESES = {"float": (False,), "exact": (True,), "both": (False, True)}
 #: --format: which of a codec class's ``versions`` to write (None: the device's default).
 FORMATS = {"default": None, "range-coded": 2, "plain": 1}
 
 
 def time_codec(path, image, device, repeats, numpy_check, tile="auto", executor=None,
-               variant="default", substream_bits=None, lanes=None):
+               variant="default", substream_bits=None, lanes=None, exact=False):
     """A row of the table for the codec checkpoint at ``path`` on ``image`` (tiles of
     ``tile``, the substreams coded by ``executor``'s map if not None; ``variant``: a key
     of :data:`FORMATS`: the device's default version, the newest range-coded one (11 or
     13), or the one before quiet groups (7 or 8); ``substream_bits``: the codec's, None for
-    its default; ``lanes``: where the rANS lanes are coded, the codec's ``lanes``)."""
-    codec = Codec.from_checkpoint(path, device, tile)
+    its default; ``lanes``: where the rANS lanes are coded, the codec's ``lanes``;
+    ``exact``: decoding with the exact synthesis)."""
+    codec = Codec.from_checkpoint(path, device, tile, exact)
     if executor is not None or FORMATS[variant] is not None or substream_bits is not None \
             or lanes is not None:
         version = None if FORMATS[variant] is None else type(codec).versions[FORMATS[variant]]
         codec = type(codec)(codec.model, tile, executor=executor, version=version,
-                            substream_bits=substream_bits, lanes=lanes)
+                            substream_bits=substream_bits, lanes=lanes, exact=exact)
     codec.compress(image)               # the warm-up: kernels and tables built
     data = codec.compress(image)        # a GPU codec builds its analysis plans on a size's second
     decoded = codec.decompress(data)
     codec.decompress(data)              # ... and its synthesis plan
     check = "-"
     if numpy_check and device != "numpy":
-        host = Codec.from_checkpoint(path, "numpy").decompress(data)
+        host = Codec.from_checkpoint(path, "numpy", exact=exact).decompress(data)
         check = int(np.abs(host.astype(np.int16) - decoded).max())
-    return table_row(Path(path).stem, image, data, decoded,
+    return table_row(Path(path).stem + (" exact" if exact else ""), image, data, decoded,
                      median_wall_ms(lambda: codec.compress(image), repeats, warmup=0),
                      median_wall_ms(lambda: codec.decompress(data), repeats, warmup=0), check)
 
@@ -137,6 +143,9 @@ def main():
                         help="the substreams' payload bits aimed for (default: the codec's)")
     parser.add_argument("--lanes", choices=["host", "cuda", "numpy"],
                         help="where the rANS lanes are coded (default: the codec's default)")
+    parser.add_argument("--synthesis", choices=list(SYNTHESES), default="float",
+                        help="decode with the model's float32 synthesis (the default), the "
+                             "exact synthesis, or both (a row each)")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     # spawn: the workers import only the coding, never the CUDA state of this process
@@ -148,8 +157,8 @@ def main():
     for size in (size_argument(s) for s in args.sizes.split(",")):
         image = photo(args.data, size)
         rows = [time_codec(p, image, device, args.repeats, args.numpy_check, args.tile,
-                           executor, args.format, args.substream_bits, args.lanes)
-                for p in paths]
+                           executor, args.format, args.substream_bits, args.lanes, exact)
+                for p in paths for exact in SYNTHESES[args.synthesis]]
         rows += [time_reference(*reference, image, args.repeats) for reference in REFERENCES]
         gpu = None
         if device == "cuda":
@@ -162,7 +171,8 @@ def main():
             f"{args.substream_bits or 'the default'} bits, "
             "range-coded substreams coded "
             f"{f'in {args.processes} processes' if args.processes else 'one after another'}, "
-            f"rANS lanes coded on {args.lanes or 'the default (host threads on a GPU)'}",
+            f"rANS lanes coded on {args.lanes or 'the default (host threads on a GPU)'}, "
+            f"synthesis: {args.synthesis}",
             ["codec", "bpp", "PSNR dB", "encode ms/MP", "decode ms/MP",
              "max difference from the NumPy decoding (levels)"], rows,
             notes=[f"host CPU: {host_cpu()}; wall time, array in and out"],

@@ -116,7 +116,8 @@ def cmd_decompress(args):
                     f"{source}: no checkpoint with model id {header.model_id.hex()} in "
                     f"{', '.join(map(str, folders))}: pass --checkpoint")
         if checkpoint not in codecs:
-            codecs[checkpoint] = Codec.from_checkpoint(checkpoint, args.device)
+            codecs[checkpoint] = Codec.from_checkpoint(checkpoint, args.device,
+                                                       exact=args.exact)
         image = codecs[checkpoint].decompress(data, str(source))
         save_image(target, image, overwrite=args.force)
         bpp = 8 * len(data) / (header.height * header.width)
@@ -200,6 +201,9 @@ def add_codec_parsers(subparsers):
     decompress.add_argument("--checkpoint", metavar="CKPT",
                             help="the checkpoint the files were compressed with")
     decompress.add_argument("--force", action="store_true", help="overwrite existing files")
+    decompress.add_argument("--exact", action="store_true",
+                            help="decode with the exact synthesis: the same image bytes on "
+                            "NumPy and on a GPU (within a level of the default's)")
     _device_option(decompress)
     decompress.set_defaults(run=cmd_decompress)
 

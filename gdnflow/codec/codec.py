@@ -51,6 +51,7 @@ from gdnflow.codec.substreams import (SUBSTREAM_BITS, check_latents, decode_fact
                                       encode_factorized, factorized_split)
 from gdnflow.codec.device_latents import dequantized_on_device, quantize_on_device
 from gdnflow.codec.device_pixels import DeviceImage, uint8_pixels
+from gdnflow.codec.exact_image import ExactImageSynthesis
 from gdnflow.codec import host_lanes
 from gdnflow.codec.rans_substreams import decode_rans, encode_rans
 from gdnflow.codec.tables import build_tables, model_id
@@ -179,8 +180,15 @@ class Codec:
     :mod:`gdnflow.codec.host_lanes`), ``"cuda"`` (one GPU thread a lane) or
     ``"numpy"``; None: ``"host"`` on a GPU codec where that build can be made
     (nvcc), else the codec's device.
+    ``exact``: decode through the exact synthesis
+    (:class:`~gdnflow.codec.exact_image.ExactImageSynthesis`): the same bytes on NumPy
+    and on a GPU, whatever the tiles, within a level of the float32 synthesis's pixels
+    (2-3x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
+    model's float32 synthesis, whose pixels differ by a level here and there between
+    devices. Compression is the same either way.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
-    ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``.
+    ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``, ``exact_synthesis``
+    (the ExactImageSynthesis, or None).
     A GPU codec keeps inference plans of its transforms for the sizes it has seen twice
     (:mod:`gdnflow.codec.transform_plans`: about 0.5 GiB per size at 768x512), and their
     buffers are shared by its calls: use one codec per thread.
@@ -190,7 +198,7 @@ class Codec:
     versions = (2, 7, FORMAT_VERSION, RANS_VERSION)
 
     def __init__(self, model, tile="auto", version=None, executor=None,
-                 substream_bits=None, lanes=None):
+                 substream_bits=None, lanes=None, exact=False):
         wanted = CODECS.get(getattr(model, "name", None), Codec)
         if type(self) is not wanted:
             raise TypeError(f"{type(self).__name__}: a {type(model).__name__} model is coded by "
@@ -225,6 +233,7 @@ class Codec:
         #: Runs the model's transforms on one-tile images of a GPU codec, as replayed
         #: inference plans where it can.
         self._plans = TransformPlans(self.model)
+        self.exact_synthesis = ExactImageSynthesis(self.model.g_s) if exact else None
         self._id = self.tables.model_id[:MODEL_ID_BYTES]
         self._digest = self.tables.digest()[:TABLES_DIGEST_BYTES]
 
@@ -246,11 +255,11 @@ class Codec:
         return build_tables(model)
 
     @classmethod
-    def from_checkpoint(cls, path, device=None, tile="auto"):
+    def from_checkpoint(cls, path, device=None, tile="auto", exact=False):
         """The codec of the model in the checkpoint at ``path`` (see :func:`load_model`):
         a :class:`Codec`, or a :class:`~gdnflow.codec.hyperprior.HyperpriorCodec` for a
-        scale-hyperprior checkpoint."""
-        return codec_for(load_model(path, device), tile)
+        scale-hyperprior checkpoint; ``exact``: decode with the exact synthesis."""
+        return codec_for(load_model(path, device), tile, exact)
 
     def tile_pixels(self, height, width):
         """The tile side in pixels for a padded image of height x width: ``tile``, or None
@@ -414,12 +423,19 @@ class Codec:
                              f"not one tile's whole input for a {height}x{width} image")
         image = np.empty((height, width, 3), np.uint8)
         for (top, bottom), (left, right), (r0, r1), (c0, c1) in tiles:
+            rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
+            columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
+            if self.exact_synthesis is not None:
+                pixels = self.exact_synthesis.tile_pixels(
+                    y_hat if on_device else y_hat[:, r0:r1, c0:c1], self.device, len(tiles) == 1)
+                image[rows, columns] = pixels[
+                    rows.start - r0 * DOWNSAMPLING:rows.stop - r0 * DOWNSAMPLING,
+                    columns.start - c0 * DOWNSAMPLING:columns.stop - c0 * DOWNSAMPLING]
+                continue
             latents = y_hat if on_device else Tensor(
                 np.ascontiguousarray(y_hat[None, :, r0:r1, c0:c1]), device=self.device)
             with no_grad():
                 pixels = self._synthesis(latents, on_device)
-            rows = slice(top * DOWNSAMPLING, min(bottom * DOWNSAMPLING, height))
-            columns = slice(left * DOWNSAMPLING, min(right * DOWNSAMPLING, width))
             r0, c0 = r0 * DOWNSAMPLING, c0 * DOWNSAMPLING
             if self.device == "cuda" and pixels.dtype == np.float32:   # rounded on the device
                 image[rows, columns] = uint8_pixels(pixels, rows.start - r0, columns.start - c0,
@@ -500,9 +516,10 @@ def quantize_latents(y, medians):
 CODECS = {}
 
 
-def codec_for(model, tile="auto"):
-    """The codec of ``model``: a :class:`Codec` (factorized prior) or a HyperpriorCodec."""
-    return CODECS.get(getattr(model, "name", None), Codec)(model, tile)
+def codec_for(model, tile="auto", exact=False):
+    """The codec of ``model``: a :class:`Codec` (factorized prior) or a HyperpriorCodec
+    (``exact``: decoding with the exact synthesis)."""
+    return CODECS.get(getattr(model, "name", None), Codec)(model, tile, exact=exact)
 
 
 def compress(model, image):

@@ -42,6 +42,7 @@ from gdnflow.codec.hyper_synthesis import SOURCE, ExactLayer
 from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
+from gdnflow.tensor import Tensor
 
 NAME = "exact synthesis"
 #: Fractional bits of the activations: a resolution of 2^-16.
@@ -187,6 +188,19 @@ class ExactImageSynthesis:
         return self.replays.run(tuple(y_hat.shape), y_hat, self._gpu_pass,
                                 replayable and image_pixels <= GRAPH_PIXELS)
 
+    def tile_pixels(self, y_hat, device, whole=True):
+        """The uint8 (H, W, channels) host image of a codec's tile on ``device`` ("numpy" or
+        "cuda"): ``y_hat`` its (M, h, w) float32 latents, or on a GPU a one-tile image's
+        cuda Tensor (1, M, h, w); the GPU pass is replayed where ``whole`` (one tile)."""
+        if device != "cuda":
+            return self.pixels(y_hat)
+        runtime = cuda.get_runtime()
+        if isinstance(y_hat, Tensor):
+            y_hat = y_hat.data.reshape(y_hat.shape[1:])
+        else:
+            y_hat = runtime.from_numpy(np.ascontiguousarray(y_hat, np.float32))
+        return runtime.to_numpy(self.device_pixels(y_hat, replayable=whole))
+
     def _shapes(self, y_shape):
         """Each transposed layer's ExactLayerShape (12 ints) for latents of ``y_shape``."""
         shapes, a_shape = [], tuple(y_shape)
@@ -201,7 +215,7 @@ class ExactImageSynthesis:
         (:class:`~gdnflow.codec.replayed_passes.ReplayedPasses`)."""
         runtime = cuda.get_runtime()
         shapes = iter(self._shapes(y_hat.shape))
-        largest = max(np.prod(shape[3:6]) for shape in self._shapes(y_hat.shape))
+        largest = max(int(np.prod(shape[3:6])) for shape in self._shapes(y_hat.shape))
         # The squares and norms of every inverse GDN share two buffers (one stream).
         squares, norms = (runtime.empty((largest,), np.float64) for _ in range(2))
         x = runtime.empty(tuple(y_hat.shape), np.float64)

@@ -39,6 +39,18 @@ def test_compress_then_decompress(model, checkpoint, image_files, tmp_path, caps
         assert np.array_equal(read_image(image_out), expected)
 
 
+def test_decompress_exact_writes_the_exact_synthesis_image(model, checkpoint, image_files,
+                                                          tmp_path):
+    coded = tmp_path / "odd.gdn"
+    assert run("compress", image_files["png"], "-o", coded, "--checkpoint", checkpoint,
+               "--device", "numpy") == 0
+    assert run("decompress", coded, "-o", tmp_path / "odd.png", "--checkpoint", checkpoint,
+               "--device", "numpy", "--exact") == 0
+    expected = Codec(model, exact=True).decompress(coded.read_bytes())
+    assert np.array_equal(read_image(tmp_path / "odd.png"), expected)
+    assert not np.array_equal(expected, Codec(model).decompress(coded.read_bytes()))
+
+
 def test_several_images_go_to_a_folder(checkpoint, image_files, tmp_path, capsys):
     second = tmp_path / "images" / "second.png"
     second.write_bytes(image_files["png"].read_bytes())

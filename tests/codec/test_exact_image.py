@@ -178,3 +178,36 @@ def test_gpu_pass_of_a_shipped_model_gives_the_numpy_pixels(path):
     runtime = cuda.get_runtime()
     got = runtime.to_numpy(exact.device_pixels(runtime.from_numpy(y_hat)))
     np.testing.assert_array_equal(got, ExactImageSynthesis(codec.model.g_s).pixels(y_hat))
+
+
+def test_an_exact_codec_decodes_the_same_bytes_whatever_its_tiles():
+    """Tiles of 16 pixels (their halos overlapping), 48 and the whole image: the same bytes,
+    the exact synthesis's pixels of the whole latents cropped to the image."""
+    model = image_model()
+    image = smooth_image(np.random.default_rng(2), 45, 70)
+    data = Codec(model).compress(image)
+    decoded = [Codec(model, tile=tile, exact=True).decompress(data) for tile in (16, 48, None)]
+    _, q = Codec(model).decode_quantized(data)
+    whole = ExactImageSynthesis(model.g_s).pixels(dequantize_latents(q, Codec(model).tables.medians))
+    for got in decoded:
+        np.testing.assert_array_equal(got, whole[:45, :70])
+    float_decoded = Codec(model).decompress(data)
+    assert np.abs(decoded[0].astype(int) - float_decoded).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [None, *SHIPPED], ids=lambda p: "test model" if p is None
+                         else p.stem)
+def test_a_gpu_codec_decodes_the_numpy_codecs_bytes(path):
+    """The issue's claim: a file decoded by an exact GPU codec (on the device from the rANS
+    lanes to the pixels, replayed from the second decode on) gives the NumPy codec's image
+    byte for byte; at 200x296 (one tile on both)."""
+    image = smooth_image(np.random.default_rng(9), 200, 296)
+    if path is None:
+        host, gpu = Codec(image_model(), exact=True), Codec(image_model().to("cuda"), exact=True)
+    else:
+        host, gpu = (Codec.from_checkpoint(path, device, exact=True) for device in ("numpy", "cuda"))
+    data = gpu.compress(image)
+    expected = host.decompress(data)
+    for _ in range(3):
+        np.testing.assert_array_equal(gpu.decompress(data), expected)
