@@ -165,29 +165,76 @@ __host__ __device__ inline double exact_column_value(int i, const double* a,
     return a[((long long)channel * s.in_height + iy) * s.in_width + ix];
 }
 
-// The layer's value at output element i (channel-major) from the GEMM's products,
-// plus bias and the ReLU when one follows: a convolution's sum is products[i]; a
+// The thread order of the kernels that finish a layer from its GEMM's products: j
+// runs over channels, output rows, then each row's columns by phase (ox mod
+// stride_x: the even columns, then the odd ones at stride 2), each phase padded to
+// ceil(out_width / stride_x) threads. A warp's threads then take outputs of one
+// phase, which the same taps of a transposed layer reach (exact_transposed_taps),
+// from consecutive input columns: one path, coalesced reads (at stride 1, or for a
+// convolution, the plain order). exact_phase_threads is the threads' count;
+// exact_phase_output sets (channel, oy, ox) and is false for a padding thread.
+__host__ __device__ inline int exact_phase_threads(const ExactLayerShape& s) {
+    return s.out_channels * s.out_height * s.stride_x *
+           ((s.out_width + s.stride_x - 1) / s.stride_x);
+}
+
+__host__ __device__ inline bool exact_phase_output(int j, const ExactLayerShape& s,
+                                                   int* channel, int* oy, int* ox) {
+    const int phase_width = (s.out_width + s.stride_x - 1) / s.stride_x;
+    const int row_threads = phase_width * s.stride_x, plane_threads = row_threads * s.out_height;
+    *channel = j / plane_threads;
+    const int in_plane = j - *channel * plane_threads;
+    *oy = in_plane / row_threads;
+    const int k = in_plane - *oy * row_threads;
+    *ox = (k % phase_width) * s.stride_x + k / phase_width;
+    return *ox < s.out_width;
+}
+
+// The layer's value at output (channel, oy, ox) from the GEMM's products, plus bias
+// and the ReLU when one follows: a convolution's sum is its products element; a
 // transposed convolution's products are [(out channel * kh + ky) * kw + kx][input
 // pixel], and an output sums those of the taps that reach it (exact_transposed_taps).
 __host__ __device__ inline double exact_value_from_products(
-        int i, const double* products, const double* bias, const ExactLayerShape& s,
-        int transpose, int relu) {
-    const int plane = s.out_height * s.out_width, channel = i / plane, pixel = i - channel * plane;
+        const double* products, const double* bias, const ExactLayerShape& s, int transpose,
+        int relu, int channel, int oy, int ox) {
+    const long long pixel = (long long)oy * s.out_width + ox;
     double sum = 0.0;
     if (transpose) {
         int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
-        const int count = exact_transposed_taps(s, pixel / s.out_width, pixel % s.out_width,
-                                                input_offset, tap_offset);
+        const int count = exact_transposed_taps(s, oy, ox, input_offset, tap_offset);
         const int taps = s.kernel_height * s.kernel_width;
         const long long in_plane = (long long)s.in_height * s.in_width;
         for (int t = 0; t < count; ++t)
             sum += products[((long long)channel * taps + tap_offset[t]) * in_plane +
                             input_offset[t]];
     } else {
-        sum = products[i];
+        sum = products[(long long)channel * s.out_height * s.out_width + pixel];
     }
     sum += bias[channel];
     return relu ? fmax(sum, 0.0) : sum;
+}
+
+// Thread j of exact_hidden_from_products: its output's rounded, clipped activation.
+__host__ __device__ inline void exact_hidden_thread(
+        int j, const double* products, const double* bias, double* out,
+        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
+    int channel, oy, ox;
+    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
+    out[((long long)channel * s.out_height + oy) * s.out_width + ox] = exact_activation(
+        exact_value_from_products(products, bias, s, transpose, relu, channel, oy, ox),
+        exponent, limit);
+}
+
+// Thread j of exact_last_from_products: its output's table index.
+__host__ __device__ inline void exact_last_thread(
+        int j, const double* products, const double* bias, unsigned char* indexes,
+        const double* table, int table_count, const ExactLayerShape& s, int transpose,
+        int relu, int shift) {
+    int channel, oy, ox;
+    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
+    indexes[((long long)channel * s.out_height + oy) * s.out_width + ox] = exact_scale_index(
+        ldexp(exact_value_from_products(products, bias, s, transpose, relu, channel, oy, ox),
+              -shift), table, table_count);
 }
 
 // A convolution's column matrix (exact_column_value), for the GEMM.
@@ -203,9 +250,8 @@ extern "C" __global__ void exact_hidden_from_products(
         const double* __restrict__ products, const double* __restrict__ bias,
         double* __restrict__ out, ExactLayerShape s, int transpose, int relu, int exponent,
         double limit) {
-    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
-        out[i] = exact_activation(exact_value_from_products(i, products, bias, s, transpose,
-                                                            relu), exponent, limit);
+    GRID_STRIDE_LOOP(j, exact_phase_threads(s))
+        exact_hidden_thread(j, products, bias, out, s, transpose, relu, exponent, limit);
 }
 
 // The last layer's table indexes from the GEMM's products.
@@ -213,10 +259,9 @@ extern "C" __global__ void exact_last_from_products(
         const double* __restrict__ products, const double* __restrict__ bias,
         unsigned char* __restrict__ indexes, const double* __restrict__ table, int table_count,
         ExactLayerShape s, int transpose, int relu, int shift) {
-    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width)
-        indexes[i] = exact_scale_index(
-            ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
-            table, table_count);
+    GRID_STRIDE_LOOP(j, exact_phase_threads(s))
+        exact_last_thread(j, products, bias, indexes, table, table_count, s, transpose, relu,
+                          shift);
 }
 
 // ---------------------------------------------------------------------------------
@@ -282,16 +327,23 @@ extern "C" __global__ void exact_inverse_gdn(double* __restrict__ x,
         x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
 }
 
-// The last (transposed) layer's pixels from its GEMM's products, for the output
-// channels first_channel.. of an image of image_channels: pixels (height, width,
-// image_channels), channels last; bias starts at first_channel's.
+// Thread j of exact_pixels_from_products: the pixel of a last (transposed) layer's
+// output, for the output channels first_channel.. of an image of image_channels:
+// pixels (height, width, image_channels), channels last; bias starts at
+// first_channel's.
+__host__ __device__ inline void exact_pixel_thread(
+        int j, const double* products, const double* bias, unsigned char* pixels,
+        const ExactLayerShape& s, int first_channel, int image_channels, int shift) {
+    int channel, oy, ox;
+    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
+    pixels[((long long)oy * s.out_width + ox) * image_channels + first_channel + channel] =
+        exact_pixel(exact_value_from_products(products, bias, s, 1, 0, channel, oy, ox), shift);
+}
+
 extern "C" __global__ void exact_pixels_from_products(
         const double* __restrict__ products, const double* __restrict__ bias,
         unsigned char* __restrict__ pixels, ExactLayerShape s, int first_channel,
         int image_channels, int shift) {
-    GRID_STRIDE_LOOP(i, s.out_channels * s.out_height * s.out_width) {
-        const int plane = s.out_height * s.out_width, channel = i / plane;
-        pixels[(long long)(i - channel * plane) * image_channels + first_channel + channel] =
-            exact_pixel(exact_value_from_products(i, products, bias, s, 1, 0), shift);
-    }
+    GRID_STRIDE_LOOP(j, exact_phase_threads(s))
+        exact_pixel_thread(j, products, bias, pixels, s, first_channel, image_channels, shift);
 }

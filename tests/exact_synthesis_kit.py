@@ -35,19 +35,17 @@ extern "C" void host_exact_hidden_from_products(const double* products, const do
                                                 double* out, {SHAPE_ARGS}, int transpose,
                                                 int relu, int exponent, double limit) {{
     {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        out[i] = exact_activation(exact_value_from_products(i, products, bias, s, transpose,
-                                                            relu), exponent, limit);
+    for (int j = 0; j < exact_phase_threads(s); ++j)
+        exact_hidden_thread(j, products, bias, out, s, transpose, relu, exponent, limit);
 }}
 extern "C" void host_exact_last_from_products(const double* products, const double* bias,
                                               unsigned char* indexes, const double* table,
                                               int table_count, {SHAPE_ARGS}, int transpose,
                                               int relu, int shift) {{
     {SHAPE}
-    for (int i = 0; i < s.out_channels * s.out_height * s.out_width; ++i)
-        indexes[i] = exact_scale_index(
-            ldexp(exact_value_from_products(i, products, bias, s, transpose, relu), -shift),
-            table, table_count);
+    for (int j = 0; j < exact_phase_threads(s); ++j)
+        exact_last_thread(j, products, bias, indexes, table, table_count, s, transpose, relu,
+                          shift);
 }}
 """
 

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from gdnflow.backends import cuda
-from gdnflow.codec.hyper_synthesis import SOURCE, ExactLayer
+from gdnflow.codec.hyper_synthesis import SOURCE, ExactLayer, phase_threads
 from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
@@ -59,8 +59,9 @@ GAMMA_SUM_BITS, BETA_LIMIT = 19, 2.0 ** 51
 #: Fraction bits of a pixel's value before its scaling to 0..255 (EXACT_PIXEL_BITS).
 PIXEL_BITS = 32
 #: Bytes of a transposed layer's float64 products per GEMM on the GPU: the layer runs in
-#: groups of output channels that fit (at 768x512 the third layer's 629 MB: 3 groups).
-GEMM_BYTES = 256 << 20
+#: groups of output channels that fit (at 768x512 the third layer's 600 MiB: one group;
+#: at 2048x1536, 8).
+GEMM_BYTES = 640 << 20
 #: Input shapes whose GPU pass is kept as a CUDA graph (with its buffers: about 0.7 GB
 #: at 768x512), the least recently used going first...
 GRAPH_SHAPES = 1
@@ -272,11 +273,12 @@ class ExactImageSynthesis:
                 launches.append(functools.partial(
                     cuda.kernel(SOURCE, "exact_pixels_from_products",
                                 "PPPiiiiiiiiiiiiiii").launch,
-                    count * out_plane, products.ptr, bias_ptr, out.ptr, *group_shape, first,
-                    out_channels, step.exponent + FRACTION_BITS))
+                    phase_threads(group_shape), products.ptr, bias_ptr, out.ptr, *group_shape,
+                    first, out_channels, step.exponent + FRACTION_BITS))
             else:
                 launches.append(functools.partial(
                     cuda.kernel(SOURCE, "exact_hidden_from_products",
                                 "PPPiiiiiiiiiiiiiiid").launch,
-                    count * out_plane, products.ptr, bias_ptr, out.ptr + first * out_plane * 8,
-                    *group_shape, 1, 0, step.exponent, ACTIVATION_LIMIT))
+                    phase_threads(group_shape), products.ptr, bias_ptr,
+                    out.ptr + first * out_plane * 8, *group_shape, 1, 0, step.exponent,
+                    ACTIVATION_LIMIT))

@@ -102,6 +102,14 @@ def _weight_bits(terms, activation_bits, name):
     return min(WEIGHT_BITS, bits)
 
 
+def phase_threads(shape):
+    """The threads of a kernel that finishes a layer of ExactLayerShape ``shape`` (12 ints)
+    from its GEMM's products: each output row's columns by phase, each phase padded to
+    ceil(width / stride) (exact_phase_threads of exact_synthesis.cu, which says why)."""
+    out_channels, out_height, out_width, stride_x = shape[3], shape[4], shape[5], shape[9]
+    return out_channels * out_height * stride_x * -(-out_width // stride_x)
+
+
 class ExactLayer:
     """One convolution with integer weights (see the module docstring).
 
@@ -109,10 +117,10 @@ class ExactLayer:
     name="hyper-synthesis")``: the convolution ``layer`` (a ReLU following where
     ``relu``) for inputs in units of 2^-fraction_bits of at most ``activation_bits``
     bits, in the transform ``name`` (for errors; the synthesis g_s uses other bits:
-    :mod:`gdnflow.codec.exact_image`). Attributes: ``transpose`` (a transposed convolution), ``weight`` and
-    ``bias`` (float64 integers), ``exponent`` e (weights are weight * 2^-e),
-    ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU follows),
-    ``reaching_taps``, ``label`` (the layer, for errors).
+    :mod:`gdnflow.codec.exact_image`). Attributes: ``transpose`` (a transposed
+    convolution), ``weight`` and ``bias`` (float64 integers), ``exponent`` e (weights
+    are weight * 2^-e), ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU
+    follows), ``reaching_taps``, ``label`` (the layer, for errors), ``name``.
     """
 
     def __init__(self, layer, relu, fraction_bits=FRACTION_BITS, activation_bits=ACTIVATION_BITS,
@@ -282,7 +290,7 @@ class ExactHyperSynthesis:
                 else:
                     launch = functools.partial(cuda.kernel(
                         SOURCE, "exact_hidden_from_products", "PPPiiiiiiiiiiiiiiid").launch,
-                        out.size, products.ptr, bias.ptr, out.ptr, *shape, *flags)
+                        phase_threads(shape), products.ptr, bias.ptr, out.ptr, *shape, *flags)
             else:
                 bounds = self._device_bounds(table)
                 flags = (int(layer.transpose), int(layer.relu),
@@ -295,8 +303,8 @@ class ExactHyperSynthesis:
                 else:
                     launch = functools.partial(cuda.kernel(
                         SOURCE, "exact_last_from_products", "PPPPiiiiiiiiiiiiiiii").launch,
-                        out.size, products.ptr, bias.ptr, out.ptr, bounds.ptr, bounds.size,
-                        *shape, *flags)
+                        phase_threads(shape), products.ptr, bias.ptr, out.ptr, bounds.ptr,
+                        bounds.size, *shape, *flags)
             launches.append(launch)
             buffers.append(out)
             a = out

@@ -2,6 +2,7 @@
 and on the GPU, gives NumPy's pixels byte for byte, at odd sizes, in groups of output
 channels and replayed; its sums stay exact at their bounds; its pixels are the float32
 synthesis's within a level."""
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -34,17 +35,22 @@ extern "C" void host_exact_inverse_gdn(double* x, const double* norms, const dou
     for (int i = 0; i < channels * plane; ++i)
         x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
 }}
+extern "C" int host_exact_phase_outputs(int channels, int height, int width, int stride,
+                                         int* outputs) {{
+    ExactLayerShape s{{1, 1, 1, channels, height, width, 1, 1, 1, stride, 0, 0}};
+    int channel, oy, ox;
+    for (int j = 0; j < exact_phase_threads(s); ++j)
+        outputs[j] = exact_phase_output(j, s, &channel, &oy, &ox)
+                     ? (channel * height + oy) * width + ox : -1;
+    return exact_phase_threads(s);
+}}
 extern "C" void host_exact_pixels_from_products(const double* products, const double* bias,
                                                 unsigned char* pixels, {SHAPE_ARGS},
                                                 int first_channel, int image_channels,
                                                 int shift) {{
     {SHAPE}
-    const int plane = s.out_height * s.out_width;
-    for (int i = 0; i < s.out_channels * plane; ++i) {{
-        const int channel = i / plane;
-        pixels[(long long)(i - channel * plane) * image_channels + first_channel + channel] =
-            exact_pixel(exact_value_from_products(i, products, bias, s, 1, 0), shift);
-    }}
+    for (int j = 0; j < exact_phase_threads(s); ++j)
+        exact_pixel_thread(j, products, bias, pixels, s, first_channel, image_channels, shift);
 }}
 """
 SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/*.h5"))
@@ -92,6 +98,23 @@ def test_host_built_kernels_give_the_numpy_pixels(host_device, shape, groups):
     assert len(np.unique(expected)) > 40         # pixels across the range, not clipped
     gemms = 4 * (1 if groups == "one group" else 8) + 3
     assert host_device.launched.count("matmul") >= gemms
+
+
+@pytest.mark.parametrize("channels, height, width, stride", [(3, 4, 7, 2), (2, 3, 9, 3),
+                                                             (2, 2, 5, 1), (1, 1, 1, 2)])
+def test_the_finishing_threads_take_every_output_once(host_device, channels, height, width,
+                                                      stride):
+    """The phase order of the finishing kernels: each output exactly once, odd widths' last
+    phase padded; in a row, the even columns first, then the odd ones (stride 2)."""
+    function = host_device.library.host_exact_phase_outputs
+    outputs = np.full(channels * height * stride * (width + stride - 1), -2, np.int32)
+    count = function(channels, height, width, stride, outputs.ctypes.data_as(ctypes.c_void_p))
+    assert count == channels * height * stride * -(-width // stride)
+    taken = outputs[:count]
+    np.testing.assert_array_equal(np.sort(taken[taken >= 0]), np.arange(channels * height * width))
+    assert (taken < 0).sum() == count - channels * height * width
+    if (width, stride) == (7, 2):
+        np.testing.assert_array_equal(taken[:8], [0, 2, 4, 6, 1, 3, 5, -1])
 
 
 def test_the_pixels_are_the_float_synthesis_within_a_level():
@@ -188,7 +211,8 @@ def test_an_exact_codec_decodes_the_same_bytes_whatever_its_tiles():
     data = Codec(model).compress(image)
     decoded = [Codec(model, tile=tile, exact=True).decompress(data) for tile in (16, 48, None)]
     _, q = Codec(model).decode_quantized(data)
-    whole = ExactImageSynthesis(model.g_s).pixels(dequantize_latents(q, Codec(model).tables.medians))
+    y_hat = dequantize_latents(q, Codec(model).tables.medians)
+    whole = ExactImageSynthesis(model.g_s).pixels(y_hat)
     for got in decoded:
         np.testing.assert_array_equal(got, whole[:45, :70])
     float_decoded = Codec(model).decompress(data)
@@ -206,7 +230,8 @@ def test_a_gpu_codec_decodes_the_numpy_codecs_bytes(path):
     if path is None:
         host, gpu = Codec(image_model(), exact=True), Codec(image_model().to("cuda"), exact=True)
     else:
-        host, gpu = (Codec.from_checkpoint(path, device, exact=True) for device in ("numpy", "cuda"))
+        host, gpu = (Codec.from_checkpoint(path, device, exact=True)
+                     for device in ("numpy", "cuda"))
     data = gpu.compress(image)
     expected = host.decompress(data)
     for _ in range(3):
