@@ -211,61 +211,70 @@ class ExactImageSynthesis:
                 a_shape = shapes[-1][3:6]
         return shapes
 
+    def _group(self, shape):
+        """Output channels per GEMM of the transposed layer of ExactLayerShape ``shape``."""
+        out_channels, taps, in_plane = shape[3], shape[6] * shape[7], shape[1] * shape[2]
+        return max(1, min(out_channels, self.gemm_bytes // (taps * in_plane * 8)))
+
     def _gpu_pass(self, y_hat):
         """(pixels, launches, buffers) of one GPU pass over the device ``y_hat``
         (:class:`~gdnflow.codec.replayed_passes.ReplayedPasses`)."""
         runtime = cuda.get_runtime()
-        shapes = iter(self._shapes(y_hat.shape))
-        largest = max(int(np.prod(shape[3:6])) for shape in self._shapes(y_hat.shape))
-        # The squares and norms of every inverse GDN share two buffers (one stream).
-        squares, norms = (runtime.empty((largest,), np.float64) for _ in range(2))
+        shapes = self._shapes(y_hat.shape)
+        # One scratch buffer (the operations run one after another on one stream): each
+        # layer's products, then each inverse GDN's squares and norms (about 0.8 GiB of
+        # the 1 GiB a 768x512 pass holds).
+        activations = max(int(np.prod(shape[3:6])) for shape in shapes)
+        products = max(self._group(shape) * shape[6] * shape[7] * shape[1] * shape[2]
+                       for shape in shapes)
+        scratch = runtime.empty((max(2 * activations, products),), np.float64)
         x = runtime.empty(tuple(y_hat.shape), np.float64)
         launches = [functools.partial(
             cuda.kernel(SOURCE, "exact_input_units", "PPiid").launch, x.size, y_hat.ptr, x.ptr,
             x.size, FRACTION_BITS, ACTIVATION_LIMIT)]
-        buffers = [y_hat, squares, norms, x]
+        buffers = [y_hat, scratch, x]
+        shapes = iter(shapes)
         for step in self.steps:
             if isinstance(step, ExactInverseGDN):
-                self._inverse_gdn(step, x, squares, norms, launches)
+                self._inverse_gdn(step, x, scratch.ptr, scratch.ptr + x.size * 8, launches)
                 continue
             shape = next(shapes)
             last = step is self.steps[-1]
             out = runtime.empty((*shape[4:6], shape[3]) if last else shape[3:6],
                                 np.uint8 if last else np.float64)
             buffers.append(out)
-            self._transposed(step, x, shape, out, last, launches, buffers)
+            self._transposed(step, x, shape, out, last, scratch.ptr, launches)
             x = out
         return x, launches, buffers
 
     def _inverse_gdn(self, step, x, squares, norms, launches):
-        """Launches of an inverse GDN of ``x`` (C, H, W) in place."""
+        """Launches of an inverse GDN of ``x`` (C, H, W) in place, through the float64
+        buffers at the device addresses ``squares`` and ``norms`` (x's size each)."""
         channels, plane = x.shape[0], x.shape[1] * x.shape[2]
         gamma, beta = step.device_arrays()
         launches.append(functools.partial(
-            cuda.kernel(SOURCE, "exact_squares", "PPii").launch, x.size, x.ptr, squares.ptr,
+            cuda.kernel(SOURCE, "exact_squares", "PPii").launch, x.size, x.ptr, squares,
             x.size, SQUARE_SHIFT))
-        launches.append(functools.partial(cuda.matmul, gamma.ptr, squares.ptr, norms.ptr,
+        launches.append(functools.partial(cuda.matmul, gamma.ptr, squares, norms,
                                           channels, plane, channels, dtype=np.float64))
         launches.append(functools.partial(
             cuda.kernel(SOURCE, "exact_inverse_gdn", "PPPiiid").launch, x.size, x.ptr,
-            norms.ptr, beta.ptr, channels, plane, step.norm_shift, ACTIVATION_LIMIT))
+            norms, beta.ptr, channels, plane, step.norm_shift, ACTIVATION_LIMIT))
 
-    def _transposed(self, step, x, shape, out, last, launches, buffers):
+    def _transposed(self, step, x, shape, out, last, products, launches):
         """Launches of the transposed layer ``step`` from ``x`` into ``out``: a GEMM of its
-        weights (transposed) with x per group of output channels, then the finishing
-        kernel of that group (activations, or the last layer's pixels)."""
-        runtime = cuda.get_runtime()
+        weights (transposed) with x per group of output channels (:meth:`_group`) into the
+        float64 buffer at the device address ``products``, then the finishing kernel of
+        that group (activations, or the last layer's pixels)."""
         in_channels, in_height, in_width, out_channels = shape[:4]
         taps, in_plane = shape[6] * shape[7], in_height * in_width
         out_plane = shape[4] * shape[5]
-        group = max(1, min(out_channels, self.gemm_bytes // (taps * in_plane * 8)))
-        products = runtime.empty((group * taps, in_plane), np.float64)
-        buffers.append(products)
+        group = self._group(shape)
         weights, bias = step.device_groups(group)
         for first, weight in zip(range(0, out_channels, group), weights):
             count = min(group, out_channels - first)
             group_shape = (*shape[:3], count, *shape[4:])
-            launches.append(functools.partial(cuda.matmul, weight.ptr, x.ptr, products.ptr,
+            launches.append(functools.partial(cuda.matmul, weight.ptr, x.ptr, products,
                                               count * taps, in_plane, in_channels,
                                               trans_a=True, dtype=np.float64))
             bias_ptr = bias.ptr + first * 8
@@ -273,12 +282,12 @@ class ExactImageSynthesis:
                 launches.append(functools.partial(
                     cuda.kernel(SOURCE, "exact_pixels_from_products",
                                 "PPPiiiiiiiiiiiiiii").launch,
-                    phase_threads(group_shape), products.ptr, bias_ptr, out.ptr, *group_shape,
+                    phase_threads(group_shape), products, bias_ptr, out.ptr, *group_shape,
                     first, out_channels, step.exponent + FRACTION_BITS))
             else:
                 launches.append(functools.partial(
                     cuda.kernel(SOURCE, "exact_hidden_from_products",
                                 "PPPiiiiiiiiiiiiiiid").launch,
-                    phase_threads(group_shape), products.ptr, bias_ptr,
+                    phase_threads(group_shape), products, bias_ptr,
                     out.ptr + first * out_plane * 8, *group_shape, 1, 0, step.exponent,
                     ACTIVATION_LIMIT))
