@@ -1,4 +1,5 @@
-// The hyperprior codec's exact hyper-synthesis on the GPU. Python side:
+// The codec's exact transforms on the GPU: the hyperprior's hyper-synthesis here,
+// and the image synthesis g_s in the last section. Python side:
 // gdnflow/codec/hyper_synthesis.py, whose docstring gives the arithmetic: every
 // weight, bias and activation is an integer (in float64), every partial sum of a
 // layer stays below 2^53, so these float64 sums are exact in any order, with or

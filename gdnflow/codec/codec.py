@@ -33,7 +33,9 @@ GPU, from the second decode of a one-tile size on, the synthesis is a
 replayed inference plan, whose float rounding may differ from the eager
 forward's: the same 1-level tolerance. Compression replays plans of the
 analysis likewise, bit for bit as the eager one:
-:mod:`gdnflow.codec.transform_plans`.)
+:mod:`gdnflow.codec.transform_plans`.) A codec made with ``exact=True`` decodes
+through the exact synthesis instead (:mod:`gdnflow.codec.exact_image`): the same bytes
+on every device and with any tiles.
 """
 import os
 from pathlib import Path
