@@ -62,8 +62,8 @@ PIXEL_BITS = 32
 #: groups of output channels that fit (at 768x512 the third layer's 600 MiB: one group;
 #: at 2048x1536, 8).
 GEMM_BYTES = 640 << 20
-#: Input shapes whose GPU pass is kept as a CUDA graph (with its buffers: about 0.7 GB
-#: at 768x512), the least recently used going first...
+#: Input shapes whose GPU pass is kept as a CUDA graph (with its buffers: 0.71 GiB at
+#: 768x512), the least recently used going first...
 GRAPH_SHAPES = 1
 #: ... for images of at most this many pixels (larger ones run eagerly).
 GRAPH_PIXELS = 1 << 20
@@ -222,8 +222,8 @@ class ExactImageSynthesis:
         runtime = cuda.get_runtime()
         shapes = self._shapes(y_hat.shape)
         # One scratch buffer (the operations run one after another on one stream): each
-        # layer's products, then each inverse GDN's squares and norms (about 0.8 GiB of
-        # the 1 GiB a 768x512 pass holds).
+        # layer's products, then each inverse GDN's squares and norms (600 MiB of the
+        # 0.71 GiB a 768x512 pass holds).
         activations = max(int(np.prod(shape[3:6])) for shape in shapes)
         products = max(self._group(shape) * shape[6] * shape[7] * shape[1] * shape[2]
                        for shape in shapes)
