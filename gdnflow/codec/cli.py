@@ -3,6 +3,7 @@
     gdnflow compress photo.png -o photo.gdn --checkpoint checkpoints/codec_q2.h5
     gdnflow compress photo.png --quality 3             # a shipped model (gdnflow.codec.zoo)
     gdnflow decompress photo.gdn -o photo_hat.png      # finds the checkpoint by model id
+    gdnflow decompress photo.gdn --exact               # the same bytes on NumPy and GPUs
     gdnflow eval --checkpoint checkpoints/*.h5 --data photos/   # into runs/eval (-2, ...)
 
 :func:`add_codec_parsers` adds the three subcommands to the ``gdnflow``
