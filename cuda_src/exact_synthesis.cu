@@ -171,8 +171,8 @@ __host__ __device__ inline double exact_column_value(int i, const double* a,
 // stride_x: the even columns, then the odd ones at stride 2), each phase padded to
 // ceil(out_width / stride_x) threads. A warp's threads then take outputs of one
 // phase, which the same taps of a transposed layer reach (exact_transposed_taps),
-// from consecutive input columns: one path, coalesced reads (at stride 1, or for a
-// convolution, the plain order). exact_phase_threads is the threads' count;
+// from consecutive input columns: one path, coalesced reads (at stride 1 it is the
+// plain order). exact_phase_threads is the threads' count;
 // exact_phase_output sets (channel, oy, ox) and is false for a padding thread.
 __host__ __device__ inline int exact_phase_threads(const ExactLayerShape& s) {
     return s.out_channels * s.out_height * s.stride_x *
@@ -285,7 +285,8 @@ __host__ __device__ inline double exact_input_unit(float value, int fraction_bit
     return fmin(fmax(rint(ldexp((double)value, fraction_bits)), -limit), limit);
 }
 
-// x^2 in units of 2^(shift - 2 fraction bits), rounded: x * x is exact (|x| <= 2^26 units).
+// x^2 in units of 2^(shift - 2 fraction bits), rounded: x * x is exact (|x| is at most
+// 2^24 units, the activations' limit).
 __host__ __device__ inline double exact_square(double x, int shift) {
     return rint(ldexp(x * x, -shift));
 }

@@ -7,7 +7,7 @@ the same file decodes to pixels that differ by a level where a value straddles a
 computes h_s, with integers held in float64, so that every device computes the same
 numbers:
 
-* each transposed convolution as there (:class:`~gdnflow.codec.hyper_synthesis.ExactLayer`:
+* each transposed convolution as there (:class:`~gdnflow.codec.exact_layers.ExactLayer`:
   weights of 15 bits, exact sums below 2^53), with activations in units of 2^-16
   (:data:`FRACTION_BITS`) clipped to +-256 (:data:`ACTIVATION_BITS` = 24 bits): the
   shipped models' activations stay below 11 on photos;
@@ -38,7 +38,8 @@ import functools
 import numpy as np
 
 from gdnflow.backends import cuda
-from gdnflow.codec.hyper_synthesis import SOURCE, ExactLayer, phase_threads
+from gdnflow.codec.exact_layers import (FLOAT64_BYTES, SOURCE, DeviceConstants, ExactLayer,
+                                        check_gpu_taps, phase_threads)
 from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
@@ -77,19 +78,21 @@ def _exact_pixels(values, shift):
     return np.floor((r * 255.0 + 2.0 ** (PIXEL_BITS - 1)) * 2.0 ** -PIXEL_BITS).astype(np.uint8)
 
 
-def _rounded_in_place(values, scale):
-    """values * scale (a power of two) rounded half to even and clipped to the activations'
-    range, in place (exact_activation); returns ``values``."""
-    values *= scale
+def _rounded_in_place(values, scale=None):
+    """values (times ``scale``, a power of two, if given) rounded half to even and clipped
+    to the activations' range, in place (exact_activation); returns ``values``."""
+    if scale is not None:
+        values *= scale
     np.rint(values, out=values)
     return np.clip(values, -ACTIVATION_LIMIT, ACTIVATION_LIMIT, out=values)
 
 
-class ExactInverseGDN:
+class ExactInverseGDN(DeviceConstants):
     """An inverse GDN with integer gamma and beta (module docstring).
 
     Attributes: ``gamma`` (C, C) and ``beta`` (C,) float64 integers, ``norm_shift``
-    (the norm n = (beta + gamma @ squares) 2^-norm_shift), ``label``.
+    (the norm n = (beta + gamma @ squares) 2^-norm_shift), ``label``;
+    :meth:`device_arrays` gives (gamma, beta) on the GPU.
     """
 
     def __init__(self, gdn):
@@ -109,7 +112,7 @@ class ExactInverseGDN:
         self.beta = np.rint(np.ldexp(beta, self.norm_shift))
         if self.gamma.sum(axis=1).max() > 2.0 ** GAMMA_SUM_BITS or self.beta.max() > BETA_LIMIT:
             raise ValueError(f"{self.label}: gamma or beta out of the exact range")
-        self._device_arrays = None
+        self._host_arrays = (self.gamma, self.beta)
 
     def __call__(self, x):
         """The rounded, clipped output for activations ``x`` (C, H, W) (exact_inverse_gdn)."""
@@ -121,15 +124,7 @@ class ExactInverseGDN:
         norms *= 2.0 ** -self.norm_shift
         np.sqrt(norms, out=norms)
         norms *= x
-        return _rounded_in_place(norms, 1.0)
-
-    def device_arrays(self):
-        """(gamma, beta) as float64 GPU arrays, uploaded on first use."""
-        if self._device_arrays is None:
-            runtime = cuda.get_runtime()
-            self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
-                                        for a in (self.gamma, self.beta))
-        return self._device_arrays
+        return _rounded_in_place(norms)
 
 
 class ExactImageSynthesis:
@@ -158,11 +153,6 @@ class ExactImageSynthesis:
         #: The passes kept as CUDA graphs, by input shape.
         self.replays = ReplayedPasses(graph_shapes)
 
-    @property
-    def channels(self):
-        """The image's channels (the last layer's outputs)."""
-        return self.steps[-1].bias.shape[0]
-
     def pixels(self, y_hat):
         """uint8 (H, W, channels): the image of y_hat (M, h, w) (float32), on NumPy."""
         x = self.input_units(y_hat)
@@ -185,9 +175,15 @@ class ExactImageSynthesis:
         (M, h, w), as a device array of its own, launched (equal to :meth:`pixels`). From
         the second pass over a shape on (where ``replayable`` and the image has at most
         GRAPH_PIXELS pixels), a CUDA graph's replay."""
-        image_pixels = np.prod(self._shapes(y_hat.shape)[-1][3:5])
+        check_gpu_taps(self.steps)
         return self.replays.run(tuple(y_hat.shape), y_hat, self._gpu_pass,
-                                replayable and image_pixels <= GRAPH_PIXELS)
+                                replayable and self.replayable_shape(y_hat.shape))
+
+    def replayable_shape(self, y_shape):
+        """Whether the GPU pass over latents of ``y_shape`` (M, h, w) may be kept as a CUDA
+        graph: an image of at most GRAPH_PIXELS pixels."""
+        _, height, width = self._shapes(y_shape)[-1][3:6]
+        return height * width <= GRAPH_PIXELS
 
     def tile_pixels(self, y_hat, device, whole=True):
         """The uint8 (H, W, channels) host image of a codec's tile on ``device`` ("numpy" or
@@ -214,7 +210,7 @@ class ExactImageSynthesis:
     def _group(self, shape):
         """Output channels per GEMM of the transposed layer of ExactLayerShape ``shape``."""
         out_channels, taps, in_plane = shape[3], shape[6] * shape[7], shape[1] * shape[2]
-        return max(1, min(out_channels, self.gemm_bytes // (taps * in_plane * 8)))
+        return max(1, min(out_channels, self.gemm_bytes // (taps * in_plane * FLOAT64_BYTES)))
 
     def _gpu_pass(self, y_hat):
         """(pixels, launches, buffers) of one GPU pass over the device ``y_hat``
@@ -236,7 +232,8 @@ class ExactImageSynthesis:
         shapes = iter(shapes)
         for step in self.steps:
             if isinstance(step, ExactInverseGDN):
-                self._inverse_gdn(step, x, scratch.ptr, scratch.ptr + x.size * 8, launches)
+                self._inverse_gdn(step, x, scratch.ptr, scratch.ptr + x.size * FLOAT64_BYTES,
+                                  launches)
                 continue
             shape = next(shapes)
             last = step is self.steps[-1]
@@ -262,22 +259,22 @@ class ExactImageSynthesis:
             norms, beta.ptr, channels, plane, step.norm_shift, ACTIVATION_LIMIT))
 
     def _transposed(self, step, x, shape, out, last, products, launches):
-        """Launches of the transposed layer ``step`` from ``x`` into ``out``: a GEMM of its
-        weights (transposed) with x per group of output channels (:meth:`_group`) into the
-        float64 buffer at the device address ``products``, then the finishing kernel of
-        that group (activations, or the last layer's pixels)."""
+        """Launches of the transposed layer ``step`` from ``x`` into ``out``: per group of
+        output channels (:meth:`_group`), a GEMM of their weight rows (consecutive) with x
+        into the float64 buffer at the device address ``products``, then the finishing
+        kernel of that group (activations, or the last layer's pixels)."""
         in_channels, in_height, in_width, out_channels = shape[:4]
         taps, in_plane = shape[6] * shape[7], in_height * in_width
         out_plane = shape[4] * shape[5]
         group = self._group(shape)
-        weights, bias = step.device_groups(group)
-        for first, weight in zip(range(0, out_channels, group), weights):
+        _, bias, rows = step.device_arrays()     # rows: (out * kh * kw, in)
+        for first in range(0, out_channels, group):
             count = min(group, out_channels - first)
             group_shape = (*shape[:3], count, *shape[4:])
-            launches.append(functools.partial(cuda.matmul, weight.ptr, x.ptr, products,
-                                              count * taps, in_plane, in_channels,
-                                              trans_a=True, dtype=np.float64))
-            bias_ptr = bias.ptr + first * 8
+            launches.append(functools.partial(
+                cuda.matmul, rows.ptr + first * taps * in_channels * FLOAT64_BYTES, x.ptr,
+                products, count * taps, in_plane, in_channels, dtype=np.float64))
+            bias_ptr = bias.ptr + first * FLOAT64_BYTES
             if last:
                 launches.append(functools.partial(
                     cuda.kernel(SOURCE, "exact_pixels_from_products",
@@ -289,5 +286,5 @@ class ExactImageSynthesis:
                     cuda.kernel(SOURCE, "exact_hidden_from_products",
                                 "PPPiiiiiiiiiiiiiiid").launch,
                     phase_threads(group_shape), products, bias_ptr,
-                    out.ptr + first * out_plane * 8, *group_shape, 1, 0, step.exponent,
-                    ACTIVATION_LIMIT))
+                    out.ptr + first * out_plane * FLOAT64_BYTES, *group_shape, 1, 0,
+                    step.exponent, ACTIVATION_LIMIT))

@@ -51,33 +51,23 @@ bit for bit, with that file built for the host and on the GPU).
 import functools
 import numpy as np
 
-from gdnflow import ops
-from gdnflow.autograd import no_grad
 from gdnflow.backends import cuda
+from gdnflow.codec.exact_layers import SOURCE, ExactLayer, check_gpu_taps, phase_threads
 from gdnflow.codec.gaussian_tables import scale_indexes
 from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.codec.tiling import synthesis_crop, tile_ranges, total_stride
 from gdnflow.nn.conv import Conv2d, ConvTranspose2d
-from gdnflow.ops.conv.geometry import (conv_geometry, conv_transpose_geometry, int_tuple,
-                                       normalize_padding)
 from gdnflow.nn.layers import ReLU
-from gdnflow.tensor import Tensor
 
 #: Fractional bits of the activations (and of z_hat): a resolution of 2^-12.
 FRACTION_BITS = 12
 #: Largest |activation| in units of 2^-FRACTION_BITS: 2^24, i.e. 4096.0.
 ACTIVATION_BITS = 24
 ACTIVATION_LIMIT = 2.0 ** ACTIVATION_BITS
-#: Bits of the largest weight of each layer (fewer for very wide layers: see _weight_bits).
-WEIGHT_BITS = 15
-# Every partial sum of a layer stays below 2^52, and its bias below 2^51: under 2^53.
-SUM_BITS, BIAS_LIMIT = 52, 2.0 ** 51
 #: Side of the tiles of y's latents whose scales are computed at once on the host...
 TILE_LATENTS = 64
 #: ... and on the GPU (a 256-latent tile's float64 activations: about 70 MB at N = 128).
 CUDA_TILE_LATENTS = 256
-#: The GPU kernels (see the module docstring).
-SOURCE = "exact_synthesis.cu"
 #: Bytes of a layer's GEMM buffers (column matrix and products, float64) up to which the
 #: GPU computes its sums as one cuBLAS GEMM (:meth:`ExactHyperSynthesis._products`); a
 #: 2048x1536 image's last layer needs 126 MiB; a full 256-latent tile's, 600 MiB, runs
@@ -87,126 +77,6 @@ GEMM_BYTES = 160 << 20
 #: float64 products and columns: 30 MiB at 768x512, 238 MiB at 2048x1536), the least
 #: recently used going first.
 GRAPH_SHAPES = 2
-#: The most kernel taps of a transposed convolution that may reach one output on the GPU
-#: (MAX_EXACT_TAPS in the kernels, which list them once per output; NumPy takes any).
-MAX_EXACT_TAPS = 25
-
-
-def _weight_bits(terms, activation_bits, name):
-    """The weight bits a layer summing ``terms`` products of activations of at most
-    ``activation_bits`` bits may use (at most WEIGHT_BITS); ``name`` its transform's."""
-    bits = SUM_BITS - activation_bits - int(np.ceil(np.log2(terms)))
-    if bits < 8:
-        raise ValueError(f"{name}: a layer summing {terms} products is too wide for "
-                         "exact float64 arithmetic")
-    return min(WEIGHT_BITS, bits)
-
-
-def phase_threads(shape):
-    """The threads of a kernel that finishes a layer of ExactLayerShape ``shape`` (12 ints)
-    from its GEMM's products: each output row's columns by phase, each phase padded to
-    ceil(width / stride) (exact_phase_threads of exact_synthesis.cu, which says why)."""
-    out_channels, out_height, out_width, stride_x = shape[3], shape[4], shape[5], shape[9]
-    return out_channels * out_height * stride_x * -(-out_width // stride_x)
-
-
-class ExactLayer:
-    """One convolution with integer weights (see the module docstring).
-
-    ``ExactLayer(layer, relu, fraction_bits=FRACTION_BITS, activation_bits=ACTIVATION_BITS,
-    name="hyper-synthesis")``: the convolution ``layer`` (a ReLU following where
-    ``relu``) for inputs in units of 2^-fraction_bits of at most ``activation_bits``
-    bits, in the transform ``name`` (for errors; the synthesis g_s uses other bits:
-    :mod:`gdnflow.codec.exact_image`). Attributes: ``transpose`` (a transposed
-    convolution), ``weight`` and ``bias`` (float64 integers), ``exponent`` e (weights
-    are weight * 2^-e), ``stride``, ``padding``, ``output_padding``, ``relu`` (a ReLU
-    follows), ``reaching_taps``, ``label`` (the layer, for errors), ``name``.
-    """
-
-    def __init__(self, layer, relu, fraction_bits=FRACTION_BITS, activation_bits=ACTIVATION_BITS,
-                 name="hyper-synthesis"):
-        if layer.groups != 1 or layer.dilation not in (1, (1, 1)):
-            raise ValueError(f"{name}: {layer!r} is grouped or dilated: not supported")
-        self.transpose = isinstance(layer, ConvTranspose2d)
-        self.name = name
-        label = f"{name} {layer!r}"
-        self.stride = int_tuple(label, "stride", layer.stride, 2, 1)
-        self.output_padding = int_tuple(label, "output_padding",
-                                        getattr(layer, "output_padding", 0), 2, 0)
-        top, bottom, left, right = self.padding_box = normalize_padding(label, layer.padding)
-        if top != bottom or left != right:
-            raise ValueError(f"{label}: asymmetric padding {layer.padding} is not supported "
-                             "(the GPU kernels pad rows and columns alike)")
-        self.padding = (top, left)
-        self.relu = relu
-        self._device_arrays = None
-        self._groups = {}
-        weight = np.asarray(layer.weight.numpy(), np.float64)
-        in_channels, kh, kw = weight.shape[0 if self.transpose else 1], *weight.shape[2:]
-        #: Kernel taps reaching one output of a transposed layer (the GPU kernels' bound).
-        self.reaching_taps = -(-kh // self.stride[0]) * -(-kw // self.stride[1])
-        self.label = label
-        bits = _weight_bits(in_channels * kh * kw, activation_bits, name)
-        largest = float(np.max(np.abs(weight)))
-        # frexp: largest = m 2^k with 1/2 <= m < 1, so weight * 2^(bits - k) stays within 2^bits.
-        self.exponent = bits - (np.frexp(largest)[1] if largest > 0 else 0)
-        self.weight = np.rint(np.ldexp(weight, self.exponent))
-        bias = np.zeros(weight.shape[1 if self.transpose else 0]) if layer.bias is None \
-            else np.asarray(layer.bias.numpy(), np.float64)
-        self.bias = np.clip(np.rint(np.ldexp(bias, self.exponent + fraction_bits)),
-                            -BIAS_LIMIT, BIAS_LIMIT)
-        # As NumPy-backend tensors once, not per tile.
-        self._weight, self._bias = (Tensor(a, device="numpy", dtype=np.float64)
-                                    for a in (self.weight, self.bias))
-
-    def __call__(self, a):
-        """The layer's exact output, in units of 2^-(exponent + fraction bits), for integer ``a``."""
-        x = Tensor(a[None], device="numpy", dtype=np.float64)
-        with no_grad():
-            if self.transpose:
-                y = ops.conv_transpose2d(x, self._weight, self._bias, stride=self.stride,
-                                         padding=self.padding, output_padding=self.output_padding)
-            else:
-                y = ops.conv2d(x, self._weight, self._bias, stride=self.stride,
-                               padding=self.padding)
-        y = y.numpy()[0]
-        return np.maximum(y, 0.0) if self.relu else y
-
-    def output_shape(self, a_shape):
-        """(channels, height, width) of the output for an input of shape ``a_shape`` (C, H, W)
-        (the convolution operators' own geometry)."""
-        x_shape, w_shape = (1, *a_shape), tuple(self.weight.shape)
-        if self.transpose:      # the geometry of the convolution this one is the adjoint of
-            g = conv_transpose_geometry(self.name, x_shape, w_shape, self.stride,
-                                        self.padding_box, self.output_padding, (1, 1), 1)
-            return g.c_in, g.h, g.w
-        g = conv_geometry(self.name, x_shape, w_shape, self.stride, self.padding_box,
-                          (1, 1), 1)
-        return g.c_out, g.oh, g.ow
-
-    def launch_shape(self, a_shape):
-        """The ExactLayerShape struct's 12 ints for an input of shape ``a_shape`` (C, H, W)."""
-        return (*a_shape, *self.output_shape(a_shape), *self.weight.shape[2:], *self.stride,
-                *self.padding)
-
-    def device_arrays(self):
-        """(weight, bias) as float64 GPU arrays, uploaded on first use."""
-        if self._device_arrays is None:
-            runtime = cuda.get_runtime()
-            self._device_arrays = tuple(runtime.from_numpy(np.ascontiguousarray(a))
-                                        for a in (self.weight, self.bias))
-        return self._device_arrays
-
-    def device_groups(self, group):
-        """A transposed layer's weights by groups of ``group`` output channels, each a
-        float64 GPU array (in_channels, count, kh, kw) (the GEMM of one group), and the
-        bias (:mod:`gdnflow.codec.exact_image`); uploaded once per group size."""
-        if group not in self._groups:
-            runtime = cuda.get_runtime()
-            weights = [runtime.from_numpy(np.ascontiguousarray(self.weight[:, first:first + group]))
-                       for first in range(0, self.weight.shape[1], group)]
-            self._groups[group] = (weights, self.device_arrays()[1])
-        return self._groups[group]
 
 
 class ExactHyperSynthesis:
@@ -227,7 +97,8 @@ class ExactHyperSynthesis:
         for i, layer in enumerate(layers):
             if isinstance(layer, (Conv2d, ConvTranspose2d)):
                 relu = i + 1 < len(layers) and isinstance(layers[i + 1], ReLU)
-                self.layers.append(ExactLayer(layer, relu))
+                self.layers.append(ExactLayer(layer, relu, FRACTION_BITS, ACTIVATION_BITS,
+                                              "hyper-synthesis"))
             elif not isinstance(layer, ReLU):
                 raise ValueError(f"hyper-synthesis: cannot compute {layer!r} exactly")
         if not self.layers:
@@ -278,7 +149,7 @@ class ExactHyperSynthesis:
             shape = layer.launch_shape(a.shape)
             # The 12 ints after the pointers are the ExactLayerShape struct.
             out = runtime.empty(shape[3:6], np.float64 if layer is not last else np.uint8)
-            weight, bias = layer.device_arrays()
+            weight, bias, _ = layer.device_arrays()
             products = self._products(layer, a, shape, launches, buffers)
             if layer is not last:
                 flags = (int(layer.transpose), int(layer.relu), int(layer.exponent),
@@ -373,11 +244,7 @@ class ExactHyperSynthesis:
             raise ValueError(f"hyper-synthesis: {len(table)} table scales do not fit uint8 "
                              "indexes (at most 256)")
         if device == "cuda":
-            for layer in self.layers:
-                if layer.transpose and layer.reaching_taps > MAX_EXACT_TAPS:
-                    raise ValueError(f"{layer.label}: {layer.reaching_taps} kernel taps reach "
-                                     f"each output; the GPU's exact kernels take at most "
-                                     f"{MAX_EXACT_TAPS} (NumPy takes any)")
+            check_gpu_taps(self.layers)
         if tile is None:
             tile = CUDA_TILE_LATENTS if device == "cuda" else TILE_LATENTS
         q_z = np.asarray(q_z)

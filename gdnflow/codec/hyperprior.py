@@ -56,8 +56,8 @@ from gdnflow.codec.substreams import (assemble, categorical_model, check_latents
                                       encode_values, estimated_bits, factorized_split,
                                       quiet_zero, read_coded_groups, write_coded_groups)
 from gdnflow.codec.gaussian_tables import gaussian_tables
-from gdnflow.codec.hyper_synthesis import (ACTIVATION_LIMIT, BIAS_LIMIT, FRACTION_BITS,
-                                           SUM_BITS, WEIGHT_BITS, ExactHyperSynthesis)
+from gdnflow.codec.exact_layers import BIAS_LIMIT, SUM_BITS, WEIGHT_BITS
+from gdnflow.codec.hyper_synthesis import ACTIVATION_LIMIT, FRACTION_BITS, ExactHyperSynthesis
 from gdnflow.codec.tables import build_tables
 from gdnflow.codec.tiling import analysis_crop, tile_ranges
 from gdnflow.models.scale_hyperprior import ScaleHyperprior

@@ -48,7 +48,6 @@ def test_decompress_exact_writes_the_exact_synthesis_image(model, checkpoint, im
                "--device", "numpy", "--exact") == 0
     expected = Codec(model, exact=True).decompress(coded.read_bytes())
     assert np.array_equal(read_image(tmp_path / "odd.png"), expected)
-    assert not np.array_equal(expected, Codec(model).decompress(coded.read_bytes()))
 
 
 def test_several_images_go_to_a_folder(checkpoint, image_files, tmp_path, capsys):

@@ -13,7 +13,7 @@ from gdnflow.codec import exact_image
 from gdnflow.codec.codec import Codec, dequantize_latents
 from gdnflow.codec.exact_image import (ACTIVATION_LIMIT, GAMMA_SUM_BITS, ExactImageSynthesis,
                                        ExactInverseGDN)
-from gdnflow.codec.hyper_synthesis import SOURCE
+from gdnflow.codec.exact_layers import SOURCE, phase_threads
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
 from gdnflow.nn.layers import ReLU, Sequential
@@ -90,14 +90,16 @@ GROUPS = {"one group": exact_image.GEMM_BYTES, "channel by channel": 1}
 def test_host_built_kernels_give_the_numpy_pixels(host_device, shape, groups):
     exact = ExactImageSynthesis(image_model().g_s, GROUPS[groups])
     y_hat = random_latents(shape, sum(shape))
+    launched_before = len(host_device.launched)
     with cuda.simulated(host_device):
         got = host_device.to_numpy(exact.device_pixels(host_device.from_numpy(y_hat)))
     expected = exact.pixels(y_hat)
     assert got.dtype == np.uint8 and expected.shape == (16 * shape[1], 16 * shape[2], 3)
     np.testing.assert_array_equal(got, expected)
     assert len(np.unique(expected)) > 40         # pixels across the range, not clipped
-    gemms = 4 * (1 if groups == "one group" else 8) + 3
-    assert host_device.launched.count("matmul") >= gemms
+    # FactorizedPrior(8, 12): three transposed layers of 8 outputs, one of 3, three GDNs.
+    gemms = 4 + 3 if groups == "one group" else 8 + 8 + 8 + 3 + 3
+    assert host_device.launched[launched_before:].count("matmul") == gemms
 
 
 @pytest.mark.parametrize("channels, height, width, stride", [(3, 4, 7, 2), (2, 3, 9, 3),
@@ -109,12 +111,20 @@ def test_the_finishing_threads_take_every_output_once(host_device, channels, hei
     function = host_device.library.host_exact_phase_outputs
     outputs = np.full(channels * height * stride * (width + stride - 1), -2, np.int32)
     count = function(channels, height, width, stride, outputs.ctypes.data_as(ctypes.c_void_p))
-    assert count == channels * height * stride * -(-width // stride)
+    assert count == channels * height * stride * -(-width // stride) == phase_threads(
+        (1, 1, 1, channels, height, width, 1, 1, 1, stride, 0, 0))
     taken = outputs[:count]
     np.testing.assert_array_equal(np.sort(taken[taken >= 0]), np.arange(channels * height * width))
     assert (taken < 0).sum() == count - channels * height * width
     if (width, stride) == (7, 2):
         np.testing.assert_array_equal(taken[:8], [0, 2, 4, 6, 1, 3, 5, -1])
+
+
+def test_images_past_a_megapixel_are_never_kept_as_graphs():
+    exact = ExactImageSynthesis(image_model().g_s)
+    assert exact.replayable_shape((12, 64, 64))              # 1024 x 1024
+    assert not exact.replayable_shape((12, 64, 65))          # 1024 x 1040
+    assert not exact.replayable_shape((12, 128, 96))         # 2048 x 1536
 
 
 def test_the_pixels_are_the_float_synthesis_within_a_level():
@@ -127,27 +137,53 @@ def test_the_pixels_are_the_float_synthesis_within_a_level():
     assert difference.max() <= 1 and np.mean(difference > 0) < 0.02
 
 
-def test_the_inverse_gdn_sums_exactly_at_its_bounds():
-    """Activations at +-ACTIVATION_LIMIT and a gamma whose rows reach their 2^19 bound:
-    the float64 norms and outputs equal those of Python's integers."""
+#: An inverse GDN of 16 channels: its stored gamma and beta (effective: their squares).
+#: "near the bounds": gamma's rows sum to about 14.5 and beta is about 0.9 2^20, so that
+#: both limit the exponent: rows of about 2^17.9 units, beta about 2^49.9, norms up to
+#: about 2^50.9 (bounds 2^19 and 2^51, 2^53 in all).
+BOUND_CASES = {"near the bounds": (0.95, 971.5), "no gamma": (0.0, 3.0)}
+
+
+@pytest.mark.parametrize("case", BOUND_CASES)
+def test_the_inverse_gdn_sums_exactly_at_its_bounds(host_device, case):
+    """Activations at +-ACTIVATION_LIMIT: NumPy's and the host-built kernels' norms and
+    outputs equal those computed with Python's integers."""
+    gamma, beta = BOUND_CASES[case]
     gdn = GDN(16, inverse=True)
     rng = np.random.default_rng(4)
     state = gdn.state_dict()
-    state["gamma"] = rng.uniform(0.9, 1.0, (16, 16)).astype(np.float32)
-    state["beta"] = np.full(16, 30.0, np.float32)
+    state["gamma"] = (gamma * rng.uniform(0.95, 1.0, (16, 16))).astype(np.float32)
+    state["beta"] = np.full(16, beta, np.float32)
     gdn.load_state_dict(state)
     exact = ExactInverseGDN(gdn)
-    assert exact.gamma.sum(axis=1).max() > 2 ** (GAMMA_SUM_BITS - 2)
     x = rng.choice([-ACTIVATION_LIMIT, ACTIVATION_LIMIT, ACTIVATION_LIMIT - 1], (16, 2, 3))
     squares = [[round(int(v) ** 2 / 2 ** exact_image.SQUARE_SHIFT) for v in row.ravel()]
                for row in x]
     norms = [[int(exact.beta[i]) + sum(int(exact.gamma[i, j]) * squares[j][p]
                                        for j in range(16)) for p in range(6)] for i in range(16)]
-    assert max(max(row) for row in norms) > 2 ** 49     # beyond float32's and int32's
+    if case == "near the bounds":
+        assert exact.gamma.sum(axis=1).max() > 2 ** (GAMMA_SUM_BITS - 1.2)
+        assert exact.beta.max() > 2 ** 49.8 and max(max(row) for row in norms) > 2 ** 50.8
     x_sqrt_n = x.reshape(16, 6) * np.sqrt(np.ldexp(np.array(norms, np.float64),
                                                    -exact.norm_shift))
     expected = np.clip(np.rint(x_sqrt_n), -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
     np.testing.assert_array_equal(exact(x).reshape(16, 6), expected)
+    # The kernels' steps, built for the host (the GEMM between them is NumPy's, exact).
+    library = host_device.library
+    on_host = np.ascontiguousarray(x, np.float64).ravel()
+    device_squares = np.empty_like(on_host)
+    library.host_exact_squares.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                           ctypes.c_int]
+    library.host_exact_squares(on_host.ctypes.data, device_squares.ctypes.data, on_host.size,
+                               exact_image.SQUARE_SHIFT)
+    assert device_squares.reshape(16, 6).tolist() == squares
+    device_norms = np.ascontiguousarray(exact.gamma @ device_squares.reshape(16, 6))
+    library.host_exact_inverse_gdn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 \
+        + [ctypes.c_double]
+    library.host_exact_inverse_gdn(on_host.ctypes.data, device_norms.ctypes.data,
+                                   exact.beta.ctypes.data, 16, 6, exact.norm_shift,
+                                   ACTIVATION_LIMIT)
+    np.testing.assert_array_equal(on_host.reshape(16, 6), expected)
 
 
 @pytest.mark.parametrize("module, message", [(ReLU(), "cannot compute ReLU"),
@@ -236,3 +272,16 @@ def test_a_gpu_codec_decodes_the_numpy_codecs_bytes(path):
     expected = host.decompress(data)
     for _ in range(3):
         np.testing.assert_array_equal(gpu.decompress(data), expected)
+
+
+@pytest.mark.gpu
+def test_a_tiled_gpu_codec_decodes_the_numpy_codecs_bytes():
+    """Tiles of 64 pixels on the GPU (each tile's latents uploaded, never replayed): the
+    NumPy codec's bytes, whose tiles are its own."""
+    image = smooth_image(np.random.default_rng(10), 150, 170)
+    host = Codec(image_model(), exact=True)
+    gpu = Codec(image_model().to("cuda"), tile=64, exact=True)
+    data = gpu.compress(image)
+    for _ in range(2):
+        np.testing.assert_array_equal(gpu.decompress(data), host.decompress(data))
+    assert not gpu.exact_synthesis.replays.kept()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gdnflow.backends import cuda
-from gdnflow.codec import hyper_synthesis
+from gdnflow.codec import exact_layers, hyper_synthesis
 from gdnflow.codec.codec import codec_for
 from gdnflow.codec.gaussian_tables import gaussian_tables, scale_indexes
 from gdnflow.codec.hyper_synthesis import ExactHyperSynthesis
@@ -24,7 +24,7 @@ SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("checkpoints/hyperprio
 def host_device(tmp_path_factory):
     build = host_builder(tmp_path_factory.mktemp("exact_synthesis_host"), "exact_synthesis.cu",
                          prefix=HOST_CHECK_PRELUDE, suffix=HOST_SHIM)
-    return GemmShimDevice(build(), hyper_synthesis.SOURCE)
+    return GemmShimDevice(build(), exact_layers.SOURCE)
 
 
 def exact_of(model, gemm_bytes=hyper_synthesis.GEMM_BYTES, graph_shapes=0):
