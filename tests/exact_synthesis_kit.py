@@ -49,6 +49,7 @@ extern "C" void host_exact_last_from_products(const double* products, const doub
 }}
 """
 
+
 class GemmShimDevice(ShimDevice):
     """The kernels built for the host, and cuBLAS's float64 GEMM as NumPy's (``matmul`` on
     the shim's memory, row-major as gdnflow.backends.cuda.matmul): exact as well on the
