@@ -27,27 +27,37 @@ struct ExactLayerShape {
 };
 
 // The most kernel taps of a transposed convolution that reach one output
-// (hyper_synthesis.MAX_EXACT_TAPS): ceil(kh / stride_y) * ceil(kw / stride_x).
+// in the direct kernels' lists (exact_layers.MAX_EXACT_TAPS): ceil(kh / stride_y) *
+// ceil(kw / stride_x); the kernels that finish from products take any.
 #define MAX_EXACT_TAPS 25
 
 // The taps of a transposed convolution that reach output (oy, ox): output row oy
 // reads the input rows iy = (oy + padding - ky) / stride where that division is exact
-// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns). Lists
-// each one's input offset (iy * in_width + ix) and weight tap (ky * kw + kx), at most
-// MAX_EXACT_TAPS; returns how many.
-__host__ __device__ inline int exact_transposed_taps(const ExactLayerShape& s, int oy, int ox,
-                                                     int* input_offset, int* tap_offset) {
-    int count = 0;
+// (ky = (oy + padding) mod stride, then every stride-th tap; so for columns).
+// exact_visit_taps calls visit(input offset iy * in_width + ix, weight tap ky * kw + kx)
+// for each, in order; exact_transposed_taps lists them (at most MAX_EXACT_TAPS) and
+// returns how many.
+template <typename Visit>
+__host__ __device__ inline void exact_visit_taps(const ExactLayerShape& s, int oy, int ox,
+                                                 Visit visit) {
     for (int ky = (oy + s.padding_y) % s.stride_y; ky < s.kernel_height; ky += s.stride_y) {
         const int iy = (oy + s.padding_y - ky) / s.stride_y;
         if (iy < 0 || iy >= s.in_height) continue;
         for (int kx = (ox + s.padding_x) % s.stride_x; kx < s.kernel_width; kx += s.stride_x) {
             const int ix = (ox + s.padding_x - kx) / s.stride_x;
-            if (ix < 0 || ix >= s.in_width || count == MAX_EXACT_TAPS) continue;
-            input_offset[count] = iy * s.in_width + ix;
-            tap_offset[count++] = ky * s.kernel_width + kx;
+            if (ix >= 0 && ix < s.in_width) visit(iy * s.in_width + ix, ky * s.kernel_width + kx);
         }
     }
+}
+
+__host__ __device__ inline int exact_transposed_taps(const ExactLayerShape& s, int oy, int ox,
+                                                     int* input_offset, int* tap_offset) {
+    int count = 0;
+    exact_visit_taps(s, oy, ox, [&](int input, int tap) {
+        if (count == MAX_EXACT_TAPS) return;
+        input_offset[count] = input;
+        tap_offset[count++] = tap;
+    });
     return count;
 }
 
@@ -170,7 +180,7 @@ __host__ __device__ inline double exact_column_value(int i, const double* a,
 // runs over channels, output rows, then each row's columns by phase (ox mod
 // stride_x: the even columns, then the odd ones at stride 2), each phase padded to
 // ceil(out_width / stride_x) threads. A warp's threads then take outputs of one
-// phase, which the same taps of a transposed layer reach (exact_transposed_taps),
+// phase, which the same taps of a transposed layer reach (exact_visit_taps),
 // from consecutive input columns: one path, coalesced reads (at stride 1 it is the
 // plain order). exact_phase_threads is the threads' count;
 // exact_phase_output sets (channel, oy, ox) and is false for a padding thread.
@@ -194,20 +204,20 @@ __host__ __device__ inline bool exact_phase_output(int j, const ExactLayerShape&
 // The layer's value at output (channel, oy, ox) from the GEMM's products, plus bias
 // and the ReLU when one follows: a convolution's sum is its products element; a
 // transposed convolution's products are [(out channel * kh + ky) * kw + kx][input
-// pixel], and an output sums those of the taps that reach it (exact_transposed_taps).
+// pixel], and an output sums those of the taps that reach it (exact_visit_taps).
 __host__ __device__ inline double exact_value_from_products(
         const double* products, const double* bias, const ExactLayerShape& s, int transpose,
         int relu, int channel, int oy, int ox) {
     const long long pixel = (long long)oy * s.out_width + ox;
     double sum = 0.0;
     if (transpose) {
-        int input_offset[MAX_EXACT_TAPS], tap_offset[MAX_EXACT_TAPS];
-        const int count = exact_transposed_taps(s, oy, ox, input_offset, tap_offset);
-        const int taps = s.kernel_height * s.kernel_width;
+        // Visited, not listed: a list in per-thread memory cost these kernels 2x (H200).
         const long long in_plane = (long long)s.in_height * s.in_width;
-        for (int t = 0; t < count; ++t)
-            sum += products[((long long)channel * taps + tap_offset[t]) * in_plane +
-                            input_offset[t]];
+        const double* rows = products +
+            (long long)channel * s.kernel_height * s.kernel_width * in_plane;
+        exact_visit_taps(s, oy, ox, [&](int input, int tap) {
+            sum += rows[tap * in_plane + input];
+        });
     } else {
         sum = products[(long long)channel * s.out_height * s.out_width + pixel];
     }

@@ -39,7 +39,7 @@ import numpy as np
 
 from gdnflow.backends import cuda
 from gdnflow.codec.exact_layers import (FLOAT64_BYTES, SOURCE, DeviceConstants, ExactLayer,
-                                        check_gpu_taps, phase_threads)
+                                        phase_threads)
 from gdnflow.codec.replayed_passes import ReplayedPasses
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
@@ -175,7 +175,6 @@ class ExactImageSynthesis:
         (M, h, w), as a device array of its own, launched (equal to :meth:`pixels`). From
         the second pass over a shape on (where ``replayable`` and the image has at most
         GRAPH_PIXELS pixels), a CUDA graph's replay."""
-        check_gpu_taps(self.steps)
         return self.replays.run(tuple(y_hat.shape), y_hat, self._gpu_pass,
                                 replayable and self.replayable_shape(y_hat.shape))
 

@@ -24,8 +24,9 @@ SOURCE = "exact_synthesis.cu"
 WEIGHT_BITS = 15
 # Every partial sum of a layer stays below 2^52, and its bias below 2^51: under 2^53.
 SUM_BITS, BIAS_LIMIT = 52, 2.0 ** 51
-#: The most kernel taps of a transposed convolution that may reach one output on the GPU
-#: (MAX_EXACT_TAPS in the kernels, which list them once per output; NumPy takes any).
+#: The most kernel taps of a transposed convolution that may reach one output in the GPU's
+#: direct kernels (MAX_EXACT_TAPS there: they list them once per output; the kernels
+#: finishing a GEMM's products, and NumPy, take any).
 MAX_EXACT_TAPS = 25
 #: Bytes of a float64.
 FLOAT64_BYTES = np.dtype(np.float64).itemsize

@@ -127,6 +127,21 @@ def test_images_past_a_megapixel_are_never_kept_as_graphs():
     assert not exact.replayable_shape((12, 128, 96))         # 2048 x 1536
 
 
+def test_host_built_kernels_take_a_layer_of_many_taps(host_device):
+    """11x11 kernels at stride 2: 36 taps reach each output, past the direct kernels'
+    MAX_EXACT_TAPS list, which the GEMM path does not need."""
+    g_s = Sequential(ConvTranspose2d(6, 5, 11, stride=2, padding=5, output_padding=1),
+                     GDN(5, inverse=True),
+                     ConvTranspose2d(5, 3, 5, stride=2, padding=2, output_padding=1))
+    exact = ExactImageSynthesis(g_s)
+    assert exact.steps[0].reaching_taps == 36
+    y_hat = random_latents((6, 5, 7), 12)
+    with cuda.simulated(host_device):
+        got = host_device.to_numpy(exact.device_pixels(host_device.from_numpy(y_hat)))
+    np.testing.assert_array_equal(got, exact.pixels(y_hat))
+    assert len(np.unique(got)) > 50
+
+
 def test_the_pixels_are_the_float_synthesis_within_a_level():
     model = image_model()
     y_hat = random_latents((12, 6, 9), 3)
