@@ -176,76 +176,109 @@ __host__ __device__ inline double exact_column_value(int i, const double* a,
     return a[((long long)channel * s.in_height + iy) * s.in_width + ix];
 }
 
-// The thread order of the kernels that finish a layer from its GEMM's products: j
-// runs over channels, output rows, then each row's columns by phase (ox mod
-// stride_x: the even columns, then the odd ones at stride 2), each phase padded to
+// The output channels one thread of the kernels that finish a layer from its GEMM's
+// products takes (exact_layers.CHANNELS_PER_THREAD): their sums read the same taps,
+// so the thread has that many loads in flight at a time, where one channel's sum
+// waits for each load in turn.
+#define EXACT_CHANNELS_PER_THREAD 4
+
+// The thread order of those kernels: j runs over blocks of EXACT_CHANNELS_PER_THREAD
+// channels, output rows, then each row's columns by phase (ox mod stride_x: the even
+// columns, then the odd ones at stride 2), each phase padded to
 // ceil(out_width / stride_x) threads. A warp's threads then take outputs of one
 // phase, which the same taps of a transposed layer reach (exact_visit_taps),
 // from consecutive input columns: one path, coalesced reads (at stride 1 it is the
-// plain order). exact_phase_threads is the threads' count;
-// exact_phase_output sets (channel, oy, ox) and is false for a padding thread.
+// plain order). exact_phase_threads is the threads' count; exact_phase_output sets
+// (first channel, oy, ox) and is false for a padding thread.
 __host__ __device__ inline int exact_phase_threads(const ExactLayerShape& s) {
-    return s.out_channels * s.out_height * s.stride_x *
-           ((s.out_width + s.stride_x - 1) / s.stride_x);
+    return (s.out_channels + EXACT_CHANNELS_PER_THREAD - 1) / EXACT_CHANNELS_PER_THREAD *
+           s.out_height * s.stride_x * ((s.out_width + s.stride_x - 1) / s.stride_x);
 }
 
 __host__ __device__ inline bool exact_phase_output(int j, const ExactLayerShape& s,
-                                                   int* channel, int* oy, int* ox) {
+                                                   int* first, int* oy, int* ox) {
     const int phase_width = (s.out_width + s.stride_x - 1) / s.stride_x;
     const int row_threads = phase_width * s.stride_x, plane_threads = row_threads * s.out_height;
-    *channel = j / plane_threads;
-    const int in_plane = j - *channel * plane_threads;
+    const int block = j / plane_threads;
+    *first = block * EXACT_CHANNELS_PER_THREAD;
+    const int in_plane = j - block * plane_threads;
     *oy = in_plane / row_threads;
     const int k = in_plane - *oy * row_threads;
     *ox = (k % phase_width) * s.stride_x + k / phase_width;
     return *ox < s.out_width;
 }
 
-// The layer's value at output (channel, oy, ox) from the GEMM's products, plus bias
-// and the ReLU when one follows: a convolution's sum is its products element; a
-// transposed convolution's products are [(out channel * kh + ky) * kw + kx][input
-// pixel], and an output sums those of the taps that reach it (exact_visit_taps).
-__host__ __device__ inline double exact_value_from_products(
+// The layer's values at output (oy, ox) of channels first.. (count of them, at most
+// EXACT_CHANNELS_PER_THREAD) from the GEMM's products, plus bias and the ReLU when one
+// follows: a convolution's sum is its products element; a transposed convolution's
+// products are [(out channel * kh + ky) * kw + kx][input pixel], and an output sums
+// those of the taps that reach it (exact_visit_taps).
+__host__ __device__ inline void exact_values_from_products(
         const double* products, const double* bias, const ExactLayerShape& s, int transpose,
-        int relu, int channel, int oy, int ox) {
+        int relu, int first, int count, int oy, int ox, double* values) {
     const long long pixel = (long long)oy * s.out_width + ox;
-    double sum = 0.0;
+    double sums[EXACT_CHANNELS_PER_THREAD];
     if (transpose) {
-        // Visited, not listed: a list in per-thread memory cost these kernels 2x (H200).
         const long long in_plane = (long long)s.in_height * s.in_width;
-        const double* rows = products +
-            (long long)channel * s.kernel_height * s.kernel_width * in_plane;
+        const long long channel_step = (long long)s.kernel_height * s.kernel_width * in_plane;
+        const double* rows = products + first * channel_step;
+        for (int k = 0; k < EXACT_CHANNELS_PER_THREAD; ++k) sums[k] = 0.0;
         exact_visit_taps(s, oy, ox, [&](int input, int tap) {
-            sum += rows[tap * in_plane + input];
+            const double* p = rows + tap * in_plane + input;
+            #pragma unroll
+            for (int k = 0; k < EXACT_CHANNELS_PER_THREAD; ++k)
+                if (k < count) sums[k] += p[k * channel_step];
         });
     } else {
-        sum = products[(long long)channel * s.out_height * s.out_width + pixel];
+        const long long plane = (long long)s.out_height * s.out_width;
+        #pragma unroll
+        for (int k = 0; k < EXACT_CHANNELS_PER_THREAD; ++k)
+            sums[k] = k < count ? products[(first + k) * plane + pixel] : 0.0;
     }
-    sum += bias[channel];
-    return relu ? fmax(sum, 0.0) : sum;
+    #pragma unroll
+    for (int k = 0; k < EXACT_CHANNELS_PER_THREAD; ++k) {
+        const double sum = sums[k] + (k < count ? bias[first + k] : 0.0);
+        values[k] = relu ? fmax(sum, 0.0) : sum;
+    }
 }
 
-// Thread j of exact_hidden_from_products: its output's rounded, clipped activation.
+// The channels thread j of a finishing kernel takes from `first` on (0 for padding).
+__host__ __device__ inline int exact_thread_channels(int j, const ExactLayerShape& s,
+                                                     int* first, int* oy, int* ox) {
+    if (!exact_phase_output(j, s, first, oy, ox)) return 0;
+    const int left = s.out_channels - *first;
+    return left < EXACT_CHANNELS_PER_THREAD ? left : EXACT_CHANNELS_PER_THREAD;
+}
+
+// Thread j of exact_hidden_from_products: its outputs' rounded, clipped activations.
 __host__ __device__ inline void exact_hidden_thread(
         int j, const double* products, const double* bias, double* out,
         const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
-    int channel, oy, ox;
-    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
-    out[((long long)channel * s.out_height + oy) * s.out_width + ox] = exact_activation(
-        exact_value_from_products(products, bias, s, transpose, relu, channel, oy, ox),
-        exponent, limit);
+    int first, oy, ox;
+    const int count = exact_thread_channels(j, s, &first, &oy, &ox);
+    if (!count) return;
+    double values[EXACT_CHANNELS_PER_THREAD];
+    exact_values_from_products(products, bias, s, transpose, relu, first, count, oy, ox,
+                               values);
+    for (int k = 0; k < count; ++k)
+        out[((long long)(first + k) * s.out_height + oy) * s.out_width + ox] =
+            exact_activation(values[k], exponent, limit);
 }
 
-// Thread j of exact_last_from_products: its output's table index.
+// Thread j of exact_last_from_products: its outputs' table indexes.
 __host__ __device__ inline void exact_last_thread(
         int j, const double* products, const double* bias, unsigned char* indexes,
         const double* table, int table_count, const ExactLayerShape& s, int transpose,
         int relu, int shift) {
-    int channel, oy, ox;
-    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
-    indexes[((long long)channel * s.out_height + oy) * s.out_width + ox] = exact_scale_index(
-        ldexp(exact_value_from_products(products, bias, s, transpose, relu, channel, oy, ox),
-              -shift), table, table_count);
+    int first, oy, ox;
+    const int count = exact_thread_channels(j, s, &first, &oy, &ox);
+    if (!count) return;
+    double values[EXACT_CHANNELS_PER_THREAD];
+    exact_values_from_products(products, bias, s, transpose, relu, first, count, oy, ox,
+                               values);
+    for (int k = 0; k < count; ++k)
+        indexes[((long long)(first + k) * s.out_height + oy) * s.out_width + ox] =
+            exact_scale_index(ldexp(values[k], -shift), table, table_count);
 }
 
 // A convolution's column matrix (exact_column_value), for the GEMM.
@@ -339,17 +372,21 @@ extern "C" __global__ void exact_inverse_gdn(double* __restrict__ x,
         x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
 }
 
-// Thread j of exact_pixels_from_products: the pixel of a last (transposed) layer's
-// output, for the output channels first_channel.. of an image of image_channels:
+// Thread j of exact_pixels_from_products: the pixels of a last (transposed) layer's
+// outputs, for the output channels first_channel.. of an image of image_channels:
 // pixels (height, width, image_channels), channels last; bias starts at
 // first_channel's.
 __host__ __device__ inline void exact_pixel_thread(
         int j, const double* products, const double* bias, unsigned char* pixels,
         const ExactLayerShape& s, int first_channel, int image_channels, int shift) {
-    int channel, oy, ox;
-    if (!exact_phase_output(j, s, &channel, &oy, &ox)) return;
-    pixels[((long long)oy * s.out_width + ox) * image_channels + first_channel + channel] =
-        exact_pixel(exact_value_from_products(products, bias, s, 1, 0, channel, oy, ox), shift);
+    int first, oy, ox;
+    const int count = exact_thread_channels(j, s, &first, &oy, &ox);
+    if (!count) return;
+    double values[EXACT_CHANNELS_PER_THREAD];
+    exact_values_from_products(products, bias, s, 1, 0, first, count, oy, ox, values);
+    unsigned char* pixel = pixels + ((long long)oy * s.out_width + ox) * image_channels +
+                           first_channel + first;
+    for (int k = 0; k < count; ++k) pixel[k] = exact_pixel(values[k], shift);
 }
 
 extern "C" __global__ void exact_pixels_from_products(

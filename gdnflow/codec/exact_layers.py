@@ -28,6 +28,9 @@ SUM_BITS, BIAS_LIMIT = 52, 2.0 ** 51
 #: direct kernels (MAX_EXACT_TAPS there: they list them once per output; the kernels
 #: finishing a GEMM's products, and NumPy, take any).
 MAX_EXACT_TAPS = 25
+#: Output channels per thread of the kernels finishing a layer from its GEMM's products
+#: (EXACT_CHANNELS_PER_THREAD there).
+CHANNELS_PER_THREAD = 4
 #: Bytes of a float64.
 FLOAT64_BYTES = np.dtype(np.float64).itemsize
 
@@ -70,10 +73,12 @@ def weight_bits(terms, activation_bits, name):
 
 def phase_threads(shape):
     """The threads of a kernel that finishes a layer of ExactLayerShape ``shape`` (12 ints)
-    from its GEMM's products: each output row's columns by phase, each phase padded to
-    ceil(width / stride) (exact_phase_threads of exact_synthesis.cu, which says why)."""
+    from its GEMM's products: CHANNELS_PER_THREAD channels a thread, each output row's
+    columns by phase, each phase padded to ceil(width / stride) (exact_phase_threads of
+    exact_synthesis.cu, which says why)."""
     out_channels, out_height, out_width, stride_x = shape[3], shape[4], shape[5], shape[9]
-    return out_channels * out_height * stride_x * -(-out_width // stride_x)
+    return (-(-out_channels // CHANNELS_PER_THREAD) * out_height * stride_x
+            * -(-out_width // stride_x))
 
 
 class ExactLayer(DeviceConstants):

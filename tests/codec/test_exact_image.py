@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gdnflow.backends import cuda
-from gdnflow.codec import exact_image
+from gdnflow.codec import exact_image, exact_layers
 from gdnflow.codec.codec import Codec, dequantize_latents
 from gdnflow.codec.exact_image import (ACTIVATION_LIMIT, GAMMA_SUM_BITS, ExactImageSynthesis,
                                        ExactInverseGDN)
@@ -38,10 +38,13 @@ extern "C" void host_exact_inverse_gdn(double* x, const double* norms, const dou
 extern "C" int host_exact_phase_outputs(int channels, int height, int width, int stride,
                                          int* outputs) {{
     ExactLayerShape s{{1, 1, 1, channels, height, width, 1, 1, 1, stride, 0, 0}};
-    int channel, oy, ox;
-    for (int j = 0; j < exact_phase_threads(s); ++j)
-        outputs[j] = exact_phase_output(j, s, &channel, &oy, &ox)
-                     ? (channel * height + oy) * width + ox : -1;
+    int first, oy, ox;
+    for (int j = 0; j < exact_phase_threads(s); ++j) {{
+        const int count = exact_thread_channels(j, s, &first, &oy, &ox);
+        for (int k = 0; k < EXACT_CHANNELS_PER_THREAD; ++k)
+            outputs[j * EXACT_CHANNELS_PER_THREAD + k] =
+                k < count ? ((first + k) * height + oy) * width + ox : -1;
+    }}
     return exact_phase_threads(s);
 }}
 extern "C" void host_exact_pixels_from_products(const double* products, const double* bias,
@@ -103,21 +106,26 @@ def test_host_built_kernels_give_the_numpy_pixels(host_device, shape, groups):
 
 
 @pytest.mark.parametrize("channels, height, width, stride", [(3, 4, 7, 2), (2, 3, 9, 3),
-                                                             (2, 2, 5, 1), (1, 1, 1, 2)])
+                                                             (6, 2, 5, 1), (1, 1, 1, 2),
+                                                             (9, 2, 3, 2)])
 def test_the_finishing_threads_take_every_output_once(host_device, channels, height, width,
                                                       stride):
-    """The phase order of the finishing kernels: each output exactly once, odd widths' last
-    phase padded; in a row, the even columns first, then the odd ones (stride 2)."""
+    """The order of the finishing kernels' threads: each output exactly once, in blocks of
+    CHANNELS_PER_THREAD channels (the last block short), odd widths' last phase padded; in
+    a row, the even columns first, then the odd ones (stride 2)."""
+    per_thread = exact_layers.CHANNELS_PER_THREAD
     function = host_device.library.host_exact_phase_outputs
-    outputs = np.full(channels * height * stride * (width + stride - 1), -2, np.int32)
-    count = function(channels, height, width, stride, outputs.ctypes.data_as(ctypes.c_void_p))
-    assert count == channels * height * stride * -(-width // stride) == phase_threads(
-        (1, 1, 1, channels, height, width, 1, 1, 1, stride, 0, 0))
-    taken = outputs[:count]
-    np.testing.assert_array_equal(np.sort(taken[taken >= 0]), np.arange(channels * height * width))
-    assert (taken < 0).sum() == count - channels * height * width
-    if (width, stride) == (7, 2):
-        np.testing.assert_array_equal(taken[:8], [0, 2, 4, 6, 1, 3, 5, -1])
+    threads = -(-channels // per_thread) * height * stride * -(-width // stride)
+    outputs = np.full(threads * per_thread, -2, np.int32)
+    assert function(channels, height, width, stride,
+                    outputs.ctypes.data_as(ctypes.c_void_p)) == threads
+    assert threads == phase_threads((1, 1, 1, channels, height, width, 1, 1, 1, stride, 0, 0))
+    taken = outputs[outputs >= 0]
+    np.testing.assert_array_equal(np.sort(taken), np.arange(channels * height * width))
+    assert (outputs == -2).sum() == 0
+    if (channels, width, stride) == (3, 7, 2):
+        np.testing.assert_array_equal(outputs[:8 * per_thread:per_thread],
+                                      [0, 2, 4, 6, 1, 3, 5, -1])
 
 
 def test_images_past_a_megapixel_are_never_kept_as_graphs():
