@@ -250,19 +250,31 @@ __host__ __device__ inline int exact_thread_channels(int j, const ExactLayerShap
     return left < EXACT_CHANNELS_PER_THREAD ? left : EXACT_CHANNELS_PER_THREAD;
 }
 
-// Thread j of exact_hidden_from_products: its outputs' rounded, clipped activations.
-__host__ __device__ inline void exact_hidden_thread(
-        int j, const double* products, const double* bias, double* out,
-        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
+// Thread j of a finishing kernel: its outputs' values (exact_values_from_products),
+// each handed to store(channel, oy, ox, value).
+template <typename Store>
+__host__ __device__ inline void exact_finish_thread(int j, const double* products,
+                                                    const double* bias,
+                                                    const ExactLayerShape& s, int transpose,
+                                                    int relu, Store store) {
     int first, oy, ox;
     const int count = exact_thread_channels(j, s, &first, &oy, &ox);
     if (!count) return;
     double values[EXACT_CHANNELS_PER_THREAD];
     exact_values_from_products(products, bias, s, transpose, relu, first, count, oy, ox,
                                values);
-    for (int k = 0; k < count; ++k)
-        out[((long long)(first + k) * s.out_height + oy) * s.out_width + ox] =
-            exact_activation(values[k], exponent, limit);
+    for (int k = 0; k < count; ++k) store(first + k, oy, ox, values[k]);
+}
+
+// Thread j of exact_hidden_from_products: its outputs' rounded, clipped activations.
+__host__ __device__ inline void exact_hidden_thread(
+        int j, const double* products, const double* bias, double* out,
+        const ExactLayerShape& s, int transpose, int relu, int exponent, double limit) {
+    exact_finish_thread(j, products, bias, s, transpose, relu,
+                        [&](int channel, int oy, int ox, double value) {
+        out[((long long)channel * s.out_height + oy) * s.out_width + ox] =
+            exact_activation(value, exponent, limit);
+    });
 }
 
 // Thread j of exact_last_from_products: its outputs' table indexes.
@@ -270,15 +282,11 @@ __host__ __device__ inline void exact_last_thread(
         int j, const double* products, const double* bias, unsigned char* indexes,
         const double* table, int table_count, const ExactLayerShape& s, int transpose,
         int relu, int shift) {
-    int first, oy, ox;
-    const int count = exact_thread_channels(j, s, &first, &oy, &ox);
-    if (!count) return;
-    double values[EXACT_CHANNELS_PER_THREAD];
-    exact_values_from_products(products, bias, s, transpose, relu, first, count, oy, ox,
-                               values);
-    for (int k = 0; k < count; ++k)
-        indexes[((long long)(first + k) * s.out_height + oy) * s.out_width + ox] =
-            exact_scale_index(ldexp(values[k], -shift), table, table_count);
+    exact_finish_thread(j, products, bias, s, transpose, relu,
+                        [&](int channel, int oy, int ox, double value) {
+        indexes[((long long)channel * s.out_height + oy) * s.out_width + ox] =
+            exact_scale_index(ldexp(value, -shift), table, table_count);
+    });
 }
 
 // A convolution's column matrix (exact_column_value), for the GEMM.
@@ -379,14 +387,11 @@ extern "C" __global__ void exact_inverse_gdn(double* __restrict__ x,
 __host__ __device__ inline void exact_pixel_thread(
         int j, const double* products, const double* bias, unsigned char* pixels,
         const ExactLayerShape& s, int first_channel, int image_channels, int shift) {
-    int first, oy, ox;
-    const int count = exact_thread_channels(j, s, &first, &oy, &ox);
-    if (!count) return;
-    double values[EXACT_CHANNELS_PER_THREAD];
-    exact_values_from_products(products, bias, s, 1, 0, first, count, oy, ox, values);
-    unsigned char* pixel = pixels + ((long long)oy * s.out_width + ox) * image_channels +
-                           first_channel + first;
-    for (int k = 0; k < count; ++k) pixel[k] = exact_pixel(values[k], shift);
+    exact_finish_thread(j, products, bias, s, 1, 0,
+                        [&](int channel, int oy, int ox, double value) {
+        pixels[((long long)oy * s.out_width + ox) * image_channels + first_channel + channel] =
+            exact_pixel(value, shift);
+    });
 }
 
 extern "C" __global__ void exact_pixels_from_products(
