@@ -103,7 +103,8 @@ class ExactInverseGDN(DeviceConstants):
         gamma = np.asarray(gdn.effective_gamma.numpy(), np.float64)
         beta = np.asarray(gdn.effective_beta.numpy(), np.float64)
         largest_row, largest_beta = (float(np.max(v)) for v in (gamma.sum(axis=1), beta))
-        # Rows sum to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most C/2.
+        # Rows sum to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most C/2;
+        # beta (below 2^k, k from frexp) to below 2^50 units, within BETA_LIMIT rounded.
         exponent = GAMMA_SUM_BITS - 1 - (np.frexp(largest_row)[1] if largest_row > 0 else 0)
         beta_exponent = 50 - np.frexp(largest_beta)[1] - (2 * FRACTION_BITS - SQUARE_SHIFT)
         exponent = int(min(exponent, beta_exponent))
