@@ -185,14 +185,15 @@ class Codec:
     ``exact``: decode through the exact synthesis
     (:class:`~gdnflow.codec.exact_image.ExactImageSynthesis`): the same bytes on NumPy
     and on a GPU, whatever the tiles, within a level of the float32 synthesis's pixels
-    (2-3x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
+    (2.3-2.7x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
     model's float32 synthesis, whose pixels differ by a level here and there between
     devices. Compression is the same either way.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
     ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``, ``exact_synthesis``
     (the ExactImageSynthesis, or None).
     A GPU codec keeps inference plans of its transforms for the sizes it has seen twice
-    (:mod:`gdnflow.codec.transform_plans`: about 0.5 GiB per size at 768x512), and their
+    (:mod:`gdnflow.codec.transform_plans`: about 0.5 GiB per size at 768x512; an exact one
+    a CUDA graph of its exact synthesis for one size, 0.71 GiB at 768x512), and their
     buffers are shared by its calls: use one codec per thread.
     """
 
