@@ -31,6 +31,10 @@ MAX_EXACT_TAPS = 25
 #: Output channels per thread of the kernels finishing a layer from its GEMM's products
 #: (EXACT_CHANNELS_PER_THREAD there).
 CHANNELS_PER_THREAD = 4
+#: Output channels per matrix product of a transposed layer on NumPy (ExactLayer): the
+#: products of 8 channels (8 * 25 per input pixel) stay near the cache, 1.7x faster than
+#: 128 at once on the synthesis's third layer.
+TRANSPOSED_GROUP = 8
 #: Bytes of a float64.
 FLOAT64_BYTES = np.dtype(np.float64).itemsize
 
@@ -134,16 +138,41 @@ class ExactLayer(DeviceConstants):
     def __call__(self, a):
         """The layer's exact output, in units of 2^-(exponent + fraction bits), for integers
         ``a`` (C, H, W) float64."""
-        x = Tensor(a[None], device="numpy", dtype=np.float64)
-        with no_grad():
-            if self.transpose:
-                y = ops.conv_transpose2d(x, self._weight, self._bias, stride=self.stride,
-                                         padding=self.padding, output_padding=self.output_padding)
-            else:
-                y = ops.conv2d(x, self._weight, self._bias, stride=self.stride,
-                               padding=self.padding)
-        y = y.numpy()[0]
+        if self.transpose:
+            y = self._transposed_sums(a)
+        else:
+            with no_grad():
+                y = ops.conv2d(Tensor(a[None], device="numpy", dtype=np.float64), self._weight,
+                               self._bias, stride=self.stride, padding=self.padding).numpy()[0]
         return np.maximum(y, 0.0) if self.relu else y
+
+    def _transposed_sums(self, a):
+        """A transposed layer's sums plus bias for ``a`` (C, H, W), as the GPU computes them:
+        its weight rows times a, TRANSPOSED_GROUP output channels at a time, each tap's
+        products added where they land (integers: the order does not matter). In float64
+        this is 1.5-1.7x faster than the NumPy backend's transposed convolution (two
+        cores, the synthesis's third layer)."""
+        rows = self._host_arrays[2]
+        in_channels, height, width = a.shape
+        out_channels, out_height, out_width = self.output_shape(a.shape)
+        kh, kw = self.weight.shape[2:]
+        (sy, sx), (py, px) = self.stride, self.padding
+        # Every tap's landing place, before the padding is cropped.
+        full = (max((height - 1) * sy + kh, out_height + py),
+                max((width - 1) * sx + kw, out_width + px))
+        out = np.empty((out_channels, out_height, out_width))
+        inputs = a.reshape(in_channels, -1)
+        for first in range(0, out_channels, TRANSPOSED_GROUP):
+            last = min(out_channels, first + TRANSPOSED_GROUP)
+            products = (rows[first * kh * kw:last * kh * kw] @ inputs).reshape(
+                last - first, kh, kw, height, width)
+            sums = np.zeros((last - first, *full))
+            for ky in range(kh):
+                for kx in range(kw):
+                    sums[:, ky:ky + sy * height:sy, kx:kx + sx * width:sx] += products[:, ky, kx]
+            out[first:last] = sums[:, py:py + out_height, px:px + out_width]
+        out += self.bias[:, None, None]
+        return out
 
     def output_shape(self, a_shape):
         """(channels, height, width) of the output for an input of shape ``a_shape`` (C, H, W)

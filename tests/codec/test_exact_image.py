@@ -8,15 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gdnflow import ops
 from gdnflow.backends import cuda
 from gdnflow.codec import exact_image, exact_layers
 from gdnflow.codec.codec import Codec, dequantize_latents
 from gdnflow.codec.exact_image import (ACTIVATION_LIMIT, GAMMA_SUM_BITS, ExactImageSynthesis,
                                        ExactInverseGDN)
-from gdnflow.codec.exact_layers import SOURCE, phase_threads
+from gdnflow.codec.exact_layers import SOURCE, ExactLayer, phase_threads
 from gdnflow.nn.conv import ConvTranspose2d
 from gdnflow.nn.gdn import GDN
 from gdnflow.nn.layers import ReLU, Sequential
+from gdnflow.tensor import Tensor
 
 from codec_kit import make_model, smooth_image
 from exact_synthesis_kit import HOST_SHIM, SHAPE, SHAPE_ARGS, GemmShimDevice
@@ -126,6 +128,25 @@ def test_the_finishing_threads_take_every_output_once(host_device, channels, hei
     if (channels, width, stride) == (3, 7, 2):
         np.testing.assert_array_equal(outputs[:8 * per_thread:per_thread],
                                       [0, 2, 4, 6, 1, 3, 5, -1])
+
+
+@pytest.mark.parametrize("kernel, stride, padding, output_padding",
+                         [(5, 2, 2, 1), (3, 1, 1, 0), (4, 3, 0, 2), (5, 2, 0, 0), (1, 2, 0, 1)])
+def test_a_transposed_layer_sums_as_the_numpy_backend(kernel, stride, padding, output_padding):
+    """ExactLayer's own transposed sums (a GEMM, then each tap's products added where they
+    land) against the NumPy backend's float64 transposed convolution: the same integers."""
+    layer = ConvTranspose2d(5, 7, kernel, stride=stride, padding=padding,
+                            output_padding=output_padding)
+    exact = ExactLayer(layer, False, 16, 24, "test")
+    a = np.rint(np.random.default_rng(kernel + stride).normal(0, 2 ** 20, (5, 6, 9)))
+    expected = ops.conv_transpose2d(
+        Tensor(a[None], device="numpy", dtype=np.float64),
+        Tensor(exact.weight, device="numpy", dtype=np.float64),
+        Tensor(exact.bias, device="numpy", dtype=np.float64), stride=stride, padding=padding,
+        output_padding=output_padding).numpy()[0]
+    got = exact(a)
+    assert got.shape == expected.shape == exact.output_shape(a.shape)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_images_past_a_megapixel_are_never_kept_as_graphs():
