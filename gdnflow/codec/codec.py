@@ -185,7 +185,7 @@ class Codec:
     ``exact``: decode through the exact synthesis
     (:class:`~gdnflow.codec.exact_image.ExactImageSynthesis`): the same bytes on NumPy
     and on a GPU, whatever the tiles, within a level of the float32 synthesis's pixels
-    (2.3-2.7x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
+    (2.3-2.8x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
     model's float32 synthesis, whose pixels differ by a level here and there between
     devices. Compression is the same either way.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),

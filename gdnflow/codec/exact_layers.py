@@ -31,9 +31,8 @@ MAX_EXACT_TAPS = 25
 #: Output channels per thread of the kernels finishing a layer from its GEMM's products
 #: (EXACT_CHANNELS_PER_THREAD there).
 CHANNELS_PER_THREAD = 4
-#: Output channels per matrix product of a transposed layer on NumPy (ExactLayer): the
-#: products of 8 channels (8 * 25 per input pixel) stay near the cache, 1.7x faster than
-#: 128 at once on the synthesis's third layer.
+#: Output channels per matrix product of a transposed layer on NumPy (ExactLayer): on the
+#: synthesis's third layer (two cores) 8 took 0.38 s, 4, 16 and 128 0.42-0.46.
 TRANSPOSED_GROUP = 8
 #: Bytes of a float64.
 FLOAT64_BYTES = np.dtype(np.float64).itemsize
@@ -149,9 +148,9 @@ class ExactLayer(DeviceConstants):
     def _transposed_sums(self, a):
         """A transposed layer's sums plus bias for ``a`` (C, H, W), as the GPU computes them:
         its weight rows times a, TRANSPOSED_GROUP output channels at a time, each tap's
-        products added where they land (integers: the order does not matter). In float64
-        this is 1.5-1.7x faster than the NumPy backend's transposed convolution (two
-        cores, the synthesis's third layer)."""
+        products added where they land (integers: the order does not matter). On two
+        cores the exact decode took 11-12% less time this way than through the NumPy
+        backend's float64 transposed convolution (benchmarks/results/exact_synthesis.md)."""
         rows = self._host_arrays[2]
         in_channels, height, width = a.shape
         out_channels, out_height, out_width = self.output_shape(a.shape)
