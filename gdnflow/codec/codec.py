@@ -182,19 +182,18 @@ class Codec:
     :mod:`gdnflow.codec.host_lanes`), ``"cuda"`` (one GPU thread a lane) or
     ``"numpy"``; None: ``"host"`` on a GPU codec where that build can be made
     (nvcc), else the codec's device.
-    ``exact``: decode through the exact synthesis
-    (:class:`~gdnflow.codec.exact_image.ExactImageSynthesis`): the same bytes on NumPy
-    and on a GPU, whatever the tiles, within a level of the float32 synthesis's pixels
-    (2.3-2.8x slower on NumPy; on a GPU see docs/codecs.md). False (the default): the
-    model's float32 synthesis, whose pixels differ by a level here and there between
-    devices. Compression is the same either way.
+    ``exact``: decode through :class:`~gdnflow.codec.exact_image.ExactImageSynthesis`:
+    the same bytes on NumPy and on a GPU, whatever the tiles, within a level of the
+    float32 synthesis's (2.3-2.8x slower on NumPy; on a GPU see docs/codecs.md); False
+    (the default): the float32 synthesis, whose pixels differ by a level here and there
+    between devices. Compression is the same either way.
     Attributes: ``model``, ``tables`` (:class:`~gdnflow.codec.tables.CodingTables`),
     ``device``, ``tile``, ``version``, ``substream_bits``, ``lanes``, ``exact_synthesis``
-    (the ExactImageSynthesis, or None).
-    A GPU codec keeps inference plans of its transforms for the sizes it has seen twice
-    (:mod:`gdnflow.codec.transform_plans`: about 0.5 GiB per size at 768x512; an exact one
-    a CUDA graph of its exact synthesis for one size, 0.71 GiB at 768x512), and their
-    buffers are shared by its calls: use one codec per thread.
+    (the ExactImageSynthesis, or None). A GPU codec keeps inference plans of its
+    transforms for the sizes it has seen twice (:mod:`gdnflow.codec.transform_plans`:
+    about 0.5 GiB per size at 768x512; an exact one a CUDA graph of its exact synthesis
+    for one size, 0.71 GiB at 768x512; :meth:`close` releases them), and their buffers
+    are shared by its calls: use one codec per thread.
     """
 
     #: The format versions this class writes (:mod:`gdnflow.codec.format`).
@@ -456,6 +455,13 @@ class Codec:
             return self.model.g_s(latents)
         return self._plans("g_s", latents, latents.shape[2] * latents.shape[3]
                            * DOWNSAMPLING ** 2)
+
+    def close(self):
+        """Release the GPU buffers the codec keeps between calls (its transforms' plans, its
+        exact synthesis's CUDA graph); they are made again when needed."""
+        self._plans.close()
+        if self.exact_synthesis is not None:
+            self.exact_synthesis.replays.close()
 
     def decompress(self, data, source="<bytes>"):
         """The uint8 (H, W, 3) image of a ``.gdn`` file's bytes; errors name ``source`` (on a

@@ -304,6 +304,11 @@ class HyperpriorCodec(Codec):
     #: 16 (13's substreams as rANS lanes).
     versions = (4, 8, HYPERPRIOR_VERSION, HYPERPRIOR_RANS_VERSION)
 
+    def close(self):
+        """As :meth:`Codec.close`, and the exact hyper-synthesis's CUDA graphs too."""
+        super().close()
+        self.tables.hyper_synthesis.replays.close()
+
     def default_version(self):
         """Version 16 (rANS lanes) where the lanes are coded on the host's threads
         (``lanes="host"``, a GPU codec's default), else 13 (range-coded). At the rate #28

@@ -85,6 +85,9 @@ class ReplayedPasses:
         return runtime.copy(result)
 
     def close(self):
-        """Release every kept graph and its buffers."""
+        """Release every kept graph and its buffers (after the work already launched); the
+        next passes capture again."""
+        if self._passes:
+            cuda.get_runtime().stream.synchronize()
         while self._passes:
             self._passes.popitem()[1][0].close()

@@ -57,3 +57,10 @@ class TransformPlans:
                 plans.close()
             self.compiled[name] = False
             return module(x)
+
+    def close(self):
+        """Drop every transform's plans and their buffers; plans are built again from the
+        next calls on (a transform that could not be planned stays eager)."""
+        for plans in self.compiled.values():
+            if plans:
+                plans.close()

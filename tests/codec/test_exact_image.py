@@ -329,3 +329,36 @@ def test_a_tiled_gpu_codec_decodes_the_numpy_codecs_bytes():
     for _ in range(2):
         np.testing.assert_array_equal(gpu.decompress(data), host.decompress(data))
     assert not gpu.exact_synthesis.replays.kept()
+
+
+def test_closing_a_numpy_codec_keeps_it_usable():
+    codec = Codec(image_model(), exact=True)
+    data = codec.compress(smooth_image(np.random.default_rng(11), 40, 50))
+    first = codec.decompress(data)
+    codec.close()
+    np.testing.assert_array_equal(codec.decompress(data), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [None, *[p for p in SHIPPED if "hyperprior" in p.stem][:1]],
+                         ids=lambda p: "test model" if p is None else p.stem)
+def test_closing_a_gpu_codec_releases_its_graphs_and_plans(path):
+    """After two decodes of a size, a GPU codec keeps its exact synthesis's graph (and a
+    hyperprior's its hyper-synthesis's) and its transforms' plans; close() drops them and
+    the codec decodes the same bytes after."""
+    image = smooth_image(np.random.default_rng(12), 128, 192)
+    codec = (Codec(image_model().to("cuda"), exact=True) if path is None
+             else Codec.from_checkpoint(path, "cuda", exact=True))
+    data = codec.compress(image)
+    decoded = [codec.decompress(data) for _ in range(3)]
+    hyper = getattr(codec.tables, "hyper_synthesis", None)
+    assert codec.exact_synthesis.replays.kept()
+    assert hyper is None or hyper.replays.kept()
+    assert any(plans and plans.plans for plans in codec._plans.compiled.values())
+    codec.close()
+    assert not codec.exact_synthesis.replays.kept()
+    assert hyper is None or not hyper.replays.kept()
+    assert not any(plans and plans.plans for plans in codec._plans.compiled.values())
+    for _ in range(3):
+        np.testing.assert_array_equal(codec.decompress(data), decoded[0])
+    np.testing.assert_array_equal(decoded[1], decoded[0])
