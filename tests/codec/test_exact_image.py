@@ -343,13 +343,14 @@ def test_closing_a_numpy_codec_keeps_it_usable():
 @pytest.mark.parametrize("path", [None, *[p for p in SHIPPED if "hyperprior" in p.stem][:1]],
                          ids=lambda p: "test model" if p is None else p.stem)
 def test_closing_a_gpu_codec_releases_its_graphs_and_plans(path):
-    """After two decodes of a size, a GPU codec keeps its exact synthesis's graph (and a
-    hyperprior's its hyper-synthesis's) and its transforms' plans; close() drops them and
-    the codec decodes the same bytes after."""
+    """After two compressions and decodes of a size, a GPU codec keeps its analysis's plan,
+    its exact synthesis's graph (and a hyperprior's its hyper-synthesis's); close() drops
+    them and the codec decodes the same bytes after."""
     image = smooth_image(np.random.default_rng(12), 128, 192)
     codec = (Codec(image_model().to("cuda"), exact=True) if path is None
              else Codec.from_checkpoint(path, "cuda", exact=True))
     data = codec.compress(image)
+    assert codec.compress(image) == data         # the second builds the analysis's plan
     decoded = [codec.decompress(data) for _ in range(3)]
     hyper = getattr(codec.tables, "hyper_synthesis", None)
     assert codec.exact_synthesis.replays.kept()
