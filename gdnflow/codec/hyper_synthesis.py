@@ -49,6 +49,7 @@ so all give the same indexes (tests/codec/test_hyper_synthesis_kernels.py checks
 bit for bit, with that file built for the host and on the GPU).
 """
 import functools
+
 import numpy as np
 
 from gdnflow.backends import cuda
