@@ -63,8 +63,11 @@ __host__ __device__ inline int rans_encode_lane(
         const int k = run_table[r], size = table_size[k], low = table_low[k];
         const int* table = cdf + table_offset[k];
         for (int i = run_count[r] - 1; i >= 0; --i) {
-            int s = latents[run_position(r, i, run_dest, positions)] - low;
-            if (s < 0 || s >= size - 1) {                   // the escape
+            // In 64 bits: a value near +-2^31 minus low overflows an int.
+            const long long symbol = (long long)latents[run_position(r, i, run_dest, positions)]
+                                     - low;
+            int s = (int)symbol;
+            if (symbol < 0 || symbol >= size - 1) {         // the escape
                 s = size - 1;
                 ++escaped;
             }

@@ -81,6 +81,21 @@ def test_the_host_lists_each_lanes_escapes_in_coding_order(rng, lane_count, size
 
 
 @needs_nvcc
+def test_host_lanes_escape_values_at_the_ends_of_int32_as_numpy(rng):
+    """Values next to +-2^31 under tables of negative and positive low (value - low is past
+    an int's range there) are escapes, as on NumPy, which subtracts in int64."""
+    lanes, tables, _, latents = random_case(rng)
+    tables.low[:] = np.where(np.arange(len(tables.low)) % 2 == 0, -7, 5)
+    extremes = rng.choice(len(latents), 300, replace=False)
+    info = np.iinfo(np.int32)
+    latents[extremes] = np.where(np.arange(300) % 2 == 0, info.max, info.min + 1)
+    streams, escapes = host_lanes.encode_host(lanes, tables, latents)
+    for got, expected in zip(streams, encode_numpy(lanes, tables, latents)):
+        np.testing.assert_array_equal(got, expected)
+    assert escapes.tolist() == outside_the_supports(lanes, tables, latents)
+
+
+@needs_nvcc
 def test_decoding_refuses_latents_it_cannot_write_in_place(rng):
     lanes, tables, _, latents = random_case(rng)
     streams, _ = host_lanes.encode_host(lanes, tables, latents)
