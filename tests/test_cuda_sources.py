@@ -4,6 +4,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import gdnflow
 
 from gdnflow.backends.cuda.kernel_arguments import (check_declarations, ptx_entries,
                                                     scan_declarations)
+from gdnflow.backends.cuda.kernel_cache import ARCH_SPECIFIC_DEFINE, nvcc_arch
 from gdnflow.backends.cuda.sources import COMMON_HEADER, expand_source, source_dir, source_files
 
 NVCC = shutil.which("nvcc")
@@ -43,29 +45,95 @@ VARIANT_SECTIONS = {"gdn.cu": (("STORAGE_BF16", 1),),
                     "implicit_gemm.cu": (("STORAGE_FP16", 1),)}
 
 
-def compiled_entries(path, tmp_path, defines=()):
-    """nvcc's kernel entries ({name: parameters}) of ``path`` as the loader builds it
-    (the header expanded), with ``-D`` ``defines`` ((name, value) pairs); fails the test on
-    any warning."""
-    folder = tmp_path / ("plain" if not defines else "variant")
-    folder.mkdir()
-    expanded = folder / path.name
-    expanded.write_text(expand_source(path))
-    result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings",
-         *[f"-D{name}={value}" for name, value in defines], "-c", str(expanded),
-         "-o", str(folder / "out.o"), "--keep", "--keep-dir", str(folder)],
-        capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"nvcc failed on {path} {defines}:\n{result.stderr}"
-    return ptx_entries(expanded.with_suffix(".ptx").read_text())
+STORAGES = ("STORAGE_BF16", "STORAGE_FP16")
+SIXTEEN_BIT_SOURCES = ("elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu", "gdn.cu",
+                       "subpixel.cu", "implicit_gemm.cu", "grouped.cu")
+POOL_WINDOWS = {"3x3s1": POOL_WINDOW,
+                "2x5s3x2": (("POOL_KH", 2), ("POOL_KW", 5), ("POOL_SH", 3), ("POOL_SW", 2))}
+POOL_KINDS = {"average": (), "maximum": (("POOL_MAX", 1),)}
+POOL_STORAGES = {"float": (), "bf16": (("STORAGE_BF16", 1),)}
+WGMMA_TILES = {"128-row tile": (64, "m64n128k16"), "64-row tile": (32, "m64n64k16")}
+
+
+def wgmma_defines(storage, warp_m):
+    """The Hopper builds of implicit_gemm.cu (implicit_gemm.py's _defines with wgmma)."""
+    return ((storage, 1), ("WGMMA", 1), (ARCH_SPECIFIC_DEFINE, 1), ("WARP_M", warp_m))
+
+
+def every_build():
+    """(source name, defines) of every nvcc run this module checks, the largest sources
+    first (they take longest: started first, they do not end the run alone)."""
+    builds = []
+    for path in source_files():
+        builds.append((path.name, ()))
+        if path.name in VARIANT_SECTIONS:
+            builds.append((path.name, VARIANT_SECTIONS[path.name]))
+    builds += [(name, ((storage, 1),)) for name in SIXTEEN_BIT_SOURCES for storage in STORAGES]
+    builds += [("implicit_gemm.cu", wgmma_defines(storage, warp_m))
+               for storage in STORAGES for warp_m, _ in WGMMA_TILES.values()]
+    builds += [("pool.cu", window + kind + storage) for window in POOL_WINDOWS.values()
+               for kind in POOL_KINDS.values() for storage in POOL_STORAGES.values()]
+    builds = list(dict.fromkeys(builds))
+    return sorted(builds, key=lambda b: -(source_dir() / b[0]).stat().st_size)
+
+
+class NvccBuilds:
+    """Every build of :func:`every_build`, run by nvcc on all the machine's cores at once
+    (one nvcc process keeps one core busy: one after another they took 2.5 of CI's 10
+    minutes on two cores). Each keeps its PTX (and cubin, for an arch-specific build)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+        self.futures = {build: self.pool.submit(self._compile, index, *build)
+                        for index, build in enumerate(every_build())}
+
+    def _compile(self, index, name, defines):
+        folder = self.folder / str(index)
+        folder.mkdir()
+        expanded = folder / name
+        expanded.write_text(expand_source(source_dir() / name))
+        arch = nvcc_arch("sm_90", defines)
+        output = ["--cubin", "-o", str(folder / "out.cubin")] if arch != "sm_90" else \
+            ["-c", "-o", str(folder / "out.o")]
+        result = subprocess.run(
+            [NVCC, f"-arch={arch}", "-O3", "-std=c++17", "-Werror", "all-warnings",
+             *[f"-D{key}={value}" for key, value in defines], *output, "--keep",
+             "--keep-dir", str(folder), str(expanded)],
+            capture_output=True, text=True, timeout=600)
+        return result, expanded.with_suffix(".ptx")
+
+    def ptx(self, name, defines=()):
+        """The PTX of ``name`` built with ``defines``; fails the test on an nvcc error or
+        any warning."""
+        result, ptx = self.futures[name, tuple(defines)].result()
+        assert result.returncode == 0, f"nvcc failed on {name} {defines}:\n{result.stderr}"
+        return ptx.read_text()
+
+    def entries(self, name, defines=()):
+        """nvcc's kernel entries ({name: parameters}) of that build."""
+        return ptx_entries(self.ptx(name, defines))
+
+    def close(self):
+        for future in self.futures.values():
+            future.cancel()
+        self.pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def nvcc_builds(tmp_path_factory):
+    """:class:`NvccBuilds`, started at the first test that asks."""
+    builds = NvccBuilds(tmp_path_factory.mktemp("nvcc"))
+    yield builds
+    builds.close()
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("path", source_files(), ids=lambda p: p.name)
-def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations):
-    entries = compiled_entries(path, tmp_path)
+def test_compiles_for_sm90_without_warnings(path, nvcc_builds, kernel_declarations):
+    entries = nvcc_builds.entries(path.name)
     if path.name in VARIANT_SECTIONS:
-        entries.update(compiled_entries(path, tmp_path, VARIANT_SECTIONS[path.name]))
+        entries.update(nvcc_builds.entries(path.name, VARIANT_SECTIONS[path.name]))
     # The argument types gdnflow's Python declares for this file's kernels
     # (where they are string constants) against the parameters nvcc compiled.
     report = check_declarations(kernel_declarations, {path: entries}, complete=False)
@@ -73,51 +141,33 @@ def test_compiles_for_sm90_without_warnings(path, tmp_path, kernel_declarations)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
-@pytest.mark.parametrize("name", ["elementwise.cu", "conv2d.cu", "pool.cu", "depthwise.cu", "gdn.cu",
-                                  "subpixel.cu", "implicit_gemm.cu", "grouped.cu"])
-def test_16_bit_storage_variants_compile_without_warnings(name, storage, tmp_path):
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("name", SIXTEEN_BIT_SOURCES)
+def test_16_bit_storage_variants_compile_without_warnings(name, storage, nvcc_builds):
     # The module variants gdnflow.backends.cuda.storage_defines builds for 16-bit tensors.
-    expanded = tmp_path / name
-    expanded.write_text(expand_source(source_dir() / name))
-    result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Werror", "all-warnings", f"-D{storage}=1",
-         "-c", str(expanded), "-o", str(tmp_path / "out.o")],
-        capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"nvcc failed on {name} with {storage}:\n{result.stderr}"
+    assert ".entry" in nvcc_builds.ptx(name, ((storage, 1),))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("storage", ["STORAGE_BF16", "STORAGE_FP16"])
-@pytest.mark.parametrize("warp_m,shape", [(64, "m64n128k16"), (32, "m64n64k16")],
-                         ids=["128-row tile", "64-row tile"])
-def test_implicit_gemm_wgmma_variants_compile_for_sm90a(storage, warp_m, shape, tmp_path):
-    # The Hopper builds (implicit_gemm.py's _defines with wgmma): nvcc_arch gives sm_90a;
-    # ptxas runs too (--keep: the PTX and the cubin of one nvcc run).
-    from gdnflow.backends.cuda.kernel_cache import ARCH_SPECIFIC_DEFINE, nvcc_arch
-    defines = ((storage, 1), ("WGMMA", 1), (ARCH_SPECIFIC_DEFINE, 1), ("WARP_M", warp_m))
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("tile", WGMMA_TILES)
+def test_implicit_gemm_wgmma_variants_compile_for_sm90a(storage, tile, nvcc_builds):
+    # nvcc_arch gives sm_90a; ptxas runs too (the cubin beside the PTX).
+    warp_m, shape = WGMMA_TILES[tile]
+    defines = wgmma_defines(storage, warp_m)
     assert nvcc_arch("sm_90", defines) == "sm_90a" and nvcc_arch("sm_90", ()) == "sm_90"
     assert nvcc_arch("sm_100f", defines) == "sm_100f"
-    expanded = tmp_path / "implicit_gemm.cu"
-    expanded.write_text(expand_source(source_dir() / "implicit_gemm.cu"))
-    result = subprocess.run(
-        [NVCC, f"-arch={nvcc_arch('sm_90', defines)}", "-O3", "-std=c++17", "-Werror",
-         "all-warnings", *[f"-D{name}={value}" for name, value in defines], "--cubin",
-         "--keep", "--keep-dir", str(tmp_path), str(expanded), "-o", str(tmp_path / "out.cubin")],
-        capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"nvcc failed on the wgmma variant:\n{result.stderr}"
-    ptx = expanded.with_suffix(".ptx").read_text()
+    ptx = nvcc_builds.ptx("implicit_gemm.cu", defines)
     assert ptx.count("wgmma.mma_async") == 4 and ptx.count(shape) == 4
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("storage", [(), (("STORAGE_BF16", 1),)], ids=["float", "bf16"])
-@pytest.mark.parametrize("window", [POOL_WINDOW, (("POOL_KH", 2), ("POOL_KW", 5), ("POOL_SH", 3),
-                                                  ("POOL_SW", 2))], ids=["3x3s1", "2x5s3x2"])
-@pytest.mark.parametrize("kind", [(), (("POOL_MAX", 1),)], ids=["average", "maximum"])
-def test_fixed_window_pool_variants_compile_without_warnings(kind, window, storage, tmp_path):
-    entries = compiled_entries(source_dir() / "pool.cu", tmp_path, window + kind + storage)
-    assert "pool_forward_fixed" in entries
+@pytest.mark.parametrize("storage", POOL_STORAGES)
+@pytest.mark.parametrize("window", POOL_WINDOWS)
+@pytest.mark.parametrize("kind", POOL_KINDS)
+def test_fixed_window_pool_variants_compile_without_warnings(kind, window, storage, nvcc_builds):
+    defines = POOL_WINDOWS[window] + POOL_KINDS[kind] + POOL_STORAGES[storage]
+    assert "pool_forward_fixed" in nvcc_builds.entries("pool.cu", defines)
 
 
 def test_the_channels_last_copy_is_launched_as_its_kernel_is_laid_out():
