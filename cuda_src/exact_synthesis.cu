@@ -371,13 +371,16 @@ extern "C" __global__ void exact_squares(const double* __restrict__ x,
     GRID_STRIDE_LOOP(i, count) squares[i] = exact_square(x[i], shift);
 }
 
-// x (channels, plane) replaced by its inverse GDN, norms (channels, plane) gamma's sums.
+// x (channels, plane) replaced by its inverse GDN, norms (channels, plane) gamma's sums,
+// channel c's beta and norm in units of 2^-norm_shift[c].
 extern "C" __global__ void exact_inverse_gdn(double* __restrict__ x,
                                              const double* __restrict__ norms,
-                                             const double* __restrict__ beta, int channels,
-                                             int plane, int norm_shift, double limit) {
+                                             const double* __restrict__ beta,
+                                             const int* __restrict__ norm_shift, int channels,
+                                             int plane, double limit) {
     GRID_STRIDE_LOOP(i, channels * plane)
-        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
+        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift[i / plane],
+                                       limit);
 }
 
 // Thread j of exact_pixels_from_products: the pixels of a last (transposed) layer's

@@ -13,7 +13,8 @@ numbers:
   shipped models' activations stay below 11 on photos;
 * each inverse GDN, y_i = x_i sqrt(beta_i + sum_j gamma_ij x_j^2), as: the squares
   x_j^2 rounded to units of 2^-16 (:data:`SQUARE_SHIFT`; below 2^32 of them), gamma
-  rounded to integers whose every row sums to at most 2^19 (:data:`GAMMA_SUM_BITS`), so
+  rounded, each row at its own scale, to integers whose every row sums to at most 2^19
+  (:data:`GAMMA_SUM_BITS`), so
   the norm's sum is an integer below 2^52 and exact in any order; then sqrt and the
   product with x, both correctly rounded in IEEE arithmetic, and the rounding to x's
   units;
@@ -57,6 +58,9 @@ SQUARE_SHIFT = 16
 #: Each row of an inverse GDN's integer gamma sums to at most 2^19: the norm's sums stay
 #: below 2^19 2^32 = 2^51, and its beta below 2^51.
 GAMMA_SUM_BITS, BETA_LIMIT = 19, 2.0 ** 51
+#: The largest scale exponent of a norm: 2^-MAX_NORM_SHIFT times an integer below 2^53
+#: is a normal float64 (no subnormals: scaling by a power of two stays exact).
+MAX_NORM_SHIFT = 960
 #: Fraction bits of a pixel's value before its scaling to 0..255 (EXACT_PIXEL_BITS).
 PIXEL_BITS = 32
 #: Bytes of a transposed layer's float64 products per GEMM on the GPU: the layer runs in
@@ -90,9 +94,12 @@ def _rounded_in_place(values, scale=None):
 class ExactInverseGDN(DeviceConstants):
     """An inverse GDN with integer gamma and beta (module docstring).
 
-    Attributes: ``gamma`` (C, C) and ``beta`` (C,) float64 integers, ``norm_shift``
-    (the norm n = (beta + gamma @ squares) 2^-norm_shift), ``label``;
-    :meth:`device_arrays` gives (gamma, beta) on the GPU.
+    Attributes: ``gamma`` (C, C) and ``beta`` (C,) float64 integers, ``norm_shift`` (C,)
+    int32 (channel i's norm n_i = (beta_i + gamma_i @ squares) 2^-norm_shift[i]),
+    ``label``; :meth:`device_arrays` gives (gamma, beta, norm_shift) on the GPU.
+
+    Each row has its own scale: trained gammas' row sums span up to 10^13 within a layer
+    (the shipped models), and one scale for all would round the small rows to zeros.
     """
 
     def __init__(self, gdn):
@@ -102,18 +109,23 @@ class ExactInverseGDN(DeviceConstants):
                              "exactly")
         gamma = np.asarray(gdn.effective_gamma.numpy(), np.float64)
         beta = np.asarray(gdn.effective_beta.numpy(), np.float64)
-        largest_row, largest_beta = (float(np.max(v)) for v in (gamma.sum(axis=1), beta))
-        # Rows sum to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most C/2;
-        # beta (below 2^k, k from frexp) to below 2^50 units, within BETA_LIMIT rounded.
-        exponent = GAMMA_SUM_BITS - 1 - (np.frexp(largest_row)[1] if largest_row > 0 else 0)
-        beta_exponent = 50 - np.frexp(largest_beta)[1] - (2 * FRACTION_BITS - SQUARE_SHIFT)
-        exponent = int(min(exponent, beta_exponent))
-        self.gamma = np.rint(np.ldexp(gamma, exponent))
-        self.norm_shift = exponent + 2 * FRACTION_BITS - SQUARE_SHIFT
+        if (gamma < 0).any() or (beta < 0).any():
+            raise ValueError(f"{self.label}: gamma and beta must not be negative")
+        # Row i sums to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most
+        # C/2; beta_i (below 2^k, k from frexp) to below 2^50 units, within BETA_LIMIT
+        # rounded. A row of zeros with beta 0 takes the scale of 2^-MAX_NORM_SHIFT.
+        row_exponent = GAMMA_SUM_BITS - 1 - np.frexp(gamma.sum(axis=1))[1]
+        beta_exponent = 50 - np.frexp(beta)[1] - (2 * FRACTION_BITS - SQUARE_SHIFT)
+        exponent = np.minimum(np.where(gamma.sum(axis=1) > 0, row_exponent, MAX_NORM_SHIFT),
+                              np.where(beta > 0, beta_exponent, MAX_NORM_SHIFT))
+        self.norm_shift = np.minimum(exponent + 2 * FRACTION_BITS - SQUARE_SHIFT,
+                                     MAX_NORM_SHIFT).astype(np.int32)
+        exponent = self.norm_shift - (2 * FRACTION_BITS - SQUARE_SHIFT)
+        self.gamma = np.rint(np.ldexp(gamma, exponent[:, None]))
         self.beta = np.rint(np.ldexp(beta, self.norm_shift))
         if self.gamma.sum(axis=1).max() > 2.0 ** GAMMA_SUM_BITS or self.beta.max() > BETA_LIMIT:
             raise ValueError(f"{self.label}: gamma or beta out of the exact range")
-        self._host_arrays = (self.gamma, self.beta)
+        self._host_arrays = (self.gamma, self.beta, self.norm_shift)
 
     def __call__(self, x):
         """The rounded, clipped output for activations ``x`` (C, H, W) (exact_inverse_gdn)."""
@@ -122,7 +134,7 @@ class ExactInverseGDN(DeviceConstants):
         np.rint(squares, out=squares)
         norms = (self.gamma @ squares.reshape(len(squares), -1)).reshape(x.shape)
         norms += self.beta[:, None, None]
-        norms *= 2.0 ** -self.norm_shift
+        norms *= np.ldexp(1.0, -self.norm_shift)[:, None, None]
         np.sqrt(norms, out=norms)
         norms *= x
         return _rounded_in_place(norms)
@@ -248,15 +260,15 @@ class ExactImageSynthesis:
         """Launches of an inverse GDN of ``x`` (C, H, W) in place, through the float64
         buffers at the device addresses ``squares`` and ``norms`` (x's size each)."""
         channels, plane = x.shape[0], x.shape[1] * x.shape[2]
-        gamma, beta = step.device_arrays()
+        gamma, beta, norm_shift = step.device_arrays()
         launches.append(functools.partial(
             cuda.kernel(SOURCE, "exact_squares", "PPii").launch, x.size, x.ptr, squares,
             x.size, SQUARE_SHIFT))
         launches.append(functools.partial(cuda.matmul, gamma.ptr, squares, norms,
                                           channels, plane, channels, dtype=np.float64))
         launches.append(functools.partial(
-            cuda.kernel(SOURCE, "exact_inverse_gdn", "PPPiiid").launch, x.size, x.ptr,
-            norms, beta.ptr, channels, plane, step.norm_shift, ACTIVATION_LIMIT))
+            cuda.kernel(SOURCE, "exact_inverse_gdn", "PPPPiid").launch, x.size, x.ptr,
+            norms, beta.ptr, norm_shift.ptr, channels, plane, ACTIVATION_LIMIT))
 
     def _transposed(self, step, x, shape, out, last, products, launches):
         """Launches of the transposed layer ``step`` from ``x`` into ``out``: per group of

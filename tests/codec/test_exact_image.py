@@ -33,9 +33,11 @@ extern "C" void host_exact_squares(const double* x, double* squares, int count, 
     for (int i = 0; i < count; ++i) squares[i] = exact_square(x[i], shift);
 }}
 extern "C" void host_exact_inverse_gdn(double* x, const double* norms, const double* beta,
-                                       int channels, int plane, int norm_shift, double limit) {{
+                                       const int* norm_shift, int channels, int plane,
+                                       double limit) {{
     for (int i = 0; i < channels * plane; ++i)
-        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift, limit);
+        x[i] = exact_inverse_gdn_value(x[i], norms[i], beta[i / plane], norm_shift[i / plane],
+                                       limit);
 }}
 extern "C" int host_exact_phase_outputs(int channels, int height, int width, int stride,
                                          int* outputs) {{
@@ -209,7 +211,7 @@ def test_the_inverse_gdn_sums_exactly_at_its_bounds(host_device, case):
         assert exact.gamma.sum(axis=1).max() > 2 ** (GAMMA_SUM_BITS - 1.2)
         assert exact.beta.max() > 2 ** 49.8 and max(max(row) for row in norms) > 2 ** 50.8
     x_sqrt_n = x.reshape(16, 6) * np.sqrt(np.ldexp(np.array(norms, np.float64),
-                                                   -exact.norm_shift))
+                                                   -exact.norm_shift[:, None]))
     expected = np.clip(np.rint(x_sqrt_n), -ACTIVATION_LIMIT, ACTIVATION_LIMIT)
     np.testing.assert_array_equal(exact(x).reshape(16, 6), expected)
     # The kernels' steps, built for the host (the GEMM between them is NumPy's, exact).
@@ -222,12 +224,54 @@ def test_the_inverse_gdn_sums_exactly_at_its_bounds(host_device, case):
                                exact_image.SQUARE_SHIFT)
     assert device_squares.reshape(16, 6).tolist() == squares
     device_norms = np.ascontiguousarray(exact.gamma @ device_squares.reshape(16, 6))
-    library.host_exact_inverse_gdn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 \
+    library.host_exact_inverse_gdn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 \
         + [ctypes.c_double]
     library.host_exact_inverse_gdn(on_host.ctypes.data, device_norms.ctypes.data,
-                                   exact.beta.ctypes.data, 16, 6, exact.norm_shift,
+                                   exact.beta.ctypes.data, exact.norm_shift.ctypes.data, 16, 6,
                                    ACTIVATION_LIMIT)
     np.testing.assert_array_equal(on_host.reshape(16, 6), expected)
+
+
+def test_each_row_of_gamma_keeps_its_precision(host_device):
+    """Rows of gamma whose sums differ by 10^6 (trained ones span up to 10^13): each
+    channel's output within 1.5 units plus 2^-16 of itself of x sqrt(beta + gamma x^2) in
+    float64, the same on NumPy and in the host-built kernel. With one scale for all rows,
+    the small rows' entries (below half a unit of the large rows' scale) became zeros."""
+    rng = np.random.default_rng(7)
+    gdn = GDN(12, inverse=True)
+    state = gdn.state_dict()
+    # Stored values: the effective gamma and beta are about their squares.
+    row_scales = np.where(np.arange(12) < 6, 13.0, 0.03)
+    state["gamma"] = (row_scales[:, None] * rng.uniform(0.8, 1.0, (12, 12))).astype(np.float32)
+    state["beta"] = np.full(12, 0.01, np.float32)
+    gdn.load_state_dict(state)
+    exact = ExactInverseGDN(gdn)
+    units = 2.0 ** exact_image.FRACTION_BITS
+    x = np.rint(rng.uniform(-2, 2, (12, 3, 5)) * units)
+    gamma = gdn.effective_gamma.numpy().astype(np.float64)
+    beta = gdn.effective_beta.numpy().astype(np.float64)
+    squares = (x / units).reshape(12, -1) ** 2
+
+    def inverse_gdn(gamma):
+        return x * np.sqrt(beta[:, None] + gamma @ squares).reshape(x.shape)
+
+    expected = inverse_gdn(gamma)
+    got = exact(x.copy())
+    assert (np.abs(got - expected) <= 1.5 + np.abs(expected) * 2.0 ** -16).all()
+    # The small rows' gamma matters: without it their outputs are far off.
+    small_rows_zeroed = np.where(row_scales[:, None] < 1, 0.0, gamma)
+    assert np.abs(inverse_gdn(small_rows_zeroed) - expected)[6:].max() > 1000
+    assert (exact.gamma.sum(axis=1) > 2.0 ** (GAMMA_SUM_BITS - 2)).all()
+    library = host_device.library
+    squares = np.rint(x * x * 2.0 ** -exact_image.SQUARE_SHIFT).reshape(12, -1)
+    device_norms = np.ascontiguousarray(exact.gamma @ squares)
+    on_host = np.ascontiguousarray(x, np.float64).ravel()
+    library.host_exact_inverse_gdn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 \
+        + [ctypes.c_double]
+    library.host_exact_inverse_gdn(on_host.ctypes.data, device_norms.ctypes.data,
+                                   exact.beta.ctypes.data, exact.norm_shift.ctypes.data, 12, 15,
+                                   ACTIVATION_LIMIT)
+    np.testing.assert_array_equal(on_host.reshape(x.shape), got)
 
 
 @pytest.mark.parametrize("module, message", [(ReLU(), "cannot compute ReLU"),
