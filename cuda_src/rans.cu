@@ -66,11 +66,9 @@ __host__ __device__ inline int rans_encode_lane(
             // In 64 bits: a value near +-2^31 minus low overflows an int.
             const long long symbol = (long long)latents[run_position(r, i, run_dest, positions)]
                                      - low;
-            int s = (int)symbol;
-            if (symbol < 0 || symbol >= size - 1) {         // the escape
-                s = size - 1;
-                ++escaped;
-            }
+            const bool escape = symbol < 0 || symbol >= size - 1;
+            const int s = escape ? size - 1 : (int)symbol;
+            escaped += escape;
             const unsigned c = (unsigned)table[s], f = (unsigned)table[s + 1] - c;
             if (x >= (f << (32 - PRECISION))) {
                 words[--p] = (unsigned short)(x & 0xffffu);

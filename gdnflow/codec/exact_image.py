@@ -114,9 +114,10 @@ class ExactInverseGDN(DeviceConstants):
         # Row i sums to below 2^(GAMMA_SUM_BITS - 1) before rounding, which adds at most
         # C/2; beta_i (below 2^k, k from frexp) to below 2^50 units, within BETA_LIMIT
         # rounded. A row of zeros with beta 0 takes the scale of 2^-MAX_NORM_SHIFT.
-        row_exponent = GAMMA_SUM_BITS - 1 - np.frexp(gamma.sum(axis=1))[1]
+        row_sums = gamma.sum(axis=1)
+        row_exponent = GAMMA_SUM_BITS - 1 - np.frexp(row_sums)[1]
         beta_exponent = 50 - np.frexp(beta)[1] - (2 * FRACTION_BITS - SQUARE_SHIFT)
-        exponent = np.minimum(np.where(gamma.sum(axis=1) > 0, row_exponent, MAX_NORM_SHIFT),
+        exponent = np.minimum(np.where(row_sums > 0, row_exponent, MAX_NORM_SHIFT),
                               np.where(beta > 0, beta_exponent, MAX_NORM_SHIFT))
         self.norm_shift = np.minimum(exponent + 2 * FRACTION_BITS - SQUARE_SHIFT,
                                      MAX_NORM_SHIFT).astype(np.int32)
