@@ -2,6 +2,11 @@
 # One GPU-machine session: install PyCUDA from .gpu/, run the GPU tests, then
 # the benchmarks named as arguments. Logs and tables go to $OUT.
 #   bash benchmarks/gpu_session.sh bench_foundation ["bench_conv --quick" ...]
+# The 16-bit tests need nvmath-python, which ../shared/gpu/prepare.sh does not bring: put
+# its Python 3.12 wheels into .gpu/ first (about 24 MB of the 64 MiB a run may carry):
+#   pip download --no-deps --only-binary=:all: --python-version 312 --implementation cp \
+#     --abi cp312 --platform manylinux_2_28_x86_64 -d .gpu nvmath-python cuda-bindings==13.0.3 \
+#     cuda-core cuda-pathfinder
 set -uo pipefail
 source .gpu/env.sh || exit 1
 # The example operator plugins, as the README's test command installs them here.
